@@ -1,0 +1,24 @@
+# Two commands on a fresh machine: `make run` (quickstart) and `make test` (whole suite).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+NP     ?= 3
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[mpich,demo,test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/mpiexec -n $(NP) $(BIN)/fedmpi run jobs/configs/quickstart.yaml --overwrite
+	$(BIN)/fedmpi report runs/quickstart/run.h5
+
+test: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf runs

@@ -1,0 +1,3 @@
+from fedmpi.cli import main
+
+raise SystemExit(main())

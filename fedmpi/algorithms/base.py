@@ -1,0 +1,102 @@
+"""The algorithm-hooks interface: what an FL algorithm is, as far as the round loop is concerned.
+
+An algorithm is a small class of hooks in the spirit of pfl-research's FedAvg. It does tensor arithmetic
+only: no MPI, no files. The round loop (`fedmpi.experiment`) owns communication and calls, per round:
+
+  server:  down = down_payload(x)                  -> broadcast to every worker
+  worker:  for each selected client hosted here:
+               client_start(client, down, model)      (load the start point into the model, in place)
+               train with grad_hook / loss_fn         (local SGD)
+               weight = accumulate(client, down, model, stats, acc)   (add this client's upload to acc)
+  both:    acc summed over ranks (one Reduce)
+  server:  x = server_update(x, acc, weight_sum)
+
+Upload sums arrive as float64 (exact enough that the result does not depend on the number of ranks);
+the global model `x` and the broadcast are float32. Vectors have `dim` elements (the flat model). `down_vectors` and `up_vectors` say how many such vectors
+travel per client in each direction (SCAFFOLD: 2 and 2); `bytes_up`/`bytes_down` are derived from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class ClientRun:
+    """What a worker knows about one client's training this round."""
+
+    cid: int
+    round: int
+    n_samples: int
+    steps: int = 0
+    loss_sum: float = 0.0
+
+
+class Algorithm:
+    name = "base"
+    down_vectors = 1
+    up_vectors = 1
+
+    def __init__(self, cfg, dim, n_params):
+        self.cfg, self.dim, self.n_params = cfg, dim, n_params
+        self.keys = cfg.algorithm
+
+    # -- federation shape ---------------------------------------------------------------------
+    def clients(self, parts):
+        """The client index sets this algorithm trains on (central: the union as one client)."""
+        return parts
+
+    def select(self, round_, selected, sizes):
+        """The clients that train this round, given the standard draw `selected`."""
+        return selected
+
+    def schedule(self, client, sizes, selected):
+        """(batch size, steps) for a client this round; None = the client config's rule."""
+        return None
+
+    # -- server side ----------------------------------------------------------------------------
+    def init_server(self, x0: torch.Tensor):
+        pass
+
+    def down_payload(self, x: torch.Tensor, out: torch.Tensor):
+        out[: self.dim].copy_(x)
+
+    def server_update(self, x: torch.Tensor, up_sum: torch.Tensor, weight_sum: float, round_) -> torch.Tensor:
+        """FedAvg's rule: x + eta_g * (sum_i n_i Delta_i) / (sum_i n_i)."""
+        if weight_sum <= 0:
+            return x
+        return x + (up_sum[: self.dim] * (self.cfg.server.lr / weight_sum)).to(x.dtype)
+
+    # -- client side ----------------------------------------------------------------------------
+    def client_start(self, run: ClientRun, down: torch.Tensor, model):
+        model.load(down[: self.dim])
+
+    grad_hook = None    # optional callable(params, grad) adding a correction to the flat gradient
+    loss_fn = None      # optional callable(xb, yb) replacing the plain cross-entropy (MOON)
+
+    def accumulate(self, run: ClientRun, down: torch.Tensor, model, acc: torch.Tensor) -> float:
+        """Adds this client's weighted upload to `acc`; returns its weight (FedAvg: n_i * Delta_i, n_i)."""
+        w = float(run.n_samples)
+        acc[: self.dim].add_(model.vec - down[: self.dim], alpha=w)
+        return w
+
+    # -- state for checkpoints ------------------------------------------------------------------
+    def server_state(self) -> dict:
+        return {}
+
+    def load_server_state(self, state: dict):
+        pass
+
+    def client_state(self, cid) -> dict:
+        return {}
+
+    def load_client_state(self, cid, state: dict):
+        pass
+
+
+def as_numpy_state(state: dict) -> dict:
+    return {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+            for k, v in state.items()}

@@ -1,0 +1,509 @@
+"""Experiment configuration (DESIGN §2, contract): YAML into frozen dataclasses.
+
+Every field has a type and a default; values are type-checked by `_coerce` and range-checked in each
+section's `__post_init__`. All problems of a config are collected and reported together, one line each,
+naming the dotted key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Literal, Optional
+
+import yaml
+
+from fedmpi.errors import ConfigError
+
+DATASETS = ("synthetic", "mnist5k", "mnist", "fashion_mnist", "emnist", "cifar10", "cifar100",
+            "femnist", "shakespeare")
+SCHEMES = ("iid", "dirichlet", "labels", "shards", "classes", "quantity", "natural")
+MODELS = ("lr", "mlp", "cnn_mnist", "cnn2", "simple_cnn", "lstm", "resnet18")
+
+
+class _Checks:
+    """Collects range errors inside a section's __post_init__ and raises them all at once."""
+
+    def __init__(self, section):
+        self.section, self.errors = section, []
+
+    def require(self, ok, key, value, allowed):
+        if not ok:
+            self.errors.append(f"{_dotted(self.section, key)} = {value!r}: {allowed}")
+
+    def done(self):
+        if self.errors:
+            raise ConfigError(self.errors)
+
+
+def _dotted(section, key):
+    return f"{section}.{key}" if section else key
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: Literal[DATASETS] = "synthetic"
+    root: Optional[str] = None          # folder with the dataset's official files
+    download: bool = False              # let torchvision fetch where a network exists
+    alpha: float = 1.0                  # SYNTHETIC(alpha, beta): spread of the client models
+    beta: float = 1.0                   # SYNTHETIC(alpha, beta): spread of the client inputs
+    iid: bool = False                   # SYNTHETIC's IID variant: one shared model and input law
+    split: str = "balanced"             # EMNIST split
+    classes: Optional[int] = None       # keep only the first `classes` classes (FSL trains on 45 EMNIST classes)
+    augment: bool = False               # CIFAR pad-crop-flip on tensors
+
+    def __post_init__(self):
+        c = _Checks("data")
+        c.require(self.alpha >= 0, "alpha", self.alpha, "must be >= 0")
+        c.require(self.beta >= 0, "beta", self.beta, "must be >= 0")
+        c.require(self.classes is None or self.classes >= 2, "classes", self.classes, "must be >= 2 or null")
+        c.done()
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    clients: int = 30
+    scheme: Literal[SCHEMES] = "dirichlet"
+    beta: float = 0.5                   # dirichlet, quantity concentration
+    labels_per_client: int = 2          # labels (#C=k)
+    shards_per_client: int = 2          # shards
+    classes_per_client: int = 2         # classes (FSL)
+    samples_per_client: Optional[int] = None  # classes (FSL); synthetic: fixed size instead of lognormal
+    min_samples: int = 10               # dirichlet redraws until every client has this many
+
+    def __post_init__(self):
+        c = _Checks("partition")
+        c.require(self.clients >= 1, "clients", self.clients, "must be a positive integer")
+        c.require(self.beta > 0, "beta", self.beta, "must be > 0")
+        for key in ("labels_per_client", "shards_per_client", "classes_per_client"):
+            c.require(getattr(self, key) >= 1, key, getattr(self, key), "must be a positive integer")
+        c.require(self.samples_per_client is None or self.samples_per_client >= 1, "samples_per_client",
+                  self.samples_per_client, "must be a positive integer or null")
+        c.require(self.min_samples >= 0, "min_samples", self.min_samples, "must be >= 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class ServerDataConfig:
+    size: int = 0                       # 0 = the server holds no data
+    scheme: Literal["iid", "classes", "dirichlet"] = "iid"
+    classes: int = 10                   # classes scheme: how many classes the server's set covers
+    beta: float = 0.5                   # dirichlet scheme
+    source: Literal["overlap", "holdout"] = "overlap"
+
+    def __post_init__(self):
+        c = _Checks("server_data")
+        c.require(self.size >= 0, "size", self.size, "must be >= 0")
+        c.require(self.classes >= 1, "classes", self.classes, "must be a positive integer")
+        c.require(self.beta > 0, "beta", self.beta, "must be > 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: Literal[MODELS] = "lr"
+    hidden: int = 200                   # mlp width
+    norm: Literal["batch", "group"] = "group"   # resnet18 normalisation
+    projection: Optional[int] = None    # simple_cnn projection head size (MOON)
+
+    def __post_init__(self):
+        c = _Checks("model")
+        c.require(self.hidden >= 1, "hidden", self.hidden, "must be a positive integer")
+        c.require(self.projection is None or self.projection >= 1, "projection", self.projection,
+                  "must be a positive integer or null")
+        c.done()
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    lr: float = 0.05
+    batch_size: int = 10
+    epochs: int = 1                     # local epochs, used when `steps` is null
+    steps: Optional[int] = None         # local SGD steps; overrides epochs
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    vectorize: Literal["auto", "on", "off"] = "auto"
+
+    def __post_init__(self):
+        c = _Checks("client")
+        c.require(self.lr > 0, "lr", self.lr, "must be > 0")
+        c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
+        c.require(self.epochs >= 1, "epochs", self.epochs, "must be a positive integer")
+        c.require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be a positive integer or null")
+        c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        c.require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    clients_per_round: int = 10
+    lr: float = 1.0                     # eta_g; 1.0 = plain averaging
+
+    def __post_init__(self):
+        c = _Checks("server")
+        c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
+                  "must be a positive integer")
+        c.require(self.lr > 0, "lr", self.lr, "must be > 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1
+    batch_size: int = 1000
+
+    def __post_init__(self):
+        c = _Checks("eval")
+        c.require(self.every >= 1, "every", self.every, "must be a positive integer")
+        c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10                     # rounds between checkpoints; 0 = only on a stop request
+    keep: int = 2
+
+    def __post_init__(self):
+        c = _Checks("checkpoint")
+        c.require(self.every >= 0, "every", self.every, "must be >= 0")
+        c.require(self.keep >= 1, "keep", self.keep, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How this job runs, not what it computes: may change on --resume."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: Optional[int] = None       # torch threads per rank; null = node cores / ranks on the node
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    cuda_aware_mpi: bool = False
+
+    def __post_init__(self):
+        c = _Checks("runtime")
+        c.require(self.threads is None or self.threads >= 1, "threads", self.threads,
+                  "must be a positive integer or null")
+        c.done()
+
+
+# --- algorithms: one dataclass of keys each (ALGORITHMS.md "Algorithm keys", contract) ---------------
+
+@dataclass(frozen=True)
+class FedAvgKeys:
+    name: str = "fedavg"
+
+
+@dataclass(frozen=True)
+class CentralKeys:
+    name: str = "central"
+
+
+@dataclass(frozen=True)
+class FslKeys:
+    name: str = "fsl"
+    gamma: float = 1.0
+    mode: Literal["incremental", "parallel"] = "incremental"
+    server_epochs: Optional[int] = None
+    server_lr: Optional[float] = None
+    server_batch_size: Optional[int] = None
+    pretrain_epochs: int = 0
+    pretrain_lr: float = 0.01
+
+    def __post_init__(self):
+        c = _Checks("algorithm")
+        c.require(self.gamma >= 0, "gamma", self.gamma, "must be >= 0")
+        c.require(self.server_epochs is None or self.server_epochs >= 1, "server_epochs", self.server_epochs,
+                  "must be a positive integer or null")
+        c.require(self.server_lr is None or self.server_lr > 0, "server_lr", self.server_lr, "must be > 0 or null")
+        c.require(self.server_batch_size is None or self.server_batch_size >= 1, "server_batch_size",
+                  self.server_batch_size, "must be a positive integer or null")
+        c.require(self.pretrain_epochs >= 0, "pretrain_epochs", self.pretrain_epochs, "must be >= 0")
+        c.require(self.pretrain_lr > 0, "pretrain_lr", self.pretrain_lr, "must be > 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class FedSkipKeys:
+    name: str = "fedskip"
+    delta: int = 3
+
+    def __post_init__(self):
+        c = _Checks("algorithm")
+        c.require(self.delta >= 1, "delta", self.delta, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class DataShareKeys:
+    name: str = "datashare"
+    alpha: float = 0.5
+    warmup_epochs: int = 0
+    warmup_lr: float = 0.01
+
+    def __post_init__(self):
+        c = _Checks("algorithm")
+        c.require(0 <= self.alpha <= 1, "alpha", self.alpha, "must be in [0, 1]")
+        c.require(self.warmup_epochs >= 0, "warmup_epochs", self.warmup_epochs, "must be >= 0")
+        c.require(self.warmup_lr > 0, "warmup_lr", self.warmup_lr, "must be > 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class SaflKeys:
+    name: str = "safl"
+    L: float = 10.0
+    q: int = 1
+    eps: float = 0.5
+    gating: bool = False
+    nu: float = 1.0
+    probe: Literal["server", "local"] = "server"
+    probe_size: int = 200
+    fusion: Literal["samples", "ida"] = "samples"
+
+    def __post_init__(self):
+        c = _Checks("algorithm")
+        c.require(self.L > 0, "L", self.L, "must be > 0")
+        c.require(self.q >= 1, "q", self.q, "must be a positive integer")
+        c.require(0 <= self.eps <= 1, "eps", self.eps, "must be in [0, 1]")
+        c.require(self.nu >= 0, "nu", self.nu, "must be >= 0")
+        c.require(self.probe_size >= 1, "probe_size", self.probe_size, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class FedProxKeys:
+    name: str = "fedprox"
+    mu: float = 0.01
+
+    def __post_init__(self):
+        c = _Checks("algorithm")
+        c.require(self.mu >= 0, "mu", self.mu, "must be >= 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class ScaffoldKeys:
+    name: str = "scaffold"
+
+
+@dataclass(frozen=True)
+class FedDynKeys:
+    name: str = "feddyn"
+    alpha: float = 0.01
+
+    def __post_init__(self):
+        c = _Checks("algorithm")
+        c.require(self.alpha > 0, "alpha", self.alpha, "must be > 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class FedNovaKeys:
+    name: str = "fednova"
+
+
+@dataclass(frozen=True)
+class MoonKeys:
+    name: str = "moon"
+    mu: float = 1.0
+    tau: float = 0.5
+
+    def __post_init__(self):
+        c = _Checks("algorithm")
+        c.require(self.mu >= 0, "mu", self.mu, "must be >= 0")
+        c.require(self.tau > 0, "tau", self.tau, "must be > 0")
+        c.done()
+
+
+ALGORITHM_KEYS = {k().name: k for k in (FedAvgKeys, CentralKeys, FslKeys, FedSkipKeys, DataShareKeys,
+                                          SaflKeys, FedProxKeys, ScaffoldKeys, FedDynKeys, FedNovaKeys, MoonKeys)}
+
+
+@dataclass(frozen=True)
+class Config:
+    seed: int = 0
+    rounds: int = 100
+    out: str = "runs/quickstart"
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    server_data: ServerDataConfig = field(default_factory=ServerDataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    algorithm: typing.Any = field(default_factory=FedAvgKeys)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self):
+        c = _Checks("")
+        c.require(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        c.require(self.rounds >= 0, "rounds", self.rounds, "must be >= 0")
+        c.require(bool(self.out), "out", self.out, "must be a folder path")
+        c.require(self.server.clients_per_round <= self.partition.clients, "server.clients_per_round",
+                  self.server.clients_per_round,
+                  f"must be <= partition.clients ({self.partition.clients})")
+        c.done()
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def to_yaml(self):
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def hash(self, ignore=("rounds", "checkpoint", "runtime", "out")):
+        """Hash of everything that decides the computation; run-time keys excluded so resume may change them."""
+        d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# Keys that may differ between a checkpoint and a --resume (DESIGN §1).
+RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out")
+
+
+# --- building from mappings --------------------------------------------------------------------------
+
+def _type_name(tp):
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if origin is typing.Union:
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _type_name(inner[0]) + " or null"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _coerce(tp, value):
+    """Returns (ok, value) for `value` read as type `tp`."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        if value is None:
+            return True, None
+        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
+        return _coerce(inner, value)
+    if origin is Literal:
+        return value in typing.get_args(tp), value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if tp is str:
+        return isinstance(value, str), value
+    return True, value
+
+
+def _unknown(key, known):
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else f"; known keys: {', '.join(sorted(known))}"
+    return f"unknown key '{key}'{hint}"
+
+
+def _build(cls, mapping, prefix, errors):
+    if not isinstance(mapping, dict):
+        errors.append(f"{prefix or 'config'} = {mapping!r}: must be a mapping of keys")
+        return cls()
+    hints = typing.get_type_hints(cls, globalns=globals())
+    known = [f.name for f in fields(cls)]
+    kwargs = {}
+    for key, value in mapping.items():
+        dotted = _dotted(prefix, key)
+        if key not in known:
+            errors.append(_unknown(dotted, known))
+            continue
+        tp = hints[key]
+        if key == "algorithm" and cls is Config:
+            kwargs[key] = _build_algorithm(value, errors)
+        elif dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, dotted, errors)
+        else:
+            ok, coerced = _coerce(tp, value)
+            if ok:
+                kwargs[key] = coerced
+            else:
+                errors.append(f"{dotted} = {value!r}: must be {_type_name(tp)}")
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        errors.extend(e.messages)
+        return None
+
+
+def _build_algorithm(mapping, errors):
+    if not isinstance(mapping, dict):
+        mapping = {"name": mapping}
+    name = mapping.get("name", "fedavg")
+    if name not in ALGORITHM_KEYS:
+        close = difflib.get_close_matches(str(name), ALGORITHM_KEYS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        errors.append(f"algorithm.name = {name!r}: unknown{hint}; allowed: {', '.join(ALGORITHM_KEYS)}")
+        return FedAvgKeys()
+    return _build(ALGORITHM_KEYS[name], mapping, "algorithm", errors) or ALGORITHM_KEYS[name]()
+
+
+def from_dict(mapping):
+    errors = []
+    cfg = _build(Config, mapping or {}, "", errors)
+    if errors or cfg is None:
+        raise ConfigError(list(dict.fromkeys(errors)))
+    return cfg
+
+
+def apply_overrides(mapping, overrides):
+    """Applies `key=value` dotted overrides (values parsed as YAML) to a nested dict, returning a copy."""
+    import copy
+
+    out = copy.deepcopy(mapping or {})
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. rounds=50 or algorithm.name=fsl")
+        key, text = item.split("=", 1)
+        value = yaml.safe_load(text) if text.strip() else None
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {} if node.get(part) is None or part != "algorithm" else {"name": node[part]}
+            node = node[part]
+        node[parts[-1]] = value
+    return out
+
+
+def load(path, overrides=()):
+    """Reads a YAML config file, applies overrides and validates; raises ConfigError on any problem."""
+    try:
+        with open(path) as fh:
+            mapping = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"config file {path!r}: top level must be a mapping of keys")
+    return from_dict(apply_overrides(mapping, overrides))
+
+
+def from_yaml(text):
+    return from_dict(yaml.safe_load(text))
+
+
+def differing_keys(a: Config, b: Config, ignore=RUNTIME_KEYS):
+    """Dotted keys whose values differ between two configs, run-time keys excluded."""
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, _dotted(prefix, k))
+            else:
+                yield _dotted(prefix, k), v
+
+    fa, fb = dict(flat(a.to_dict())), dict(flat(b.to_dict()))
+    keys = sorted(set(fa) | set(fb))
+    return [k for k in keys if k.split(".")[0] not in ignore and fa.get(k) != fb.get(k)]

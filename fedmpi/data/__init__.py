@@ -1,0 +1,5 @@
+"""Data sources, partitions, the server's set and their statistics (DESIGN §4 `data/*`)."""
+
+from fedmpi.data.dataset import Dataset, load_dataset
+
+__all__ = ["Dataset", "load_dataset"]

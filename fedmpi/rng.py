@@ -1,0 +1,31 @@
+"""Seeds derived from (seed, purpose, round, client) so that no result depends on `-n` or placement.
+
+Every random choice in fedmpi takes its stream from `stream(seed, PURPOSE, ...)`: the round's clients from
+`(seed, SELECT, round)`, a client's batches from `(seed, CLIENT, round, client)`, and so on. Ranks compute
+the same streams independently, so nothing random ever travels between them.
+"""
+
+import numpy as np
+import torch
+
+# Purposes: distinct constants keep the streams of different uses independent.
+INIT, SELECT, CLIENT, DATA, PARTITION, SERVER, CENTRAL = range(7)
+
+
+def stream(seed, purpose, *keys) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(purpose), *map(int, keys)]))
+
+
+def torch_seed(seed, purpose, *keys) -> int:
+    """A 63-bit torch seed from the same key tuple (for dropout and other torch-side randomness)."""
+    return int(stream(seed, purpose, *keys).integers(0, 2**63 - 1))
+
+
+def select_clients(seed, round_, num_clients, per_round) -> np.ndarray:
+    """The round's participants, sorted; the same on every rank for any `-n`."""
+    chosen = stream(seed, SELECT, round_).choice(num_clients, size=per_round, replace=False)
+    return np.sort(chosen)
+
+
+def seed_torch(seed, purpose, *keys):
+    torch.manual_seed(torch_seed(seed, purpose, *keys))

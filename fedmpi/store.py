@@ -1,0 +1,139 @@
+"""The HDF5 run log `OUT/run.h5` (DESIGN §3, contract); the only module that writes HDF5 run logs.
+
+Written by rank 0 only. The file is opened, appended to and closed once per round, so between rounds it
+is complete on disk: a running job's log can be read by `fedmpi report` or `tools/`, and a crashed job
+leaves every finished round behind. Readers open with HDF5 file locking off (`open_run`), so a reader
+never blocks the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from datetime import datetime, timezone
+
+import h5py
+import numpy as np
+
+import fedmpi
+
+# The figures every run logs each round (NaN where not measured that round).
+CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
+READ_RETRIES = 5
+
+
+def _versions():
+    import mpi4py
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+            "h5py": h5py.__version__, "mpi4py": mpi4py.__version__}
+
+
+class RunLog:
+    """Appends per-round metrics and per-client figures to OUT/run.h5."""
+
+    def __init__(self, path):
+        self.path = path
+
+    @classmethod
+    def create(cls, path, cfg, world_size, hosts, partition_groups, extra_attrs=None):
+        """Writes a fresh run.h5 (to a temporary name first, so a half-made file never has the real name)."""
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = path + ".tmp"
+        with h5py.File(tmp, "w") as f:
+            f.attrs["config"] = cfg.to_yaml()
+            f.attrs["config_hash"] = cfg.hash()
+            f.attrs["fedmpi_version"] = fedmpi.__version__
+            f.attrs["world_size"] = world_size
+            f.attrs["status"] = "running"
+            f.attrs["error"] = ""
+            f.attrs["started"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            f.attrs["hosts"] = ",".join(sorted(set(hosts))) or socket.gethostname()
+            for k, v in _versions().items():
+                f.attrs[f"version_{k}"] = str(v)
+            for k, v in (extra_attrs or {}).items():
+                f.attrs[k] = v
+            metrics = f.create_group("metrics")
+            for name in CORE_METRICS:
+                _growable(metrics, name)
+            f.create_group("clients")
+            for group, datasets in partition_groups.items():
+                g = f.require_group(group)
+                for name, value in datasets.items():
+                    g.create_dataset(name, data=np.asarray(value))
+            _fsync(f)
+        os.replace(tmp, path)
+        return cls(path)
+
+    def append(self, metrics: dict, clients: dict | None = None, num_clients=None):
+        """One row: `metrics` maps name -> float (missing core figures become NaN; new names get a column
+        padded with NaN for earlier rounds); `clients` maps name -> [num_clients] array."""
+        with h5py.File(self.path, "a") as f:
+            group = f["metrics"]
+            n = group["round"].shape[0]
+            for name in set(metrics) - set(group):
+                _growable(group, name, length=n)
+            for name, ds in group.items():
+                ds.resize((n + 1,))
+                ds[n] = metrics.get(name, np.nan)
+            for name, row in (clients or {}).items():
+                ds = f["clients"].get(name)
+                if ds is None:
+                    ds = f["clients"].create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
+                                                     dtype="f4", fillvalue=np.nan, chunks=(64, num_clients))
+                ds.resize((n + 1, num_clients))
+                ds[n] = row
+            for ds in f["clients"].values():
+                if ds.shape[0] < n + 1:
+                    ds.resize((n + 1, ds.shape[1]))
+
+    def write_model(self, vec):
+        """The newest global model as `/model/global` (float32), replaced each time it is written."""
+        with h5py.File(self.path, "a") as f:
+            g = f.require_group("model")
+            if "global" in g:
+                del g["global"]
+            g.create_dataset("global", data=np.asarray(vec, dtype=np.float32))
+
+    def truncate(self, rounds_kept):
+        """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
+        with h5py.File(self.path, "a") as f:
+            for ds in list(f["metrics"].values()) + list(f["clients"].values()):
+                ds.resize((min(rounds_kept, ds.shape[0]),) + ds.shape[1:])
+
+    def set_attrs(self, **attrs):
+        with h5py.File(self.path, "a") as f:
+            for k, v in attrs.items():
+                f.attrs[k] = v
+            f.attrs["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def finish(self, status, error=""):
+        self.set_attrs(status=status, error=error)
+
+
+def _growable(group, name, length=0):
+    return group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="f8", chunks=(256,),
+                                fillvalue=np.nan)
+
+
+def _fsync(f):
+    f.flush()
+    try:
+        os.fsync(f.id.get_vfd_handle())
+    except (OSError, ValueError, TypeError):
+        pass
+
+
+def open_run(path):
+    """Opens a run file read-only without taking HDF5's lock, retrying while the writer is mid-append."""
+    last = None
+    for attempt in range(READ_RETRIES):
+        try:
+            return h5py.File(path, "r", locking=False)
+        except OSError as e:
+            last = e
+            time.sleep(0.05 * (attempt + 1))
+    raise last

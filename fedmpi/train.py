@@ -1,0 +1,101 @@
+"""Local SGD on one client, on the flat model (DESIGN §4 `train`).
+
+Batches are gathered by index from tensors that already live on the rank's device (no DataLoader per
+client per round). The SGD step works on the flat vector and flat gradient: a few fused operations per
+step whatever the number of layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How much one client trains in a round: `steps` batches of `batch_size` (epochs already resolved)."""
+
+    batch_size: int
+    steps: int
+
+
+def schedule(client_cfg, n_samples, batch_size=None) -> Schedule:
+    b = batch_size or client_cfg.batch_size
+    steps = client_cfg.steps or client_cfg.epochs * math.ceil(n_samples / b)
+    return Schedule(b, steps)
+
+
+def batch_order(g: np.random.Generator, n_samples, sched: Schedule) -> list:
+    """Positions 0..n-1 in the order the batches visit them: fresh shuffles, one per epoch, cut into
+    `sched.steps` batches (the last batch of an epoch may be short, as with a DataLoader)."""
+    batches, b = [], sched.batch_size
+    while len(batches) < sched.steps:
+        perm = g.permutation(n_samples)
+        batches.extend(perm[i:i + b] for i in range(0, n_samples, b))
+    return batches[: sched.steps]
+
+
+class LocalTrainer:
+    """Trains the rank's one FlatModel on index sets of the rank's device-resident training data."""
+
+    def __init__(self, flat, client_cfg, x, y):
+        self.flat, self.cfg, self.x, self.y = flat, client_cfg, x, y
+        self.momentum_buf = torch.zeros_like(flat.grad) if client_cfg.momentum > 0 else None
+
+    def loss(self, xb, yb):
+        return F.cross_entropy(self.flat.module(xb), yb)
+
+    def train(self, indices: torch.Tensor, g: np.random.Generator, sched: Schedule, lr=None, grad_hook=None,
+              loss_fn=None):
+        """Runs `sched.steps` SGD steps from the model's current vector. Returns (sum of sample losses,
+        samples seen) as a 0-d tensor and an int; the caller reads `flat.vec` for the result."""
+        cfg, flat, module = self.cfg, self.flat, self.flat.module
+        lr = cfg.lr if lr is None else lr
+        params, grad = flat.params, flat.grad
+        module.train()
+        if self.momentum_buf is not None:
+            self.momentum_buf.zero_()
+        loss_sum = torch.zeros((), device=flat.device)
+        seen = 0
+        loss_of = loss_fn or self.loss
+        for positions in batch_order(g, len(indices), sched):
+            idx = indices[torch.from_numpy(positions).to(indices.device, non_blocking=True)]
+            xb, yb = self.x[idx], self.y[idx]
+            grad.zero_()
+            loss = loss_of(xb, yb)
+            loss.backward()
+            if grad_hook is not None:
+                grad_hook(params, grad)
+            self._step(params, grad, lr)
+            loss_sum += loss.detach() * len(positions)
+            seen += len(positions)
+        return loss_sum, seen
+
+    @torch.no_grad()
+    def _step(self, params, grad, lr):
+        # torch.optim.SGD's rule: g += wd * w; buf = m * buf + g; w -= lr * buf.
+        if self.cfg.weight_decay:
+            grad.add_(params, alpha=self.cfg.weight_decay)
+        if self.momentum_buf is not None:
+            self.momentum_buf.mul_(self.cfg.momentum).add_(grad)
+            grad = self.momentum_buf
+        params.add_(grad, alpha=-lr)
+
+
+@torch.no_grad()
+def evaluate(module, x, y, batch_size):
+    """(accuracy, mean loss) of `module` on tensors x, y."""
+    module.eval()
+    correct = torch.zeros((), device=x.device)
+    loss = torch.zeros((), device=x.device, dtype=torch.float64)
+    for i in range(0, len(y), batch_size):
+        out = module(x[i:i + batch_size])
+        yb = y[i:i + batch_size]
+        loss += F.cross_entropy(out, yb, reduction="sum").double()
+        correct += (out.argmax(dim=1) == yb).sum()
+    n = max(len(y), 1)
+    return float(correct) / n, float(loss) / n

@@ -1,0 +1,72 @@
+"""Shared test helpers: launching fedmpi under mpiexec with a timeout, writing configs, reading runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MPI_TIMEOUT_S = 240
+
+
+def mpiexec():
+    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if not found:
+        pytest.skip("mpiexec not found (pip install mpich, or load your site's MPI)")
+    return found
+
+
+def fedmpi_cmd(n, *args):
+    """The command line for `fedmpi ARGS` at `-n n` (always through mpiexec, -n 1 included)."""
+    return [mpiexec(), "-n", str(n), sys.executable, "-m", "fedmpi", *map(str, args)]
+
+
+def run_fedmpi(n, *args, timeout=MPI_TIMEOUT_S, env=None, check=True):
+    """Runs fedmpi under mpiexec; returns the CompletedProcess. `check` asserts exit 0."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(fedmpi_cmd(n, *args), capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"fedmpi -n {n} {' '.join(map(str, args))} exited {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def write_config(path, mapping):
+    path = Path(path)
+    path.write_text(yaml.safe_dump(mapping, sort_keys=False))
+    return path
+
+
+def read_metrics(run_dir):
+    with h5py.File(Path(run_dir) / "run.h5", "r", locking=False) as f:
+        return {k: ds[()] for k, ds in f["metrics"].items()}, dict(f.attrs)
+
+
+def read_global(run_dir):
+    with h5py.File(Path(run_dir) / "run.h5", "r", locking=False) as f:
+        return np.asarray(f["model/global"][()])
+
+
+def small_config(out, **sections):
+    """A small, fast mnist5k config (lr model) for end-to-end tests; `sections` replace top-level keys."""
+    cfg = {
+        "seed": 1, "rounds": 3, "out": str(out),
+        "data": {"name": "mnist5k"},
+        "partition": {"clients": 12, "scheme": "dirichlet", "beta": 0.5},
+        "model": {"name": "lr"},
+        "client": {"lr": 0.05, "batch_size": 20, "epochs": 1},
+        "server": {"clients_per_round": 5},
+        "algorithm": {"name": "fedavg"},
+        "runtime": {"threads": 1, "progress": "lines"},
+    }
+    cfg.update(sections)
+    return cfg
