@@ -76,7 +76,7 @@ class Experiment:
     def _make_buffers(self):
         dim, algo, n = self.flat.dim, self.algo, len(self.parts)
         pin = self.device.type == "cuda"
-        self.up_len = algo.up_vectors * dim
+        self.up_len = algo.up_vectors * dim + algo.up_scalars
         self.down_host = torch.zeros(HEADER + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
         # Upload sums, the scalar stats, then one column of per-client figures (local loss) of length n.
         # Sums are float64 so that their value does not depend on how clients are spread over ranks

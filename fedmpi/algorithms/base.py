@@ -14,6 +14,12 @@ only: no MPI, no files. The round loop (`fedmpi.experiment`) owns communication 
 Upload sums arrive as float64 (exact enough that the result does not depend on the number of ranks);
 the global model `x` and the broadcast are float32. Vectors have `dim` elements (the flat model). `down_vectors` and `up_vectors` say how many such vectors
 travel per client in each direction (SCAFFOLD: 2 and 2); `bytes_up`/`bytes_down` are derived from them.
+`up_scalars` extra sums ride after the upload vectors in the same reduction (FedNova's sum of p_i a_i):
+the accumulator has `up_vectors * dim + up_scalars` elements.
+
+Per-client state (SCAFFOLD controls, SAFL models, ...) lives in the algorithm instance on the rank that
+hosts the client and is exposed through `client_state`/`load_client_state` for checkpoints; server state
+(on rank 0) through `server_state`/`load_server_state`. States are dicts of arrays, never pickled.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Algorithm:
     name = "base"
     down_vectors = 1
     up_vectors = 1
+    up_scalars = 0
 
     def __init__(self, cfg, dim, n_params):
         self.cfg, self.dim, self.n_params = cfg, dim, n_params
