@@ -9,6 +9,7 @@ each client's batches from the seed.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -161,6 +162,7 @@ class Experiment:
 
     def run_round(self, t):
         """One round on this rank; on the server returns (metrics, per-client figures)."""
+        _inject_fault(self.comm.rank, t)
         standard, selected = self.selection(t)
         self.broadcast(t)
         if self.mine:
@@ -174,3 +176,11 @@ class Experiment:
         if self.eval_due(t):
             metrics["test_acc"], metrics["test_loss"] = self.evaluate()
         return metrics, clients
+
+
+def _inject_fault(rank, t):
+    """Test aid: FEDMPI_INJECT_FAULT="RANK:ROUND" raises on that rank at the start of that round, so the
+    failure path (one rank fails, the whole job ends, run.h5 says failed) can be exercised for real."""
+    spec = os.environ.get("FEDMPI_INJECT_FAULT")
+    if spec and spec == f"{rank}:{t}":
+        raise RuntimeError(f"injected fault (FEDMPI_INJECT_FAULT={spec})")

@@ -1,0 +1,70 @@
+"""The flat model and local SGD: the flat step must be exactly torch.optim.SGD's rule."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedmpi.config import ClientConfig
+from fedmpi.flat import FlatModel
+from fedmpi.train import LocalTrainer, Schedule, batch_order, schedule
+
+
+def small_module(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def test_flat_vector_holds_parameters_then_float_buffers():
+    module = small_module()
+    expected = torch.cat([p.detach().reshape(-1) for p in module.parameters()] +
+                         [b.reshape(-1) for b in module.buffers() if b.is_floating_point()])
+    flat = FlatModel(module)
+    assert flat.n_params == sum(p.numel() for p in module.parameters())
+    assert flat.dim == flat.n_params + 2 * 8          # BatchNorm running mean and var; not the int counter
+    assert torch.equal(flat.vec, expected)
+    flat.load(torch.arange(flat.dim, dtype=torch.float32))
+    assert module[0].weight.view(-1)[0] == 0 and module[1].running_var[-1] == flat.dim - 1
+
+
+def test_backward_accumulates_into_the_flat_gradient():
+    flat = FlatModel(small_module())
+    x = torch.randn(6, 4)
+    flat.module(x).sum().backward()
+    assert flat.check_grads_bound()
+    assert torch.equal(flat.grad[: 32], flat.module[0].weight.grad.reshape(-1))
+    assert flat.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("momentum,wd", [(0.0, 0.0), (0.9, 0.0), (0.5, 1e-3)])
+def test_flat_sgd_equals_torch_optim_sgd(momentum, wd):
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(40, 4, generator=g), torch.randint(0, 3, (40,), generator=g)
+    cfg = ClientConfig(lr=0.1, batch_size=8, epochs=2, momentum=momentum, weight_decay=wd)
+    flat = FlatModel(small_module())
+    reference = small_module()
+    trainer = LocalTrainer(flat, cfg, x, y)
+    sched = schedule(cfg, 40)
+    loss_sum, seen = trainer.train(torch.arange(40), np.random.default_rng(3), sched)
+
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=momentum, weight_decay=wd)
+    reference.train()
+    for positions in batch_order(np.random.default_rng(3), 40, sched):
+        idx = torch.from_numpy(positions)
+        opt.zero_grad()
+        nn.functional.cross_entropy(reference(x[idx]), y[idx]).backward()
+        opt.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in reference.parameters()] +
+                         [b.reshape(-1) for b in reference.buffers() if b.is_floating_point()])
+    assert seen == 80
+    torch.testing.assert_close(flat.vec, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_schedule_from_epochs_or_steps_and_batch_order_cover_each_epoch():
+    assert schedule(ClientConfig(batch_size=10, epochs=2), 25) == Schedule(10, 6)
+    assert schedule(ClientConfig(batch_size=10, steps=4), 25) == Schedule(10, 4)
+    batches = batch_order(np.random.default_rng(0), 25, Schedule(10, 6))
+    assert [len(b) for b in batches] == [10, 10, 5, 10, 10, 5]
+    assert sorted(np.concatenate(batches[:3])) == list(range(25))
+    steps = batch_order(np.random.default_rng(0), 25, Schedule(10, 4))
+    assert [len(b) for b in steps] == [10, 10, 5, 10]

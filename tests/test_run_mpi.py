@@ -1,0 +1,90 @@
+"""End to end under mpiexec: same results at any -n, repeatable runs, failures that end the job."""
+
+import time
+
+import numpy as np
+import pytest
+
+from conftest import read_global, read_metrics, run_fedmpi, small_config, write_config
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def mlp_runs(tmp_path_factory):
+    """One mlp config run at -n 1, 2, 3 and once more at -n 3."""
+    base = tmp_path_factory.mktemp("mlp")
+    runs = {}
+    for key, n in [("n1", 1), ("n2", 2), ("n3", 3), ("n3again", 3)]:
+        out = base / key
+        cfg = write_config(base / f"{key}.yaml", small_config(
+            out, model={"name": "mlp", "hidden": 32}, client={"lr": 0.05, "batch_size": 10, "steps": 8},
+            rounds=4, eval={"every": 1}))
+        proc = run_fedmpi(n, "run", cfg)
+        runs[key] = (out, proc)
+    return runs
+
+
+def test_same_accuracy_and_global_vector_at_any_rank_count(mlp_runs):
+    ref_metrics, _ = read_metrics(mlp_runs["n1"][0])
+    ref_global = read_global(mlp_runs["n1"][0])
+    assert len(ref_metrics["round"]) == 4 and ref_metrics["test_acc"][-1] > 0.3
+    for key in ("n2", "n3"):
+        metrics, attrs = read_metrics(mlp_runs[key][0])
+        assert np.array_equal(metrics["test_acc"], ref_metrics["test_acc"]), key
+        np.testing.assert_allclose(read_global(mlp_runs[key][0]), ref_global, rtol=1e-5, atol=1e-7)
+        assert attrs["world_size"] == int(key[1])
+
+
+def test_same_run_twice_gives_identical_metrics(mlp_runs):
+    a, _ = read_metrics(mlp_runs["n3"][0])
+    b, _ = read_metrics(mlp_runs["n3again"][0])
+    for name in a:
+        if name != "wall_s":
+            assert np.array_equal(a[name], b[name], equal_nan=True), name
+    assert np.array_equal(read_global(mlp_runs["n3"][0]), read_global(mlp_runs["n3again"][0]))
+
+
+def test_run_file_holds_the_contract_layout(mlp_runs):
+    import h5py
+
+    with h5py.File(mlp_runs["n3"][0] / "run.h5", "r") as f:
+        assert f.attrs["status"] == "finished" and "seed: 1" in f.attrs["config"]
+        for name in ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads"):
+            assert f["metrics"][name].shape == (4,), name
+        dim = f.attrs["dim"]
+        assert np.all(f["metrics/uploads"][()] == 5)
+        assert np.all(f["metrics/bytes_up"][()] == 5 * 4 * dim)
+        assert np.all(f["metrics/bytes_down"][()] == 5 * 4 * dim)
+        assert f["partition/labels"].shape == (12, 10) and f["partition/samples"][()].sum() == 4000
+        assert f["clients/selected"].shape == (4, 12) and np.all(f["clients/selected"][()].sum(axis=1) == 5)
+        assert f["model/global"].shape == (dim,)
+
+
+def test_progress_lines_in_a_batch_log(mlp_runs):
+    err = mlp_runs["n3"][1].stderr
+    assert "round 4/4" in err and "acc " in err and "s/round" in err
+
+
+def test_central_sgd_learns(tmp_path):
+    out = tmp_path / "central"
+    cfg = write_config(tmp_path / "c.yaml", small_config(out, algorithm={"name": "central"}, rounds=3))
+    run_fedmpi(3, "run", cfg)
+    metrics, attrs = read_metrics(out)
+    assert attrs["status"] == "finished" and metrics["test_acc"][-1] > 0.6
+    assert np.all(metrics["uploads"] == 1)
+
+
+@pytest.mark.parametrize("n,fault", [(3, "2:1"), (1, "0:1")])
+def test_exception_on_one_rank_ends_the_job_and_marks_the_run_failed(tmp_path, n, fault):
+    out = tmp_path / "fail"
+    cfg = write_config(tmp_path / "f.yaml", small_config(out, rounds=6))
+    began = time.monotonic()
+    proc = run_fedmpi(n, "run", cfg, env={"FEDMPI_INJECT_FAULT": fault}, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - began < 60
+    rank = fault.split(":")[0]
+    assert f"rank {rank} failed: RuntimeError: injected fault" in proc.stderr
+    metrics, attrs = read_metrics(out)
+    assert attrs["status"] == "failed" and f"rank {rank} failed" in attrs["error"]
+    assert len(metrics["round"]) == 1          # round 0 finished and was logged before the fault
