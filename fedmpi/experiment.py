@@ -79,10 +79,13 @@ class Experiment:
         pin = self.device.type == "cuda"
         self.up_len = algo.up_vectors * dim + algo.up_scalars
         self.down_host = torch.zeros(HEADER + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
-        # Upload sums, the scalar stats, then one column of per-client figures (local loss) of length n.
+        # Upload sums, the scalar stats, then one block of length n per per-client figure (local loss and
+        # the algorithm's own `client_columns`), each client's value at its id and zeros elsewhere.
         # Sums are float64 so that their value does not depend on how clients are spread over ranks
         # (float32 addition is not associative); what a real client would send is still float32.
-        self.up_host = torch.zeros(self.up_len + N_STATS + n, dtype=torch.float64, pin_memory=pin)
+        self.columns = ("loss",) + tuple(algo.client_columns)
+        self.up_host = torch.zeros(self.up_len + N_STATS + len(self.columns) * n, dtype=torch.float64,
+                                   pin_memory=pin)
         self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
         self.acc = torch.zeros(self.up_len, dtype=torch.float64, device=self.device)
 
@@ -116,7 +119,7 @@ class Experiment:
         down = self.down_host[HEADER:].to(self.device, non_blocking=True)
         weight, seen, uploads = 0.0, 0, 0
         loss_total = torch.zeros((), device=self.device)
-        client_loss = self.up_host[self.up_len + N_STATS:]
+        columns = self.client_figures(self.up_host)
         for cid in (int(c) for c in selected):
             if cid not in self.mine:
                 continue
@@ -132,7 +135,9 @@ class Experiment:
             uploads += 1
             seen += n_seen
             loss_total += loss_sum
-            client_loss[cid] = float(loss_sum) / max(n_seen, 1)
+            run.figures["loss"] = float(loss_sum) / max(n_seen, 1)
+            for name, value in run.figures.items():
+                columns[name][cid] = value
         self.up_host[: self.up_len].copy_(self.acc)
         stats = self.up_host[self.up_len: self.up_len + N_STATS]
         stats[WEIGHT], stats[LOSS], stats[SEEN], stats[UPLOADS] = weight, float(loss_total), seen, uploads
@@ -142,8 +147,10 @@ class Experiment:
         stats = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)
         up_sum = self.up_host[: self.up_len].to(self.device)
         self.x = self.algo.server_update(self.x, up_sum, float(stats[WEIGHT]), t)
-        per_client = np.full(len(self.parts), np.nan, dtype=np.float32)
-        per_client[selected] = self.up_np[self.up_len + N_STATS:][selected]
+        clients = {"selected": np.isin(np.arange(len(self.parts)), selected).astype(np.float32)}
+        for name, column in self.client_figures(self.up_np).items():
+            clients[name] = np.full(len(self.parts), np.nan, dtype=np.float32)
+            clients[name][selected] = column[selected]
         dim_bytes = 4 * self.flat.dim
         return {
             "round": t,
@@ -151,7 +158,12 @@ class Experiment:
             "uploads": stats[UPLOADS],
             "bytes_up": stats[UPLOADS] * self.algo.up_vectors * dim_bytes,
             "bytes_down": len(selected) * self.algo.down_vectors * dim_bytes,
-        }, {"loss": per_client, "selected": np.isin(np.arange(len(self.parts)), selected).astype(np.float32)}
+        }, clients
+
+    def client_figures(self, buf):
+        """Views of the per-client blocks of the upload buffer, by figure name."""
+        n, start = len(self.parts), self.up_len + N_STATS
+        return {name: buf[start + i * n: start + (i + 1) * n] for i, name in enumerate(self.columns)}
 
     def evaluate(self):
         self.flat.load(self.x)

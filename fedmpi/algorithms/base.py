@@ -24,7 +24,7 @@ hosts the client and is exposed through `client_state`/`load_client_state` for c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ class ClientRun:
     n_samples: int
     steps: int = 0
     loss_sum: float = 0.0
+    figures: dict = field(default_factory=dict)   # per-client figures for /clients/<name> this round
 
 
 class Algorithm:
@@ -46,6 +47,7 @@ class Algorithm:
     down_vectors = 1
     up_vectors = 1
     up_scalars = 0
+    client_columns = ()   # names of per-client figures the algorithm sets in ClientRun.figures
 
     def __init__(self, cfg, dim, n_params):
         self.cfg, self.dim, self.n_params = cfg, dim, n_params
