@@ -43,7 +43,46 @@ def load_dataset(cfg) -> Dataset:
     if loader is None:
         raise ConfigError(f"data.name = {cfg.data.name!r}: not available in this version; "
                           f"available: {', '.join(sources.LOADERS)}")
-    return loader(cfg)
+    dataset = loader(cfg)
+    _check_arrays(dataset)
+    if cfg.data.classes is not None:
+        dataset = keep_first_classes(dataset, cfg.data.classes)
+    from fedmpi.data.augment import make_transform
+
+    make_transform(cfg.data, dataset.input_shape)    # data.augment on non-images fails here, on every rank
+    return dataset
+
+
+def _check_arrays(ds):
+    """Catches files that parse but do not make a data set (label out of range, length mismatch)."""
+    from fedmpi.errors import InputError
+
+    for part, x, y in (("train", ds.x_train, ds.y_train), ("test", ds.x_test, ds.y_test)):
+        if len(x) != len(y):
+            raise InputError(f"data.name = {ds.name!r}: {part} set has {len(x)} inputs but {len(y)} labels")
+        if len(y) and (y.min() < 0 or y.max() >= ds.num_classes):
+            raise InputError(f"data.name = {ds.name!r}: {part} labels must lie in 0..{ds.num_classes - 1}, "
+                             f"found {y.min()}..{y.max()}")
+
+
+def keep_first_classes(ds: Dataset, k: int) -> Dataset:
+    """Only the samples of classes 0..k-1 (the FSL paper trains on 45 of EMNIST's 47 balanced classes).
+
+    Natural users keep their remaining samples, with indices renumbered into the smaller training set.
+    """
+    if ds.name == "shakespeare":
+        raise ConfigError("data.classes: not available for shakespeare, whose inputs use the same 80-character "
+                          "vocabulary as its labels; leave data.classes null")
+    if k > ds.num_classes:
+        raise ConfigError(f"data.classes = {k}: data.name = {ds.name!r} has only {ds.num_classes} classes")
+    keep_tr, keep_te = np.flatnonzero(ds.y_train < k), np.flatnonzero(ds.y_test < k)
+    users = None
+    if ds.users is not None:
+        new_index = np.full(len(ds.y_train), -1, dtype=np.int64)
+        new_index[keep_tr] = np.arange(len(keep_tr))
+        users = [new_index[u][new_index[u] >= 0] for u in ds.users]
+    return Dataset(ds.name, ds.x_train[keep_tr], ds.y_train[keep_tr], ds.x_test[keep_te], ds.y_test[keep_te],
+                   k, users=users)
 
 
 def class_histogram(labels: np.ndarray, num_classes: int) -> np.ndarray:

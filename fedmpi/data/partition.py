@@ -51,12 +51,109 @@ def natural(labels, cfg, g, pool, users=None):
     if len(users) != cfg.partition.clients:
         raise ConfigError(f"partition.clients = {cfg.partition.clients}: data.name = {cfg.data.name!r} has "
                           f"{len(users)} natural users")
-    keep = set(pool.tolist()) if len(pool) != len(labels) else None
-    return [np.asarray(u, dtype=np.int64) if keep is None else np.array([i for i in u if i in keep], dtype=np.int64)
-            for u in users]
+    in_pool = np.zeros(len(labels), dtype=bool)
+    in_pool[pool] = True     # a held-out server set leaves each user only its remaining samples
+    return [np.asarray(u, dtype=np.int64)[in_pool[np.asarray(u, dtype=np.int64)]] for u in users]
 
 
-SCHEMES = {"iid": iid, "dirichlet": dirichlet, "natural": natural}
+def label_subsets(labels, cfg, g, pool):
+    """NIID-Bench "#C=k": client i holds class i mod K plus k-1 other random classes; each class is split
+    evenly among the clients that hold it (K = the classes present in the pool)."""
+    k, n_clients, pool_labels = cfg.partition.labels_per_client, cfg.partition.clients, labels[pool]
+    classes = np.unique(pool_labels)
+    if k > len(classes):
+        raise ConfigError(f"partition.labels_per_client = {k}: the training pool has only {len(classes)} classes")
+    holders = [[] for _ in classes]
+    for i in range(n_clients):
+        own = i % len(classes)
+        others = g.choice(np.delete(np.arange(len(classes)), own), size=k - 1, replace=False)
+        for c in (own, *others.tolist()):
+            holders[c].append(i)
+    parts = [[] for _ in range(n_clients)]
+    for c, clients in enumerate(holders):
+        if not clients:
+            continue
+        idx = g.permutation(pool[pool_labels == classes[c]])
+        for i, piece in zip(clients, np.array_split(idx, len(clients))):
+            parts[i].append(piece)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+def shards(labels, cfg, g, pool):
+    """McMahan et al. / Zhao et al.: sort by label, cut into clients * shards_per_client equal shards, deal
+    each client shards_per_client random ones (1 shard per client = "1-class non-IID")."""
+    per, n_clients = cfg.partition.shards_per_client, cfg.partition.clients
+    n_shards = n_clients * per
+    if n_shards > len(pool):
+        raise ConfigError(f"partition.shards_per_client = {per}: {n_clients} clients x {per} shards exceed the "
+                          f"{len(pool)} training samples")
+    shuffled = g.permutation(pool)   # random order inside each class, then a stable sort by label
+    ordered = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    pieces = np.array_split(ordered, n_shards)
+    deal = g.permutation(n_shards).reshape(n_clients, per)
+    return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
+
+
+def classes(labels, cfg, g, pool):
+    """FSL: each client gets C = classes_per_client classes and n_i / C samples of each, drawn without
+    replacement. Classes are dealt round-robin over a random class order, so every class is held by
+    floor or ceil(N C / K) clients. n_i is samples_per_client, or else the largest size <= pool / N that
+    the classes can supply."""
+    p = cfg.partition
+    pool_labels = labels[pool]
+    present, counts = np.unique(pool_labels, return_counts=True)
+    c_per, n_clients = p.classes_per_client, p.clients
+    if c_per > len(present):
+        raise ConfigError(f"partition.classes_per_client = {c_per}: the training pool has only "
+                          f"{len(present)} classes")
+    order = g.permutation(len(present))
+    held = [order[(np.arange(c_per) + i * c_per) % len(present)] for i in g.permutation(n_clients)]
+    demand = np.bincount(np.concatenate(held), minlength=len(present))
+    per_class = _samples_per_class(p, len(pool), present, counts, demand)
+    shuffled = [g.permutation(pool[pool_labels == c]) for c in present]
+    taken = np.zeros(len(present), dtype=np.int64)
+    parts = []
+    for row in held:
+        pieces = [shuffled[c][taken[c]: taken[c] + per_class] for c in row]
+        taken[row] += per_class
+        parts.append(np.sort(np.concatenate(pieces)))
+    return parts
+
+
+def _samples_per_class(p, pool_size, present, counts, demand):
+    if p.samples_per_client is not None:
+        per_class = p.samples_per_client // p.classes_per_client
+        short = np.flatnonzero(demand * per_class > counts)
+        if per_class == 0 or len(short):
+            c = short[0] if len(short) else 0
+            raise ConfigError(f"partition.samples_per_client = {p.samples_per_client}: with classes_per_client = "
+                              f"{p.classes_per_client}, {demand[c]} clients need {per_class} samples each of "
+                              f"class {present[c]}, which has {counts[c]}; lower samples_per_client")
+        return per_class
+    fits = counts[demand > 0] // demand[demand > 0]
+    per_class = int(min(pool_size // p.clients // p.classes_per_client, fits.min()))
+    if per_class == 0:
+        raise ConfigError(f"partition.classes_per_client = {p.classes_per_client}: {p.clients} clients leave no "
+                          f"samples per class; use fewer clients or classes")
+    return per_class
+
+
+def quantity(labels, cfg, g, pool):
+    """NIID-Bench quantity skew: sizes ~ Dir(beta) over clients, samples drawn at random (labels mixed);
+    redrawn until every client has min_samples."""
+    p = cfg.partition
+    shuffled = g.permutation(pool)
+    for _ in range(MAX_DIRICHLET_DRAWS):
+        share = g.dirichlet(np.full(p.clients, p.beta))
+        cuts = (np.cumsum(share) * len(pool)).astype(int)[:-1]
+        if np.diff(cuts, prepend=0, append=len(pool)).min() >= max(p.min_samples, 1):
+            return [np.sort(part) for part in np.split(shuffled, cuts)]
+    raise ConfigError(f"partition.beta = {p.beta}: {MAX_DIRICHLET_DRAWS} Dirichlet draws all left a client with "
+                      f"fewer than partition.min_samples = {p.min_samples} samples; raise beta or lower min_samples")
+
+
+SCHEMES = {"iid": iid, "dirichlet": dirichlet, "labels": label_subsets, "shards": shards, "classes": classes,
+           "quantity": quantity, "natural": natural}
 
 
 def partition(dataset, cfg, pool=None):

@@ -9,6 +9,8 @@ import os
 import numpy as np
 
 from fedmpi import rng
+from fedmpi.data import leaf
+from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.dataset import Dataset
 from fedmpi.errors import InputError
 
@@ -91,4 +93,6 @@ def mnist5k(cfg) -> Dataset:
     return Dataset("mnist5k", x[train], y[train], x[test], y[test], 10)
 
 
-LOADERS = {"synthetic": synthetic, "mnist5k": mnist5k}
+LOADERS = {"synthetic": synthetic, "mnist5k": mnist5k, "mnist": tv.mnist, "fashion_mnist": tv.fashion_mnist,
+           "emnist": tv.emnist, "cifar10": tv.cifar10, "cifar100": tv.cifar100, "femnist": leaf.femnist,
+           "shakespeare": leaf.shakespeare}

@@ -1,0 +1,128 @@
+"""LEAF's FEMNIST and Shakespeare, read from the JSON files that LEAF's preprocessing writes.
+
+Layout: `data.root/train/*.json` and `data.root/test/*.json`, each file
+`{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}`. The training
+files' users become the natural clients (`Dataset.users`, in file-name order, then each file's `users`
+order); all test files together form the test set.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from fedmpi.data.dataset import Dataset
+from fedmpi.errors import InputError
+
+# LEAF's 80-character vocabulary (leaf/models/utils/language_utils.py); a character's id is its position.
+SHAKESPEARE_VOCAB = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+SHAKESPEARE_SEQ = 80
+FEMNIST_CLASSES, FEMNIST_SIDE = 62, 28
+LEAF_HOW = {
+    "femnist": "run LEAF's data/femnist/preprocess.sh (github.com/TalwalkarLab/leaf), e.g. "
+               "./preprocess.sh -s niid --sf 0.05 -k 0 -t sample, and copy its data/train and data/test "
+               "folders into data.root",
+    "shakespeare": "run LEAF's data/shakespeare/preprocess.sh (github.com/TalwalkarLab/leaf), e.g. "
+                   "./preprocess.sh -s niid --sf 0.2 -k 0 -t sample, and copy its data/train and data/test "
+                   "folders into data.root",
+}
+
+
+def _json_files(cfg, part):
+    name, root = cfg.data.name, cfg.data.root
+    if not root:
+        raise InputError(f"data.root is not set: data.name = {name!r} reads LEAF JSON files from "
+                         f"DATA_ROOT/train/*.json and DATA_ROOT/test/*.json; {LEAF_HOW[name]}")
+    folder = os.path.join(root, part)
+    files = sorted(glob.glob(os.path.join(folder, "*.json")))
+    if not files:
+        raise InputError(f"data.name = {name!r}: expected LEAF JSON files {folder}/*.json "
+                         f"(data.root = {root!r}); none found; {LEAF_HOW[name]}")
+    return files
+
+
+def _read_users(path, name):
+    """[(user, x list, y list)] of one LEAF file, in its `users` order."""
+    try:
+        with open(path) as fh:
+            blob = json.load(fh)
+        users, data = blob["users"], blob["user_data"]
+        out = [(u, data[u]["x"], data[u]["y"]) for u in users]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not a LEAF JSON file with keys users / num_samples / user_data{{user: "
+                         f"{{x, y}}}} ({type(e).__name__}: {e}); {LEAF_HOW[name]}") from None
+    for u, x, y in out:
+        if len(x) != len(y):
+            raise InputError(f"{path}: user {u!r} has {len(x)} inputs but {len(y)} labels")
+    return out
+
+
+def _read_part(cfg, part, encode):
+    """(x, y, per-user index arrays) of all files in `part`, users concatenated in order."""
+    xs, ys, users, start = [], [], [], 0
+    for path in _json_files(cfg, part):
+        for _, x, y in _read_users(path, cfg.data.name):
+            if not x:
+                continue
+            xs.append(encode(x, y, path))
+            ys.append(np.asarray(y))
+            users.append(np.arange(start, start + len(y), dtype=np.int64))
+            start += len(y)
+    if not xs:
+        raise InputError(f"{os.path.join(cfg.data.root, part)}: the LEAF files hold no samples")
+    return np.concatenate(xs), np.concatenate(ys), users
+
+
+def _femnist_pixels(x, y, path):
+    arr = np.asarray(x, dtype=np.float32)
+    if arr.ndim != 2 or arr.shape[1] != FEMNIST_SIDE * FEMNIST_SIDE:
+        raise InputError(f"{path}: FEMNIST inputs must be lists of {FEMNIST_SIDE * FEMNIST_SIDE} pixel values, "
+                         f"found shape {arr.shape}")
+    return arr.reshape(-1, 1, FEMNIST_SIDE, FEMNIST_SIDE)
+
+
+def _check_labels(y, classes, where):
+    if y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() >= classes)):
+        raise InputError(f"{where}: labels must be integers in 0..{classes - 1}")
+    return y.astype(np.int64)
+
+
+def femnist(cfg) -> Dataset:
+    """FEMNIST: 28x28 handwritten characters of 62 classes, one LEAF user per writer. LEAF stores pixels in
+    [0, 1]; they are standardised with the training set's mean and standard deviation."""
+    x_tr, y_tr, users = _read_part(cfg, "train", _femnist_pixels)
+    x_te, y_te, _ = _read_part(cfg, "test", _femnist_pixels)
+    mean, std = float(x_tr.mean()), float(x_tr.std()) or 1.0
+    y_tr = _check_labels(y_tr, FEMNIST_CLASSES, os.path.join(cfg.data.root, "train"))
+    y_te = _check_labels(y_te, FEMNIST_CLASSES, os.path.join(cfg.data.root, "test"))
+    return Dataset("femnist", (x_tr - mean) / std, y_tr, (x_te - mean) / std, y_te, FEMNIST_CLASSES, users=users)
+
+
+def encode_chars(strings) -> np.ndarray:
+    """Characters -> ids in SHAKESPEARE_VOCAB (vectorised). A character outside the vocabulary becomes the
+    space's id, as no LEAF model can embed it."""
+    text = "".join(strings)
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    table = np.full(max(int(codes.max(initial=0)), 127) + 1, SHAKESPEARE_VOCAB.index(" "), dtype=np.int64)
+    table[[ord(c) for c in SHAKESPEARE_VOCAB]] = np.arange(len(SHAKESPEARE_VOCAB))
+    return table[codes]
+
+
+def _shakespeare_tokens(x, y, path):
+    if any(not isinstance(s, str) or len(s) != SHAKESPEARE_SEQ for s in x):
+        raise InputError(f"{path}: Shakespeare inputs must be strings of {SHAKESPEARE_SEQ} characters")
+    if any(not isinstance(s, str) or len(s) != 1 for s in y):
+        raise InputError(f"{path}: Shakespeare labels must be single characters")
+    return encode_chars(x).reshape(-1, SHAKESPEARE_SEQ)
+
+
+def shakespeare(cfg) -> Dataset:
+    """Shakespeare next-character prediction: 80 characters in, the next character out (80 classes), one LEAF
+    user per speaking role. Inputs are int64 token ids."""
+    x_tr, y_tr, users = _read_part(cfg, "train", _shakespeare_tokens)
+    x_te, y_te, _ = _read_part(cfg, "test", _shakespeare_tokens)
+    y_tr, y_te = encode_chars(list(y_tr)), encode_chars(list(y_te))
+    return Dataset("shakespeare", x_tr, y_tr, x_te, y_te, len(SHAKESPEARE_VOCAB), users=users)
