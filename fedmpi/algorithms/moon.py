@@ -1,0 +1,103 @@
+"""MOON, model-contrastive FL (Li, He, Song, "Model-Contrastive Federated Learning", CVPR 2021).
+
+Local loss CE + mu * l_con with
+    l_con = -log( e^{sim(z, z_glob)/tau} / (e^{sim(z, z_glob)/tau} + e^{sim(z, z_prev)/tau}) ),
+z the projection-head output of the model being trained, z_glob that of the round's global model x_t and
+z_prev that of the client's previous local model, sim the cosine similarity. The server rule is FedAvg's.
+
+Model convention: `module.forward_rep(x)` returns `(z, logits)` (simple_cnn with model.projection set).
+The global and previous models are two frozen copies of the rank's model, built once per rank and loaded
+in place per client (no deepcopy per client), in eval mode as in the reference code. A client that has
+not trained before has no previous model: z_prev = z_glob, which makes l_con the constant log 2 with zero
+gradient, the same training as the reference code's first round (no negatives).
+"""
+
+import copy
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedmpi.algorithms.base import Algorithm
+from fedmpi.errors import ConfigError
+from fedmpi.flat import FlatModel
+
+
+def contrastive_loss(z, z_glob, z_prev, tau):
+    """l_con averaged over the batch: cross-entropy over the two similarities with z_glob as the positive."""
+    sims = torch.stack((F.cosine_similarity(z, z_glob, dim=-1), F.cosine_similarity(z, z_prev, dim=-1)), dim=1)
+    positive = torch.zeros(len(z), dtype=torch.long, device=z.device)
+    return F.cross_entropy(sims / tau, positive)
+
+
+def frozen_copy(model):
+    """A FlatModel over a copy of `model.module` with gradients off, in eval mode."""
+    flat = FlatModel(copy.deepcopy(model.module), model.device)
+    flat.module.requires_grad_(False)
+    flat.module.eval()
+    return flat
+
+
+class Moon(Algorithm):
+    name = "moon"
+
+    def __init__(self, cfg, dim, n_params):
+        super().__init__(cfg, dim, n_params)
+        self.mu, self.tau = float(self.keys.mu), float(self.keys.tau)
+        self._prev = {}            # cid -> previous local model (flat vector) on the hosting rank
+        self._global_net = None    # frozen copies, built at the first client on this rank
+        self._prev_net = None
+        self._model = None         # the FlatModel being trained
+        self._has_prev = False
+
+    def _build_frozen(self, model):
+        if not callable(getattr(model.module, "forward_rep", None)):
+            m = self.cfg.model
+            raise ConfigError(f"algorithm.name = 'moon' needs a model with a projection head (forward_rep); "
+                              f"model.name = {m.name!r} with model.projection = {m.projection!r} has none: "
+                              f"use model.name = simple_cnn with model.projection set (e.g. 256)")
+        self._global_net, self._prev_net = frozen_copy(model), frozen_copy(model)
+
+    def _previous(self, cid, device):
+        prev = self._prev.get(cid)
+        if prev is not None and prev.device != device:     # loaded from a checkpoint onto the CPU
+            prev = self._prev[cid] = prev.to(device)
+        return prev
+
+    def client_start(self, run, down, model):
+        super().client_start(run, down, model)
+        if self._global_net is None:
+            self._build_frozen(model)
+        self._model = model
+        self._global_net.load(down[: self.dim])
+        prev = self._previous(run.cid, model.device)
+        self._has_prev = prev is not None
+        if self._has_prev:
+            self._prev_net.load(prev)
+
+    def loss_fn(self, xb, yb):
+        z, logits = self._model.module.forward_rep(xb)
+        with torch.no_grad():
+            z_glob = self._global_net.module.forward_rep(xb)[0]
+            z_prev = self._prev_net.module.forward_rep(xb)[0] if self._has_prev else z_glob
+        return F.cross_entropy(logits, yb) + self.mu * contrastive_loss(z, z_glob, z_prev, self.tau)
+
+    def accumulate(self, run, down, model, acc):
+        w = super().accumulate(run, down, model, acc)
+        prev = self._prev.get(run.cid)
+        if prev is None or prev.device != model.vec.device:
+            self._prev[run.cid] = model.vec.clone()
+        else:
+            prev.copy_(model.vec)
+        return w
+
+    # -- checkpoint state -----------------------------------------------------------------------
+    def client_state(self, cid):
+        prev = self._prev.get(cid)
+        return {} if prev is None else {"prev": prev.detach().cpu().numpy().copy()}
+
+    def load_client_state(self, cid, state):
+        if "prev" in state:
+            self._prev[cid] = torch.from_numpy(np.array(state["prev"], dtype=np.float32))
+        else:
+            self._prev.pop(cid, None)
