@@ -98,6 +98,21 @@ class RunLog:
                 del g["global"]
             g.create_dataset("global", data=np.asarray(vec, dtype=np.float32))
 
+    @classmethod
+    def reopen(cls, path, rounds_kept, **attrs):
+        """An existing run.h5 continued by --resume: rows after the first `rounds_kept` dropped (the resumed
+        run recomputes them), status back to running, `attrs` updated, the resume noted in `resumes`."""
+        log = cls(path)
+        log.truncate(rounds_kept)
+        with h5py.File(path, "a") as f:
+            history, previous = str(f.attrs.get("resumes", "")), str(f.attrs.get("status", ""))
+        when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        # A previous status `running` means that job was killed without a word (e.g. SIGKILL).
+        entry = (f"{when} from round {rounds_kept} at world_size {attrs.get('world_size', '?')} "
+                 f"(previous status {previous})")
+        log.set_attrs(status="running", error="", error_detail="", resumes=(history + "\n" + entry).strip(), **attrs)
+        return log
+
     def truncate(self, rounds_kept):
         """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
         with h5py.File(self.path, "a") as f:

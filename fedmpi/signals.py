@@ -1,0 +1,51 @@
+"""Stop requests: SIGTERM or SIGUSR1 on any rank asks the whole job to stop at the next round boundary.
+
+SLURM sends SIGTERM at a time limit or preemption (and any signal chosen with `--signal=USR1@120`
+some time before); mpiexec (hydra) forwards SIGTERM and SIGUSR1 to every rank; `kill` may reach only
+one rank. The handler only records the request: the flag rides to rank 0 in the round's reduction
+(`experiment.STOP`), rank 0 answers with `CMD_STOP` in the next broadcast header, and then every rank
+takes part in writing a checkpoint and exits with 75 (`errors.EXIT_PREEMPTED`), so a batch script can
+requeue itself. Rounds are never cut in the middle: a checkpoint is a round boundary.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from fedmpi.errors import StopRequested
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+_received = []
+
+
+def _handler(signum, frame):
+    _received.append(signal.Signals(signum).name)
+
+
+def install():
+    """Turns SIGTERM/SIGUSR1 into stop requests for this process (call from the main thread)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _handler)
+
+
+def requested() -> bool:
+    return bool(_received)
+
+
+def received() -> str:
+    """Names of the stop signals this rank received, e.g. 'SIGTERM' ('' if none)."""
+    return ",".join(dict.fromkeys(_received))
+
+
+def reset():
+    _received.clear()
+
+
+def stop_error(round_, ranks=None) -> StopRequested:
+    """The StopRequested raised on every rank once the job agreed to stop with `round_` rounds done."""
+    who = f" on {ranks} rank(s)" if ranks else ""
+    own = f" (this rank: {received()})" if requested() else ""
+    e = StopRequested(f"stop requested by SIGTERM/SIGUSR1{who}{own}: stopped after round {round_} with a "
+                      f"checkpoint; continue with --resume")
+    e.round = round_
+    return e
