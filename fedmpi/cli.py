@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from fedmpi.errors import EXIT_USAGE, ConfigError, FedmpiError
+from fedmpi.errors import ConfigError, FedmpiError
 
 
 def _parser():
@@ -19,14 +19,28 @@ def _parser():
     run.add_argument("--dry-run", action="store_true", help="validate, print config and partition; train nothing")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in out")
     rep = sub.add_parser("report", help="table of runs from their run.h5 files")
-    rep.add_argument("runs", nargs="+", help="run.h5 files (or run folders)")
-    rep.add_argument("--plot", metavar="FILE.png", help="also draw accuracy curves into this PNG")
+    rep.add_argument("runs", nargs="+", help="run.h5 files, run folders, folders of runs (searched) or globs")
+    rep.add_argument("--plot", metavar="FILE.png", help="also draw accuracy and loss curves into this PNG")
+    rep.add_argument("--x", choices=("round", "bytes", "wall"), default="round",
+                     help="x axis of --plot: rounds, bytes moved or wall time (default round)")
     rep.add_argument("--csv", metavar="FILE.csv", help="also write the table as CSV")
+    rep.add_argument("--target", type=float, metavar="ACC",
+                     help="add the rounds and bytes until the test accuracy first reaches ACC, e.g. 0.8")
+    rep.add_argument("--by", action="append", default=[], metavar="KEY",
+                     help="one row per value of this dotted config key (repeatable), mean +- std over the rest")
+    rep.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
     return p
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, DESIGN §1), which a
+    # plain parse_args rejects once an option has ended the positional list.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "run":
             return _run(args)
@@ -45,45 +59,53 @@ def _run(args):
     if args.dry_run:
         return _dry_run(cfg)
     _check_out(cfg, args)
+    from fedmpi import signals
+
+    signals.install()       # from here on SIGTERM/SIGUSR1 are stop requests, even during the slow imports
     from fedmpi.comm import make_comm
+
+    comm = make_comm()
+    resume = None
+    if args.resume:
+        from fedmpi.checkpoint import plan_resume
+
+        resume = plan_resume(cfg, comm)     # rank 0 checks; on refusal every rank exits 2, nothing touched
     from fedmpi.launch import run_experiment
 
-    return run_experiment(cfg, make_comm(), overwrite=args.overwrite)
+    return run_experiment(cfg, comm, overwrite=args.overwrite, resume=resume)
 
 
 def _check_out(cfg, args):
+    from fedmpi.checkpoint import ckpt_dir, list_checkpoints
+
+    if args.overwrite and args.resume:
+        raise ConfigError("--resume and --overwrite exclude each other: continue the run in out, or replace it")
     path = os.path.join(cfg.out, "run.h5")
     if os.path.exists(path) and not (args.overwrite or args.resume):
         raise ConfigError(f"out = {cfg.out!r} already holds a run ({path}); continue it with --resume, "
                           f"replace it with --overwrite, or choose another out=...")
+    if list_checkpoints(cfg.out) and not (args.overwrite or args.resume):
+        # Stale checkpoints would otherwise be taken for this run's on a later --resume.
+        raise ConfigError(f"out = {cfg.out!r} holds checkpoints ({ckpt_dir(cfg.out)}) but no run.h5; replace "
+                          f"them with --overwrite, or choose another out=...")
 
 
 def _dry_run(cfg):
     from fedmpi.data import load_dataset
     from fedmpi.experiment import build_partition
-    from fedmpi.report import partition_summary
+    from fedmpi.report import partition_summary, server_summary
 
     print(cfg.to_yaml())
     dataset = load_dataset(cfg)
-    _, stats = build_partition(cfg, dataset)
+    split = build_partition(cfg, dataset)
     print(dataset.summary())
-    print(partition_summary(stats))
+    print(partition_summary(split.groups["partition"]))
+    print(server_summary(split.groups["partition/server"], cfg.server_data))
     return 0
 
 
 def _report(args):
-    from fedmpi import report
+    from fedmpi.analysis import report_command
 
-    paths = [os.path.join(p, "run.h5") if os.path.isdir(p) else p for p in args.runs]
-    missing = [p for p in paths if not os.path.exists(p)]
-    if missing:
-        print(f"fedmpi: error: no run file at {', '.join(missing)}", file=sys.stderr)
-        return EXIT_USAGE
-    runs = [report.read_run(p) for p in paths]
-    print(report.format_table(report.summarize(runs)))
-    if args.csv:
-        report.write_csv(report.summarize(runs), args.csv)
-    if args.plot:
-        report.plot_curves(runs, args.plot)
-        print(f"curves written to {args.plot}")
-    return 0
+    return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
+                          x=args.x, fmt=args.format)

@@ -18,9 +18,54 @@ import time
 import numpy as np
 
 FAILURE_TAG = 77
+ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfers
 FAILURE_BYTES = 8192
 # How long a failing worker waits for the server to record its error before aborting the job itself.
 FAILURE_GRACE_S = 10.0
+
+# gather_states: one client's state travels as [array count], [count x STATE_META] int64 rows (dtype code,
+# ndim, name length, shape padded to STATE_MAX_NDIM), the UTF-8 names as bytes, then each array's bytes.
+STATE_TAG = 78
+STATE_MAX_NDIM = 8
+STATE_META = 3 + STATE_MAX_NDIM
+STATE_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int16", "int8",
+                                           "uint64", "uint32", "uint16", "uint8", "bool"))
+
+
+def encode_state(state):
+    """(meta rows, name bytes, contiguous arrays) of a dict[str, np.ndarray]; numbers and bytes only."""
+    names, arrays = [], []
+    meta = np.zeros((len(state), STATE_META), dtype=np.int64)
+    for i, (name, value) in enumerate(state.items()):
+        a = np.asarray(value, order="C")
+        if a.dtype not in STATE_DTYPES or a.ndim > STATE_MAX_NDIM or not name or "/" in name:
+            raise TypeError(f"state entry {name!r} ({a.dtype}, {a.ndim}-d): a state is a dict of numeric arrays "
+                            f"of at most {STATE_MAX_NDIM} dimensions under non-empty names without '/'")
+        raw = name.encode()
+        meta[i, :3] = STATE_DTYPES.index(a.dtype), a.ndim, len(raw)
+        meta[i, 3:3 + a.ndim] = a.shape
+        names.append(raw)
+        arrays.append(a)
+    return meta, np.frombuffer(b"".join(names), dtype=np.uint8), arrays
+
+
+def decode_state_meta(meta, name_bytes):
+    """[(name, dtype, shape)] from the rows and name bytes made by `encode_state`."""
+    out, pos, raw = [], 0, bytes(name_bytes)
+    for code, ndim, length, *shape in meta.tolist():
+        out.append((raw[pos:pos + length].decode(), STATE_DTYPES[code], tuple(shape[:ndim])))
+        pos += length
+    return out
+
+
+class _AllOf:
+    """Adapts a list of requests to the single-request `Test()` that `_sleep_wait` polls."""
+
+    def __init__(self, mpi, requests):
+        self.mpi, self.requests = mpi, requests
+
+    def Test(self):  # noqa: N802 - mirrors mpi4py's Request.Test
+        return self.mpi.Request.Testall(self.requests)
 
 
 class WorkerFailed(Exception):
@@ -54,8 +99,23 @@ class LocalComm:
     def any_flag(self, flag: bool) -> bool:
         return flag
 
+    def route(self, sends, receives):
+        """Point-to-point moves between ranks; with one rank there is nowhere to move to."""
+        if sends or receives:
+            raise RuntimeError("LocalComm.route: a single process has no other rank to route to")
+
+    def masked_gather(self, mask, vectors, hosted_selected, dim):
+        """{client id: vector} of the uploaders among the selected clients (all hosted here)."""
+        uploaders = [c for c, m in zip(hosted_selected.get(0, []), mask) if m]
+        return dict(zip(uploaders, vectors))
+
     def report_failure(self, text):
         pass
+
+    def gather_states(self, host, get_state, put_state):
+        """Every client's state to `put_state` in client order (see MpiComm.gather_states)."""
+        for cid in range(len(host)):
+            put_state(cid, get_state(cid))
 
     def node_local(self):
         return 0, 1, True
@@ -128,6 +188,84 @@ class MpiComm:
         req = self.comm.Iallreduce(np.array([int(flag)], dtype=np.int32), out, op=self.MPI.MAX)
         self._sleep_wait(req)
         return bool(out[0])
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def gather_states(self, host, get_state, put_state):
+        """Streams every client's state to rank 0, one client at a time, in client order.
+
+        `host[c]` is the rank hosting client c (the same array on every rank). The host calls
+        `get_state(c)` (a dict of numpy arrays) and sends it as plain buffers (no pickle); rank 0 calls
+        `put_state(c, state)` and may drop the arrays afterwards, so it never holds more than one client's
+        state. Every host sends its clients in increasing order, which is the order rank 0 receives them
+        in, so the exchange cannot deadlock. Waits sleep instead of spinning, as elsewhere.
+        """
+        for cid in range(len(host)):
+            owner = int(host[cid])
+            if owner == self.rank == 0:
+                put_state(cid, get_state(cid))
+            elif self.rank == owner:
+                meta, names, arrays = encode_state(get_state(cid))
+                self._send_state_part(np.array([len(arrays)], dtype=np.int64))
+                if arrays:
+                    self._send_state_part(meta)
+                    self._send_state_part(names)
+                    for a in arrays:
+                        self._send_state_part(a)
+            elif self.rank == 0:
+                put_state(cid, self._recv_state(owner))
+
+    def _send_state_part(self, a):
+        self._sleep_wait(self.comm.Isend([a.reshape(-1).view(np.uint8), self.MPI.BYTE], dest=0, tag=STATE_TAG))
+
+    def _recv_state_part(self, a, source):
+        self._sleep_wait(self.comm.Irecv([a.reshape(-1).view(np.uint8), self.MPI.BYTE], source=source,
+                                         tag=STATE_TAG))
+        return a
+
+    def _recv_state(self, source):
+        count = self._recv_state_part(np.zeros(1, dtype=np.int64), source)[0]
+        if count == 0:
+            return {}
+        meta = self._recv_state_part(np.zeros((count, STATE_META), dtype=np.int64), source)
+        names = self._recv_state_part(np.zeros(int(meta[:, 2].sum()), dtype=np.uint8), source)
+        return {name: self._recv_state_part(np.empty(shape, dtype=dtype), source)
+                for name, dtype, shape in decode_state_meta(meta, names)}
+
+    def route(self, sends, receives):
+        """Point-to-point transfers of flat float32 buffers: `sends` are (dest, key, buffer), `receives`
+        (source, key, buffer); `key` (e.g. a FedSkip slot) tells concurrent transfers apart."""
+        requests = [self.comm.Isend(buf, dest=dest, tag=ROUTE_TAG + key) for dest, key, buf in sends]
+        requests += [self.comm.Irecv(buf, source=src, tag=ROUTE_TAG + key) for src, key, buf in receives]
+        self._sleep_wait(_AllOf(self.MPI, requests))
+
+    def masked_gather(self, mask, vectors, hosted_selected, dim):
+        """Gated uploads: first every worker's upload mask for its selected clients, then only the
+        uploaders' vectors, both by Gatherv to rank 0. Returns {client id: vector} there, None elsewhere.
+
+        `hosted_selected[r]` lists the selected clients rank r hosts (every rank knows it), in the order
+        that rank's `mask` and `vectors` follow."""
+        counts = [len(hosted_selected.get(r, [])) for r in range(self.size)]
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+        all_mask = np.zeros(sum(counts), dtype=np.int8) if self.rank == 0 else None
+        self.sync()
+        self.comm.Gatherv(np.ascontiguousarray(mask, dtype=np.int8),
+                          [all_mask, counts, displs, self.MPI.INT8_T] if self.rank == 0 else None, root=0)
+        send = np.concatenate(vectors) if vectors else np.empty(0, dtype=np.float32)
+        if self.rank != 0:
+            self.comm.Gatherv(send, None, root=0)
+            return None
+        uploads = [int(all_mask[d:d + c].sum()) for d, c in zip(displs, counts)]
+        vec_counts = [u * dim for u in uploads]
+        received = np.empty(sum(vec_counts), dtype=np.float32)
+        vec_displs = np.concatenate([[0], np.cumsum(vec_counts)[:-1]]).astype(int)
+        self.comm.Gatherv(send, [received, vec_counts, vec_displs, self.MPI.FLOAT], root=0)
+        out, row = {}, 0
+        for r in range(self.size):
+            for cid, m in zip(hosted_selected.get(r, []), all_mask[displs[r]:displs[r] + counts[r]]):
+                if m:
+                    out[cid] = received[row * dim:(row + 1) * dim]
+                    row += 1
+        return out
 
     # -- setup and failure handling ---------------------------------------------------------------
     def node_local(self):

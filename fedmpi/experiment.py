@@ -15,28 +15,32 @@ import time
 import numpy as np
 import torch
 
-from fedmpi import rng
+from fedmpi import rng, signals
 from fedmpi.algorithms import ClientRun, build_algorithm
 from fedmpi.data import load_dataset
-from fedmpi.data.partition import partition
-from fedmpi.data.stats import partition_stats
+from fedmpi.data.augment import make_transform
+from fedmpi.data.server_set import split_dataset
 from fedmpi.flat import FlatModel
 from fedmpi.models import build_model
 from fedmpi.runtime import pick_device, place_clients, set_threads
-from fedmpi.train import LocalTrainer, Schedule, evaluate, schedule
+from fedmpi.rounds import ROUNDS, RoundTally
+from fedmpi.data.stats import partition_stats
+from fedmpi.train import LocalTrainer, Schedule, ServerTrainer, evaluate, schedule, seed_torch_on
+from fedmpi import vectorized
 
 # Broadcast header: [command, round]; workers check the round to catch ranks falling out of step.
 HEADER = 2
 CMD_RUN, CMD_STOP = 0.0, 1.0
-# Scalars riding in the reduction after the upload vectors.
-WEIGHT, LOSS, SEEN, UPLOADS = range(4)
-N_STATS = 4
+# Scalars riding in the reduction after the upload vectors. STOP counts the ranks that received a stop
+# signal (fedmpi.signals): the request reaches the server without a collective of its own.
+WEIGHT, LOSS, SEEN, UPLOADS, STOP = range(5)
+N_STATS = 5
 
 
 def build_partition(cfg, dataset):
-    """(client index arrays, /partition datasets); the same on every rank."""
-    parts = partition(dataset, cfg)
-    return parts, partition_stats(dataset.y_train, parts, dataset.num_classes)
+    """The server's set and the clients' index arrays, with their statistics for the run file under the
+    group paths `partition` and `partition/server` (a `Split`); the same on every rank."""
+    return split_dataset(cfg, dataset)
 
 
 class Experiment:
@@ -47,32 +51,87 @@ class Experiment:
         self.threads = set_threads(cfg.runtime.threads, computing)
         self.device = pick_device(cfg.runtime.device, local_rank)
         self.dataset = load_dataset(cfg)
-        self.real_parts, self.stats = build_partition(cfg, self.dataset)
+        self.split = build_partition(cfg, self.dataset)
+        self.real_parts, self.stats = self.split.parts, self.split.groups["partition"]
+        # The server's set (D0 for FSL, G for data sharing, SAFL's probe set) as indices into x_train; empty
+        # when server_data.size is 0. With source holdout the clients' pool (`split.pool`) excludes it.
+        self.server_idx = self.split.server_idx
         self.real_sizes = np.array([len(p) for p in self.real_parts])
 
         rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
         module = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes)
         self.flat = FlatModel(module, self.device)
         self.algo = build_algorithm(cfg, self.flat.dim, self.flat.n_params)
+        self.algo.setup(self.real_sizes, self.server_idx, self.flat.vec.clone())
         self.parts = self.algo.clients(self.real_parts)
+        if self.algo.shares_data:
+            self.split.groups["partition/shared"] = partition_stats(self.dataset.y_train, self.parts,
+                                                                   self.dataset.num_classes)
         self.host = place_clients([len(p) for p in self.parts], comm.workers)
         self.mine = set(np.flatnonzero(self.host == comm.rank).tolist())
         self._place_data()
+        self._plan_vectorize()
         self._make_buffers()
         self.x = self.flat.vec.clone() if comm.is_server else None
+        self._attach_algorithm_data()
         self.start_round = 0
+        # Stop requests: `stop_votes` (server) is the round's count of ranks asking to stop; once the
+        # run loop sets `stopping`, the next broadcast carries CMD_STOP instead of starting that round.
+        self.stop_votes, self.stopping = 0, False
 
     # -- set-up ----------------------------------------------------------------------------------
     def _place_data(self):
         ds, dev = self.dataset, self.device
-        if self.mine:
+        if self.mine or (self.comm.is_server and len(self.server_idx)):
             self.x_train = torch.from_numpy(ds.x_train).to(dev)
             self.y_train = torch.from_numpy(ds.y_train).to(dev)
+        if self.mine:
             self.client_idx = {c: torch.from_numpy(self.parts[c]).to(dev) for c in sorted(self.mine)}
-            self.trainer = LocalTrainer(self.flat, self.cfg.client, self.x_train, self.y_train)
+            self.trainer = LocalTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
+                                        transform=make_transform(self.cfg.data, ds.input_shape))
         if self.comm.is_server:
             self.x_test = torch.from_numpy(ds.x_test).to(dev)
             self.y_test = torch.from_numpy(ds.y_test).to(dev)
+
+    def _plan_vectorize(self):
+        """`client.vectorize`: off, or auto/on when the algorithm and the model allow batched groups
+        (fedmpi.vectorized); `on` with an algorithm or model that cannot fails here, on every rank."""
+        mode, self.group_trainer = self.cfg.client.vectorize, None
+        if mode == "off":
+            return
+        blocker = self.algo.vectorize_blocker() or vectorized.unsupported(self.flat)
+        if blocker:
+            if mode == "on":
+                from fedmpi.errors import ConfigError
+
+                raise ConfigError(f"client.vectorize = 'on': {blocker}; use auto (batch clients where "
+                                  f"possible) or off")
+            return
+        if self.mine and (mode == "on" or vectorized.worthwhile(self.flat)):
+            self.group_trainer = vectorized.GroupTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
+                                                         transform=self.trainer.transform)
+
+    def _attach_algorithm_data(self):
+        """Server-side training data (FSL's D0, data sharing's G) and SAFL's probe evaluation."""
+        algo = self.algo
+        if self.comm.is_server and algo.uses_server_set and len(self.server_idx):
+            idx = torch.from_numpy(self.server_idx).to(self.device)
+            trainer = ServerTrainer(self.flat, self.cfg.client, self.x_train, self.y_train, idx, self.cfg.seed)
+            self.x = algo.initial_model(self.x, trainer)
+        if self.mine and hasattr(algo, "attach_probe"):
+            algo.attach_probe(self.accuracy_on_train)
+
+    def accuracy_on_train(self, vec, indices):
+        """Accuracy of model `vec` on training samples `indices` (SAFL's probe sets); loads `vec`."""
+        self.flat.load(vec)
+        idx = torch.from_numpy(np.asarray(indices)).to(self.device)
+        acc, _ = evaluate(self.flat.module, self.x_train[idx], self.y_train[idx], self.cfg.eval.batch_size)
+        return acc
+
+    @property
+    def first_round(self):
+        """The first round this process runs (0, or the round after the checkpoint it resumed from)."""
+        return self.start_round
 
     def _make_buffers(self):
         dim, algo, n = self.flat.dim, self.algo, len(self.parts)
@@ -95,58 +154,126 @@ class Experiment:
         standard = rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
         return standard, self.algo.select(t, standard, self.real_sizes)
 
-    def broadcast(self, t, command=CMD_RUN):
+    def broadcast(self, t, command=CMD_RUN, full=True):
+        """Rank 0's header and (if `full`) down payload to every rank; returns the command.
+
+        FedSkip's rounds inside a period send the header alone: the slots, not x, carry the model."""
         if self.comm.is_server:
-            self.down_np[0], self.down_np[1] = command, t
+            self.down_np[0], self.down_np[1] = (CMD_STOP if self.stopping else command), t
             payload = self.down_host[HEADER:]
-            if self.device.type == "cuda":
+            if full and self.device.type == "cuda":
                 staged = torch.empty_like(payload, device=self.device)
                 self.algo.down_payload(self.x, staged)
                 payload.copy_(staged)
-            else:
+            elif full:
                 self.algo.down_payload(self.x, payload)
-        self.comm.bcast(self.down_np)
+        self.comm.bcast(self.down_np if full else self.down_np[:HEADER])
         if self.down_np[0] == CMD_RUN and int(self.down_np[1]) != t:
             raise RuntimeError(f"rank {self.comm.rank} expected round {t}, server broadcast round "
                                f"{int(self.down_np[1])}: ranks out of step")
+        if self.down_np[0] == CMD_STOP:     # every rank leaves here, before round t does anything
+            raise signals.stop_error(int(self.down_np[1]), self.stop_votes or None)
         return self.down_np[0]
 
-    def train_clients(self, t, standard, selected):
-        """Trains the selected clients hosted here; fills `up_host` with this rank's contribution."""
-        cfg, algo, flat = self.cfg, self.algo, self.flat
+    def down_vector(self):
+        """The broadcast payload on this rank's device."""
+        return self.down_host[HEADER:].to(self.device, non_blocking=True)
+
+    def begin_tally(self):
+        """Clears this rank's contribution to the round's reduction."""
         self.up_host.zero_()
         self.acc.zero_()
-        down = self.down_host[HEADER:].to(self.device, non_blocking=True)
-        weight, seen, uploads = 0.0, 0, 0
-        loss_total = torch.zeros((), device=self.device)
-        columns = self.client_figures(self.up_host)
-        for cid in (int(c) for c in selected):
-            if cid not in self.mine:
-                continue
+        self.tally = RoundTally(torch.zeros((), device=self.device), self.client_figures(self.up_host))
+
+    def train_client(self, t, cid, standard, load_start):
+        """Trains client `cid` from the start point that `load_start(run)` puts into the model; tallies its
+        loss. The result is in `self.flat.vec`."""
+        cfg, algo = self.cfg, self.algo
+        run = ClientRun(cid, t, len(self.parts[cid]))
+        custom = algo.schedule(cid, self.real_sizes, standard)
+        sched = Schedule(*custom) if custom else schedule(cfg.client, run.n_samples)
+        load_start(run)
+        seed_torch_on(self.device, cfg.seed, rng.CLIENT, t, cid, 1)
+        loss_sum, n_seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid),
+                                              sched, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn)
+        run.steps, run.loss_sum = sched.steps, loss_sum
+        run.figures["loss"] = float(loss_sum) / max(n_seen, 1)
+        self.tally.loss += loss_sum
+        self.tally.seen += n_seen
+        return run
+
+    def train_hosted(self, t, cids, standard, down, load_start):
+        """Trains the hosted clients `cids` of round t, batched groups first (`client.vectorize`), then the
+        rest one by one; yields each client's ClientRun with its result in `self.flat.vec`."""
+        groups, rest = self._vector_groups(t, cids, standard)
+        for runs, sched in groups:
+            yield from self._train_group(t, runs, sched, down)
+        for cid in rest:
+            yield self.train_client(t, cid, standard, load_start)
+
+    def _schedule_of(self, run, standard):
+        custom = self.algo.schedule(run.cid, self.real_sizes, standard)
+        return Schedule(*custom) if custom else schedule(self.cfg.client, run.n_samples)
+
+    def _vector_groups(self, t, cids, standard):
+        """([(runs, schedule)] trained as batched groups, [client ids] for the per-client loop)."""
+        if self.group_trainer is None or (self.cfg.client.vectorize == "auto" and len(cids) < vectorized.MIN_GROUP):
+            return [], list(cids)
+        by_key = {}
+        for cid in cids:
             run = ClientRun(cid, t, len(self.parts[cid]))
-            custom = algo.schedule(cid, self.real_sizes, standard)
-            sched = Schedule(*custom) if custom else schedule(cfg.client, run.n_samples)
-            algo.client_start(run, down, flat)
-            rng.seed_torch(cfg.seed, rng.CLIENT, t, cid, 1)
-            loss_sum, n_seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid),
-                                                  sched, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn)
-            run.steps, run.loss_sum = sched.steps, loss_sum
-            weight += algo.accumulate(run, down, flat, self.acc)
-            uploads += 1
-            seen += n_seen
-            loss_total += loss_sum
-            run.figures["loss"] = float(loss_sum) / max(n_seen, 1)
-            for name, value in run.figures.items():
-                columns[name][cid] = value
+            sched = self._schedule_of(run, standard)
+            by_key.setdefault(vectorized.group_key(run.n_samples, sched), (sched, []))[1].append(run)
+        groups, rest = [], []
+        for sched, runs in by_key.values():
+            if self.cfg.client.vectorize == "auto" and len(runs) < vectorized.MIN_GROUP:
+                rest.extend(run.cid for run in runs)
+                continue
+            groups.extend((chunk, sched) for chunk in vectorized.chunks(runs, self.group_trainer.max_group))
+        return groups, sorted(rest)
+
+    def _train_group(self, t, runs, sched, down):
+        """One batched group from the broadcast vector (client_start = load it; see vectorize_blocker)."""
+        seed = self.cfg.seed
+        clients = [(self.parts[run.cid], rng.stream(seed, rng.CLIENT, t, run.cid)) for run in runs]
+        weights, loss_sums, seen = self.group_trainer.train(down, clients, sched)
+        losses = loss_sums.tolist()
+        for i, run in enumerate(runs):
+            run.steps, run.loss_sum = sched.steps, loss_sums[i]
+            run.figures["loss"] = losses[i] / max(seen, 1)
+            self.tally.loss += loss_sums[i]
+            self.tally.seen += seen
+            self.flat.vec.copy_(weights[i])
+            yield run
+
+    def end_tally(self):
+        """Writes this rank's sums, stats and per-client figures into `up_host`."""
+        tally = self.tally
         self.up_host[: self.up_len].copy_(self.acc)
         stats = self.up_host[self.up_len: self.up_len + N_STATS]
-        stats[WEIGHT], stats[LOSS], stats[SEEN], stats[UPLOADS] = weight, float(loss_total), seen, uploads
+        stats[WEIGHT], stats[LOSS], stats[SEEN], stats[UPLOADS] = (tally.weight, float(tally.loss), tally.seen,
+                                                                  tally.uploads)
+        stats[STOP] = float(signals.requested())
 
-    def server_step(self, t, selected):
+    def set_weight(self, weight):
+        """Server: the total upload weight, when the sums arrived other than by the reduction."""
+        self.up_np[self.up_len + WEIGHT] = weight
+
+    def finish_round(self, t, selected, update=True, evaluate=None):
+        """Server: update (unless a FedSkip round inside a period), evaluate when due, return the figures."""
+        metrics, clients = self.server_step(t, selected, update)
+        if self.eval_due(t) if evaluate is None else evaluate:
+            metrics["test_acc"], metrics["test_loss"] = self.evaluate()
+        metrics.update(self.algo.round_metrics())
+        return metrics, clients
+
+    def server_step(self, t, selected, update=True):
         """Applies the server update from the reduced `up_host`; returns the round's figures."""
         stats = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)
-        up_sum = self.up_host[: self.up_len].to(self.device)
-        self.x = self.algo.server_update(self.x, up_sum, float(stats[WEIGHT]), t)
+        self.stop_votes = int(stats[STOP])
+        if update:
+            up_sum = self.up_host[: self.up_len].to(self.device)
+            self.x = self.algo.server_update(self.x, up_sum, float(stats[WEIGHT]), t)
         clients = {"selected": np.isin(np.arange(len(self.parts)), selected).astype(np.float32)}
         for name, column in self.client_figures(self.up_np).items():
             clients[name] = np.full(len(self.parts), np.nan, dtype=np.float32)
@@ -175,19 +302,7 @@ class Experiment:
     def run_round(self, t):
         """One round on this rank; on the server returns (metrics, per-client figures)."""
         _inject_fault(self.comm.rank, t)
-        standard, selected = self.selection(t)
-        self.broadcast(t)
-        if self.mine:
-            self.train_clients(t, standard, selected)
-        else:
-            self.up_host.zero_()
-        self.comm.reduce_sum(self.up_np)
-        if not self.comm.is_server:
-            return None
-        metrics, clients = self.server_step(t, selected)
-        if self.eval_due(t):
-            metrics["test_acc"], metrics["test_loss"] = self.evaluate()
-        return metrics, clients
+        return ROUNDS[self.algo.protocol](self, t)
 
 
 def _inject_fault(rank, t):
@@ -196,3 +311,8 @@ def _inject_fault(rank, t):
     spec = os.environ.get("FEDMPI_INJECT_FAULT")
     if spec and spec == f"{rank}:{t}":
         raise RuntimeError(f"injected fault (FEDMPI_INJECT_FAULT={spec})")
+    # Test aid: FEDMPI_ROUND_DELAY_S=SECONDS sleeps at the start of every round, so that a test can signal
+    # or kill a rank mid-run without heavy training; results do not change (wall_s aside).
+    delay = os.environ.get("FEDMPI_ROUND_DELAY_S")
+    if delay:
+        time.sleep(float(delay))

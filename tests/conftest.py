@@ -70,3 +70,14 @@ def small_config(out, **sections):
     }
     cfg.update(sections)
     return cfg
+
+
+def run_many(n, config_paths, timeout=MPI_TIMEOUT_S):
+    """Runs several configs sequentially inside one mpiexec launch (one torch import per rank)."""
+    script = ROOT / "tests" / "mpi_scripts" / "run_many.py"
+    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(script), *map(str, config_paths)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise AssertionError(f"run_many -n {n} exited {proc.returncode}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc

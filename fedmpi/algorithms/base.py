@@ -48,10 +48,29 @@ class Algorithm:
     up_vectors = 1
     up_scalars = 0
     client_columns = ()   # names of per-client figures the algorithm sets in ClientRun.figures
+    uses_server_set = False   # needs the server's own set (FSL's D0, data sharing's G, SAFL's probe)
+    protocol = "reduce"       # how uploads travel: "reduce" (one Reduce), "route" (FedSkip), "gather" (gated SAFL)
 
     def __init__(self, cfg, dim, n_params):
         self.cfg, self.dim, self.n_params = cfg, dim, n_params
         self.keys = cfg.algorithm
+
+    # -- set-up ---------------------------------------------------------------------------------
+    shares_data = False       # `clients` merges shared data into the clients' sets (/partition/shared)
+
+    def setup(self, sizes, server_idx, x0=None):
+        """Called on every rank before training: the clients' sample counts (of the partition, before
+        `clients` reshapes it), the indices of the server's own set into the training set (empty if none),
+        and the initial model x_0 (the same on every rank)."""
+        self.sizes, self.server_idx = np.asarray(sizes), np.asarray(server_idx, dtype=np.int64)
+
+    def initial_model(self, x0, server_trainer):
+        """x_0 on the server; pretraining or warm-up on the server's set goes here."""
+        return x0
+
+    def round_metrics(self) -> dict:
+        """Extra per-round figures for /metrics (server side), e.g. FSL's server loss."""
+        return {}
 
     # -- federation shape ---------------------------------------------------------------------
     def clients(self, parts):
@@ -85,6 +104,27 @@ class Algorithm:
 
     grad_hook = None    # optional callable(params, grad) adding a correction to the flat gradient
     loss_fn = None      # optional callable(xb, yb) replacing the plain cross-entropy (MOON)
+    # May the round's clients train as one batched computation (`client.vectorize`, fedmpi.vectorized)?
+    # None: decided from the hooks by `vectorize_blocker`; True or False: declared by the algorithm.
+    vectorizable = None
+
+    def vectorize_blocker(self):
+        """Why this algorithm's clients cannot train as a batched group, or None when they can.
+
+        A group trains every client from the broadcast vector with the plain loss and plain SGD, then loads
+        each client's result into the model and calls `accumulate` as the loop would. That equals the loop
+        when the algorithm uses the "reduce" protocol, `client_start` only loads the broadcast vector, and
+        there is no `grad_hook` or `loss_fn` (FedAvg, FSL, data sharing, central, FedNova)."""
+        name = f"algorithm.name = {self.name!r}"
+        if self.vectorizable is not None:
+            return None if self.vectorizable else f"{name} declares itself not vectorizable"
+        if self.protocol != "reduce":
+            return f"{name} moves uploads by its own protocol ({self.protocol!r})"
+        if type(self).client_start is not Algorithm.client_start:
+            return f"{name} starts each client from its own point or state"
+        if self.grad_hook is not None or self.loss_fn is not None:
+            return f"{name} adds its own loss terms or gradient corrections per client"
+        return None
 
     def accumulate(self, run: ClientRun, down: torch.Tensor, model, acc: torch.Tensor) -> float:
         """Adds this client's weighted upload to `acc`; returns its weight (FedAvg: n_i * Delta_i, n_i)."""

@@ -1,0 +1,129 @@
+"""SAFL, simulated-annealing FL with optional upload gating (papers/003; ALGORITHMS.md "SAFL").
+
+Clients are stateful: client k keeps z_k, its last locally trained model (initially x_0). In round t a
+selected client starts from w = u * (eps * zbar + (1 - eps) * z_k) + (1 - u) * zbar, where zbar = x_t is the
+latest global model and each element u_j is 1 with probability p_t = exp(-floor(t / q) / L), drawn from
+the client's own stream; it trains from w to its new z_k and uploads it. The server forms
+zbar_t = sum_k eta_k z_k over the uploaders, eta_k ∝ n_k (`fusion: samples`) or ∝ 1 / ||z_k - zbar_{t-1}||
+(`fusion: ida`). eps = 1 or p_t = 0 is FedAvg exactly.
+
+Upload gating (`gating: true`, §IV): after training, the client measures the accuracy h of zbar_{t-1} and
+of z_k on a probe set (`probe: server`: the first `probe_size` samples of the server's set, or an IID draw
+of that size from the training set when the server has none; `probe: local`: a held-out tenth of the
+client's own data, at least one sample, removed from its training data), computes the gap
+Delta_k = (h(zbar_{t-1}) - h(z_k)) / (h(z_k) + 1e-6) and uploads with probability min(1, exp(-nu Delta_k)).
+Only uploaders' vectors travel (the round loop's masked gather); nobody uploading keeps the global model.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from fedmpi import rng
+from fedmpi.algorithms.base import Algorithm
+
+PROBE_KEY, MASK_KEY, UPLOAD_KEY = 11, 12, 13   # distinguish SAFL's streams from the batch stream
+LOCAL_PROBE_FRACTION = 0.1
+
+
+class Safl(Algorithm):
+    name = "safl"
+
+    def __init__(self, cfg, dim, n_params):
+        super().__init__(cfg, dim, n_params)
+        k = self.keys
+        self.gating = k.gating
+        self.protocol = "gather" if k.gating else "reduce"
+        self.client_columns = ("gap", "uploaded") if k.gating else ()
+        self.uses_server_set = k.gating and k.probe == "server"
+        self.models = {}          # cid -> z_k, on the rank hosting the client
+        self.local_probe = {}     # cid -> held-out indices (probe: local)
+        self.probe_accuracy = None
+        self._global_acc = (None, None)   # (round, h(zbar_{t-1})) cached: the same for every client
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def setup(self, sizes, server_idx, x0=None):
+        super().setup(sizes, server_idx, x0)
+        self.x0 = x0
+        k = self.keys
+        if k.gating and k.probe == "server":
+            if len(server_idx):
+                self.probe_idx = self.server_idx[: k.probe_size]
+            else:
+                total = int(np.sum(sizes))
+                g = rng.stream(self.cfg.seed, rng.DATA, PROBE_KEY)
+                self.probe_idx = np.sort(g.choice(total, size=min(k.probe_size, total), replace=False))
+
+    def clients(self, parts):
+        if not (self.gating and self.keys.probe == "local"):
+            return parts
+        kept = []
+        for cid, part in enumerate(parts):
+            g = rng.stream(self.cfg.seed, rng.DATA, PROBE_KEY, cid)
+            held = max(1, int(len(part) * LOCAL_PROBE_FRACTION)) if len(part) > 1 else 0
+            order = g.permutation(part)
+            self.local_probe[cid] = np.sort(order[:held])
+            kept.append(np.sort(order[held:]))
+        return kept
+
+    def attach_probe(self, accuracy_fn):
+        """`accuracy_fn(vec, indices)`: accuracy of model `vec` on those training samples (worker side)."""
+        self.probe_accuracy = accuracy_fn
+
+    def temperature(self, round_):
+        return math.exp(-math.floor(round_ / self.keys.q) / self.keys.L)
+
+    # -- client ---------------------------------------------------------------------------------
+    def client_start(self, run, down, model):
+        zbar = down[: self.dim]
+        z = self.models.get(run.cid, self.x0).to(zbar.device)
+        eps, p = self.keys.eps, self.temperature(run.round)
+        g = torch.Generator().manual_seed(rng.torch_seed(self.cfg.seed, rng.CLIENT, run.round, run.cid, MASK_KEY))
+        u = (torch.rand(self.dim, generator=g) < p).to(zbar.device)
+        model.load(torch.where(u, eps * zbar + (1 - eps) * z, zbar))
+
+    def accumulate(self, run, down, model, acc):
+        zbar = down[: self.dim]
+        z = self.models[run.cid] = model.vec.clone()
+        w = self.fusion_weight_of(run.n_samples, z, zbar)
+        acc[: self.dim].add_(z - zbar, alpha=w)
+        return w
+
+    def fusion_weight_of(self, n_samples, z, zbar):
+        """eta_k before normalisation: n_k, or 1 / ||z_k - zbar_{t-1}|| for IDA."""
+        if self.keys.fusion == "ida":
+            return 1.0 / max(float(torch.linalg.vector_norm(z - zbar)), 1e-12)
+        return float(n_samples)
+
+    def gate(self, run, down, model) -> bool:
+        """Gated SAFL: stores z_k, records the gap and decides (from the client's stream) whether to upload."""
+        zbar = down[: self.dim]
+        z = self.models[run.cid] = model.vec.clone()
+        probe = self.local_probe[run.cid] if self.keys.probe == "local" else self.probe_idx
+        if self.keys.probe == "local" or self._global_acc[0] != run.round:
+            self._global_acc = (run.round, self.probe_accuracy(zbar, probe))
+        h_global, h_local = self._global_acc[1], self.probe_accuracy(z, probe)
+        gap = (h_global - h_local) / (h_local + 1e-6)
+        q = min(1.0, math.exp(-self.keys.nu * gap))
+        draw = rng.stream(self.cfg.seed, rng.CLIENT, run.round, run.cid, UPLOAD_KEY).random()
+        uploaded = bool(draw < q)
+        run.figures.update(gap=gap, uploaded=float(uploaded))
+        return uploaded
+
+    # -- server ---------------------------------------------------------------------------------
+    def server_update(self, x, up_sum, weight_sum, round_):
+        self.p_t = self.temperature(round_)
+        return super().server_update(x, up_sum, weight_sum, round_)
+
+    def round_metrics(self):
+        return {"p_t": self.p_t}
+
+    # -- state for checkpoints ------------------------------------------------------------------
+    def client_state(self, cid):
+        z = self.models.get(cid)
+        return {} if z is None else {"z": z.detach().cpu().numpy()}
+
+    def load_client_state(self, cid, state):
+        if "z" in state:
+            self.models[cid] = torch.as_tensor(np.asarray(state["z"]))
