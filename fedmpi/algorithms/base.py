@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedmpi.errors import ConfigError
+
 
 @dataclass
 class ClientRun:
@@ -56,6 +58,7 @@ class Algorithm:
         self.keys = cfg.algorithm
 
     # -- set-up ---------------------------------------------------------------------------------
+    server_set_required = ""  # non-empty: a hint why the server's set must not be empty
     shares_data = False       # `clients` merges shared data into the clients' sets (/partition/shared)
 
     def setup(self, sizes, server_idx, x0=None):
@@ -63,6 +66,9 @@ class Algorithm:
         `clients` reshapes it), the indices of the server's own set into the training set (empty if none),
         and the initial model x_0 (the same on every rank)."""
         self.sizes, self.server_idx = np.asarray(sizes), np.asarray(server_idx, dtype=np.int64)
+        if self.server_set_required and len(self.server_idx) == 0:
+            raise ConfigError(f"algorithm.name = {self.name!r} needs the server's set: set server_data.size > 0 "
+                              f"({self.server_set_required})")
 
     def initial_model(self, x0, server_trainer):
         """x_0 on the server; pretraining or warm-up on the server's set goes here."""
@@ -140,12 +146,41 @@ class Algorithm:
         pass
 
     def client_state(self, cid) -> dict:
-        return {}
+        """Every ClientVectors attribute's vector for `cid` (an algorithm with other state overrides)."""
+        state = {}
+        for store in self._client_stores():
+            state.update(store.state(cid))
+        return state
 
     def load_client_state(self, cid, state: dict):
-        pass
+        for store in self._client_stores():
+            store.load(cid, state)
+
+    def _client_stores(self):
+        return [v for v in vars(self).values() if isinstance(v, ClientVectors)]
 
 
-def as_numpy_state(state: dict) -> dict:
-    return {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
-            for k, v in state.items()}
+class ClientVectors(dict):
+    """One flat vector per client (cid -> tensor), kept on the rank that hosts the client and saved in
+    checkpoints under `name`. A client without one has none (never trained); loaded vectors arrive on the
+    CPU and move to the model's device at first use (`on`)."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+    def on(self, cid, device):
+        vec = self.get(cid)
+        if vec is not None and vec.device != device:
+            vec = self[cid] = vec.to(device)
+        return vec
+
+    def state(self, cid) -> dict:
+        vec = self.get(cid)
+        return {} if vec is None else {self.name: vec.detach().cpu().numpy().copy()}
+
+    def load(self, cid, state: dict):
+        if self.name in state:
+            self[cid] = torch.from_numpy(np.array(state[self.name], dtype=np.float32))
+        else:
+            self.pop(cid, None)

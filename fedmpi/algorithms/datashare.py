@@ -12,7 +12,6 @@ import numpy as np
 
 from fedmpi import rng
 from fedmpi.algorithms.base import Algorithm
-from fedmpi.errors import ConfigError
 
 WARMUP_ROUND = 10**9 + 1   # stream key for the warm-up, distinct from every real round
 SHARE_KEY = 7              # distinguishes the per-client share draw from other DATA streams
@@ -21,13 +20,8 @@ SHARE_KEY = 7              # distinguishes the per-client share draw from other 
 class DataShare(Algorithm):
     name = "datashare"
     uses_server_set = True
+    server_set_required = "it is the shared set G; Zhao et al. use 10% of the training set, uniform over classes"
     shares_data = True
-
-    def setup(self, sizes, server_idx, x0=None):
-        super().setup(sizes, server_idx, x0)
-        if len(server_idx) == 0:
-            raise ConfigError("algorithm.name = 'datashare' needs the shared set G: set server_data.size > 0 "
-                              "(Zhao et al. use 10% of the training set, uniform over classes)")
 
     def clients(self, parts):
         share = int(round(self.keys.alpha * len(self.server_idx)))

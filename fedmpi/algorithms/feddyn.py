@@ -12,7 +12,7 @@ g_i and h cover the trainable part of the flat vector only; buffers (batch-norm 
 import numpy as np
 import torch
 
-from fedmpi.algorithms.base import Algorithm
+from fedmpi.algorithms.base import Algorithm, ClientVectors
 from fedmpi.errors import ConfigError
 
 
@@ -27,7 +27,7 @@ class FedDyn(Algorithm):
         self.alpha = float(self.keys.alpha)
         self.num_clients = cfg.partition.clients   # N in h's update
         self._h = None                 # server state (rank 0), created at first use on x's device
-        self._grads = {}               # cid -> g_i on the rank hosting the client; absent = zero
+        self._grads = ClientVectors("g_i")   # on the rank hosting the client; absent = zero
         self._offset = None            # g_i + alpha x_t of the client being trained
 
     # -- server ---------------------------------------------------------------------------------
@@ -52,12 +52,8 @@ class FedDyn(Algorithm):
 
     # -- client ---------------------------------------------------------------------------------
     def _client_grad(self, cid, device):
-        g_i = self._grads.get(cid)
-        if g_i is None:
-            return torch.zeros(self.n_params, dtype=torch.float32, device=device)
-        if g_i.device != device:       # loaded from a checkpoint onto the CPU
-            g_i = self._grads[cid] = g_i.to(device)
-        return g_i
+        g_i = self._grads.on(cid, device)
+        return torch.zeros(self.n_params, dtype=torch.float32, device=device) if g_i is None else g_i
 
     def client_start(self, run, down, model):
         super().client_start(run, down, model)
@@ -83,12 +79,3 @@ class FedDyn(Algorithm):
     def load_server_state(self, state):
         self._h = torch.from_numpy(np.array(state["h"], dtype=np.float32))
 
-    def client_state(self, cid):
-        g_i = self._grads.get(cid)
-        return {} if g_i is None else {"g_i": g_i.detach().cpu().numpy().copy()}
-
-    def load_client_state(self, cid, state):
-        if "g_i" in state:
-            self._grads[cid] = torch.from_numpy(np.array(state["g_i"], dtype=np.float32))
-        else:
-            self._grads.pop(cid, None)

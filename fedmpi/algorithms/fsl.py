@@ -17,7 +17,6 @@ import math
 import numpy as np
 
 from fedmpi.algorithms.base import Algorithm
-from fedmpi.errors import ConfigError
 
 PRETRAIN_ROUND = 10**9    # stream key for pretraining, distinct from every real round
 
@@ -25,17 +24,12 @@ PRETRAIN_ROUND = 10**9    # stream key for pretraining, distinct from every real
 class Fsl(Algorithm):
     name = "fsl"
     uses_server_set = True
+    server_set_required = "it is D0, e.g. server_data: {size: 500, scheme: iid}"
 
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)
         self.server = None
         self.server_loss = np.nan
-
-    def setup(self, sizes, server_idx, x0=None):
-        super().setup(sizes, server_idx, x0)
-        if len(server_idx) == 0:
-            raise ConfigError("algorithm.name = 'fsl' needs the server's set D0: set server_data.size > 0 "
-                              "(e.g. server_data: {size: 500, scheme: iid})")
 
     # -- the paper's default rules ----------------------------------------------------------------
     def client_steps(self, sizes):

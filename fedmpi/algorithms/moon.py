@@ -14,11 +14,10 @@ gradient, the same training as the reference code's first round (no negatives).
 
 import copy
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmpi.algorithms.base import Algorithm
+from fedmpi.algorithms.base import Algorithm, ClientVectors
 from fedmpi.errors import ConfigError
 from fedmpi.flat import FlatModel
 
@@ -44,7 +43,7 @@ class Moon(Algorithm):
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)
         self.mu, self.tau = float(self.keys.mu), float(self.keys.tau)
-        self._prev = {}            # cid -> previous local model (flat vector) on the hosting rank
+        self._prev = ClientVectors("prev")   # previous local model (flat vector) on the hosting rank
         self._global_net = None    # frozen copies, built at the first client on this rank
         self._prev_net = None
         self._model = None         # the FlatModel being trained
@@ -59,10 +58,7 @@ class Moon(Algorithm):
         self._global_net, self._prev_net = frozen_copy(model), frozen_copy(model)
 
     def _previous(self, cid, device):
-        prev = self._prev.get(cid)
-        if prev is not None and prev.device != device:     # loaded from a checkpoint onto the CPU
-            prev = self._prev[cid] = prev.to(device)
-        return prev
+        return self._prev.on(cid, device)
 
     def client_start(self, run, down, model):
         super().client_start(run, down, model)
@@ -90,14 +86,3 @@ class Moon(Algorithm):
         else:
             prev.copy_(model.vec)
         return w
-
-    # -- checkpoint state -----------------------------------------------------------------------
-    def client_state(self, cid):
-        prev = self._prev.get(cid)
-        return {} if prev is None else {"prev": prev.detach().cpu().numpy().copy()}
-
-    def load_client_state(self, cid, state):
-        if "prev" in state:
-            self._prev[cid] = torch.from_numpy(np.array(state["prev"], dtype=np.float32))
-        else:
-            self._prev.pop(cid, None)

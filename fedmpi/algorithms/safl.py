@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedmpi import rng
-from fedmpi.algorithms.base import Algorithm
+from fedmpi.algorithms.base import Algorithm, ClientVectors
 
 PROBE_KEY, MASK_KEY, UPLOAD_KEY = 11, 12, 13   # distinguish SAFL's streams from the batch stream
 LOCAL_PROBE_FRACTION = 0.1
@@ -37,7 +37,7 @@ class Safl(Algorithm):
         self.protocol = "gather" if k.gating else "reduce"
         self.client_columns = ("gap", "uploaded") if k.gating else ()
         self.uses_server_set = k.gating and k.probe == "server"
-        self.models = {}          # cid -> z_k, on the rank hosting the client
+        self.models = ClientVectors("z")   # z_k, on the rank hosting the client
         self.local_probe = {}     # cid -> held-out indices (probe: local)
         self.probe_accuracy = None
         self._global_acc = (None, None)   # (round, h(zbar_{t-1})) cached: the same for every client
@@ -77,7 +77,8 @@ class Safl(Algorithm):
     # -- client ---------------------------------------------------------------------------------
     def client_start(self, run, down, model):
         zbar = down[: self.dim]
-        z = self.models.get(run.cid, self.x0).to(zbar.device)
+        z = self.models.on(run.cid, zbar.device)
+        z = self.x0.to(zbar.device) if z is None else z
         eps, p = self.keys.eps, self.temperature(run.round)
         g = torch.Generator().manual_seed(rng.torch_seed(self.cfg.seed, rng.CLIENT, run.round, run.cid, MASK_KEY))
         u = (torch.rand(self.dim, generator=g) < p).to(zbar.device)
@@ -118,12 +119,3 @@ class Safl(Algorithm):
 
     def round_metrics(self):
         return {"p_t": self.p_t}
-
-    # -- state for checkpoints ------------------------------------------------------------------
-    def client_state(self, cid):
-        z = self.models.get(cid)
-        return {} if z is None else {"z": z.detach().cpu().numpy()}
-
-    def load_client_state(self, cid, state):
-        if "z" in state:
-            self.models[cid] = torch.as_tensor(np.asarray(state["z"]))

@@ -14,7 +14,7 @@ gradient); their slots past `n_params` in the down and up vectors stay zero.
 import numpy as np
 import torch
 
-from fedmpi.algorithms.base import Algorithm
+from fedmpi.algorithms.base import Algorithm, ClientVectors
 
 
 class Scaffold(Algorithm):
@@ -26,7 +26,7 @@ class Scaffold(Algorithm):
         super().__init__(cfg, dim, n_params)
         self.num_clients = cfg.partition.clients   # N in c's update
         self._c = None                 # server control (rank 0), created at first use on x's device
-        self._controls = {}            # cid -> c_i on the rank hosting the client; absent = zero
+        self._controls = ClientVectors("c_i")   # on the rank hosting the client; absent = zero
         self._correction = None        # c - c_i of the client being trained
 
     # -- server ---------------------------------------------------------------------------------
@@ -53,12 +53,8 @@ class Scaffold(Algorithm):
 
     # -- client ---------------------------------------------------------------------------------
     def _client_control(self, cid, device):
-        c_i = self._controls.get(cid)
-        if c_i is None:
-            return torch.zeros(self.n_params, dtype=torch.float32, device=device)
-        if c_i.device != device:       # loaded from a checkpoint onto the CPU
-            c_i = self._controls[cid] = c_i.to(device)
-        return c_i
+        c_i = self._controls.on(cid, device)
+        return torch.zeros(self.n_params, dtype=torch.float32, device=device) if c_i is None else c_i
 
     def client_start(self, run, down, model):
         super().client_start(run, down, model)
@@ -88,12 +84,3 @@ class Scaffold(Algorithm):
     def load_server_state(self, state):
         self._c = torch.from_numpy(np.array(state["c"], dtype=np.float32))
 
-    def client_state(self, cid):
-        c_i = self._controls.get(cid)
-        return {} if c_i is None else {"c_i": c_i.detach().cpu().numpy().copy()}
-
-    def load_client_state(self, cid, state):
-        if "c_i" in state:
-            self._controls[cid] = torch.from_numpy(np.array(state["c_i"], dtype=np.float32))
-        else:
-            self._controls.pop(cid, None)
