@@ -1,0 +1,23 @@
+"""Range checks inside the config dataclasses' `__post_init__`: collect every problem of a section, then
+raise them together (one line each, naming the dotted key, the bad value and what is allowed)."""
+
+from fedmpi.errors import ConfigError
+
+
+class Checks:
+    """Collects range errors inside a section's __post_init__ and raises them all at once."""
+
+    def __init__(self, section):
+        self.section, self.errors = section, []
+
+    def require(self, ok, key, value, allowed):
+        if not ok:
+            self.errors.append(f"{dotted(self.section, key)} = {value!r}: {allowed}")
+
+    def done(self):
+        if self.errors:
+            raise ConfigError(self.errors)
+
+
+def dotted(section, key):
+    return f"{section}.{key}" if section else key
