@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import csv
 import os
+import time
 from dataclasses import dataclass, field
 
+import h5py
 import numpy as np
 import yaml
 
-from fedmpi.data.stats import weighted_mean_emd
 from fedmpi.store import open_run
 
 WINDOW = 20          # evaluations in the rolling mean that defines "final accuracy" (FSL paper)
 RISE_FRACTION = 0.9  # rise time: first round whose rolling accuracy reaches 90% of the final value
+READ_RETRIES = 5
 
 
 @dataclass
@@ -22,6 +24,7 @@ class Run:
     attrs: dict
     metrics: dict
     partition: dict = field(default_factory=dict)
+    server_partition: dict = field(default_factory=dict)
 
     @property
     def name(self):
@@ -32,14 +35,29 @@ class Run:
         return yaml.safe_load(self.attrs.get("config", "")) or {}
 
 
-def read_run(path) -> Run:
+def read_run(path, retries=READ_RETRIES) -> Run:
+    """One run file, also while its job is still appending to it (a read that meets a half-written round
+    is retried). A file that is not HDF5 at all raises OSError at once."""
+    if os.path.isfile(path) and not h5py.is_hdf5(path):
+        raise OSError(f"{path} is not an HDF5 file")
+    for attempt in range(retries):
+        try:
+            return _read_run(path)
+        except (OSError, KeyError, ValueError):
+            if attempt == retries - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+
+
+def _read_run(path) -> Run:
     with open_run(path) as f:
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
         metrics = {k: ds[()] for k, ds in f["metrics"].items()}
         n = min(len(v) for v in metrics.values()) if metrics else 0
         metrics = {k: v[:n] for k, v in metrics.items()}   # a row may be mid-append
         part = {k: ds[()] for k, ds in f["partition"].items() if hasattr(ds, "shape")} if "partition" in f else {}
-    return Run(path, attrs, metrics, part)
+        server = {k: ds[()] for k, ds in f["partition/server"].items()} if "partition/server" in f else {}
+    return Run(path, attrs, metrics, part, server)
 
 
 def rolling_mean(values, window=WINDOW):
@@ -64,23 +82,47 @@ def accuracy_figures(rounds, acc, window=WINDOW):
     return final, float(a.max()), rise
 
 
-def summarize(runs):
+def bytes_moved(metrics):
+    """Cumulative bytes moved (up + down) at the end of each round."""
+    up, down = (np.nan_to_num(np.asarray(metrics.get(k, []), dtype=np.float64)) for k in ("bytes_up", "bytes_down"))
+    return np.cumsum(up + down)
+
+
+def target_figures(metrics, target):
+    """(rounds, bytes) until the first evaluation whose test accuracy reaches `target` (NaN if none did)."""
+    acc = np.asarray(metrics.get("test_acc", []), dtype=np.float64)
+    reached = np.flatnonzero(np.nan_to_num(acc, nan=-np.inf) >= target)
+    if not len(reached):
+        return np.nan, np.nan
+    i = reached[0]
+    return float(metrics["round"][i] + 1), float(bytes_moved(metrics)[i])
+
+
+def summarize(runs, target=None):
+    """One row per run (the table of `fedmpi report` and tools/); with `target`, also the rounds and the
+    bytes moved until the test accuracy first reached it."""
     rows = []
     for run in runs:
         m = run.metrics
         final, best, rise = accuracy_figures(m.get("round", []), m.get("test_acc", []))
-        rows.append({
+        row = {
             "run": run.name,
             "algorithm": run.attrs.get("algorithm", run.config.get("algorithm", {}).get("name", "?")),
             "status": run.attrs.get("status", "?"),
             "rounds": int(len(m.get("round", []))),
+            "emd": mean_client_emd(run.partition),
             "final_acc": final,
             "best_acc": best,
             "rise_round": rise,
+        }
+        if target is not None:
+            row["target_round"], row["target_bytes"] = target_figures(m, target)
+        row.update({
             "uploads": float(np.nansum(m.get("uploads", []))),
             "bytes_moved": float(np.nansum(m.get("bytes_up", [])) + np.nansum(m.get("bytes_down", []))),
             "wall_s": float(m["wall_s"][-1]) if len(m.get("wall_s", [])) else np.nan,
         })
+        rows.append(row)
     return rows
 
 
@@ -91,27 +133,42 @@ def _fmt(key, v):
         return "-"
     if key.endswith("acc"):
         return f"{v:.4f}"
-    if key == "bytes_moved":
-        return _human_bytes(v)
+    if key == "emd":
+        return f"{v:.3f}"
+    if key in ("bytes_moved", "target_bytes"):
+        return human_bytes(v)
     if key == "wall_s":
         return f"{v:.1f}"
     return f"{v:.0f}"
 
 
-def _human_bytes(n):
+def human_bytes(n):
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
         n /= 1000
 
 
-def format_table(rows):
+def _cell(row, key):
+    """A formatted value; a column KEY with a KEY_std companion (sweeps) shows as "mean ± std"."""
+    text = _fmt(key, row[key])
+    spread = row.get(key + "_std")
+    if spread is not None and not (isinstance(spread, float) and np.isnan(spread)) and text != "-":
+        text += " ± " + _fmt(key, spread)
+    return text
+
+
+def format_table(rows, fmt="text", left=3):
+    """Aligned plain text (`fmt="text"`, the first `left` columns left-aligned) or a markdown table."""
     if not rows:
         return "(no runs)"
-    keys = list(rows[0])
-    cells = [[_fmt(k, r[k]) for k in keys] for r in rows]
+    keys = [k for k in rows[0] if not (k.endswith("_std") and k[:-4] in rows[0])]
+    cells = [[_cell(r, k) for k in keys] for r in rows]
+    if fmt == "markdown":
+        lines = [keys, [":--" if i < left else "--:" for i in range(len(keys))]] + cells
+        return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines)
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
-    line = lambda vals: "  ".join(v.ljust(w) if i < 3 else v.rjust(w)  # noqa: E731
+    line = lambda vals: "  ".join(v.ljust(w) if i < left else v.rjust(w)  # noqa: E731
                                   for i, (v, w) in enumerate(zip(vals, widths)))
     return "\n".join([line(keys), line(["-" * w for w in widths])] + [line(c) for c in cells])
 
@@ -124,34 +181,35 @@ def write_csv(rows, path):
 
 
 def plot_curves(runs, path, x_key="round"):
-    try:
-        import matplotlib
+    """Accuracy curves of `runs` into a PNG (see fedmpi.analysis.plot_curves for the options)."""
+    from fedmpi.analysis import plot_curves as plot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("fedmpi: --plot needs matplotlib: pip install 'fedmpi[plot]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for run in runs:
-        m = run.metrics
-        mask = ~np.isnan(m["test_acc"])
-        x = m[x_key][mask] + (1 if x_key == "round" else 0)
-        ax.plot(x, m["test_acc"][mask], label=run.name)
-    ax.set_xlabel(x_key.replace("_", " "))
-    ax.set_ylabel("test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot(runs, path, x="bytes" if x_key == "bytes" else "round", metrics=("test_acc",))
+
+
+def mean_client_emd(stats):
+    """Sample-weighted mean of the clients' EMD to the whole training set (NaN without partition data)."""
+    if "emd" not in stats or "samples" not in stats:
+        return np.nan
+    samples = np.asarray(stats["samples"], dtype=np.float64)
+    return float((np.asarray(stats["emd"]) * samples).sum() / max(samples.sum(), 1))
 
 
 def partition_summary(stats, title="clients"):
     samples = np.asarray(stats["samples"])
     labels = np.asarray(stats["labels"])
     classes_held = (labels > 0).sum(axis=1)
-    whole = labels.sum(axis=0)
     return (f"{title}: {len(samples)}, samples per client min {samples.min()} / median "
             f"{int(np.median(samples))} / max {samples.max()}, classes per client min {classes_held.min()} / "
             f"max {classes_held.max()}, EMD mean {np.mean(stats['emd']):.3f} "
-            f"(sample-weighted {weighted_mean_emd(labels, whole):.3f})")
+            f"(sample-weighted {mean_client_emd(stats):.3f})")
+
+
+def server_summary(stats, server_cfg):
+    """One line on the server's set (`/partition/server`)."""
+    samples = int(np.asarray(stats["samples"]).sum())
+    if samples == 0:
+        return "server set: none (server_data.size = 0)"
+    held = int((np.asarray(stats["labels"]) > 0).sum())
+    return (f"server set: {samples} samples ({server_cfg.scheme}, {server_cfg.source}), {held} classes, "
+            f"EMD {float(np.asarray(stats['emd'])[0]):.3f}")

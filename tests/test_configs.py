@@ -1,0 +1,226 @@
+"""The experiment configs in jobs/configs/: every one validates, the papers' settings are what the papers
+say, the big ones split and build on full-size stand-ins of their data sets, the small ones dry-run and
+run end to end under MPI.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import ROOT, run_many
+from fedmpi import config
+from fedmpi.algorithms import REGISTRY, build_algorithm
+from fedmpi.cli import main as fedmpi_main
+from fedmpi.data import sources
+from fedmpi.data.dataset import Dataset
+from fedmpi.data.partition import SCHEMES
+from fedmpi.data.server_set import split_dataset
+from fedmpi.flat import FlatModel
+from fedmpi.models import BUILDERS, build_model
+
+CONFIGS = ROOT / "jobs" / "configs"
+ALL = sorted(CONFIGS.rglob("*.yaml"))
+SMALL = sorted((CONFIGS / "small").glob("*.yaml"))
+REPRO = sorted((CONFIGS / "repro").glob("*.yaml"))
+LOCAL_DATA = ("mnist5k", "synthetic")          # need no files
+PAPER = [p for p in ALL if p.parent.name in ("fsl", "fedskip", "datashare", "safl")]
+VARIANT = re.compile(r"^# variant ([\w-]+): (.+)$")
+
+
+def rel(path):
+    return str(Path(path).relative_to(CONFIGS))
+
+
+def variants(path):
+    """{name: [override, ...]} from the config's `# variant NAME: OVERRIDES` lines."""
+    found = {}
+    for line in Path(path).read_text().splitlines():
+        m = VARIANT.match(line)
+        if m:
+            assert m.group(1) not in found, f"{rel(path)}: variant {m.group(1)} twice"
+            found[m.group(1)] = shlex.split(m.group(2))
+    return found
+
+
+def test_the_expected_configs_exist():
+    names = {rel(p) for p in ALL}
+    expected = {"quickstart.yaml", "fsl/cifar10_s1.yaml", "fsl/emnist_s1.yaml", "fsl/cifar10_s2.yaml",
+                "fsl/emnist_s2.yaml", "datashare/cifar10_1class.yaml", "safl/mnist.yaml", "safl/mnist_gated.yaml"}
+    expected |= {f"fedskip/{d}_p{n}.yaml" for d in ("cifar10", "cifar100") for n in (10, 50, 100)}
+    assert expected <= names
+    assert len(SMALL) >= 8 and len(REPRO) == 7
+
+
+@pytest.mark.parametrize("path", ALL, ids=rel)
+def test_config_validates_and_names_exist(path):
+    cfg = config.load(path)
+    assert cfg.algorithm.name in REGISTRY
+    assert cfg.model.name in BUILDERS
+    assert cfg.data.name in sources.LOADERS
+    assert cfg.partition.scheme in SCHEMES
+    assert cfg.out.startswith("runs/")
+
+
+@pytest.mark.parametrize("path", [p for p in ALL if variants(p)], ids=rel)
+def test_variant_lines_validate(path):
+    for name, overrides in variants(path).items():
+        cfg = config.load(path, overrides)
+        assert cfg.algorithm.name in REGISTRY, name
+
+
+@pytest.mark.parametrize("path", PAPER + SMALL, ids=rel)
+def test_paper_and_small_configs_offer_their_fedavg_baseline(path):
+    cfg = config.load(path)
+    names = {config.load(path, o).algorithm.name for o in variants(path).values()} | {cfg.algorithm.name}
+    assert "fedavg" in names
+
+
+# --- the papers' numbers ---------------------------------------------------------------------------------
+
+def load(name):
+    return config.load(CONFIGS / name)
+
+
+@pytest.mark.parametrize("name, data, clients, per_client, server", [
+    ("fsl/cifar10_s1.yaml", "cifar10", 10, 5000, 500), ("fsl/emnist_s1.yaml", "emnist", 45, 2400, 225),
+    ("fsl/cifar10_s2.yaml", "cifar10", 1000, 50, None), ("fsl/emnist_s2.yaml", "emnist", 450, 240, None)])
+def test_fsl_configs_hold_the_papers_settings(name, data, clients, per_client, server):
+    cfg = load(name)
+    assert (cfg.data.name, cfg.partition.clients, cfg.partition.samples_per_client) == (data, clients, per_client)
+    assert cfg.partition.scheme == "classes" and cfg.client.epochs == 1
+    assert cfg.server.lr == pytest.approx(math.sqrt(cfg.server.clients_per_round), rel=1e-6)   # eta_g = sqrt(S)
+    assert cfg.rounds == 1000 and cfg.algorithm.pretrain_epochs == 500 and cfg.algorithm.pretrain_lr == 0.01
+    if server:      # scenario 1: a small IID server set
+        assert (cfg.server_data.size, cfg.server_data.scheme) == (server, "iid")
+    else:           # scenario 2: a non-IID one
+        assert cfg.server_data.scheme != "iid"
+    if data == "emnist":
+        assert cfg.data.classes == 45
+
+
+@pytest.mark.parametrize("data, n, rounds", [("cifar10", 10, 200), ("cifar10", 50, 800), ("cifar10", 100, 800),
+                                             ("cifar100", 10, 200), ("cifar100", 50, 800), ("cifar100", 100, 1200)])
+def test_fedskip_configs_hold_the_papers_settings(data, n, rounds):
+    cfg = load(f"fedskip/{data}_p{n}.yaml")
+    p = cfg.partition
+    assert (cfg.data.name, p.clients, p.scheme, p.beta) == (data, n, "dirichlet", 0.5)
+    assert cfg.server.clients_per_round == (n if n == 10 else n // 5)      # P50, P100: 20% per round
+    assert cfg.rounds == rounds and cfg.algorithm.delta == 3
+    c = cfg.client
+    assert (c.lr, c.batch_size, c.epochs, c.momentum, c.weight_decay) == (0.01, 64, 10, 0.9, 1e-5)
+
+
+def test_data_sharing_config_holds_zhao_et_al_settings():
+    cfg = load("datashare/cifar10_1class.yaml")
+    assert (cfg.partition.clients, cfg.partition.scheme, cfg.partition.shards_per_client) == (10, "shards", 1)
+    assert cfg.server_data.source == "holdout" and cfg.server_data.size == 4000       # 10% of 40,000
+    assert cfg.algorithm.alpha == 0.5 and cfg.server.clients_per_round == 10 and cfg.client.lr == 0.1
+
+
+def test_safl_configs_run_safl_on_mnist():
+    plain, gated = load("safl/mnist.yaml"), load("safl/mnist_gated.yaml")
+    assert plain.data.name == gated.data.name == "mnist"
+    assert plain.algorithm.name == gated.algorithm.name == "safl"
+    assert not plain.algorithm.gating and gated.algorithm.gating
+
+
+# --- the big configs on full-size stand-ins of their data sets -------------------------------------------
+
+# (train per class, test per class, input shape, classes) of the real data sets.
+MNIST_TRAIN = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+MNIST_TEST = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+FULL_SIZE = {
+    "cifar10": ([5000] * 10, [1000] * 10, (3, 32, 32)),
+    "cifar100": ([500] * 100, [100] * 100, (3, 32, 32)),
+    "emnist": ([2400] * 47, [400] * 47, (1, 28, 28)),
+    "mnist": (MNIST_TRAIN, MNIST_TEST, (1, 28, 28)),
+}
+
+
+def stand_in(cfg):
+    """The data set with its real class counts and input shape; the inputs are zeros that take no memory
+    (the split needs only the labels). data.classes is applied as load_dataset would."""
+    train, test, shape = FULL_SIZE[cfg.data.name]
+    classes = cfg.data.classes or len(train)
+    g = np.random.default_rng(0)
+    y_train = g.permutation(np.repeat(np.arange(classes), train[:classes]))
+    y_test = np.repeat(np.arange(classes), test[:classes])
+    zeros = lambda n: np.broadcast_to(np.zeros((1, *shape), np.float32), (n, *shape))  # noqa: E731
+    return Dataset(cfg.data.name, zeros(len(y_train)), y_train, zeros(len(y_test)), y_test, classes)
+
+
+@pytest.mark.parametrize("path", [p for p in ALL if config.load(p).data.name not in LOCAL_DATA], ids=rel)
+def test_big_config_splits_and_builds_on_its_full_size_data(path):
+    cfg = config.load(path)
+    assert cfg.data.name in FULL_SIZE
+    ds = stand_in(cfg)
+    split = split_dataset(cfg, ds)
+    sizes = np.array([len(p) for p in split.parts])
+    assert len(sizes) == cfg.partition.clients and sizes.min() >= 1
+    if cfg.partition.samples_per_client:
+        assert np.all(sizes == cfg.partition.samples_per_client)
+    assert len(split.server_idx) == cfg.server_data.size
+    if cfg.server_data.source == "holdout":
+        assert not np.intersect1d(np.concatenate(split.parts), split.server_idx).size
+    module = build_model(cfg.model, ds.input_shape, ds.num_classes)
+    module.eval()
+    with torch.no_grad():
+        assert module(torch.zeros(2, *ds.input_shape)).shape == (2, ds.num_classes)
+    flat = FlatModel(module)
+    build_algorithm(cfg, flat.dim, flat.n_params).setup(sizes, split.server_idx, flat.vec.clone())
+
+
+# --- the small configs: dry run and end to end -----------------------------------------------------------
+
+LOCAL = [p for p in ALL if config.load(p).data.name in LOCAL_DATA]
+
+
+@pytest.fixture(scope="module")
+def mnist5k():
+    cfg = config.from_dict({"data": {"name": "mnist5k"}})
+    return sources.mnist5k(cfg)
+
+
+@pytest.mark.parametrize("path", LOCAL, ids=rel)
+def test_local_data_config_dry_runs(path, mnist5k, monkeypatch, capsys):
+    # The mnist5k file is parsed once for all of them; everything after loading is the real dry run.
+    monkeypatch.setitem(sources.LOADERS, "mnist5k", lambda cfg: mnist5k)
+    assert fedmpi_main(["run", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    clients = config.load(path).partition.clients
+    assert f"clients: {clients}," in out and "server set:" in out
+
+
+def test_dry_run_command_line():
+    proc = subprocess.run([sys.executable, "-m", "fedmpi", "run", "jobs/configs/small/fsl_s1.yaml", "--dry-run"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "clients: 10," in proc.stdout and "server set: 40 samples" in proc.stdout
+
+
+@pytest.mark.mpi
+def test_small_configs_run_end_to_end(tmp_path):
+    paths = []
+    for path in SMALL:
+        mapping = yaml.safe_load(path.read_text())
+        mapping.update(rounds=3, out=str(tmp_path / path.stem))     # 3: one FedSkip period (delta 3)
+        mapping["runtime"] = {"threads": 1, "progress": "off"}
+        paths.append(tmp_path / path.name)
+        paths[-1].write_text(yaml.safe_dump(mapping))
+    run_many(3, paths)
+    for path in SMALL:
+        with h5py.File(tmp_path / path.stem / "run.h5", "r", locking=False) as f:
+            assert f.attrs["status"] == "finished", path.name
+            acc = f["metrics/test_acc"][()]
+        assert len(acc) == 3 and 0 < acc[-1] <= 1, path.name

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Curves of per-round figures of one or many runs into a PNG, one panel per figure, one line per run.
+
+    python tools/curves.py RUNS... --out curves.png [--x round|bytes|wall] [--metric test_acc ...]
+                           [--smooth 20] [--label-by algorithm.name ...] [--title TEXT]
+
+RUNS are run.h5 files, run folders, folders of runs (searched) or glob patterns; runs still being written
+are drawn up to their last complete round. --x bytes draws against the cumulative bytes moved (up +
+down), the communication a real deployment would pay. Figures: any name under /metrics (test_acc,
+test_loss, train_loss, server_loss, drift, p_t, uploads, ...); default test_acc and test_loss.
+"""
+
+import argparse
+import sys
+
+from fedmpi import analysis
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="curves.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="run.h5 files, run folders, folders of runs or globs")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="where to write the PNG")
+    p.add_argument("--x", choices=sorted(analysis.X_AXES), default="round", help="x axis (default round)")
+    p.add_argument("--metric", action="append", dest="metrics", metavar="NAME",
+                   help="figure to draw (repeatable; default test_acc and test_loss)")
+    p.add_argument("--smooth", type=int, default=1, metavar="N", help="rolling mean over N points (default 1)")
+    p.add_argument("--label-by", action="append", default=[], metavar="KEY",
+                   help="label lines by these dotted config keys instead of the run folder's name")
+    p.add_argument("--title", help="figure title")
+    args = p.parse_args(argv)
+    files, unmatched = analysis.find_run_files(args.runs)
+    if unmatched:
+        print(f"curves.py: no run file at {', '.join(unmatched)}", file=sys.stderr)
+        return 2
+    runs = analysis.load_runs(files)
+    if not runs:
+        return 2
+    labels = [analysis.run_label(r, args.label_by) for r in runs]
+    analysis.plot_curves(runs, args.out, x=args.x, metrics=tuple(args.metrics or ("test_acc", "test_loss")),
+                         labels=labels, smooth=args.smooth, title=args.title)
+    print(f"curves of {len(runs)} run(s) written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
