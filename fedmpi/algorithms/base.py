@@ -114,6 +114,15 @@ class Algorithm:
     # None: decided from the hooks by `vectorize_blocker`; True or False: declared by the algorithm.
     vectorizable = None
 
+    def movable_clients(self):
+        """True when no client keeps anything between rounds (no client state, the "reduce" protocol): any
+        worker may then train any client, and the round loop deals each round's selected clients to the
+        workers evenly (`Experiment.round_clients`) instead of training them on their fixed host."""
+        cls = type(self)
+        return (self.protocol == "reduce" and not self._client_stores()
+                and cls.client_state is Algorithm.client_state
+                and cls.load_client_state is Algorithm.load_client_state)
+
     def vectorize_blocker(self):
         """Why this algorithm's clients cannot train as a batched group, or None when they can.
 
@@ -184,3 +193,9 @@ class ClientVectors(dict):
             self[cid] = torch.from_numpy(np.array(state[self.name], dtype=np.float32))
         else:
             self.pop(cid, None)
+
+
+def as_numpy_state(state: dict) -> dict:
+    """A state dict with every tensor as a CPU numpy array (what checkpoints store)."""
+    return {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+            for k, v in state.items()}
