@@ -73,9 +73,11 @@ def small_config(out, **sections):
 
 
 def run_many(n, config_paths, timeout=MPI_TIMEOUT_S):
-    """Runs several configs sequentially inside one mpiexec launch (one torch import per rank)."""
-    script = ROOT / "tests" / "mpi_scripts" / "run_many.py"
-    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(script), *map(str, config_paths)],
+    """Runs several configs sequentially inside one mpiexec launch (one torch import per rank), each into
+    its own `out`, with the project's batch runner tools/run_batch.py."""
+    script = ROOT / "tools" / "run_batch.py"
+    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(script), *map(str, config_paths),
+                           "--overwrite"],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if proc.returncode != 0:

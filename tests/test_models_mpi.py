@@ -1,18 +1,16 @@
 """Every model trains a few steps on its data set under -n 1 and -n 3 with equal results.
 
-All models run in one mpiexec launch per -n (tests/mpi_scripts/run_configs.py), on small files written in
+All models run in one mpiexec launch per -n (tools/run_batch.py through conftest.run_many), on small files written in
 the official formats, covering every loader, most partition schemes, a held-out server set and CIFAR
 augmentation along the way.
 """
 
-import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
 
-from conftest import MPI_TIMEOUT_S, ROOT, mpiexec, read_global, read_metrics, write_config
+from conftest import MPI_TIMEOUT_S, read_global, read_metrics, run_many, write_config
 from dataset_files import emnist_names, write_cifar, write_leaf, write_mnist_family
 
 pytestmark = pytest.mark.mpi
@@ -69,10 +67,7 @@ def model_runs(tmp_path_factory):
     write_data(base)
     for n in (1, 3):
         configs = [run_config(base, name, n) for name in RUNS]
-        cmd = [mpiexec(), "-n", str(n), sys.executable, str(ROOT / "tests" / "mpi_scripts" / "run_configs.py"),
-               *map(str, configs)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * MPI_TIMEOUT_S, cwd=ROOT)
-        assert proc.returncode == 0, f"-n {n} exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        run_many(n, configs, timeout=2 * MPI_TIMEOUT_S)
     return base
 
 

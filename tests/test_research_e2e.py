@@ -1,6 +1,6 @@
 """The research algorithms end to end under mpiexec: equivalences, -n independence, gating figures.
 
-Every config runs at -n 1 and at -n 3 inside one launch per rank count (tests/mpi_scripts/run_many.py).
+Every config runs at -n 1 and at -n 3 inside one launch per rank count (tools/run_batch.py).
 """
 
 import h5py
