@@ -20,5 +20,11 @@ run: $(STAMP)
 test: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
 
+# The benchmark of issue 8 (docs/performance.md): W1-W3 through fedmpi at -n 1 2 3 and the reference loop.
+# Pass options with BENCH_ARGS, e.g. make bench BENCH_ARGS="--workloads W2 --repeats 3" or "--quick".
+BENCH_ARGS ?=
+bench: $(STAMP)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python bench/bench.py $(BENCH_ARGS)
+
 clean:
 	rm -rf runs

@@ -35,6 +35,8 @@ CMD_RUN, CMD_STOP = 0.0, 1.0
 # signal (fedmpi.signals): the request reaches the server without a collective of its own.
 WEIGHT, LOSS, SEEN, UPLOADS, STOP = range(5)
 N_STATS = 5
+# Test aid: with runtime.cuda_aware_mpi, exercise the device-buffer path on a CPU device when this is set.
+DEVICE_MPI_TEST = "FEDMPI_TEST_DEVICE_MPI"
 
 
 def build_partition(cfg, dataset):
@@ -69,6 +71,11 @@ class Experiment:
                                                                    self.dataset.num_classes)
         self.host = place_clients([len(p) for p in self.parts], comm.workers)
         self.mine = set(np.flatnonzero(self.host == comm.rank).tolist())
+        # Clients that keep nothing between rounds need not train on their host: each round the selected
+        # clients are dealt to the workers by the same largest-first rule (`round_clients`), so every worker
+        # gets an equal share of every draw (a fixed placement splits W1's 10 of 50 clients 6/4 on average).
+        self.balanced = len(comm.workers) > 1 and self.algo.movable_clients()
+        self.trains = bool(self.mine) or (self.balanced and comm.rank in comm.workers)
         self._place_data()
         self._plan_vectorize()
         self._make_buffers()
@@ -82,11 +89,12 @@ class Experiment:
     # -- set-up ----------------------------------------------------------------------------------
     def _place_data(self):
         ds, dev = self.dataset, self.device
-        if self.mine or (self.comm.is_server and len(self.server_idx)):
+        if self.trains or (self.comm.is_server and len(self.server_idx)):
             self.x_train = torch.from_numpy(ds.x_train).to(dev)
             self.y_train = torch.from_numpy(ds.y_train).to(dev)
-        if self.mine:
-            self.client_idx = {c: torch.from_numpy(self.parts[c]).to(dev) for c in sorted(self.mine)}
+        if self.trains:
+            trainable = range(len(self.parts)) if self.balanced else sorted(self.mine)
+            self.client_idx = {c: torch.from_numpy(self.parts[c]).to(dev) for c in trainable}
             self.trainer = LocalTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
                                         transform=make_transform(self.cfg.data, ds.input_shape))
         if self.comm.is_server:
@@ -107,7 +115,7 @@ class Experiment:
                 raise ConfigError(f"client.vectorize = 'on': {blocker}; use auto (batch clients where "
                                   f"possible) or off")
             return
-        if self.mine and (mode == "on" or vectorized.worthwhile(self.flat)):
+        if self.trains and (mode == "on" or vectorized.worthwhile(self.flat)):
             self.group_trainer = vectorized.GroupTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
                                                          transform=self.trainer.transform)
 
@@ -147,6 +155,15 @@ class Experiment:
                                    pin_memory=pin)
         self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
         self.acc = torch.zeros(self.up_len, dtype=torch.float64, device=self.device)
+        # On a GPU each direction also has one device buffer, made here once: the broadcast payload is
+        # staged through the pinned host buffer into `down_dev` and the reduced sums from `up_host` into
+        # `up_dev`, with no allocation per round. With runtime.cuda_aware_mpi the device buffers go to MPI
+        # themselves (mpi4py reads __cuda_array_interface__) and the host copies of the vectors are skipped.
+        self.device_mpi = self.cfg.runtime.cuda_aware_mpi and (pin or bool(os.environ.get(DEVICE_MPI_TEST)))
+        staged = pin or self.device_mpi
+        self.down_dev = torch.zeros_like(self.down_host, device=self.device) if staged else None
+        self.up_dev = torch.zeros_like(self.up_host, device=self.device) if staged else None
+        self.sums_on_device = False     # the last reduction left the summed vectors in up_dev (device MPI)
 
     # -- one round -------------------------------------------------------------------------------
     def selection(self, t):
@@ -161,13 +178,19 @@ class Experiment:
         if self.comm.is_server:
             self.down_np[0], self.down_np[1] = (CMD_STOP if self.stopping else command), t
             payload = self.down_host[HEADER:]
-            if full and self.device.type == "cuda":
-                staged = torch.empty_like(payload, device=self.device)
-                self.algo.down_payload(self.x, staged)
-                payload.copy_(staged)
+            if full and self.down_dev is not None:
+                self.algo.down_payload(self.x, self.down_dev[HEADER:])
+                if not self.device_mpi:
+                    payload.copy_(self.down_dev[HEADER:])
             elif full:
                 self.algo.down_payload(self.x, payload)
-        self.comm.bcast(self.down_np if full else self.down_np[:HEADER])
+        if self.device_mpi:
+            self.down_dev[:HEADER].copy_(self.down_host[:HEADER])
+            self._device_ready()
+            self.comm.bcast(_wire(self.down_dev if full else self.down_dev[:HEADER]))
+            self.down_host[:HEADER].copy_(self.down_dev[:HEADER])     # the command and round, checked below
+        else:
+            self.comm.bcast(self.down_np if full else self.down_np[:HEADER])
         if self.down_np[0] == CMD_RUN and int(self.down_np[1]) != t:
             raise RuntimeError(f"rank {self.comm.rank} expected round {t}, server broadcast round "
                                f"{int(self.down_np[1])}: ranks out of step")
@@ -176,8 +199,12 @@ class Experiment:
         return self.down_np[0]
 
     def down_vector(self):
-        """The broadcast payload on this rank's device."""
-        return self.down_host[HEADER:].to(self.device, non_blocking=True)
+        """The broadcast payload on this rank's device (on the CPU, the host buffer itself)."""
+        if self.down_dev is None:
+            return self.down_host[HEADER:]
+        if not self.device_mpi:
+            self.down_dev[HEADER:].copy_(self.down_host[HEADER:], non_blocking=True)
+        return self.down_dev[HEADER:]
 
     def begin_tally(self):
         """Clears this rank's contribution to the round's reduction."""
@@ -201,6 +228,14 @@ class Experiment:
         self.tally.loss += loss_sum
         self.tally.seen += n_seen
         return run
+
+    def round_clients(self, selected):
+        """This rank's clients among the round's `selected`, in increasing id: its hosted ones, or with
+        `balanced` its share of a largest-first deal of the selected clients (the same on every rank)."""
+        if not self.balanced:
+            return [int(c) for c in selected if int(c) in self.mine]
+        share = place_clients([len(self.parts[c]) for c in selected], self.comm.workers)
+        return [int(c) for c, rank in zip(selected, share) if rank == self.comm.rank]
 
     def train_hosted(self, t, cids, standard, down, load_start):
         """Trains the hosted clients `cids` of round t, batched groups first (`client.vectorize`), then the
@@ -249,11 +284,41 @@ class Experiment:
     def end_tally(self):
         """Writes this rank's sums, stats and per-client figures into `up_host`."""
         tally = self.tally
-        self.up_host[: self.up_len].copy_(self.acc)
+        (self.up_dev if self.device_mpi else self.up_host)[: self.up_len].copy_(self.acc)
         stats = self.up_host[self.up_len: self.up_len + N_STATS]
         stats[WEIGHT], stats[LOSS], stats[SEEN], stats[UPLOADS] = (tally.weight, float(tally.loss), tally.seen,
                                                                   tally.uploads)
         stats[STOP] = float(signals.requested())
+
+    def reduce_up(self, sums=True):
+        """The round's one reduction of `up_host` to rank 0; `sums=False` reduces only the statistics and
+        per-client figures after the sums (FedSkip inside a period; gated SAFL, whose vectors travel by
+        `masked_gather`). With device MPI the sums travel from `up_dev` and stay there on rank 0."""
+        if not self.device_mpi:
+            self.comm.reduce_sum(self.up_np if sums else self.up_np[self.up_len:])
+            self.sums_on_device = False
+            return
+        tail = slice(self.up_len, None)
+        self.up_dev[tail].copy_(self.up_host[tail])
+        self._device_ready()
+        self.comm.reduce_sum(_wire(self.up_dev if sums else self.up_dev[tail]))
+        if self.comm.is_server:
+            self.up_host[tail].copy_(self.up_dev[tail])
+        self.sums_on_device = sums
+
+    def _device_ready(self):
+        """MPI reads device buffers outside torch's stream order: finish the kernels that fill them."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def up_sums(self):
+        """Server: the reduced sums on this rank's device."""
+        if self.sums_on_device:
+            return self.up_dev[: self.up_len]
+        if self.up_dev is None:
+            return self.up_host[: self.up_len]
+        self.up_dev[: self.up_len].copy_(self.up_host[: self.up_len], non_blocking=True)
+        return self.up_dev[: self.up_len]
 
     def set_weight(self, weight):
         """Server: the total upload weight, when the sums arrived other than by the reduction."""
@@ -272,7 +337,7 @@ class Experiment:
         stats = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)
         self.stop_votes = int(stats[STOP])
         if update:
-            up_sum = self.up_host[: self.up_len].to(self.device)
+            up_sum = self.up_sums()
             self.x = self.algo.server_update(self.x, up_sum, float(stats[WEIGHT]), t)
         clients = {"selected": np.isin(np.arange(len(self.parts)), selected).astype(np.float32)}
         for name, column in self.client_figures(self.up_np).items():
@@ -303,6 +368,11 @@ class Experiment:
         """One round on this rank; on the server returns (metrics, per-client figures)."""
         _inject_fault(self.comm.rank, t)
         return ROUNDS[self.algo.protocol](self, t)
+
+
+def _wire(tensor):
+    """What the communicator moves for a tensor: a numpy view on the CPU, the tensor itself on a GPU."""
+    return tensor.numpy() if tensor.device.type == "cpu" else tensor
 
 
 def _inject_fault(rank, t):

@@ -40,16 +40,16 @@ def reduce_round(exp, t):
     standard, selected = exp.selection(t)
     exp.broadcast(t)
     exp.begin_tally()
-    if exp.mine:
+    if exp.trains:
         down = exp.down_vector()
         start = lambda run: exp.algo.client_start(run, down, exp.flat)  # noqa: E731
         # Batched groups where `client.vectorize` allows (fedmpi.vectorized), else one client at a time.
-        for run in exp.train_hosted(t, hosted(exp, selected), standard, down, start):
+        for run in exp.train_hosted(t, exp.round_clients(selected), standard, down, start):
             exp.tally.weight += exp.algo.accumulate(run, down, exp.flat, exp.acc)
             exp.tally.uploads += 1
             exp.tally.record(run)
     exp.end_tally()
-    exp.comm.reduce_sum(exp.up_np)
+    exp.reduce_up()
     return exp.finish_round(t, selected) if exp.comm.is_server else None
 
 
@@ -71,7 +71,7 @@ def gather_round(exp, t):
                 exp.tally.uploads += 1
             exp.tally.record(run)
     exp.end_tally()
-    exp.comm.reduce_sum(exp.up_np)      # statistics and per-client figures only: the sums stay zero
+    exp.reduce_up(sums=False)     # statistics and per-client figures: the vectors travel by masked_gather
     hosted_selected = {r: [int(c) for c in selected if exp.host[c] == r] for r in exp.comm.workers}
     gathered = exp.comm.masked_gather(np.array(mask, dtype=np.int8), vectors, hosted_selected, exp.flat.dim)
     if not exp.comm.is_server:
@@ -120,7 +120,7 @@ def route_round(exp, t):
     algo.holders = algo.held_slots(t, selected, exp.mine)
     exp.end_tally()
     # Inside a period only the statistics travel; the model moves with the slots.
-    comm.reduce_sum(exp.up_np if aggregate else exp.up_np[exp.up_len:])
+    exp.reduce_up(sums=aggregate)
     if not comm.is_server:
         return None
     # Evaluated at aggregation rounds only: x does not change in between, and a run's length must not

@@ -1,0 +1,192 @@
+"""Batched client groups (`client.vectorize`, fedmpi.vectorized) give the per-client loop's results.
+
+In process (LocalComm), then once end to end under mpiexec. Equality is to float tolerance: batched kernels
+may add in another order (for the linear model they happen to give identical bits).
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import read_global, read_metrics, run_fedmpi, write_config
+from fedmpi import config, rng, vectorized
+from fedmpi.comm import LocalComm
+from fedmpi.data.augment import pad_crop_flip
+from fedmpi.errors import ConfigError
+from fedmpi.experiment import Experiment
+from fedmpi.flat import FlatModel
+from fedmpi.train import LocalTrainer, Schedule
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def synthetic(out="unused", **sections):
+    """SYNTHETIC(1,1) with 40 users of 37 samples (batch 10: a last batch of 7), 16 selected per round."""
+    cfg = {"seed": 3, "rounds": 3, "out": str(out),
+           "data": {"name": "synthetic", "alpha": 1.0, "beta": 1.0},
+           "partition": {"clients": 40, "scheme": "natural", "samples_per_client": 37},
+           "model": {"name": "lr"}, "client": {"lr": 0.05, "batch_size": 10, "epochs": 1},
+           "server": {"clients_per_round": 16}, "runtime": {"threads": 1, "progress": "off"}}
+    for key, value in sections.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
+    return cfg
+
+
+def run_inprocess(mapping, vectorize):
+    mapping = {**mapping, "client": {**mapping["client"], "vectorize": vectorize}}
+    exp = Experiment(config.from_dict(mapping), LocalComm())
+    rows = [exp.run_round(t) for t in range(exp.cfg.rounds)]
+    return exp, rows
+
+
+def assert_same_training(loop, batched):
+    (exp_a, rows_a), (exp_b, rows_b) = loop, batched
+    torch.testing.assert_close(exp_b.x, exp_a.x, rtol=RTOL, atol=ATOL)
+    for (ma, ca), (mb, cb) in zip(rows_a, rows_b):
+        np.testing.assert_allclose(mb["train_loss"], ma["train_loss"], rtol=RTOL)
+        assert mb["uploads"] == ma["uploads"]
+        np.testing.assert_array_equal(cb["selected"], ca["selected"])
+        np.testing.assert_allclose(cb["loss"], ca["loss"], rtol=RTOL, atol=ATOL)
+        if "test_acc" in ma:
+            assert abs(mb["test_acc"] - ma["test_acc"]) <= 1e-3
+
+
+# -- the trainer itself ----------------------------------------------------------------------------
+
+def _client_sets(n_train, sizes, seed=0):
+    g = np.random.default_rng(seed)
+    return [np.sort(g.choice(n_train, size=s, replace=False)).astype(np.int64) for s in sizes]
+
+
+@pytest.mark.parametrize("momentum,wd,steps", [(0.0, 0.0, None), (0.9, 0.01, None), (0.5, 0.0, 9)])
+def test_group_trainer_equals_local_trainer(momentum, wd, steps):
+    torch.manual_seed(0)
+    cfg = config.ClientConfig(lr=0.1, batch_size=8, momentum=momentum, weight_decay=wd, steps=steps)
+    x, y = torch.randn(300, 12), torch.randint(0, 5, (300,))
+    flat = FlatModel(nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 5)))
+    start = flat.vec.clone()
+    parts = _client_sets(300, [21] * 5)          # 21 = 8 + 8 + 5: the loss of the last batch is over 5
+    sched = Schedule(8, steps or 3)
+    loop = LocalTrainer(flat, cfg, x, y)
+    expected = []
+    for cid, part in enumerate(parts):
+        flat.load(start)
+        loss_sum, seen = loop.train(torch.from_numpy(part), rng.stream(1, rng.CLIENT, 0, cid), sched)
+        expected.append((flat.vec.clone(), float(loss_sum), seen))
+    group = vectorized.GroupTrainer(flat, cfg, x, y)
+    weights, loss_sums, seen = group.train(start, [(p, rng.stream(1, rng.CLIENT, 0, c)) for c, p in enumerate(parts)],
+                                           sched)
+    for i, (vec, loss_sum, n_seen) in enumerate(expected):
+        torch.testing.assert_close(weights[i], vec, rtol=RTOL, atol=ATOL)
+        assert loss_sums[i].item() == pytest.approx(loss_sum, rel=RTOL)
+        assert seen == n_seen
+
+
+def test_group_trainer_with_convolutions_and_augmentation():
+    """A small CNN with pad-crop-flip drawn from each client's own generator, as in the loop."""
+    torch.manual_seed(1)
+    cfg = config.ClientConfig(lr=0.05, batch_size=4)
+    x, y = torch.randn(64, 3, 16, 16), torch.randint(0, 3, (64,))
+    module = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                           nn.Linear(4 * 8 * 8, 3))
+    flat = FlatModel(module)
+    start = flat.vec.clone()
+    parts = _client_sets(64, [10] * 3, seed=2)
+    sched = Schedule(4, 3)
+    loop = LocalTrainer(flat, cfg, x, y, transform=pad_crop_flip)
+    expected = []
+    for cid, part in enumerate(parts):
+        flat.load(start)
+        loop.train(torch.from_numpy(part), rng.stream(2, rng.CLIENT, 5, cid), sched)
+        expected.append(flat.vec.clone())
+    group = vectorized.GroupTrainer(flat, cfg, x, y, transform=pad_crop_flip)
+    weights, _, _ = group.train(start, [(p, rng.stream(2, rng.CLIENT, 5, c)) for c, p in enumerate(parts)], sched)
+    for i, vec in enumerate(expected):
+        torch.testing.assert_close(weights[i], vec, rtol=RTOL, atol=ATOL)
+
+
+def test_models_that_cannot_vectorize_say_why():
+    assert vectorized.unsupported(FlatModel(nn.Sequential(nn.Linear(4, 3)))) is None
+    assert "buffers" in vectorized.unsupported(FlatModel(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))))
+    assert "dropout" in vectorized.unsupported(FlatModel(nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))))
+    assert "LSTM" in vectorized.unsupported(FlatModel(nn.LSTM(4, 3)))
+    assert vectorized.worthwhile(FlatModel(nn.Sequential(nn.Flatten(), nn.Linear(4, 3))))
+    assert not vectorized.worthwhile(FlatModel(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten())))
+
+
+# -- whole rounds in one process ------------------------------------------------------------------
+
+SERVER = {"size": 60, "scheme": "iid"}
+ALGORITHMS = {
+    "fedavg": {},
+    "fedavg_momentum_wd_steps": {"client": {"momentum": 0.9, "weight_decay": 0.001, "steps": 6}},
+    "fsl": {"algorithm": {"name": "fsl", "gamma": 1.0}, "server_data": SERVER},
+    "fednova": {"algorithm": {"name": "fednova"}, "client": {"momentum": 0.5}},
+    "datashare": {"algorithm": {"name": "datashare", "alpha": 0.3},
+                  "server_data": {"size": 60, "scheme": "iid", "source": "holdout"}},
+    "central": {"algorithm": {"name": "central"}},
+}
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_vectorized_rounds_equal_the_per_client_loop(name):
+    mapping = synthetic(**ALGORITHMS[name])
+    loop, batched = run_inprocess(mapping, "off"), run_inprocess(mapping, "on")
+    assert loop[0].group_trainer is None and batched[0].group_trainer is not None
+    assert_same_training(loop, batched)
+
+
+def test_uneven_clients_group_by_batch_pattern():
+    """mnist5k with a Dirichlet partition: many different sizes, so many groups and singletons; an mlp."""
+    mapping = synthetic(data={"name": "mnist5k"}, partition={"clients": 20, "scheme": "dirichlet", "beta": 0.5},
+                        model={"name": "mlp", "hidden": 16}, server={"clients_per_round": 12}, rounds=2)
+    mapping["partition"] = {"clients": 20, "scheme": "dirichlet", "beta": 0.5}
+    loop, batched = run_inprocess(mapping, "off"), run_inprocess(mapping, "on")
+    exp = batched[0]
+    standard, selected = exp.selection(0)
+    groups, rest = exp._vector_groups(0, [int(c) for c in selected], standard)
+    assert not rest and len(groups) > 1
+    assert_same_training(loop, batched)
+    # auto: groups under MIN_GROUP clients go through the loop.
+    auto = run_inprocess(mapping, "auto")
+    groups, rest = auto[0]._vector_groups(0, [int(c) for c in selected], standard)
+    assert all(len(runs) >= vectorized.MIN_GROUP for runs, _ in groups)
+    assert_same_training(loop, auto)
+
+
+def test_auto_keeps_small_rounds_and_convolutions_on_the_cpu_in_the_loop():
+    small = run_inprocess(synthetic(server={"clients_per_round": 5}, rounds=1), "auto")[0]
+    assert small.group_trainer is not None
+    standard, selected = small.selection(0)
+    assert small._vector_groups(0, [int(c) for c in selected], standard) == ([], [int(c) for c in selected])
+    conv = synthetic(data={"name": "mnist5k"}, partition={"clients": 20, "scheme": "iid"},
+                     model={"name": "cnn_mnist"}, rounds=0)
+    conv["partition"] = {"clients": 20, "scheme": "iid"}
+    assert Experiment(config.from_dict(conv), LocalComm()).group_trainer is None
+
+
+@pytest.mark.parametrize("algorithm", ["fedprox", "scaffold", "moon", "fedskip", "safl", "feddyn"])
+def test_vectorize_on_refuses_algorithms_with_their_own_client_terms(algorithm):
+    mapping = synthetic(algorithm={"name": algorithm}, client={"vectorize": "on"})
+    with pytest.raises(ConfigError, match="client.vectorize = 'on'"):
+        Experiment(config.from_dict(mapping), LocalComm())
+    # auto falls back to the loop for them
+    mapping["client"]["vectorize"] = "auto"
+    assert Experiment(config.from_dict(mapping), LocalComm()).group_trainer is None
+
+
+# -- end to end --------------------------------------------------------------------------------------
+
+@pytest.mark.mpi
+def test_vectorized_run_at_three_ranks_equals_the_loop_at_one(tmp_path):
+    runs = {}
+    for n, mode in [(1, "off"), (3, "on")]:
+        out = tmp_path / f"n{n}-{mode}"
+        cfg = synthetic(out, client={"vectorize": mode}, server={"clients_per_round": 20}, rounds=3)
+        run_fedmpi(n, "run", write_config(tmp_path / f"n{n}-{mode}.yaml", cfg))
+        runs[n, mode] = out
+    (m1, _), (m3, _) = read_metrics(runs[1, "off"]), read_metrics(runs[3, "on"])
+    np.testing.assert_array_equal(m3["test_acc"], m1["test_acc"])
+    np.testing.assert_allclose(m3["train_loss"], m1["train_loss"], rtol=RTOL)
+    np.testing.assert_allclose(read_global(runs[3, "on"]), read_global(runs[1, "off"]), rtol=RTOL, atol=ATOL)
