@@ -52,8 +52,8 @@ def runs(tmp_path_factory):
         cfg = small_config(base / "sweep" / name, rounds=4, server_data=SERVER, **sections)
         paths.append(write_config(base / f"{name}.yaml", cfg))
     log = open(base / "mpi.log", "w")
-    proc = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "mpi_scripts" / "run_many.py"),
-                             *map(str, paths)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, str(ROOT / "tools" / "run_batch.py"),
+                             *map(str, paths), "--overwrite"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     live, seen, while_running = base / "live" / "run.h5", [], None
     deadline = time.monotonic() + MPI_TIMEOUT_S
