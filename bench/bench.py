@@ -5,11 +5,11 @@ reference loop, one table.
     python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --repeats 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
 
-Every fedmpi row is a real `mpiexec -n P` launch of `fedmpi run` (through bench/_rank.py, which only adds
-each rank's peak memory and CPU seconds) on a generated config. Seconds per round come from run.h5's
-`/metrics/wall_s` (the server's clock, cumulative from the first round); the first round (warm-up,
-first-touch allocations) is reported apart and the median is over the others, then the median over
-repeats. "whole s" is the wall clock of the whole mpiexec process: start-up (imports, data loading,
+Every fedmpi row is a real `mpiexec -n P` launch of `fedmpi run` (through bench/_rank.py, which only
+adds each rank's peak memory, CPU seconds and CPU seconds per round) on a generated config. Seconds per
+round come from run.h5's `/metrics/wall_s` (the server's clock, cumulative from the first round); the first
+round (warm-up, first-touch allocations) is reported apart and the median is over the others, then the
+median over repeats. "whole s" is the wall clock of the whole mpiexec process: start-up (imports, data loading,
 partitioning), the rounds, the final evaluation, writing run.h5.
 
 The reference ("ref") is the floor on this hardware: one process, torch threads 1, a plain PyTorch loop
@@ -20,7 +20,8 @@ tolerance (the `acc` column; asserted in tests/test_bench.py).
 
 Every fedmpi rank runs one torch thread (`runtime.threads: 1`), like the reference and like the figures in
 issue 8. The machine the table was made on may be shared: compare ratios in one table, repeat, and read
-the `cpu s` column (CPU seconds of all ranks), which contention inflates far less than wall time.
+the "busy s/rnd" column (per round, the CPU seconds of the busiest rank; the reference's CPU seconds),
+which other processes inflate far less than wall time. The columns are explained in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfer
 FAILURE_BYTES = 8192
 # Sleeps between polls while a rank waits for the others (`MpiComm._sleep_wait`).
 SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
+SLEEP_FRACTION = 0.05     # of the time waited so far: a wait overshoots by at most ~5%
 # How long a failing worker waits for the server to record its error before aborting the job itself.
 FAILURE_GRACE_S = 10.0
 
@@ -151,9 +152,9 @@ class MpiComm:
 
     # -- waiting -------------------------------------------------------------------------------
     def _sleep_wait(self, request):
-        """Polls `request`, sleeping a tenth of the time waited so far between polls (SLEEP_MIN_S ..
-        SLEEP_MAX_S): a short wait (W2's rounds take tens of ms) overshoots by at most ~10%, a long one
-        wakes ~500 times a second, a few % of a core. The server also watches for failures.
+        """Polls `request`, sleeping SLEEP_FRACTION of the time waited so far between polls (SLEEP_MIN_S ..
+        SLEEP_MAX_S): a short wait (W2's rounds take tens of ms) overshoots by at most ~5%, a long one
+        wakes ~500 times a second, ~1% of a core. The server also watches for failures.
 
         MPICH's blocking calls spin (MPIR_CVAR_POLLS_BEFORE_YIELD / ENABLE_HEAVY_YIELD only add
         sched_yield calls to the spin); Open MPI's spin too unless mpi_yield_when_idle is set, which
@@ -163,7 +164,7 @@ class MpiComm:
             began = time.monotonic()
             while not request.Test():
                 self._check_failures()
-                time.sleep(min(SLEEP_MAX_S, max(SLEEP_MIN_S, 0.1 * (time.monotonic() - began))))
+                time.sleep(min(SLEEP_MAX_S, max(SLEEP_MIN_S, SLEEP_FRACTION * (time.monotonic() - began))))
         self._check_failures()
 
     def _check_failures(self):
