@@ -99,9 +99,6 @@ class LocalComm:
     def sync(self):
         pass
 
-    def any_flag(self, flag: bool) -> bool:
-        return flag
-
     def route(self, sends, receives):
         """Point-to-point moves between ranks; with one rank there is nowhere to move to."""
         if sends or receives:
@@ -191,13 +188,6 @@ class MpiComm:
         else:
             self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
         return buf
-
-    def any_flag(self, flag: bool) -> bool:
-        """True on every rank if `flag` is true on any rank (used for stop requests)."""
-        out = np.zeros(1, dtype=np.int32)
-        req = self.comm.Iallreduce(np.array([int(flag)], dtype=np.int32), out, op=self.MPI.MAX)
-        self._sleep_wait(req)
-        return bool(out[0])
 
     # -- checkpoints ------------------------------------------------------------------------------
     def gather_states(self, host, get_state, put_state):

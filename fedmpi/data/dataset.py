@@ -84,6 +84,3 @@ def keep_first_classes(ds: Dataset, k: int) -> Dataset:
     return Dataset(ds.name, ds.x_train[keep_tr], ds.y_train[keep_tr], ds.x_test[keep_te], ds.y_test[keep_te],
                    k, users=users)
 
-
-def class_histogram(labels: np.ndarray, num_classes: int) -> np.ndarray:
-    return np.bincount(labels, minlength=num_classes)
