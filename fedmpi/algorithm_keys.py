@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from fedmpi.config_checks import Checks as _Checks
 
@@ -24,9 +24,9 @@ class FslKeys:
     name: str = "fsl"
     gamma: float = 1.0
     mode: Literal["incremental", "parallel"] = "incremental"
-    server_epochs: Optional[int] = None
-    server_lr: Optional[float] = None
-    server_batch_size: Optional[int] = None
+    server_epochs: int | None = None
+    server_lr: float | None = None
+    server_batch_size: int | None = None
     pretrain_epochs: int = 0
     pretrain_lr: float = 0.01
 

@@ -12,7 +12,7 @@ import difflib
 import hashlib
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 
@@ -31,13 +31,13 @@ MODELS = ("lr", "mlp", "cnn_mnist", "cnn2", "simple_cnn", "lstm", "resnet18")
 @dataclass(frozen=True)
 class DataConfig:
     name: Literal[DATASETS] = "synthetic"
-    root: Optional[str] = None          # folder with the dataset's official files
+    root: str | None = None          # folder with the dataset's official files
     download: bool = False              # let torchvision fetch where a network exists
     alpha: float = 1.0                  # SYNTHETIC(alpha, beta): spread of the client models
     beta: float = 1.0                   # SYNTHETIC(alpha, beta): spread of the client inputs
     iid: bool = False                   # SYNTHETIC's IID variant: one shared model and input law
     split: str = "balanced"             # EMNIST split
-    classes: Optional[int] = None       # keep only the first `classes` classes (FSL trains on 45 EMNIST classes)
+    classes: int | None = None       # keep only the first `classes` classes (FSL trains on 45 EMNIST classes)
     augment: bool = False               # CIFAR pad-crop-flip on tensors
 
     def __post_init__(self):
@@ -56,7 +56,7 @@ class PartitionConfig:
     labels_per_client: int = 2          # labels (#C=k)
     shards_per_client: int = 2          # shards
     classes_per_client: int = 2         # classes (FSL)
-    samples_per_client: Optional[int] = None  # classes (FSL); synthetic: fixed size instead of lognormal
+    samples_per_client: int | None = None  # classes (FSL); synthetic: fixed size instead of lognormal
     min_samples: int = 10               # dirichlet redraws until every client has this many
 
     def __post_init__(self):
@@ -92,7 +92,7 @@ class ModelConfig:
     name: Literal[MODELS] = "lr"
     hidden: int = 200                   # mlp width
     norm: Literal["batch", "group"] = "group"   # resnet18 normalisation
-    projection: Optional[int] = None    # simple_cnn projection head size (MOON)
+    projection: int | None = None    # simple_cnn projection head size (MOON)
 
     def __post_init__(self):
         c = _Checks("model")
@@ -107,7 +107,7 @@ class ClientConfig:
     lr: float = 0.05
     batch_size: int = 10
     epochs: int = 1                     # local epochs, used when `steps` is null
-    steps: Optional[int] = None         # local SGD steps; overrides epochs
+    steps: int | None = None         # local SGD steps; overrides epochs
     momentum: float = 0.0
     weight_decay: float = 0.0
     vectorize: Literal["auto", "on", "off"] = "auto"
@@ -165,7 +165,7 @@ class RuntimeConfig:
     """How this job runs, not what it computes: may change on --resume."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: Optional[int] = None       # torch threads per rank; null = node cores / ranks on the node
+    threads: int | None = None       # torch threads per rank; null = node cores / ranks on the node
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
     cuda_aware_mpi: bool = False
 

@@ -15,18 +15,17 @@ import time
 import numpy as np
 import torch
 
-from fedmpi import rng, signals
+from fedmpi import rng, signals, vectorized
 from fedmpi.algorithms import ClientRun, build_algorithm
 from fedmpi.data import load_dataset
 from fedmpi.data.augment import make_transform
 from fedmpi.data.server_set import split_dataset
+from fedmpi.data.stats import partition_stats
 from fedmpi.flat import FlatModel
 from fedmpi.models import build_model
-from fedmpi.runtime import pick_device, place_clients, set_threads
 from fedmpi.rounds import ROUNDS, RoundTally
-from fedmpi.data.stats import partition_stats
+from fedmpi.runtime import pick_device, place_clients, set_threads
 from fedmpi.train import LocalTrainer, Schedule, ServerTrainer, evaluate, schedule, seed_torch_on
-from fedmpi import vectorized
 
 # Broadcast header: [command, round]; workers check the round to catch ranks falling out of step.
 HEADER = 2

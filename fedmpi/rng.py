@@ -10,6 +10,9 @@ import torch
 
 # Purposes: distinct constants keep the streams of different uses independent.
 INIT, SELECT, CLIENT, DATA, PARTITION, SERVER, CENTRAL = range(7)
+# Later purposes: client-level DP noise, availability and dropout, the simulated clock (speeds, bandwidths),
+# update compression, and the centralized shadow model of the weight-divergence instrument.
+PRIVACY, AVAILABILITY, DROPOUT, CLOCK, COMPRESS, SHADOW = range(7, 13)
 
 
 def stream(seed, purpose, *keys) -> np.random.Generator:

@@ -257,7 +257,8 @@ def test_fedprox_rounds_match_reference():
     for t, clients in enumerate([[0, 1], [1, 2]]):
         x = run_round(algo, flat, trainer, x, clients, steps={0: 3, 1: 4, 2: 2}, t=t)
         anchor = ref.copy()
-        ys = [local_sgd(anchor, c, {0: 3, 1: 4, 2: 2}[c], 0.1, lambda w: 0.5 * (w - anchor)) for c in clients]
+        ys = [local_sgd(anchor, c, {0: 3, 1: 4, 2: 2}[c], 0.1, lambda w, anchor=anchor: 0.5 * (w - anchor))
+              for c in clients]
         ref = anchor + 0.8 * sum(p * (y - anchor) for p, y in zip(sizes(clients), ys))
         close(x, ref)
 
@@ -271,7 +272,7 @@ def test_scaffold_rounds_match_reference():
         x = run_round(algo, flat, trainer, x, clients, steps, t=t)
         start, deltas, dc = ref.copy(), [], []
         for cid in clients:
-            y = local_sgd(start, cid, steps[cid], 0.1, lambda w, cid=cid: c - c_i[cid])
+            y = local_sgd(start, cid, steps[cid], 0.1, lambda w, cid=cid, c=c: c - c_i[cid])
             new_ci = c_i[cid] - c + (start - y) / (steps[cid] * 0.1)
             deltas.append(y - start)
             dc.append(new_ci - c_i[cid])
@@ -294,7 +295,8 @@ def test_feddyn_rounds_match_reference():
         start = ref.copy()
         ys = {}
         for cid in clients:
-            ys[cid] = local_sgd(start, cid, steps[cid], 0.1, lambda w, cid=cid: -g[cid] + 0.3 * (w - start))
+            ys[cid] = local_sgd(start, cid, steps[cid], 0.1,
+                                lambda w, cid=cid, start=start: -g[cid] + 0.3 * (w - start))
             g[cid] = g[cid] - 0.3 * (ys[cid] - start)
         h = h - 0.3 / 3 * sum(ys[c] - start for c in clients)
         ref = np.mean([ys[c] for c in clients], axis=0) - h / 0.3

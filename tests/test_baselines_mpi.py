@@ -14,7 +14,6 @@ import sys
 import h5py
 import numpy as np
 import pytest
-
 from conftest import ROOT, mpiexec, read_global, read_metrics, small_config, write_config
 
 pytestmark = pytest.mark.mpi

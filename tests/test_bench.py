@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, read_global, read_metrics
 
 pytestmark = pytest.mark.mpi

@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
+
 from fedmpi import config
 from fedmpi.store import RunLog
 

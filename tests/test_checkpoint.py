@@ -12,9 +12,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import ROOT, mpiexec, small_config
 
 import fedmpi
-from conftest import ROOT, mpiexec, small_config
 from fedmpi import checkpoint, config, signals
 from fedmpi.comm import LocalComm, decode_state_meta, encode_state
 from fedmpi.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError, InputError

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-
 from conftest import ROOT, run_many
+
 from fedmpi import config
 from fedmpi.algorithms import REGISTRY, build_algorithm
 from fedmpi.cli import main as fedmpi_main

@@ -5,9 +5,9 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, write_config
 from dataset_files import VOCAB, emnist_names, write_cifar, write_idx, write_leaf, write_mnist_family
+
 from fedmpi import config
 from fedmpi.data import load_dataset
 from fedmpi.data.leaf import encode_chars
@@ -157,7 +157,7 @@ def test_cli_dry_run_exits_2_naming_the_missing_file(tmp_path):
 
 
 def test_cli_dry_run_prints_partition_and_server_set(tmp_path, capsys):
-    from fedmpi.cli import main     # in-process: the subprocess path is covered above
+    from fedmpi.cli import main  # in-process: the subprocess path is covered above
 
     write_cifar(tmp_path / "data", "cifar10", n_train=200, n_test=20)
     path = write_config(tmp_path / "cfg.yaml", {

@@ -9,7 +9,6 @@ augmentation along the way.
 import h5py
 import numpy as np
 import pytest
-
 from conftest import MPI_TIMEOUT_S, read_global, read_metrics, run_many, write_config
 from dataset_files import emnist_names, write_cifar, write_leaf, write_mnist_family
 

@@ -6,7 +6,6 @@ Every config runs at -n 1 and at -n 3 inside one launch per rank count (tools/ru
 import h5py
 import numpy as np
 import pytest
-
 from conftest import read_global, read_metrics, run_many, small_config, write_config
 
 pytestmark = pytest.mark.mpi

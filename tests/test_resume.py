@@ -23,8 +23,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from conftest import ROOT, fedmpi_cmd, mpiexec, read_global, read_metrics, run_fedmpi, small_config, write_config
+
 from fedmpi import checkpoint, config
 
 pytestmark = pytest.mark.mpi

@@ -4,7 +4,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import read_global, read_metrics, run_fedmpi, small_config, write_config
 
 pytestmark = pytest.mark.mpi

@@ -21,8 +21,8 @@ import h5py
 import matplotlib.image
 import numpy as np
 import pytest
-
 from conftest import MPI_TIMEOUT_S, ROOT, mpiexec, small_config, write_config
+
 from fedmpi import analysis, report
 from fedmpi.cli import main as fedmpi_main
 

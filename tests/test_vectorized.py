@@ -7,9 +7,9 @@ may add in another order (for the linear model they happen to give identical bit
 import numpy as np
 import pytest
 import torch
+from conftest import read_global, read_metrics, run_fedmpi, write_config
 from torch import nn
 
-from conftest import read_global, read_metrics, run_fedmpi, write_config
 from fedmpi import config, rng, vectorized
 from fedmpi.comm import LocalComm
 from fedmpi.data.augment import pad_crop_flip

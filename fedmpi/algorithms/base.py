@@ -12,8 +12,9 @@ only: no MPI, no files. The round loop (`fedmpi.experiment`) owns communication 
   server:  x = server_update(x, acc, weight_sum)
 
 Upload sums arrive as float64 (exact enough that the result does not depend on the number of ranks);
-the global model `x` and the broadcast are float32. Vectors have `dim` elements (the flat model). `down_vectors` and `up_vectors` say how many such vectors
-travel per client in each direction (SCAFFOLD: 2 and 2); `bytes_up`/`bytes_down` are derived from them.
+the global model `x` and the broadcast are float32. Vectors have `dim` elements (the flat model).
+`down_vectors` and `up_vectors` say how many such vectors travel per client in each direction (SCAFFOLD: 2
+and 2); `bytes_up`/`bytes_down` are derived from them.
 `up_scalars` extra sums ride after the upload vectors in the same reduction (FedNova's sum of p_i a_i):
 the accumulator has `up_vectors * dim + up_scalars` elements.
 

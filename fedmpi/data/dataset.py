@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -24,7 +23,7 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     num_classes: int
-    users: Optional[list] = field(default=None, repr=False)
+    users: list | None = field(default=None, repr=False)
 
     @property
     def input_shape(self):
