@@ -6,7 +6,10 @@ Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote 
                    wall_s (training seconds so far), world_size (informational), checksum
   /global          the global flat vector after round `round`'s server update (float32)
   /server/<name>   the algorithm's server state (`Algorithm.server_state`)
+  /optimizer/<name>  the server optimizer's state (moments, float64; none for sgd)
   /clients/<cid>/<name>  each client's state (`Algorithm.client_state`), clients without state omitted
+What rank 0 holds comes from `Experiment.state_dict()`; client states from `Experiment.client_state(cid)`
+on the hosting rank, streamed to rank 0 one client at a time.
 
 RNG: fedmpi has no RNG state to save. Every stream is derived from (seed, purpose, round, client)
 (`fedmpi.rng`) and torch's global generator is reseeded per client per round, so the round number and
@@ -36,7 +39,7 @@ import numpy as np
 
 import fedmpi
 from fedmpi import config as config_mod
-from fedmpi.errors import ConfigError, FedmpiError, InputError
+from fedmpi.errors import ConfigError, FedmpiError, InputError, Refused
 
 FORMAT = 1
 NAME = re.compile(r"^ckpt-(\d+)\.h5$")
@@ -46,14 +49,6 @@ RNG_NOTE = ("stateless: every random stream is derived from (seed, purpose, roun
 
 class DamagedCheckpoint(Exception):
     """A checkpoint that cannot be read or fails its checksum."""
-
-
-class ResumeRefused(FedmpiError):
-    """Raised on workers when rank 0 refused a --resume; rank 0 already printed why."""
-
-    def __init__(self, code):
-        super().__init__("")
-        self.exit_code = code
 
 
 # -- where -------------------------------------------------------------------------------------------
@@ -138,12 +133,14 @@ class CheckpointWriter:
         self.f.create_dataset(path, data=a)
         self.digests[path] = _dataset_digest(path, a)
 
-    def put_global(self, x):
-        self._put("global", np.asarray(x, dtype=np.float32))
-
-    def put_server(self, state):
-        for name, a in state.items():
-            self._put(f"server/{name}", a)
+    def put_server_side(self, state):
+        """`Experiment.state_dict()`: /global and one group per nested dict (server, optimizer)."""
+        for key, value in state.items():
+            if isinstance(value, dict):
+                for name, a in value.items():
+                    self._put(f"{key}/{name}", a)
+            else:
+                self._put(key, np.asarray(value, dtype=np.float32) if key == "global" else value)
 
     def put_client(self, cid, state):
         for name, a in state.items():
@@ -182,16 +179,12 @@ def save(exp, round_, wall_s):
     Consistent by construction: it runs after round `round_ - 1`'s server update (the global vector in
     `exp.x`) and after that round's client training (the client states on their hosts).
     """
-    from fedmpi.algorithms.base import as_numpy_state
-
-    comm, algo = exp.comm, exp.algo
+    comm = exp.comm
     writer = CheckpointWriter(exp.cfg, round_, wall_s, comm.size) if comm.is_server else None
     try:
         if writer:
-            writer.put_global(exp.x.detach().cpu().numpy())
-            writer.put_server(as_numpy_state(algo.server_state()))
-        comm.gather_states(exp.host, lambda cid: as_numpy_state(algo.client_state(cid)),
-                           writer.put_client if writer else None)
+            writer.put_server_side(exp.state_dict())
+        comm.gather_states(exp.clients.host, exp.client_state, writer.put_client if writer else None)
         return writer.commit(exp.cfg.checkpoint.keep) if writer else None
     except BaseException:
         if writer:
@@ -249,6 +242,12 @@ def _check_config(path, attrs, cfg):
     if int(attrs["round"]) > cfg.rounds:
         raise ConfigError(f"rounds = {cfg.rounds}: below the checkpoint's round {int(attrs['round'])} ({path}); "
                           f"rounds may grow on --resume, not shrink")
+    moving = [key for key, sched in (("client.lr_schedule", cfg.client.lr_schedule),
+                                     ("server.lr_schedule", cfg.server.lr_schedule)) if sched.depends_on_run_length]
+    if moving and stored.rounds != cfg.rounds:
+        raise ConfigError(f"rounds = {cfg.rounds}: the checkpoint's run has {stored.rounds}, and {', '.join(moving)} "
+                          f"(cosine with rounds: null) takes its horizon from it, so the rates already used would "
+                          f"change; keep rounds = {stored.rounds}, or set the schedule's rounds explicitly")
 
 
 def _flat(d, prefix=""):
@@ -333,7 +332,7 @@ def plan_resume(cfg, comm):
         comm.close()
         if error is not None:
             raise error
-        raise ResumeRefused(int(verdict[0]))
+        raise Refused(int(verdict[0]))
     return point or ResumePoint(int(verdict[1]), ckpt_path(cfg.out, int(verdict[1])))
 
 
@@ -345,19 +344,17 @@ def load_into(exp, point):
     reading all states, and reads spread over the workers, which suits parallel file systems; the
     placement is recomputed for this run's `-n`, so any `-n` can continue any checkpoint.
     """
-    import torch
-
     with h5py.File(point.path, "r", locking=False) as f:
         if exp.comm.is_server:
             x = f["global"][()]
             if x.shape != (exp.flat.dim,):
                 raise InputError(f"checkpoint {point.path}: /global has {x.shape[0]} entries, the model {exp.flat.dim}")
-            exp.x = torch.from_numpy(x).to(exp.device)
-            exp.algo.load_server_state(_read_group(f.get("server")))
+            exp.load_state_dict({"global": x, "server": _read_group(f.get("server")),
+                                 "optimizer": _read_group(f.get("optimizer"))})
         clients = f.get("clients")
-        for cid in sorted(exp.mine):
+        for cid in sorted(exp.clients.mine):
             if clients is not None and str(cid) in clients:
-                exp.algo.load_client_state(cid, _read_group(clients[str(cid)]))
+                exp.load_client_state(cid, _read_group(clients[str(cid)]))
     exp.start_round = point.round
 
 

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from fedmpi.errors import ConfigError, FedmpiError
+from fedmpi.errors import ConfigError, FedmpiError, report_lines
 
 
 def _parser():
@@ -46,9 +46,10 @@ def main(argv=None) -> int:
             return _run(args)
         return _report(args)
     except FedmpiError as e:
-        # Raised before any MPI traffic, identically on every rank: a plain exit is safe.
-        for line in str(e).splitlines():
-            print(f"fedmpi: {'config error' if isinstance(e, ConfigError) else 'error'}: {line}", file=sys.stderr)
+        # Raised before any MPI traffic, identically on every rank (or, for Refused, already reported once
+        # by one rank): a plain exit is safe.
+        for line in report_lines(e):
+            print(line, file=sys.stderr)
         return e.exit_code
 
 
@@ -91,13 +92,21 @@ def _check_out(cfg, args):
 
 
 def _dry_run(cfg):
+    from fedmpi import rng
+    from fedmpi.algorithms.registry import lookup
     from fedmpi.data import load_dataset
     from fedmpi.experiment import build_partition
+    from fedmpi.flat import FlatModel
+    from fedmpi.models import build_model
     from fedmpi.report import partition_summary, server_summary
 
     print(cfg.to_yaml())
     dataset = load_dataset(cfg)
     split = build_partition(cfg, dataset)
+    rng.seed_torch(cfg.seed, rng.INIT)
+    flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
+    lookup(cfg.algorithm.name).check(cfg, flat)     # what a real run would refuse, refused here too
+    print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))
     print(server_summary(split.groups["partition/server"], cfg.server_data))

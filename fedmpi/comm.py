@@ -112,6 +112,10 @@ class LocalComm:
     def report_failure(self, text):
         pass
 
+    def agree(self, code):
+        """(the worst exit code over the ranks, the lowest rank that has it): see MpiComm.agree."""
+        return code, 0
+
     def gather_states(self, host, get_state, put_state):
         """Every client's state to `put_state` in client order (see MpiComm.gather_states)."""
         for cid in range(len(host)):
@@ -137,7 +141,6 @@ class MpiComm:
         self.comm = mpi_comm or MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.workers = tuple(range(1, self.size))
-        self._header = np.zeros(4, dtype=np.float64)
         self._failure_buf = bytearray(FAILURE_BYTES)
         self._failure_req = (self.comm.Irecv([self._failure_buf, MPI.BYTE], source=MPI.ANY_SOURCE,
                                              tag=FAILURE_TAG) if self.rank == 0 else None)
@@ -268,6 +271,20 @@ class MpiComm:
         return out
 
     # -- setup and failure handling ---------------------------------------------------------------
+    def agree(self, code):
+        """Collective: every rank's exit code (0 = fine) -> (worst code, lowest rank with that code).
+
+        Set-up ends with this vote so that an error on any rank (a bad config, a missing file on one node)
+        ends every rank with the same code and one message, before anything is written and without MPI_Abort.
+        One MAX reduction of code * (size + 1) + (size - rank) gives both; waiting sleeps, as elsewhere (rank 0
+        may spend minutes pretraining while the workers wait here)."""
+        value = np.array([code * (self.size + 1) + (self.size - self.rank) if code else 0], dtype=np.int64)
+        worst = np.zeros(1, dtype=np.int64)
+        self._sleep_wait(self.comm.Iallreduce(value, worst, op=self.MPI.MAX))
+        if worst[0] == 0:
+            return 0, -1
+        return int(worst[0] // (self.size + 1)), int(self.size - worst[0] % (self.size + 1))
+
     def node_local(self):
         """(rank among the ranks on this node, ranks on this node, whether the server is one of them)."""
         local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)

@@ -10,27 +10,48 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import types
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import yaml
 
-from fedmpi.algorithm_keys import ALGORITHM_KEYS, FedAvgKeys
 from fedmpi.config_checks import Checks as _Checks
 from fedmpi.config_checks import dotted as _dotted
 from fedmpi.errors import ConfigError
+from fedmpi.schedules import ScheduleConfig
 
-DATASETS = ("synthetic", "mnist5k", "mnist", "fashion_mnist", "emnist", "cifar10", "cifar100",
-            "femnist", "shakespeare")
-SCHEMES = ("iid", "dirichlet", "labels", "shards", "classes", "quantity", "natural")
-MODELS = ("lr", "mlp", "cnn_mnist", "cnn2", "simple_cnn", "lstm", "resnet18")
 
+# The names a section may take come from the registries that implement them, so that a new data source,
+# partition scheme, model, algorithm or server optimizer is one registration, not an edit here too.
+def _datasets():
+    from fedmpi.data.sources import LOADERS
+
+    return tuple(LOADERS)
+
+
+def _schemes():
+    from fedmpi.data.partition import SCHEMES
+
+    return tuple(SCHEMES)
+
+
+def _models():
+    from fedmpi.models import BUILDERS
+
+    return tuple(BUILDERS)
+
+
+def _server_optimizers():
+    from fedmpi.server_opt import OPTIMIZERS
+
+    return tuple(OPTIMIZERS)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: Literal[DATASETS] = "synthetic"
+    name: str = "synthetic"
     root: str | None = None          # folder with the dataset's official files
     download: bool = False              # let torchvision fetch where a network exists
     alpha: float = 1.0                  # SYNTHETIC(alpha, beta): spread of the client models
@@ -42,6 +63,7 @@ class DataConfig:
 
     def __post_init__(self):
         c = _Checks("data")
+        c.choice("name", self.name, _datasets())
         c.require(self.alpha >= 0, "alpha", self.alpha, "must be >= 0")
         c.require(self.beta >= 0, "beta", self.beta, "must be >= 0")
         c.require(self.classes is None or self.classes >= 2, "classes", self.classes, "must be >= 2 or null")
@@ -51,7 +73,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class PartitionConfig:
     clients: int = 30
-    scheme: Literal[SCHEMES] = "dirichlet"
+    scheme: str = "dirichlet"
     beta: float = 0.5                   # dirichlet, quantity concentration
     labels_per_client: int = 2          # labels (#C=k)
     shards_per_client: int = 2          # shards
@@ -61,6 +83,7 @@ class PartitionConfig:
 
     def __post_init__(self):
         c = _Checks("partition")
+        c.choice("scheme", self.scheme, _schemes())
         c.require(self.clients >= 1, "clients", self.clients, "must be a positive integer")
         c.require(self.beta > 0, "beta", self.beta, "must be > 0")
         for key in ("labels_per_client", "shards_per_client", "classes_per_client"):
@@ -89,13 +112,14 @@ class ServerDataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: Literal[MODELS] = "lr"
+    name: str = "lr"
     hidden: int = 200                   # mlp width
     norm: Literal["batch", "group"] = "group"   # resnet18 normalisation
     projection: int | None = None    # simple_cnn projection head size (MOON)
 
     def __post_init__(self):
         c = _Checks("model")
+        c.choice("name", self.name, _models())
         c.require(self.hidden >= 1, "hidden", self.hidden, "must be a positive integer")
         c.require(self.projection is None or self.projection >= 1, "projection", self.projection,
                   "must be a positive integer or null")
@@ -111,6 +135,7 @@ class ClientConfig:
     momentum: float = 0.0
     weight_decay: float = 0.0
     vectorize: Literal["auto", "on", "off"] = "auto"
+    lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_l per round
 
     def __post_init__(self):
         c = _Checks("client")
@@ -126,13 +151,22 @@ class ClientConfig:
 @dataclass(frozen=True)
 class ServerConfig:
     clients_per_round: int = 10
-    lr: float = 1.0                     # eta_g; 1.0 = plain averaging
+    lr: float = 1.0                     # eta_g; 1.0 with sgd = plain averaging
+    optimizer: str = "sgd"              # how the aggregated update is applied (fedmpi.server_opt)
+    momentum: float = 0.9               # avgm: beta
+    betas: tuple[float, float] = (0.9, 0.99)   # adam, yogi, adagrad: (b1, b2)
+    tau: float = 1e-3                   # adam, yogi, adagrad: adaptivity (Reddi et al.)
+    lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_g per round
 
     def __post_init__(self):
         c = _Checks("server")
         c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
                   "must be a positive integer")
         c.require(self.lr > 0, "lr", self.lr, "must be > 0")
+        c.choice("optimizer", self.optimizer, _server_optimizers())
+        c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        c.require(all(0 <= b < 1 for b in self.betas), "betas", list(self.betas), "must be two numbers in [0, 1)")
+        c.require(self.tau > 0, "tau", self.tau, "must be > 0")
         c.done()
 
 
@@ -168,6 +202,7 @@ class RuntimeConfig:
     threads: int | None = None       # torch threads per rank; null = node cores / ranks on the node
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
     cuda_aware_mpi: bool = False
+    on_nonfinite: Literal["stop", "continue"] = "stop"   # a NaN/inf loss or model: stop (status diverged) or go on
 
     def __post_init__(self):
         c = _Checks("runtime")
@@ -187,7 +222,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
-    algorithm: typing.Any = field(default_factory=FedAvgKeys)
+    algorithm: typing.Any = field(default_factory=lambda: _algorithm_keys("fedavg")())
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -220,26 +255,37 @@ RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out")
 
 # --- building from mappings --------------------------------------------------------------------------
 
+# `Optional[X]` and `X | None` (what annotations under `from __future__ import annotations` evaluate to).
+_UNIONS = (typing.Union, types.UnionType)
+
 def _type_name(tp):
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(map(str, typing.get_args(tp)))
-    if origin is typing.Union:
+    if origin in _UNIONS:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _type_name(inner[0]) + " or null"
+    if origin is tuple:
+        return f"a list of {len(typing.get_args(tp))} values, each {_type_name(typing.get_args(tp)[0])}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
 def _coerce(tp, value):
     """Returns (ok, value) for `value` read as type `tp`."""
     origin = typing.get_origin(tp)
-    if origin is typing.Union:
+    if origin in _UNIONS:
         if value is None:
             return True, None
         inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
         return _coerce(inner, value)
     if origin is Literal:
         return value in typing.get_args(tp), value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            return False, value
+        items = [_coerce(a, v) for a, v in zip(args, value)]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
     if tp is bool:
         return isinstance(value, bool), value
     if tp is int:
@@ -262,7 +308,7 @@ def _build(cls, mapping, prefix, errors):
     if not isinstance(mapping, dict):
         errors.append(f"{prefix or 'config'} = {mapping!r}: must be a mapping of keys")
         return cls()
-    hints = typing.get_type_hints(cls, globalns=globals())
+    hints = typing.get_type_hints(cls)
     known = [f.name for f in fields(cls)]
     kwargs = {}
     for key, value in mapping.items():
@@ -274,6 +320,8 @@ def _build(cls, mapping, prefix, errors):
         if key == "algorithm" and cls is Config:
             kwargs[key] = _build_algorithm(value, errors)
         elif dataclasses.is_dataclass(tp):
+            if isinstance(value, str) and "name" in {f.name for f in fields(tp)}:
+                value = {"name": value}     # a bare name, e.g. client.lr_schedule: cosine
             kwargs[key] = _build(tp, value, dotted, errors)
         else:
             ok, coerced = _coerce(tp, value)
@@ -284,20 +332,34 @@ def _build(cls, mapping, prefix, errors):
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        errors.extend(e.messages)
+        errors.extend(_rooted(m, prefix) for m in e.messages)
         return None
+
+
+def _rooted(message, prefix):
+    """A section reused at several places (ScheduleConfig) names its keys by its leaf name; root them."""
+    leaf = prefix.rsplit(".", 1)[-1]
+    if "." in prefix and message.startswith(leaf + ".") and not message.startswith(prefix + "."):
+        return prefix + message[len(leaf):]
+    return message
+
+
+def _algorithm_keys(name):
+    from fedmpi.algorithms.registry import lookup
+
+    return lookup(name).Keys
 
 
 def _build_algorithm(mapping, errors):
     if not isinstance(mapping, dict):
         mapping = {"name": mapping}
-    name = mapping.get("name", "fedavg")
-    if name not in ALGORITHM_KEYS:
-        close = difflib.get_close_matches(str(name), ALGORITHM_KEYS, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        errors.append(f"algorithm.name = {name!r}: unknown{hint}; allowed: {', '.join(ALGORITHM_KEYS)}")
-        return FedAvgKeys()
-    return _build(ALGORITHM_KEYS[name], mapping, "algorithm", errors) or ALGORITHM_KEYS[name]()
+    mapping = {"name": "fedavg", **mapping}
+    try:
+        keys = _algorithm_keys(mapping["name"])
+    except ConfigError as e:
+        errors.extend(e.messages)
+        return _algorithm_keys("fedavg")()
+    return _build(keys, mapping, "algorithm", errors) or keys(name=mapping["name"])
 
 
 def from_dict(mapping):

@@ -1,6 +1,8 @@
 """Range checks inside the config dataclasses' `__post_init__`: collect every problem of a section, then
 raise them together (one line each, naming the dotted key, the bad value and what is allowed)."""
 
+import difflib
+
 from fedmpi.errors import ConfigError
 
 
@@ -13,6 +15,14 @@ class Checks:
     def require(self, ok, key, value, allowed):
         if not ok:
             self.errors.append(f"{dotted(self.section, key)} = {value!r}: {allowed}")
+
+    def choice(self, key, value, allowed):
+        """`value` must be one of `allowed` (a registry's names); suggests the closest on a typo."""
+        if value not in allowed:
+            close = difflib.get_close_matches(str(value), allowed, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            self.errors.append(f"{dotted(self.section, key)} = {value!r}: unknown{hint}; must be one of "
+                               f"{', '.join(allowed)}")
 
     def done(self):
         if self.errors:

@@ -33,3 +33,28 @@ class StopRequested(FedmpiError):
     """All ranks agreed to stop at a round boundary (SIGTERM/SIGUSR1); a checkpoint was written."""
 
     exit_code = EXIT_PREEMPTED
+
+
+class Diverged(FedmpiError):
+    """The loss or the global model became non-finite (runtime.on_nonfinite: stop); status `diverged`."""
+
+    exit_code = EXIT_FAILED
+
+
+class Refused(FedmpiError):
+    """Raised on every rank when a collective check refused the run (set-up vote, --resume); the reason was
+    already printed once, by the rank that found it."""
+
+    def __init__(self, code):
+        super().__init__("")
+        self.exit_code = code
+
+
+def report_lines(error, rank=None):
+    """The lines fedmpi prints for an error: `fedmpi: config error: ...` for configuration, `fedmpi: error:
+    ...` for input files, `fedmpi: rank R failed: Type: ...` for anything else."""
+    if isinstance(error, FedmpiError):
+        kind = "config error" if isinstance(error, ConfigError) else "error"
+        return [f"fedmpi: {kind}: {line}" for line in str(error).splitlines()]
+    where = f"rank {rank} failed: " if rank is not None else ""
+    return [f"fedmpi: {where}{type(error).__name__}: {error}"]

@@ -1,15 +1,22 @@
-"""Runs an Experiment to the end on every rank: run log, progress, and what happens when a rank fails.
+"""Runs an experiment to the end on every rank: set-up vote, the round loop, run log, checkpoints, and what
+happens when a rank fails, is interrupted or the model diverges.
 
-Failure contract (DESIGN §5): an exception on any rank ends the whole job at once with one message naming
-the rank and the error, and `run.h5` says `failed` with that message. A worker sends its error text to
-rank 0 (which records it and aborts the job); if rank 0 does not respond in time the worker aborts alone.
+Set-up: every rank builds its Experiment, then all vote (`comm.agree`); if any rank failed (a bad config,
+`Algorithm.check`, a missing file on one node) every rank ends with the worst exit code and one message,
+before run.h5 exists and before --overwrite removes anything.
+
+Failure contract (DESIGN §5): an exception on any rank during the rounds ends the whole job at once with one
+message naming the rank and the error, and `run.h5` says `failed` with that message. A worker sends its
+error text to rank 0 (which records it and aborts the job); if rank 0 does not respond in time the worker
+aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted` and exit 130.
 
 A rank killed outright (kill -9, OOM killer) cannot report anything. mpiexec (MPICH hydra) then kills every
-other rank at once (measured: well under a second, exit status 9), so no watchdog runs here; under SLURM
-launch with `srun --kill-on-bad-exit=1` for the same effect. run.h5 keeps status `running` in that case,
-and the next --resume notes "previous status running" in its `resumes` attribute.
+other rank at once, so no watchdog runs here; under SLURM launch with `srun --kill-on-bad-exit=1` for the
+same effect. run.h5 keeps status `running` in that case, and the next --resume notes it in `resumes`.
 
 Stop requests (fedmpi.signals) end the loop at a round boundary with a checkpoint; every rank returns 75.
+A non-finite loss or model stops the run at that round with status `diverged` and exit 1
+(`runtime.on_nonfinite: continue` logs it and goes on); no checkpoint holding the non-finite model is written.
 """
 
 from __future__ import annotations
@@ -23,78 +30,102 @@ import traceback
 
 import numpy as np
 
-from fedmpi import checkpoint
+from fedmpi import checkpoint, signals
 from fedmpi.comm import WorkerFailed
-from fedmpi.errors import EXIT_FAILED, EXIT_INTERRUPTED, FedmpiError, StopRequested
+from fedmpi.errors import EXIT_FAILED, EXIT_INTERRUPTED, Diverged, FedmpiError, Refused, StopRequested, report_lines
 from fedmpi.experiment import Experiment
 from fedmpi.progress import Progress
 from fedmpi.store import RunLog
+
+INTERRUPTED = "interrupted (SIGINT)"
 
 
 def run_path(cfg):
     return os.path.join(cfg.out, "run.h5")
 
 
-def _say(comm, text):
+def _say(text):
     print(f"fedmpi: {text}", file=sys.stderr, flush=True)
+
+
+def set_up(cfg, comm, **parts) -> Experiment:
+    """Builds the Experiment on every rank and agrees on the outcome (see the module docstring). Raises
+    Refused (its message already printed once) on every rank if any rank failed."""
+    exp = error = None
+    try:
+        exp = Experiment(cfg, comm, **parts)
+    except Exception as e:  # noqa: BLE001 - every rank must reach the vote whatever went wrong
+        error = e
+        if os.environ.get("FEDMPI_DEBUG") and not isinstance(e, FedmpiError):
+            traceback.print_exc()
+    code = 0 if error is None else (error.exit_code if isinstance(error, FedmpiError) else EXIT_FAILED)
+    worst, speaker = comm.agree(code)
+    if worst == 0:
+        return exp
+    if comm.rank == speaker:
+        for line in report_lines(error, comm.rank if comm.size > 1 else None):
+            print(line, file=sys.stderr, flush=True)
+    comm.close()
+    raise Refused(worst)
 
 
 def run_experiment(cfg, comm, overwrite=False, resume=None) -> int:
     """Runs on every rank; `resume` is the checkpoint.ResumePoint that `plan_resume` chose (--resume)."""
-    log = exp = None
+    exp = set_up(cfg, comm)
+    log = None
     try:
-        exp = Experiment(cfg, comm)
         if resume:
             checkpoint.load_into(exp, resume)
         if comm.is_server:
             log = _open_log(cfg, comm, exp, overwrite, resume)
         _loop(cfg, comm, exp, log, resume.wall_s if resume else 0.0)
         if log:
-            log.write_model(exp.x.cpu().numpy())
+            log.write_model(exp.global_model())
             log.finish("finished")
+        signals.ignore_all()
         comm.close()
         return 0
     except StopRequested as stop:
         # Every rank is here after the same round, with the checkpoint written (`_loop`): exit 75 everywhere.
         if log:
-            log.write_model(exp.x.cpu().numpy())
+            log.write_model(exp.global_model())
             log.finish("preempted", str(stop))
-            _say(comm, str(stop))
+            _say(str(stop))
+        signals.ignore_all()
         comm.close()
         return stop.exit_code
+    except Diverged as e:
+        _fail(comm, log, str(e), str(e), e.exit_code, status="diverged")
     except KeyboardInterrupt:
-        if log:
-            log.finish("failed", "interrupted (SIGINT)")
-        if comm.is_server:
-            _say(comm, "interrupted")
-        sys.stderr.flush()
-        os._exit(EXIT_INTERRUPTED)
+        where = f" on rank {comm.rank}" if comm.size > 1 else ""
+        _fail(comm, log, f"interrupted (SIGINT{where})", INTERRUPTED, EXIT_INTERRUPTED, status="interrupted")
     except WorkerFailed as e:
-        message = f"rank {e.rank} failed: {e.text.splitlines()[0] if e.text else 'unknown error'}"
-        _fail(comm, log, message, e.text, EXIT_FAILED)
+        first = e.text.splitlines()[0] if e.text else f"rank {e.rank} failed: unknown error"
+        interrupted = first.startswith("interrupted")
+        _fail(comm, log, first, e.text, EXIT_INTERRUPTED if interrupted else EXIT_FAILED,
+              status="interrupted" if interrupted else "failed")
     except Exception as e:  # noqa: BLE001 - every error must end the whole job, not just this rank
         code = e.exit_code if isinstance(e, FedmpiError) else EXIT_FAILED
         message = f"rank {comm.rank} failed: {type(e).__name__}: {e}"
-        if isinstance(e, FedmpiError):
-            detail = message
-        else:
-            detail = message + "\n" + traceback.format_exc()
+        detail = message if isinstance(e, FedmpiError) else message + "\n" + traceback.format_exc()
         _fail(comm, log, message, detail, code)
 
 
-def _fail(comm, log, message, detail, code):
-    _say(comm, message)
+def _fail(comm, log, message, detail, code, status="failed"):
+    signals.ignore_all()
+    if comm.is_server or comm.size == 1:
+        _say(message)
     if os.environ.get("FEDMPI_DEBUG") and detail != message:
         print(detail, file=sys.stderr, flush=True)
     if log:
         try:
-            log.finish("failed", message)
+            log.finish(status, message)
             log.set_attrs(error_detail=detail)
         except Exception as e:  # noqa: BLE001 - the job must still end
-            _say(comm, f"could not record the failure in {log.path}: {e}")
+            _say(f"could not record the failure in {log.path}: {e}")
     if comm.size > 1:
         if not comm.is_server:
-            comm.report_failure(detail)
+            comm.report_failure(detail if status == "failed" else message)
         comm.abort(code)
     sys.exit(code)
 
@@ -103,8 +134,7 @@ def _create_log(cfg, comm, exp, overwrite):
     path = run_path(cfg)
     if overwrite:
         shutil.rmtree(os.path.join(cfg.out, "ckpt"), ignore_errors=True)
-    groups = dict(exp.split.groups)     # /partition and /partition/server (DESIGN §3)
-    return RunLog.create(path, cfg, comm.size, [socket.gethostname()], groups,
+    return RunLog.create(path, cfg, comm.size, [socket.gethostname()], exp.partition_groups,
                          extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim,
                                       "device": str(exp.device), "threads": exp.threads})
 
@@ -113,14 +143,16 @@ def _open_log(cfg, comm, exp, overwrite, resume):
     if resume is None:
         return _create_log(cfg, comm, exp, overwrite)
     checkpoint.set_aside(resume)
-    _say(comm, f"resuming from {resume.path}: round {resume.round} of {cfg.rounds}, at -n {comm.size}")
+    _say(f"resuming from {resume.path}: round {resume.round} of {cfg.rounds}, at -n {comm.size}")
     # Rows after the checkpoint are dropped: this run recomputes them.
     return RunLog.reopen(run_path(cfg), resume.round, config=cfg.to_yaml(), world_size=comm.size,
                          device=str(exp.device), threads=exp.threads)
 
 
-def _loop(cfg, comm, exp, log, wall_s=0.0):
-    """The rounds; a checkpoint at every due round boundary and, on a stop request, at the next one.
+def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):
+    """The rounds, in order; on the server each round's row goes to `log` (a RunLog, or the in-memory
+    recorder of `fedmpi.simulate`). A checkpoint is written at every due round boundary and, on a stop
+    request, at the next one (`checkpoints=False`: never).
 
     `wall_s` (training seconds before this process started: a resumed run's checkpoint value) keeps the
     wall_s metric counting from the run's beginning across resumes.
@@ -134,14 +166,20 @@ def _loop(cfg, comm, exp, log, wall_s=0.0):
             if out is not None:
                 metrics, clients = out
                 wall_s = metrics["wall_s"] = time.monotonic() - began
-                log.append(metrics, clients, num_clients=len(exp.parts))
+                with signals.deferred():
+                    log.append(metrics, clients, num_clients=exp.num_clients)
                 progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan),
                                 time.monotonic() - t0)
                 exp.stopping = exp.stop_votes > 0     # the next broadcast tells every rank to stop
-            if checkpoint.due(cfg, t + 1):
+                if exp.nonfinite and cfg.runtime.on_nonfinite == "stop":
+                    # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
+                    # workers, waiting for the next round, end with the job (as on a failure).
+                    raise Diverged(f"diverged in round {t}: {exp.nonfinite}; the newest checkpoint holds the "
+                                   f"last finite model (runtime.on_nonfinite: continue would go on)")
+            if checkpoints and checkpoint.due(cfg, t + 1):
                 checkpoint.save(exp, t + 1, wall_s)
     except StopRequested as stop:
-        if not checkpoint.due(cfg, stop.round):     # else written just before, at the end of the round
+        if checkpoints and not checkpoint.due(cfg, stop.round):     # else written at the end of the round
             checkpoint.save(exp, stop.round, wall_s)
         raise
     finally:

@@ -6,10 +6,15 @@ one rank. The handler only records the request: the flag rides to rank 0 in the 
 (`experiment.STOP`), rank 0 answers with `CMD_STOP` in the next broadcast header, and then every rank
 takes part in writing a checkpoint and exits with 75 (`errors.EXIT_PREEMPTED`), so a batch script can
 requeue itself. Rounds are never cut in the middle: a checkpoint is a round boundary.
+
+SIGINT (Ctrl-C, which mpiexec forwards to every rank, or a signal to one rank) interrupts at once: the first
+one raises KeyboardInterrupt, later ones are ignored so that the clean-up (status `interrupted`, one line,
+exit 130) is not itself interrupted into a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 from fedmpi.errors import StopRequested
@@ -22,10 +27,37 @@ def _handler(signum, frame):
     _received.append(signal.Signals(signum).name)
 
 
+def _interrupt(signum, frame):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def install():
-    """Turns SIGTERM/SIGUSR1 into stop requests for this process (call from the main thread)."""
+    """Turns SIGTERM/SIGUSR1 into stop requests and SIGINT into one KeyboardInterrupt for this process
+    (call from the main thread)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
+    signal.signal(signal.SIGINT, _interrupt)
+
+
+def ignore_all():
+    """The job's work is done: further signals change nothing. (Python resets the handlers it installed to
+    the default at exit, before MPI finalizes; an ignored signal stays ignored, so a late SIGTERM cannot kill
+    a finished rank with status 15.)"""
+    for sig in STOP_SIGNALS + (signal.SIGINT,):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def deferred():
+    """Holds SIGINT/SIGTERM/SIGUSR1 back while a run-log row is written, so that a Ctrl-C cannot leave a
+    half-appended row; a signal that arrived meanwhile is delivered at the end."""
+    sigs = {signal.SIGINT, *STOP_SIGNALS}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def requested() -> bool:

@@ -56,14 +56,17 @@ def seed_torch_on(device, seed, purpose, *keys):
 class LocalTrainer:
     """Trains the rank's one FlatModel on index sets of the rank's device-resident training data."""
 
-    def __init__(self, flat, client_cfg, x, y, transform=None):
+    def __init__(self, flat, client_cfg, x, y, transform=None, loss=None):
         self.flat, self.cfg, self.x, self.y = flat, client_cfg, x, y
         # Optional per-batch augmentation transform(xb, g), drawing from the client's generator `g`.
         self.transform = transform
+        # The training criterion on (outputs, targets): cross-entropy unless a custom one is given
+        # (`fedmpi.simulate(loss=...)`).
+        self.criterion = loss or F.cross_entropy
         self.momentum_buf = torch.zeros_like(flat.grad) if client_cfg.momentum > 0 else None
 
     def loss(self, xb, yb):
-        return F.cross_entropy(self.flat.module(xb), yb)
+        return self.criterion(self.flat.module(xb), yb)
 
     def train(self, indices: torch.Tensor, g: np.random.Generator, sched: Schedule, lr=None, grad_hook=None,
               loss_fn=None):
@@ -105,31 +108,38 @@ class LocalTrainer:
 
 
 @torch.no_grad()
-def evaluate(module, x, y, batch_size):
-    """(accuracy, mean loss) of `module` on tensors x, y."""
+def evaluate(module, x, y, batch_size, loss=None):
+    """(accuracy, mean loss) of `module` on tensors x, y. With a custom criterion `loss(outputs, targets)`
+    (mean over the batch) the loss is that criterion's, and accuracy is NaN unless outputs are class scores."""
     module.eval()
     correct = torch.zeros((), device=x.device)
-    loss = torch.zeros((), device=x.device, dtype=torch.float64)
+    total = torch.zeros((), device=x.device, dtype=torch.float64)
+    scores = True
     for i in range(0, len(y), batch_size):
         out = module(x[i:i + batch_size])
         yb = y[i:i + batch_size]
-        loss += F.cross_entropy(out, yb, reduction="sum").double()
-        correct += (out.argmax(dim=1) == yb).sum()
+        if loss is None:
+            total += F.cross_entropy(out, yb, reduction="sum").double()
+        else:
+            total += loss(out, yb).double() * len(yb)
+        scores = scores and out.dim() == 2 and not yb.is_floating_point()
+        if scores:
+            correct += (out.argmax(dim=1) == yb).sum()
     n = max(len(y), 1)
-    return float(correct) / n, float(loss) / n
+    return (float(correct) / n if scores else float("nan")), float(total) / n
 
 
 class ServerTrainer:
     """SGD on the server's own set, on rank 0: FSL's server learning, pretraining and data sharing's
     warm-up. Plain SGD (no momentum), batches from the stream (seed, SERVER, round)."""
 
-    def __init__(self, flat, client_cfg, x, y, indices, seed):
+    def __init__(self, flat, client_cfg, x, y, indices, seed, loss=None):
         import dataclasses
 
         self.flat, self.seed = flat, seed
         self.indices = indices
         self.n = len(indices)
-        self.trainer = LocalTrainer(flat, dataclasses.replace(client_cfg, momentum=0.0), x, y)
+        self.trainer = LocalTrainer(flat, dataclasses.replace(client_cfg, momentum=0.0), x, y, loss=loss)
 
     def steps_for(self, epochs, batch_size):
         return epochs * math.ceil(self.n / batch_size)

@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,3 +84,35 @@ def run_many(n, config_paths, timeout=MPI_TIMEOUT_S):
     if proc.returncode != 0:
         raise AssertionError(f"run_many -n {n} exited {proc.returncode}\nstderr:\n{proc.stderr[-4000:]}")
     return proc
+
+
+# --- driving algorithm hooks directly (rule tests on hand-computed cases) -----------------------------
+
+class VecModel:
+    """Stands in for FlatModel where a hook only uses .vec and .load()."""
+
+    def __init__(self, dim):
+        self.vec = torch.zeros(dim)
+        self.device = self.vec.device
+
+    def load(self, v):
+        self.vec.copy_(v)
+
+
+def setup_algo(algo, sizes, server_idx=(), x0=None, probe=None):
+    """`Algorithm.setup` as Experiment calls it."""
+    from fedmpi.algorithms import SetupContext
+
+    x0 = torch.zeros(algo.dim) if x0 is None else x0
+    algo.setup(SetupContext(np.asarray(sizes), np.asarray(server_idx, dtype=np.int64), x0, probe))
+    return algo
+
+
+def server_update(algo, x, acc, weight, t=0):
+    """The server's update with the default optimizer (sgd at server.lr): aggregate, x + lr * update (or
+    x + update where the algorithm does not use the optimizer), then after_step."""
+    update = algo.aggregate(x, acc, weight, t)
+    if update is not None:
+        lr = algo.cfg.server.lr if algo.uses_server_optimizer else 1.0
+        x = x + (update * lr).to(x.dtype)
+    return algo.after_step(x, t)

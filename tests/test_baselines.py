@@ -11,10 +11,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import VecModel, server_update
 from torch import nn
 
 from fedmpi import config
-from fedmpi.algorithms import ClientRun, build_algorithm
+from fedmpi.algorithms import ClientRun, build_algorithm, lookup
 from fedmpi.algorithms.fednova import normalizer
 from fedmpi.algorithms.moon import contrastive_loss
 from fedmpi.errors import ConfigError
@@ -75,13 +76,13 @@ def run_round(algo, flat, trainer, x, clients, steps, t=0, parts=PARTS):
     weight = 0.0
     for cid in clients:
         idx = torch.as_tensor(parts[cid])
-        run = ClientRun(cid, t, len(idx))
+        run = ClientRun(cid, t, len(idx), lr=algo.cfg.client.lr)
         sched = Schedule(len(idx), steps[cid])
         algo.client_start(run, down, flat)
         trainer.train(idx, np.random.default_rng([t, cid]), sched, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn)
         run.steps = sched.steps
         weight += algo.accumulate(run, down, flat, acc)
-    return algo.server_update(x, acc, weight, t)
+    return server_update(algo, x, acc, weight, t)
 
 
 # --- numpy reference (float64) ----------------------------------------------------------------------
@@ -113,18 +114,6 @@ def close(actual, expected_params, rtol=1e-5, atol=1e-6):
     assert actual[3].item() == 7.0
 
 
-class VecModel:
-    """Stands in for FlatModel where only vector arithmetic is checked: .vec, .load(), .device."""
-
-    device = torch.device("cpu")
-
-    def __init__(self, dim):
-        self.vec = torch.zeros(dim)
-
-    def load(self, v):
-        self.vec.copy_(v)
-
-
 def upload(algo, x, clients, t=0):
     """Clients given as (cid, n_samples, steps, y): start, 'train' to y, accumulate; returns the new x."""
     down = torch.zeros(algo.down_vectors * algo.dim)
@@ -132,12 +121,12 @@ def upload(algo, x, clients, t=0):
     acc = torch.zeros(algo.up_vectors * algo.dim + algo.up_scalars, dtype=torch.float64)
     model, weight = VecModel(algo.dim), 0.0
     for cid, n, steps, y in clients:
-        run = ClientRun(cid, t, n, steps=steps)
+        run = ClientRun(cid, t, n, lr=algo.cfg.client.lr, steps=steps)
         algo.client_start(run, down, model)
         assert torch.equal(model.vec, x)
         model.vec.copy_(torch.tensor(y))
         weight += algo.accumulate(run, down, model, acc)
-    return algo.server_update(x, acc, weight, t), down
+    return server_update(algo, x, acc, weight, t), down
 
 
 def hand_cfg(name, **keys):
@@ -200,8 +189,11 @@ def test_feddyn_state_and_server_update_by_hand():
 
 
 def test_feddyn_refuses_a_server_step_size():
+    cfg = make_cfg("feddyn", server_lr=2.0)
     with pytest.raises(ConfigError, match="server.lr"):
-        build_algorithm(make_cfg("feddyn", server_lr=2.0), dim=2, n_params=2)
+        lookup("feddyn").check(cfg, VecModel(2))
+    with pytest.raises(ConfigError, match="server.optimizer"):
+        lookup("feddyn").check(config.from_dict({"algorithm": "feddyn", "server": {"optimizer": "adam"}}), VecModel(2))
 
 
 def test_fednova_normalizes_by_local_steps_by_hand():
@@ -487,9 +479,9 @@ def test_moon_with_mu_changes_training():
 
 def test_moon_needs_a_projection_head():
     cfg = make_cfg("moon")
-    algo, flat, _, x = regression_setup(cfg)
+    _, flat, _, _ = regression_setup(cfg)
     with pytest.raises(ConfigError, match="model.projection"):
-        algo.client_start(ClientRun(0, 0, 3), x.clone(), flat)
+        lookup("moon").check(cfg, flat)
 
 
 # --- checkpoint state: numpy round trip gives bit-identical continuation --------------------------------

@@ -33,8 +33,8 @@ def client_states(n=4):
 
 def write(cfg, k, states=None, server=None):
     w = checkpoint.CheckpointWriter(cfg, k, wall_s=1.5 * k, world_size=3)
-    w.put_global(np.arange(10, dtype=np.float32) + k)
-    w.put_server(server if server is not None else {"c": np.ones(3, dtype=np.float32)})
+    w.put_server_side({"global": np.arange(10, dtype=np.float32) + k,
+                       "server": server if server is not None else {"c": np.ones(3, dtype=np.float32)}})
     for cid, state in (states if states is not None else client_states()).items():
         w.put_client(cid, state)
     return w.commit(cfg.checkpoint.keep)
@@ -180,8 +180,7 @@ def test_layout_does_not_depend_on_who_wrote_it(tmp_path):
     wa = checkpoint.CheckpointWriter(a, 2, wall_s=1.0, world_size=1)
     wb = checkpoint.CheckpointWriter(b, 2, wall_s=2.0, world_size=5)
     for w, order in ((wa, [0, 2, 3]), (wb, [3, 0, 2])):
-        w.put_global(np.zeros(10, dtype=np.float32))
-        w.put_server({})
+        w.put_server_side({"global": np.zeros(10, dtype=np.float32), "server": {}})
         for cid in order:
             w.put_client(cid, client_states()[cid])
     assert layout(wa.commit(2)) == layout(wb.commit(2))

@@ -20,7 +20,8 @@ import yaml
 from conftest import ROOT, run_many
 
 from fedmpi import config
-from fedmpi.algorithms import REGISTRY, build_algorithm
+from fedmpi.algorithms import SetupContext, build_algorithm, lookup
+from fedmpi.algorithms.registry import builtin_names
 from fedmpi.cli import main as fedmpi_main
 from fedmpi.data import sources
 from fedmpi.data.dataset import Dataset
@@ -65,7 +66,7 @@ def test_the_expected_configs_exist():
 @pytest.mark.parametrize("path", ALL, ids=rel)
 def test_config_validates_and_names_exist(path):
     cfg = config.load(path)
-    assert cfg.algorithm.name in REGISTRY
+    assert cfg.algorithm.name in builtin_names()
     assert cfg.model.name in BUILDERS
     assert cfg.data.name in sources.LOADERS
     assert cfg.partition.scheme in SCHEMES
@@ -76,7 +77,7 @@ def test_config_validates_and_names_exist(path):
 def test_variant_lines_validate(path):
     for name, overrides in variants(path).items():
         cfg = config.load(path, overrides)
-        assert cfg.algorithm.name in REGISTRY, name
+        assert cfg.algorithm.name in builtin_names(), name
 
 
 @pytest.mark.parametrize("path", PAPER + SMALL, ids=rel)
@@ -178,7 +179,8 @@ def test_big_config_splits_and_builds_on_its_full_size_data(path):
     with torch.no_grad():
         assert module(torch.zeros(2, *ds.input_shape)).shape == (2, ds.num_classes)
     flat = FlatModel(module)
-    build_algorithm(cfg, flat.dim, flat.n_params).setup(sizes, split.server_idx, flat.vec.clone())
+    lookup(cfg.algorithm.name).check(cfg, flat)
+    build_algorithm(cfg, flat.dim, flat.n_params).setup(SetupContext(sizes, split.server_idx, flat.vec.clone()))
 
 
 # --- the small configs: dry run and end to end -----------------------------------------------------------

@@ -25,7 +25,7 @@ def test_no_server_set_by_default():
     ds = labelled()
     split = split_dataset(make_cfg(), ds)
     assert split.server_idx.dtype == np.int64 and len(split.server_idx) == 0
-    assert len(split.pool) == 1000
+    assert sum(len(p) for p in split.parts) == 1000
     server = split.groups["partition/server"]
     assert server["samples"].tolist() == [0] and np.isnan(server["emd"][0])
     assert server_summary(server, make_cfg().server_data).startswith("server set: none")

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import VecModel, server_update, setup_algo
 
 from fedmpi import config, rng
 from fedmpi.algorithms import ClientRun, build_algorithm
@@ -29,21 +30,13 @@ class ShiftTrainer:
         return start + lr * steps, 0.25
 
 
-class VecModel:
-    def __init__(self, dim):
-        self.vec = torch.zeros(dim)
-
-    def load(self, v):
-        self.vec.copy_(v)
-
-
 # -- FSL --------------------------------------------------------------------------------------------
 
 def fsl(**keys):
     cfg, algo = make({"name": "fsl", **keys}, client={"lr": 0.1, "batch_size": 10, "epochs": 1},
                      partition={"clients": 2}, server={"clients_per_round": 2, "lr": 1.0},
                      server_data={"size": 10})
-    algo.setup(np.array([20, 40]), np.arange(10), torch.zeros(2))
+    setup_algo(algo, np.array([20, 40]), np.arange(10), torch.zeros(2))
     return algo
 
 
@@ -65,7 +58,7 @@ def test_fsl_incremental_learns_on_the_server_after_averaging():
     assert torch.equal(x0, torch.zeros(2)) and trainer.calls == []     # no pretraining by default
     x = torch.tensor([1.0, 2.0])
     up = torch.tensor([4.0, -8.0], dtype=torch.float64)                # sum n_i Delta_i over weight 4
-    new = algo.server_update(x, up, 4.0, round_=7)
+    new = server_update(algo, x, up, 4.0, 7)
     lr = math.sqrt(2) * 0.1
     # xbar = x + (1, -2) = (2, 0); then 3 server steps of +lr each.
     torch.testing.assert_close(new, torch.tensor([2.0 + 3 * lr, 3 * lr]))
@@ -76,7 +69,7 @@ def test_fsl_parallel_averages_the_server_as_a_weighted_client():
     algo = fsl(gamma=3.0, mode="parallel")
     algo.initial_model(torch.zeros(2), ShiftTrainer(10))
     x = torch.tensor([1.0, 2.0])
-    new = algo.server_update(x, torch.tensor([4.0, -8.0], dtype=torch.float64), 4.0, round_=0)
+    new = server_update(algo, x, torch.tensor([4.0, -8.0], dtype=torch.float64), 4.0, 0)
     # Delta_0 = 3 steps * 0.1 = 0.3 each; x + ((1, -2) + 3 * (0.3, 0.3)) / 4.
     torch.testing.assert_close(new, torch.tensor([1.0 + 1.9 / 4, 2.0 - 1.1 / 4]))
 
@@ -92,7 +85,7 @@ def test_fsl_pretraining_runs_its_epochs_with_its_learning_rate():
 def test_fsl_without_a_server_set_is_a_config_error():
     cfg, algo = make({"name": "fsl"})
     with pytest.raises(config.ConfigError, match="server_data.size"):
-        algo.setup(np.array([5]), np.array([], dtype=np.int64))
+        type(algo).check(cfg, VecModel(2))
 
 
 # -- FedSkip ----------------------------------------------------------------------------------------
@@ -118,7 +111,7 @@ def test_fedskip_average_and_drift_of_the_slots():
     acc = torch.zeros(3, dtype=torch.float64)
     weight = algo.accumulate_slots(x, np.array([1.0, 3.0]), acc)
     assert weight == 4.0 and algo.slots == {}
-    new = algo.server_update(x, acc, weight, 0)
+    new = server_update(algo, x, acc, weight, 0)
     # Weighted mean offset (-0.5, 1.5); drift = (1 * 4.5 + 3 * 0.5) / 4 = 1.5.
     torch.testing.assert_close(new, torch.tensor([0.5, 2.5]))
     assert algo.round_metrics()["drift"] == pytest.approx(1.5)
@@ -128,21 +121,26 @@ def test_fedskip_slot_state_is_stored_under_the_client_holding_it():
     cfg, algo = fedskip(3)
     selected = rng.select_clients(cfg.seed, 0, 6, 3)
     order = algo.order(0, selected)
-    algo.slots = {j: torch.full((2,), float(j)) for j in range(3)}
-    algo.holders = algo.held_slots(0, selected, set(int(c) for c in order))
+    model = VecModel(2)
+    for j, cid in enumerate(order):
+        model.vec.fill_(float(j))
+        algo.finish_slot(ClientRun(int(cid), 0, 5), j, model)
     state = algo.client_state(int(order[2]))
     assert int(state["slot_index"]) == 2 and np.array_equal(state["slot"], [2.0, 2.0])
+    assert algo.client_state(int(next(c for c in range(6) if c not in order))) == {}
     fresh = fedskip(3)[1]
     fresh.load_client_state(int(order[2]), state)
     assert torch.equal(fresh.slots[2], torch.full((2,), 2.0))
-    assert algo.held_slots(2, selected, set(range(6))) == {}    # aggregation round: nothing held
+    assert fresh.client_state(int(order[2]))["slot_index"] == 2
+    algo.accumulate_slots(torch.zeros(2), np.ones(3), torch.zeros(3, dtype=torch.float64))
+    assert all(algo.client_state(int(c)) == {} for c in order)    # aggregated: nothing held
 
 
 # -- SAFL -------------------------------------------------------------------------------------------
 
 def safl(**keys):
     cfg, algo = make({"name": "safl", **keys})
-    algo.setup(np.array([5, 5]), np.array([], dtype=np.int64), torch.zeros(2))
+    setup_algo(algo, np.array([5, 5]), np.array([], dtype=np.int64), torch.zeros(2))
     return cfg, algo
 
 
@@ -156,7 +154,7 @@ def test_safl_start_point_mixes_own_and_global_elementwise():
     cfg, algo = make({"name": "safl", "eps": 0.25, "L": 2.0})
     dim = 1000
     algo = build_algorithm(cfg, dim=dim, n_params=dim)
-    algo.setup(np.array([5]), np.array([], dtype=np.int64), torch.zeros(dim))
+    setup_algo(algo, np.array([5]), np.array([], dtype=np.int64), torch.zeros(dim))
     z, zbar = torch.full((dim,), 4.0), torch.full((dim,), 8.0)
     algo.models[3] = z.clone()
     model = VecModel(dim)
@@ -178,15 +176,15 @@ def test_safl_eps_one_starts_from_the_global_model():
 
 def test_safl_fusion_weights_samples_or_inverse_distance():
     _, algo = safl(fusion="ida")
-    assert algo.fusion_weight_of(9, torch.tensor([3.0, 4.0]), torch.zeros(2)) == pytest.approx(0.2)
+    assert algo.fusion_weight(9, torch.tensor([3.0, 4.0]), torch.zeros(2)) == pytest.approx(0.2)
     _, algo = safl()
-    assert algo.fusion_weight_of(9, torch.tensor([3.0, 4.0]), torch.zeros(2)) == 9.0
+    assert algo.fusion_weight(9, torch.tensor([3.0, 4.0]), torch.zeros(2)) == 9.0
 
 
 def test_safl_gate_uploads_with_probability_exp_minus_nu_gap():
-    cfg, algo = safl(gating=True, nu=2.0)
+    cfg, algo = make({"name": "safl", "gating": True, "nu": 2.0})
     zbar = torch.tensor([1.0, 1.0])
-    algo.attach_probe(lambda vec, idx: 0.8 if torch.equal(vec, zbar) else 0.5)
+    setup_algo(algo, np.array([5, 5]), probe=lambda vec, idx: 0.8 if torch.equal(vec, zbar) else 0.5)
     model = VecModel(2)
     model.vec.copy_(torch.tensor([0.0, 3.0]))
     decisions = []
@@ -206,10 +204,9 @@ def test_safl_gate_uploads_with_probability_exp_minus_nu_gap():
 def test_datashare_gives_each_client_its_own_alpha_fraction_of_g():
     cfg, algo = make({"name": "datashare", "alpha": 0.25}, server_data={"size": 40})
     g = np.arange(100, 140)
-    algo.setup(np.array([3, 2]), g)
-    parts = algo.clients([np.array([0, 1, 2]), np.array([5, 6])])
+    parts = algo.clients([np.array([0, 1, 2]), np.array([5, 6])], g)
     assert [len(p) for p in parts] == [13, 12]
     shares = [set(p.tolist()) - {0, 1, 2, 5, 6} for p in parts]
     assert all(s <= set(g.tolist()) and len(s) == 10 for s in shares) and shares[0] != shares[1]
-    again = algo.clients([np.array([0, 1, 2]), np.array([5, 6])])
+    again = algo.clients([np.array([0, 1, 2]), np.array([5, 6])], g)
     assert all(np.array_equal(a, b) for a, b in zip(parts, again))

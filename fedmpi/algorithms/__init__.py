@@ -1,29 +1,26 @@
-"""Algorithm registry: `algorithm.name` -> hooks class."""
+"""The algorithms: the contract (`base`), the registry (`registry`) and fedmpi's own algorithms, which
+register themselves on import. `algorithm.name` -> class through `registry.lookup`."""
 
-from fedmpi.algorithms.base import Algorithm, ClientRun
-from fedmpi.algorithms.central import Central
-from fedmpi.algorithms.datashare import DataShare
-from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.feddyn import FedDyn
-from fedmpi.algorithms.fednova import FedNova
-from fedmpi.algorithms.fedprox import FedProx
-from fedmpi.algorithms.fedskip import FedSkip
-from fedmpi.algorithms.fsl import Fsl
-from fedmpi.algorithms.moon import Moon
-from fedmpi.algorithms.safl import Safl
-from fedmpi.algorithms.scaffold import Scaffold
-from fedmpi.errors import ConfigError
-
-REGISTRY = {cls.name: cls for cls in (FedAvg, Central, Fsl, FedSkip, DataShare, Safl,
-                                      FedProx, Scaffold, FedDyn, FedNova, Moon)}
+from fedmpi.algorithms import (  # noqa: F401 - imported for their @register
+    central,
+    datashare,
+    fedavg,
+    feddyn,
+    fednova,
+    fedprox,
+    fedskip,
+    fsl,
+    moon,
+    safl,
+    scaffold,
+)
+from fedmpi.algorithms.base import Algorithm, AlgorithmKeys, ClientRun, SetupContext
+from fedmpi.algorithms.registry import lookup, register
 
 
 def build_algorithm(cfg, dim, n_params) -> Algorithm:
-    cls = REGISTRY.get(cfg.algorithm.name)
-    if cls is None:
-        raise ConfigError(f"algorithm.name = {cfg.algorithm.name!r}: not available in this version; "
-                          f"available: {', '.join(REGISTRY)}")
-    return cls(cfg, dim, n_params)
+    """The algorithm instance for `cfg.algorithm` (ConfigError for an unknown name)."""
+    return lookup(cfg.algorithm.name).create(cfg, dim, n_params)
 
 
-__all__ = ["Algorithm", "ClientRun", "REGISTRY", "build_algorithm"]
+__all__ = ["Algorithm", "AlgorithmKeys", "ClientRun", "SetupContext", "build_algorithm", "lookup", "register"]

@@ -1,36 +1,75 @@
-"""The algorithm-hooks interface: what an FL algorithm is, as far as the round loop is concerned.
+"""The algorithm contract: what an FL algorithm is, as far as the round loop is concerned.
 
 An algorithm is a small class of hooks in the spirit of pfl-research's FedAvg. It does tensor arithmetic
-only: no MPI, no files. The round loop (`fedmpi.experiment`) owns communication and calls, per round:
+only: no MPI, no files. It says what it is through declared capabilities (class attributes, checked when
+it is registered), never through which methods it happens to override; the round loop
+(`fedmpi.protocols`) owns all communication and calls the hooks below.
 
-  server:  down = down_payload(x)                  -> broadcast to every worker
-  worker:  for each selected client hosted here:
-               client_start(client, down, model)      (load the start point into the model, in place)
-               train with grad_hook / loss_fn         (local SGD)
-               weight = accumulate(client, down, model, stats, acc)   (add this client's upload to acc)
-  both:    acc summed over ranks (one Reduce)
-  server:  x = server_update(x, acc, weight_sum)
+Declared capabilities (class attributes)
+  name, Keys             `algorithm.name` and the frozen dataclass of its keys, beside the class (`@register`)
+  protocol               how uploads travel, set by the family base: REDUCE (`Reduce`: one Reduce), ROUTE
+                         (`SlotRouting`: model slots moved between ranks), GATHER (`GatedUploads`: masked Gatherv)
+  keeps_client_state     clients keep vectors between rounds (`ClientVectors`): they train on their fixed host
+  vectorizable           a round's clients may train as one batched computation: `client_start` only loads the
+                         broadcast vector, no `grad_hook`/`loss_fn`, `accumulate` reads only the trained vector
+  uses_server_set        needs the server's own set on rank 0 (FSL's D0, data sharing's G) for `initial_model`
+                         and `after_step`; a non-empty `server_set_hint` makes server_data.size > 0 a requirement
+  shares_data            `clients` merges shared data into the clients' sets (logged under /partition/shared)
+  uses_server_optimizer  `aggregate` returns an update that `server.optimizer` applies; False: x + update as is
+  down_vectors, up_vectors, up_scalars
+                         vectors per client in each direction (bytes are derived from them); extra float64
+                         sums after the upload vectors in the same reduction
+  client_columns         per-client figures the algorithm sets in `ClientRun.figures` (/clients/<name>)
 
-Upload sums arrive as float64 (exact enough that the result does not depend on the number of ranks);
-the global model `x` and the broadcast are float32. Vectors have `dim` elements (the flat model).
-`down_vectors` and `up_vectors` say how many such vectors travel per client in each direction (SCAFFOLD: 2
-and 2); `bytes_up`/`bytes_down` are derived from them.
-`up_scalars` extra sums ride after the upload vectors in the same reduction (FedNova's sum of p_i a_i):
-the accumulator has `up_vectors * dim + up_scalars` elements.
+Hooks, in the order of a round (rank 0 is the server; "host" is the rank that trains the client, rank 0 at -n 1)
+  hook                                   when              rank    may touch
+  check(cfg, model)      classmethod     before any file   every   nothing: raises ConfigError
+  clients(parts, server_idx)             set-up            every   returns the index sets clients train on
+  setup(ctx)                             set-up            every   its own attributes (sizes, server set, probe)
+  initial_model(x0, server_trainer)      set-up            0       returns x_0 (pretraining, warm-up)
+  select(round, standard, sizes)         every round       every   pure: the clients that train
+  schedule(cid, sizes, selected)         per client        host    pure: (batch, steps) or None
+  down_payload(x, out)                   round start       0       writes `out`, the broadcast
+  client_start(run, down, model)         per client        host    loads the start point; per-client state
+  grad_hook(params, grad)                each local step   host    the flat gradient, in place (None: none)
+  loss_fn(xb, yb)                        each local step   host    returns the loss (None: cross-entropy)
+  accumulate(run, down, model, acc)      after training    host    adds the upload to `acc`, returns its
+                                         (REDUCE)                  weight; per-client state
+  aggregate(x, up_sum, weight_sum, t)    after reduction   0       returns the update (None: keep x); server state
+  after_step(x, t)                       after optimizer   0       returns the next x (FSL's server learning)
+  round_metrics()                        end of round      0       returns extra /metrics figures
+  server_state() / load_server_state(s)  checkpoints       0       `ServerVectors` attributes: saved without code
+  client_state(cid) / load_client_state  checkpoints       host    `ClientVectors` attributes: likewise
+The protocol families add their own hooks (`SlotRouting`, `GatedUploads` below).
 
-Per-client state (SCAFFOLD controls, SAFL models, ...) lives in the algorithm instance on the rank that
-hosts the client and is exposed through `client_state`/`load_client_state` for checkpoints; server state
-(on rank 0) through `server_state`/`load_server_state`. States are dicts of arrays, never pickled.
+Upload sums arrive as float64 (so the result does not depend on the number of ranks); the global model `x`
+and the broadcast are float32. Vectors have `dim` elements (the flat model: `n_params` trainable entries,
+then float buffers such as batch-norm statistics). The accumulator has `up_vectors * dim + up_scalars`
+elements.
 """
 
 from __future__ import annotations
 
+import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
 
-from fedmpi.errors import ConfigError
+from fedmpi.algorithms.state import ClientVectors, ServerVectors
+from fedmpi.config_checks import Checks
+
+REDUCE, ROUTE, GATHER = "reduce", "route", "gather"
+
+
+@dataclass(frozen=True)
+class AlgorithmKeys:
+    """Base of every algorithm's keys dataclass (the `algorithm:` section of the config)."""
+
+    name: str = ""
+    """`algorithm.name`: a registered name, an entry point of group `fedmpi.algorithms`, or `module:Class`."""
 
 
 @dataclass
@@ -40,49 +79,76 @@ class ClientRun:
     cid: int
     round: int
     n_samples: int
+    lr: float = 0.0               # the round's client learning rate (client.lr_schedule)
     steps: int = 0
-    loss_sum: float = 0.0
+    loss_sum: float = 0.0         # sum of the sample losses seen in training (a 0-d tensor once trained)
+    seen: int = 0                 # samples seen in training
     figures: dict = field(default_factory=dict)   # per-client figures for /clients/<name> this round
 
 
-class Algorithm:
-    name = "base"
-    down_vectors = 1
-    up_vectors = 1
-    up_scalars = 0
-    client_columns = ()   # names of per-client figures the algorithm sets in ClientRun.figures
-    uses_server_set = False   # needs the server's own set (FSL's D0, data sharing's G, SAFL's probe)
-    protocol = "reduce"       # how uploads travel: "reduce" (one Reduce), "route" (FedSkip), "gather" (gated SAFL)
+@dataclass
+class SetupContext:
+    """What `Algorithm.setup` receives on every rank."""
+
+    sizes: np.ndarray             # the clients' sample counts, before `clients` reshaped them
+    server_idx: np.ndarray        # the server's set as indices into the training set (empty if none)
+    x0: torch.Tensor              # the initial model, the same on every rank (CPU)
+    # accuracy(vec, indices) of a model on training samples, where this rank hosts clients (SAFL's probe)
+    probe: Callable | None = None
+
+
+class Algorithm(abc.ABC):
+    name: ClassVar[str] = ""
+    Keys: ClassVar[type] = AlgorithmKeys
+    protocol: ClassVar[str] = REDUCE
+    keeps_client_state: ClassVar[bool] = False
+    vectorizable: ClassVar[bool] = False
+    uses_server_set: ClassVar[bool] = False
+    server_set_hint: ClassVar[str] = ""
+    shares_data: ClassVar[bool] = False
+    uses_server_optimizer: ClassVar[bool] = True
+    down_vectors: ClassVar[int] = 1
+    up_vectors: ClassVar[int] = 1
+    up_scalars: ClassVar[int] = 0
+    client_columns: ClassVar[tuple] = ()
+    grad_hook = None     # optional callable(params, grad): a correction added to the flat gradient
+    loss_fn = None       # optional callable(xb, yb): replaces the plain cross-entropy (MOON)
 
     def __init__(self, cfg, dim, n_params):
         self.cfg, self.dim, self.n_params = cfg, dim, n_params
         self.keys = cfg.algorithm
 
-    # -- set-up ---------------------------------------------------------------------------------
-    server_set_required = ""  # non-empty: a hint why the server's set must not be empty
-    shares_data = False       # `clients` merges shared data into the clients' sets (/partition/shared)
+    @classmethod
+    def create(cls, cfg, dim, n_params):
+        """The instance for this config (an algorithm with several forms picks one here, e.g. gated SAFL)."""
+        return cls(cfg, dim, n_params)
 
-    def setup(self, sizes, server_idx, x0=None):
-        """Called on every rank before training: the clients' sample counts (of the partition, before
-        `clients` reshapes it), the indices of the server's own set into the training set (empty if none),
-        and the initial model x_0 (the same on every rank)."""
-        self.sizes, self.server_idx = np.asarray(sizes), np.asarray(server_idx, dtype=np.int64)
-        if self.server_set_required and len(self.server_idx) == 0:
-            raise ConfigError(f"algorithm.name = {self.name!r} needs the server's set: set server_data.size > 0 "
-                              f"({self.server_set_required})")
+    # -- checks and set-up (every rank) --------------------------------------------------------------
+    @classmethod
+    def check(cls, cfg, model):
+        """Raises ConfigError for a config this algorithm cannot run (model included), before anything is
+        written. Subclasses extend it with their own conditions and call super()."""
+        c = Checks("")
+        if cls.server_set_hint:
+            c.require(cfg.server_data.size > 0, "server_data.size", cfg.server_data.size,
+                      f"algorithm.name = {cfg.algorithm.name!r} needs the server's set: set server_data.size > 0 "
+                      f"({cls.server_set_hint})")
+        if not cls.uses_server_optimizer:
+            c.require(cfg.server.optimizer == "sgd", "server.optimizer", cfg.server.optimizer,
+                      f"algorithm.name = {cfg.algorithm.name!r} applies its own server update; use sgd")
+        c.done()
+
+    def clients(self, parts, server_idx):
+        """The index sets the clients train on (central: the union as one client). Pure."""
+        return parts
+
+    def setup(self, ctx: SetupContext):
+        self.sizes = np.asarray(ctx.sizes)
+        self.server_idx = np.asarray(ctx.server_idx, dtype=np.int64)
 
     def initial_model(self, x0, server_trainer):
         """x_0 on the server; pretraining or warm-up on the server's set goes here."""
         return x0
-
-    def round_metrics(self) -> dict:
-        """Extra per-round figures for /metrics (server side), e.g. FSL's server loss."""
-        return {}
-
-    # -- federation shape ---------------------------------------------------------------------
-    def clients(self, parts):
-        """The client index sets this algorithm trains on (central: the union as one client)."""
-        return parts
 
     def select(self, round_, selected, sizes):
         """The clients that train this round, given the standard draw `selected`."""
@@ -92,111 +158,130 @@ class Algorithm:
         """(batch size, steps) for a client this round; None = the client config's rule."""
         return None
 
-    # -- server side ----------------------------------------------------------------------------
-    def init_server(self, x0: torch.Tensor):
-        pass
-
+    # -- server side (rank 0) --------------------------------------------------------------------------
     def down_payload(self, x: torch.Tensor, out: torch.Tensor):
         out[: self.dim].copy_(x)
 
-    def server_update(self, x: torch.Tensor, up_sum: torch.Tensor, weight_sum: float, round_) -> torch.Tensor:
-        """FedAvg's rule: x + eta_g * (sum_i n_i Delta_i) / (sum_i n_i)."""
-        if weight_sum <= 0:
-            return x
-        return x + (up_sum[: self.dim] * (self.cfg.server.lr / weight_sum)).to(x.dtype)
+    @abc.abstractmethod
+    def aggregate(self, x: torch.Tensor, up_sum: torch.Tensor, weight_sum: float, round_):
+        """The round's update (float64, `dim` entries) for the server optimizer, or None to keep x."""
 
-    # -- client side ----------------------------------------------------------------------------
+    def after_step(self, x: torch.Tensor, round_) -> torch.Tensor:
+        return x
+
+    def round_metrics(self) -> dict:
+        """Extra per-round figures for /metrics (server side), e.g. FSL's server loss."""
+        return {}
+
+    # -- client side (hosting rank) ----------------------------------------------------------------------
     def client_start(self, run: ClientRun, down: torch.Tensor, model):
         model.load(down[: self.dim])
 
-    grad_hook = None    # optional callable(params, grad) adding a correction to the flat gradient
-    loss_fn = None      # optional callable(xb, yb) replacing the plain cross-entropy (MOON)
-    # May the round's clients train as one batched computation (`client.vectorize`, fedmpi.vectorized)?
-    # None: decided from the hooks by `vectorize_blocker`; True or False: declared by the algorithm.
-    vectorizable = None
-
-    def movable_clients(self):
-        """True when no client keeps anything between rounds (no client state, the "reduce" protocol): any
-        worker may then train any client, and the round loop deals each round's selected clients to the
-        workers evenly (`Experiment.round_clients`) instead of training them on their fixed host."""
-        cls = type(self)
-        return (self.protocol == "reduce" and not self._client_stores()
-                and cls.client_state is Algorithm.client_state
-                and cls.load_client_state is Algorithm.load_client_state)
-
-    def vectorize_blocker(self):
-        """Why this algorithm's clients cannot train as a batched group, or None when they can.
-
-        A group trains every client from the broadcast vector with the plain loss and plain SGD, then loads
-        each client's result into the model and calls `accumulate` as the loop would. That equals the loop
-        when the algorithm uses the "reduce" protocol, `client_start` only loads the broadcast vector, and
-        there is no `grad_hook` or `loss_fn` (FedAvg, FSL, data sharing, central, FedNova)."""
-        name = f"algorithm.name = {self.name!r}"
-        if self.vectorizable is not None:
-            return None if self.vectorizable else f"{name} declares itself not vectorizable"
-        if self.protocol != "reduce":
-            return f"{name} moves uploads by its own protocol ({self.protocol!r})"
-        if type(self).client_start is not Algorithm.client_start:
-            return f"{name} starts each client from its own point or state"
-        if self.grad_hook is not None or self.loss_fn is not None:
-            return f"{name} adds its own loss terms or gradient corrections per client"
-        return None
-
-    def accumulate(self, run: ClientRun, down: torch.Tensor, model, acc: torch.Tensor) -> float:
-        """Adds this client's weighted upload to `acc`; returns its weight (FedAvg: n_i * Delta_i, n_i)."""
-        w = float(run.n_samples)
-        acc[: self.dim].add_(model.vec - down[: self.dim], alpha=w)
-        return w
-
-    # -- state for checkpoints ------------------------------------------------------------------
+    # -- state for checkpoints -----------------------------------------------------------------------------
     def server_state(self) -> dict:
-        return {}
+        state = {}
+        for store in self._stores(ServerVectors):
+            state.update(store.state())
+        return state
 
     def load_server_state(self, state: dict):
-        pass
+        for store in self._stores(ServerVectors):
+            store.load(state)
 
     def client_state(self, cid) -> dict:
-        """Every ClientVectors attribute's vector for `cid` (an algorithm with other state overrides)."""
         state = {}
-        for store in self._client_stores():
+        for store in self._stores(ClientVectors):
             state.update(store.state(cid))
         return state
 
     def load_client_state(self, cid, state: dict):
-        for store in self._client_stores():
+        for store in self._stores(ClientVectors):
             store.load(cid, state)
 
-    def _client_stores(self):
-        return [v for v in vars(self).values() if isinstance(v, ClientVectors)]
+    def _stores(self, kind):
+        return [v for v in vars(self).values() if isinstance(v, kind)]
+
+    def verify_declarations(self):
+        """Per-client vectors on an algorithm that did not declare `keeps_client_state` would be lost when
+        its clients are dealt to other ranks: refuse that at set-up, naming the attribute."""
+        stores = [k for k, v in vars(self).items() if isinstance(v, ClientVectors)]
+        if stores and not self.keeps_client_state:
+            raise TypeError(f"algorithm {self.name!r} keeps per-client vectors ({', '.join(stores)}) but does not "
+                            f"declare keeps_client_state = True")
 
 
-class ClientVectors(dict):
-    """One flat vector per client (cid -> tensor), kept on the rank that hosts the client and saved in
-    checkpoints under `name`. A client without one has none (never trained); loaded vectors arrive on the
-    CPU and move to the model's device at first use (`on`)."""
-
-    def __init__(self, name):
-        super().__init__()
-        self.name = name
-
-    def on(self, cid, device):
-        vec = self.get(cid)
-        if vec is not None and vec.device != device:
-            vec = self[cid] = vec.to(device)
-        return vec
-
-    def state(self, cid) -> dict:
-        vec = self.get(cid)
-        return {} if vec is None else {self.name: vec.detach().cpu().numpy().copy()}
-
-    def load(self, cid, state: dict):
-        if self.name in state:
-            self[cid] = torch.from_numpy(np.array(state[self.name], dtype=np.float32))
-        else:
-            self.pop(cid, None)
+def weighted_mean_update(up_sum, weight_sum, dim):
+    """FedAvg's aggregate: (sum_i w_i Delta_i) / (sum_i w_i), or None when nobody uploaded."""
+    if weight_sum <= 0:
+        return None
+    return up_sum[:dim] / weight_sum
 
 
-def as_numpy_state(state: dict) -> dict:
-    """A state dict with every tensor as a CPU numpy array (what checkpoints store)."""
-    return {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
-            for k, v in state.items()}
+class Reduce(Algorithm):
+    """Family: every selected client adds its weighted upload into one accumulator; one Reduce."""
+
+    protocol = REDUCE
+
+    @abc.abstractmethod
+    def accumulate(self, run: ClientRun, down: torch.Tensor, model, acc: torch.Tensor) -> float:
+        """Adds this client's upload to `acc` (float64); returns its weight."""
+
+
+class SlotRouting(Algorithm):
+    """Family: model slots persist between aggregations and move between the ranks hosting consecutive
+    clients (FedSkip). Every rank derives the plan (`order`, periods, weights) from the seed itself."""
+
+    protocol = ROUTE
+    keeps_client_state = True
+
+    @abc.abstractmethod
+    def order(self, round_, selected):
+        """The round's clients in slot order: slot j trains on order[j]."""
+
+    @abc.abstractmethod
+    def is_period_start(self, round_) -> bool:
+        """Slots start from the broadcast global model this round."""
+
+    @abc.abstractmethod
+    def is_aggregation(self, round_) -> bool:
+        """The slots are averaged into x at the end of this round."""
+
+    @abc.abstractmethod
+    def start_slot(self, run: ClientRun, slot, start, model):
+        """Loads slot `slot` (or `start`, the period's global model, if it has none here) into `model`."""
+
+    @abc.abstractmethod
+    def finish_slot(self, run: ClientRun, slot, model):
+        """Keeps the trained `model` as slot `slot`, now held by client `run.cid`."""
+
+    @abc.abstractmethod
+    def take_slot(self, slot) -> torch.Tensor:
+        """Removes slot `slot` from this rank (it moves to another); returns its vector."""
+
+    @abc.abstractmethod
+    def put_slot(self, slot, vec: torch.Tensor):
+        """Receives slot `slot` from another rank."""
+
+    @abc.abstractmethod
+    def slot_weights(self, round_, size_of) -> np.ndarray:
+        """Accumulated weight of every slot from the period's first round up to `round_`."""
+
+    @abc.abstractmethod
+    def accumulate_slots(self, start, weights, acc) -> float:
+        """Aggregation round: adds the slots held here into `acc`, drops them; returns their weight."""
+
+
+class GatedUploads(Algorithm):
+    """Family: clients decide after training whether to upload (SAFL's gating); the server gathers the
+    mask, then only the uploaders' vectors (masked Gatherv), and fuses them in client-id order."""
+
+    protocol = GATHER
+    keeps_client_state = True
+
+    @abc.abstractmethod
+    def gate(self, run: ClientRun, down: torch.Tensor, model) -> bool:
+        """Whether this client, whose trained vector is in `model`, uploads it."""
+
+    @abc.abstractmethod
+    def fusion_weight(self, n_samples, z: torch.Tensor, x: torch.Tensor) -> float:
+        """The server's weight of an uploaded vector `z` given the current global `x`."""

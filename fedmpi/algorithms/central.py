@@ -1,20 +1,33 @@
 """Centralized SGD baseline (Zhao et al.): ordinary SGD on the union of the clients' data.
 
 The union is one pseudo-client. Each round it sees as many samples as the round's selected clients would
-(`epochs * sum n_i`, or `steps * B` per client), in batches of `B * S`, so curves compare per round.
+(`epochs * sum n_i`, or `steps * B` per client), in batches of `B * S`, so curves compare per round. Its
+trained model is the next global model: no averaging step, so `server.lr` does not apply and the server
+optimizer must be `sgd`.
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi.algorithms.base import Algorithm
+from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.registry import register
 
 
-class Central(Algorithm):
+@dataclass(frozen=True)
+class CentralKeys(AlgorithmKeys):
+    name: str = "central"
+
+
+@register
+class Central(FedAvg):
     name = "central"
+    Keys = CentralKeys
+    uses_server_optimizer = False
 
-    def clients(self, parts):
+    def clients(self, parts, server_idx):
         return [np.sort(np.concatenate(parts))]
 
     def select(self, round_, selected, sizes):
@@ -28,7 +41,3 @@ class Central(Algorithm):
         else:
             samples = c.epochs * int(sum(sizes[i] for i in selected))
         return batch, max(1, math.ceil(samples / batch))
-
-    def server_update(self, x, up_sum, weight_sum, round_):
-        # The one pseudo-client's model is the new model: plain SGD, no averaging step size.
-        return x + (up_sum[: self.dim] / weight_sum).to(x.dtype) if weight_sum > 0 else x

@@ -8,27 +8,52 @@ the clients' label distributions before and after sharing is logged (`/partition
 `/partition/shared`).
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from fedmpi import rng
-from fedmpi.algorithms.base import Algorithm
+from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.registry import register
+from fedmpi.config_checks import Checks
 
 WARMUP_ROUND = 10**9 + 1   # stream key for the warm-up, distinct from every real round
 SHARE_KEY = 7              # distinguishes the per-client share draw from other DATA streams
 
 
-class DataShare(Algorithm):
+@dataclass(frozen=True)
+class DataShareKeys(AlgorithmKeys):
+    name: str = "datashare"
+    alpha: float = 0.5
+    """Fraction of G each client receives, in [0, 1]."""
+    warmup_epochs: int = 0
+    """Epochs of SGD on G before round 0 (the warm-up model becomes x_0); 0 = no warm-up."""
+    warmup_lr: float = 0.01
+    """Learning rate of the warm-up."""
+
+    def __post_init__(self):
+        c = Checks("algorithm")
+        c.require(0 <= self.alpha <= 1, "alpha", self.alpha, "must be in [0, 1]")
+        c.require(self.warmup_epochs >= 0, "warmup_epochs", self.warmup_epochs, "must be >= 0")
+        c.require(self.warmup_lr > 0, "warmup_lr", self.warmup_lr, "must be > 0")
+        c.done()
+
+
+@register
+class DataShare(FedAvg):
     name = "datashare"
+    Keys = DataShareKeys
     uses_server_set = True
-    server_set_required = "it is the shared set G; Zhao et al. use 10% of the training set, uniform over classes"
+    server_set_hint = "it is the shared set G; Zhao et al. use 10% of the training set, uniform over classes"
     shares_data = True
 
-    def clients(self, parts):
-        share = int(round(self.keys.alpha * len(self.server_idx)))
+    def clients(self, parts, server_idx):
+        share = int(round(self.keys.alpha * len(server_idx)))
         merged = []
         for cid, part in enumerate(parts):
             g = rng.stream(self.cfg.seed, rng.DATA, SHARE_KEY, cid)
-            mine = g.choice(self.server_idx, size=share, replace=False) if share else np.empty(0, np.int64)
+            mine = g.choice(server_idx, size=share, replace=False) if share else np.empty(0, np.int64)
             merged.append(np.concatenate([part, np.sort(mine)]).astype(np.int64))
         return merged
 

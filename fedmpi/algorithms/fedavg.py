@@ -1,7 +1,31 @@
-"""FedAvg (McMahan et al.): the base hooks are exactly its rule, x + eta_g * sum_i p_i Delta_i."""
+"""FedAvg (McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", 2017).
 
-from fedmpi.algorithms.base import Algorithm
+Each selected client trains from x_t and uploads n_i Delta_i; the update is sum_i p_i Delta_i with
+p_i = n_i / sum_j n_j, which the server optimizer applies (`sgd`: x + eta_g * update). Most algorithms
+extend this class: their clients train differently but upload and average the same way.
+"""
+
+from dataclasses import dataclass
+
+from fedmpi.algorithms.base import AlgorithmKeys, Reduce, weighted_mean_update
+from fedmpi.algorithms.registry import register
 
 
-class FedAvg(Algorithm):
+@dataclass(frozen=True)
+class FedAvgKeys(AlgorithmKeys):
+    name: str = "fedavg"
+
+
+@register
+class FedAvg(Reduce):
     name = "fedavg"
+    Keys = FedAvgKeys
+    vectorizable = True
+
+    def accumulate(self, run, down, model, acc):
+        w = float(run.n_samples)
+        acc[: self.dim].add_(model.vec - down[: self.dim], alpha=w)
+        return w
+
+    def aggregate(self, x, up_sum, weight_sum, round_):
+        return weighted_mean_update(up_sum, weight_sum, self.dim)

@@ -3,8 +3,8 @@ Optimization", NeurIPS 2020).
 
 Clients that run different numbers of local steps pull FedAvg's average toward the busier ones. FedNova
 divides each client's update by its normaliser a_i, d_i = (x_t - y_i) / a_i, and rescales the average by
-the effective step count: x_{t+1} = x_t - eta_g * (sum_i p_i a_i) * sum_i p_i d_i, p_i = n_i / sum_j n_j
-over the round's clients. eta_g (server.lr, default 1.0) generalises the paper's rule as for FedAvg.
+the effective step count: the update is -(sum_i p_i a_i) * sum_i p_i d_i, p_i = n_i / sum_j n_j over the
+round's clients, so x_{t+1} = x_t + eta_g * update under `sgd` (eta_g = 1 is the paper's rule).
 
 a_i is the number of local steps tau for plain SGD. With momentum rho (torch's SGD: buf = rho buf + g,
 w -= lr buf) the k-th gradient moves w by lr (1 - rho^(tau-k)) / (1 - rho) in total, and summing over
@@ -14,7 +14,11 @@ Upload: sum_i n_i (y_i - x_t) / a_i, then the scalar sum_i n_i a_i. Buffers (bat
 not SGD iterates, so their part of the vector is averaged as FedAvg does.
 """
 
-from fedmpi.algorithms.base import Algorithm
+from dataclasses import dataclass
+
+from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.registry import register
 
 
 def normalizer(steps, momentum=0.0):
@@ -25,8 +29,15 @@ def normalizer(steps, momentum=0.0):
     return (steps - rho * (1.0 - rho ** steps) / (1.0 - rho)) / (1.0 - rho)
 
 
-class FedNova(Algorithm):
+@dataclass(frozen=True)
+class FedNovaKeys(AlgorithmKeys):
+    name: str = "fednova"
+
+
+@register
+class FedNova(FedAvg):
     name = "fednova"
+    Keys = FedNovaKeys
     up_scalars = 1      # sum_i n_i a_i, after the vector
 
     def accumulate(self, run, down, model, acc):
@@ -39,11 +50,11 @@ class FedNova(Algorithm):
         acc[dim:dim + 1].add_(w * a_i)
         return w
 
-    def server_update(self, x, up_sum, weight_sum, round_):
+    def aggregate(self, x, up_sum, weight_sum, round_):
         if weight_sum <= 0:
-            return x
+            return None
         n, dim = self.n_params, self.dim
         tau_eff = float(up_sum[dim]) / weight_sum
-        step = up_sum[:dim] * (self.cfg.server.lr / weight_sum)
-        step[:n].mul_(tau_eff)
-        return x + step.to(x.dtype)
+        update = up_sum[:dim] / weight_sum
+        update[:n].mul_(tau_eff)
+        return update

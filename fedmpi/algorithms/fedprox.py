@@ -2,14 +2,34 @@
 
 Each client minimises its loss plus the proximal term mu/2 ||w - x_t||^2, which keeps the local model near
 the round's global model. Its gradient mu (w - x_t) is added to the flat gradient after every backward
-pass; the server rule is FedAvg's (x + eta_g * sum_i p_i Delta_i). With mu = 0 FedProx is FedAvg.
+pass; uploads and the update are FedAvg's. With mu = 0 FedProx is FedAvg.
 """
 
-from fedmpi.algorithms.base import Algorithm
+from dataclasses import dataclass
+
+from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.registry import register
+from fedmpi.config_checks import Checks
 
 
-class FedProx(Algorithm):
+@dataclass(frozen=True)
+class FedProxKeys(AlgorithmKeys):
+    name: str = "fedprox"
+    mu: float = 0.01
+    """Weight of the proximal term mu/2 ||w - x_t||^2 (>= 0; 0 is FedAvg)."""
+
+    def __post_init__(self):
+        c = Checks("algorithm")
+        c.require(self.mu >= 0, "mu", self.mu, "must be >= 0")
+        c.done()
+
+
+@register
+class FedProx(FedAvg):
     name = "fedprox"
+    Keys = FedProxKeys
+    vectorizable = False
 
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)

@@ -1,30 +1,70 @@
 """FL with Server Learning (Mai, La, Zhang; papers/000; ALGORITHMS.md "FSL").
 
-Incremental (Algorithm 1): xbar_t = x_t + eta_g * sum_i p_i Delta_i (FedAvg's lines 1-9), then the server
-runs K0 SGD steps on its own set D0 from xbar_t with learning rate gamma * eta0 (line 10) -> x_{t+1}.
-Parallel ("non-incremental SL", §II): the server trains from x_t on D0 like a client, and
-x_{t+1} = x_t + eta_g * (sum_i p_i Delta_i + gamma Delta_0) / (1 + gamma).
+Incremental (Algorithm 1): xbar_t = x_t + eta_g * sum_i p_i Delta_i (FedAvg's lines 1-9, applied by the server
+optimizer), then the server runs K0 SGD steps on its own set D0 from xbar_t with learning rate gamma * eta0
+(line 10, `after_step`) -> x_{t+1}.
+Parallel ("non-incremental SL", §II): the server trains from x_t on D0 like a client, and the update is
+(sum_i p_i Delta_i + gamma Delta_0) / (1 + gamma), so x_{t+1} = x_t + eta_g * that under `sgd`.
 
 Paper defaults where a key is null: server epochs E_s = ceil(n / (N n0) * E_c), B0 = B,
-eta0 = sqrt(S) * eta_l * K / K0 with K the clients' local steps (for a client of mean size) and K0 the
-server's. Interpretations (the extract leaves them open): in parallel mode the server's step size is
-`server_lr` if set, else the clients' eta_l, since there the server acts as one more client; eta_g stays
-`server.lr` (the paper's sqrt(S) is set in the paper configs, not forced here).
+eta0 = sqrt(S) * eta_l * K / K0 with K the clients' local steps (for a client of mean size), K0 the
+server's and eta_l the round's client learning rate. Interpretations (the extract leaves them open): in
+parallel mode the server's step size is `server_lr` if set, else the clients' eta_l, since there the server
+acts as one more client; eta_g stays `server.lr` (the paper's sqrt(S) is set in the paper configs).
 """
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from fedmpi.algorithms.base import Algorithm
+from fedmpi import schedules
+from fedmpi.algorithms.base import AlgorithmKeys, weighted_mean_update
+from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.registry import register
+from fedmpi.config_checks import Checks
 
 PRETRAIN_ROUND = 10**9    # stream key for pretraining, distinct from every real round
 
 
-class Fsl(Algorithm):
+@dataclass(frozen=True)
+class FslKeys(AlgorithmKeys):
+    name: str = "fsl"
+    gamma: float = 1.0
+    """Weight of the server's objective: the target is (F + gamma f0) / (1 + gamma); 0 = FedAvg."""
+    mode: Literal["incremental", "parallel"] = "incremental"
+    """incremental: the server trains from the aggregate (Algorithm 1); parallel: from x_t, like a client."""
+    server_epochs: int | None = None
+    """Server epochs E_s per round; null = ceil(n / (N n0) * E_c)."""
+    server_lr: float | None = None
+    """eta0; null = sqrt(S) * eta_l * K / K0 (incremental) or eta_l (parallel)."""
+    server_batch_size: int | None = None
+    """B0; null = the clients' batch size."""
+    pretrain_epochs: int = 0
+    """Epochs of SGD on D0 before round 0; 0 = none (the paper pretrains 500 epochs)."""
+    pretrain_lr: float = 0.01
+    """Learning rate of the pretraining."""
+
+    def __post_init__(self):
+        c = Checks("algorithm")
+        c.require(self.gamma >= 0, "gamma", self.gamma, "must be >= 0")
+        c.require(self.server_epochs is None or self.server_epochs >= 1, "server_epochs", self.server_epochs,
+                  "must be a positive integer or null")
+        c.require(self.server_lr is None or self.server_lr > 0, "server_lr", self.server_lr, "must be > 0 or null")
+        c.require(self.server_batch_size is None or self.server_batch_size >= 1, "server_batch_size",
+                  self.server_batch_size, "must be a positive integer or null")
+        c.require(self.pretrain_epochs >= 0, "pretrain_epochs", self.pretrain_epochs, "must be >= 0")
+        c.require(self.pretrain_lr > 0, "pretrain_lr", self.pretrain_lr, "must be > 0")
+        c.done()
+
+
+@register
+class Fsl(FedAvg):
     name = "fsl"
+    Keys = FslKeys
     uses_server_set = True
-    server_set_required = "it is D0, e.g. server_data: {size: 500, scheme: iid}"
+    server_set_hint = "it is D0, e.g. server_data: {size: 500, scheme: iid}"
 
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)
@@ -36,16 +76,17 @@ class Fsl(Algorithm):
         c = self.cfg.client
         return c.steps or c.epochs * math.ceil(float(np.mean(sizes)) / c.batch_size)
 
-    def server_schedule(self, sizes):
-        """(batch size B0, steps K0, learning rate gamma * eta0) of one round of server learning."""
+    def server_schedule(self, sizes, round_=0):
+        """(batch size B0, steps K0, learning rate gamma * eta0) of round `round_`'s server learning."""
         k, c = self.keys, self.cfg.client
+        eta_l = schedules.client_lr(self.cfg, round_)
         n0 = len(self.server_idx)
         batch = k.server_batch_size or c.batch_size
         epochs = k.server_epochs or math.ceil(float(np.sum(sizes)) / (len(sizes) * n0) * c.epochs)
         steps = epochs * math.ceil(n0 / batch)
         if k.mode == "parallel":
-            return batch, steps, k.server_lr or c.lr
-        eta0 = k.server_lr or math.sqrt(self.cfg.server.clients_per_round) * c.lr * self.client_steps(sizes) / steps
+            return batch, steps, k.server_lr or eta_l
+        eta0 = k.server_lr or math.sqrt(self.cfg.server.clients_per_round) * eta_l * self.client_steps(sizes) / steps
         return batch, steps, k.gamma * eta0
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -59,17 +100,20 @@ class Fsl(Algorithm):
         x0, _ = server_trainer.train(x0, PRETRAIN_ROUND, steps, batch, k.pretrain_lr)
         return x0
 
-    def server_update(self, x, up_sum, weight_sum, round_):
-        k = self.keys
-        batch, steps, lr = self.server_schedule(self.sizes)
-        if k.mode == "parallel":
-            mean_delta = (up_sum[: self.dim] / weight_sum).to(x.dtype) if weight_sum > 0 else 0 * x
-            y0, self.server_loss = self.server.train(x, round_, steps, batch, lr)
-            return x + self.cfg.server.lr * (mean_delta + k.gamma * (y0 - x)) / (1 + k.gamma)
-        xbar = super().server_update(x, up_sum, weight_sum, round_)
-        if k.gamma == 0:
-            return xbar
-        x_next, self.server_loss = self.server.train(xbar, round_, steps, batch, lr)
+    def aggregate(self, x, up_sum, weight_sum, round_):
+        mean_delta = weighted_mean_update(up_sum, weight_sum, self.dim)
+        if self.keys.mode != "parallel":
+            return mean_delta
+        batch, steps, lr = self.server_schedule(self.sizes, round_)
+        y0, self.server_loss = self.server.train(x, round_, steps, batch, lr)
+        server_delta = (y0 - x).double() * self.keys.gamma
+        return (server_delta if mean_delta is None else mean_delta + server_delta) / (1 + self.keys.gamma)
+
+    def after_step(self, x, round_):
+        if self.keys.mode == "parallel" or self.keys.gamma == 0:
+            return x
+        batch, steps, lr = self.server_schedule(self.sizes, round_)
+        x_next, self.server_loss = self.server.train(x, round_, steps, batch, lr)
         return x_next
 
     def round_metrics(self):

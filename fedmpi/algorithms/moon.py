@@ -13,12 +13,16 @@ gradient, the same training as the reference code's first round (no negatives).
 """
 
 import copy
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from fedmpi.algorithms.base import Algorithm, ClientVectors
-from fedmpi.errors import ConfigError
+from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.registry import register
+from fedmpi.algorithms.state import ClientVectors
+from fedmpi.config_checks import Checks
 from fedmpi.flat import FlatModel
 
 
@@ -37,8 +41,39 @@ def frozen_copy(model):
     return flat
 
 
-class Moon(Algorithm):
+@dataclass(frozen=True)
+class MoonKeys(AlgorithmKeys):
+    name: str = "moon"
+    mu: float = 1.0
+    """Weight of the model-contrastive loss (>= 0; 0 is FedAvg)."""
+    tau: float = 0.5
+    """Temperature of the contrastive softmax (> 0)."""
+
+    def __post_init__(self):
+        c = Checks("algorithm")
+        c.require(self.mu >= 0, "mu", self.mu, "must be >= 0")
+        c.require(self.tau > 0, "tau", self.tau, "must be > 0")
+        c.done()
+
+
+@register
+class Moon(FedAvg):
     name = "moon"
+    Keys = MoonKeys
+    vectorizable = False
+    keeps_client_state = True
+
+    @classmethod
+    def check(cls, cfg, model):
+        super().check(cfg, model)
+        if not callable(getattr(model.module, "forward_rep", None)):
+            m = cfg.model
+            c = Checks("model")
+            c.require(False, "name", m.name,
+                      f"algorithm.name = 'moon' needs a model with a projection head (forward_rep); "
+                      f"model.name = {m.name!r} with model.projection = {m.projection!r} has none: use "
+                      f"model.name = simple_cnn with model.projection set (e.g. 256)")
+            c.done()
 
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)
@@ -49,24 +84,14 @@ class Moon(Algorithm):
         self._model = None         # the FlatModel being trained
         self._has_prev = False
 
-    def _build_frozen(self, model):
-        if not callable(getattr(model.module, "forward_rep", None)):
-            m = self.cfg.model
-            raise ConfigError(f"algorithm.name = 'moon' needs a model with a projection head (forward_rep); "
-                              f"model.name = {m.name!r} with model.projection = {m.projection!r} has none: "
-                              f"use model.name = simple_cnn with model.projection set (e.g. 256)")
-        self._global_net, self._prev_net = frozen_copy(model), frozen_copy(model)
-
-    def _previous(self, cid, device):
-        return self._prev.on(cid, device)
 
     def client_start(self, run, down, model):
         super().client_start(run, down, model)
         if self._global_net is None:
-            self._build_frozen(model)
+            self._global_net, self._prev_net = frozen_copy(model), frozen_copy(model)
         self._model = model
         self._global_net.load(down[: self.dim])
-        prev = self._previous(run.cid, model.device)
+        prev = self._prev.on(run.cid, model.device)
         self._has_prev = prev is not None
         if self._has_prev:
             self._prev_net.load(prev)

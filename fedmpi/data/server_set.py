@@ -26,14 +26,13 @@ SERVER_SET_KEY = 2**32 - 1
 
 @dataclass
 class Split:
-    """Clients' index arrays, the server's set and the pool the clients were cut from (all into x_train).
+    """Clients' index arrays and the server's set (both into x_train), with their label statistics.
 
     `groups` maps run.h5 group paths (`partition`, `partition/server`) to their datasets (DESIGN §3).
     """
 
     parts: list
     server_idx: np.ndarray
-    pool: np.ndarray
     groups: dict
 
 
@@ -89,16 +88,21 @@ def _dirichlet_counts(s, counts, g):
     raise ConfigError(f"server_data.beta = {s.beta}: could not fill {s.size} samples; lower server_data.size")
 
 
-def split_dataset(cfg, dataset) -> Split:
-    """The server's set, then the clients' partition of the remaining pool, with both sets' statistics."""
+def split_dataset(cfg, dataset, parts=None) -> Split:
+    """The server's set, then the clients' partition of the remaining pool, with both sets' statistics.
+    `parts` (index arrays into the training set) replaces the configured partition (`fedmpi.simulate`)."""
     labels = dataset.y_train
+    if labels.dtype.kind not in "iu":     # regression targets (a custom data set): no label statistics
+        return Split(list(parts) if parts is not None else partition(dataset, cfg), np.zeros(0, np.int64), {})
     server_idx = draw_server_set(labels, cfg)
-    pool = np.arange(len(labels), dtype=np.int64)
-    if cfg.server_data.source == "holdout" and len(server_idx):
-        pool = np.setdiff1d(pool, server_idx)
-    parts = partition(dataset, cfg, pool)
+    if parts is None:
+        pool = np.arange(len(labels), dtype=np.int64)
+        if cfg.server_data.source == "holdout" and len(server_idx):
+            pool = np.setdiff1d(pool, server_idx)
+        parts = partition(dataset, cfg, pool)
+    parts = [np.asarray(p, dtype=np.int64) for p in parts]
     server_stats = partition_stats(labels, [server_idx], dataset.num_classes)
     if len(server_idx) == 0:
         server_stats["emd"] = np.full(1, np.nan)    # an empty set has no label distribution
     groups = {"partition": partition_stats(labels, parts, dataset.num_classes), "partition/server": server_stats}
-    return Split(parts, server_idx, pool, groups)
+    return Split(parts, server_idx, groups)

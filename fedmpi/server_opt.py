@@ -1,0 +1,131 @@
+"""Server optimizers: how rank 0 applies the round's aggregated update (`server.optimizer`).
+
+An algorithm's `aggregate` returns the update u_t (for FedAvg sum_i p_i Delta_i, the negative of Reddi et
+al.'s pseudo-gradient); the optimizer turns it into the next global model, so every reduce-based algorithm
+composes with every optimizer and a new optimizer needs no algorithm code.
+
+    sgd       x + eta * u                                           (FedAvg with server lr eta_g)
+    avgm      m = beta m + u;                        x + eta * m    (FedAvgM, Hsu et al. 2019)
+    adam      m = b1 m + (1 - b1) u; v = b2 v + (1 - b2) u^2;   x + eta * m / (sqrt(v) + tau)
+    yogi      v = v - (1 - b2) u^2 sign(v - u^2), otherwise as adam
+    adagrad   v = v + u^2, otherwise as adam (m with b1)
+(Reddi et al., "Adaptive Federated Optimization", ICLR 2021, Algorithm 2: m starts at 0, v at tau^2, no bias
+correction.) `beta` is `server.momentum`, (b1, b2) `server.betas`, tau `server.tau`, eta `server.lr` under
+`server.lr_schedule`. Moments are float64 on rank 0 and saved in checkpoints under /optimizer.
+
+The stateful rules act on the trainable part of the vector; float buffers (batch-norm statistics) are
+statistics, not parameters, and take the plain average (x + u). `sgd` scales the whole vector, as fedmpi
+always has.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from fedmpi.algorithms.state import ServerVectors
+
+OPTIMIZERS: dict = {}
+
+
+def register_optimizer(cls):
+    OPTIMIZERS[cls.name] = cls
+    return cls
+
+
+class ServerOptimizer(abc.ABC):
+    name = ""
+
+    def __init__(self, server_cfg, dim, n_params):
+        self.cfg, self.dim, self.n_params = server_cfg, dim, n_params
+        self.moments = ServerVectors(dtype=torch.float64)
+
+    @abc.abstractmethod
+    def step(self, x: torch.Tensor, update: torch.Tensor, lr: float) -> torch.Tensor:
+        """The next global model (float32) from x and the float64 update."""
+
+    def state(self) -> dict:
+        return self.moments.state()
+
+    def load_state(self, state: dict):
+        self.moments.load(state)
+
+    def _apply(self, x, update, step_params):
+        """x + step on the trainable part, x + update (the plain average) on the buffers."""
+        n = self.n_params
+        new = x.double()
+        new[:n] += step_params
+        new[n:] += update[n:]
+        return new.to(x.dtype)
+
+
+@register_optimizer
+class Sgd(ServerOptimizer):
+    name = "sgd"
+
+    def step(self, x, update, lr):
+        return x + (update * lr).to(x.dtype)
+
+
+@register_optimizer
+class AvgM(ServerOptimizer):
+    name = "avgm"
+
+    def __init__(self, server_cfg, dim, n_params):
+        super().__init__(server_cfg, dim, n_params)
+        self.moments = ServerVectors(dtype=torch.float64, m=n_params)
+
+    def step(self, x, update, lr):
+        m = self.moments.get("m", x.device)
+        m.mul_(self.cfg.momentum).add_(update[: self.n_params])
+        return self._apply(x, update, lr * m)
+
+
+class _Adaptive(ServerOptimizer):
+    """Reddi et al.'s Algorithm 2; subclasses differ in the second-moment rule."""
+
+    def __init__(self, server_cfg, dim, n_params):
+        super().__init__(server_cfg, dim, n_params)
+        self.moments = ServerVectors(dtype=torch.float64, fill={"v": server_cfg.tau ** 2}, m=n_params, v=n_params)
+
+    @abc.abstractmethod
+    def second_moment_(self, v, sq):
+        """Updates v in place from the squared update `sq`."""
+
+    def step(self, x, update, lr):
+        b1, _ = self.cfg.betas
+        u = update[: self.n_params]
+        m, v = self.moments.get("m", x.device), self.moments.get("v", x.device)
+        m.mul_(b1).add_(u, alpha=1 - b1)
+        self.second_moment_(v, u * u)
+        return self._apply(x, update, lr * m / (v.sqrt() + self.cfg.tau))
+
+
+@register_optimizer
+class Adam(_Adaptive):
+    name = "adam"
+
+    def second_moment_(self, v, sq):
+        b2 = self.cfg.betas[1]
+        v.mul_(b2).add_(sq, alpha=1 - b2)
+
+
+@register_optimizer
+class Yogi(_Adaptive):
+    name = "yogi"
+
+    def second_moment_(self, v, sq):
+        v.sub_((1 - self.cfg.betas[1]) * sq * torch.sign(v - sq))
+
+
+@register_optimizer
+class Adagrad(_Adaptive):
+    name = "adagrad"
+
+    def second_moment_(self, v, sq):
+        v.add_(sq)
+
+
+def build_optimizer(server_cfg, dim, n_params) -> ServerOptimizer:
+    return OPTIMIZERS[server_cfg.optimizer](server_cfg, dim, n_params)

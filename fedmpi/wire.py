@@ -1,0 +1,172 @@
+"""What travels each round, laid out once: the broadcast and the reduction buffers, and their device staging.
+
+Broadcast (float32): [command, round] header, then the algorithm's down payload (`down_vectors * dim`).
+Reduction (float64): the upload sums (`up_vectors * dim + up_scalars`), the round's scalar statistics
+(STATS below), then one block of length N per per-client figure (local loss and the algorithm's
+`client_columns`), each client's value at its id and zeros elsewhere. Sums are float64 so that their
+value does not depend on how clients are spread over ranks (float32 addition is not associative); what a
+real client would send is still float32, and bytes are counted as such.
+
+On a GPU each direction also has one device buffer, made here once: the broadcast payload is staged through
+the pinned host buffer into the device buffer and the reduced sums likewise, with no allocation per round.
+With runtime.cuda_aware_mpi the device buffers go to MPI themselves (mpi4py reads
+__cuda_array_interface__) and the host copies of the vectors are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+HEADER = 2
+CMD_RUN, CMD_STOP = 0.0, 1.0
+# Scalars riding in the reduction after the upload vectors. STOP counts the ranks that received a stop
+# signal (fedmpi.signals): the request reaches the server without a collective of its own.
+WEIGHT, LOSS, SEEN, UPLOADS, STOP = range(5)
+N_STATS = 5
+# Test aid: with runtime.cuda_aware_mpi, exercise the device-buffer path on a CPU device when this is set.
+DEVICE_MPI_TEST = "FEDMPI_TEST_DEVICE_MPI"
+
+
+@dataclass
+class RoundTally:
+    """One rank's running totals for a round; `acc` is the upload accumulator on the rank's device."""
+
+    acc: torch.Tensor
+    loss: torch.Tensor
+    columns: dict
+    weight: float = 0.0
+    seen: int = 0
+    uploads: int = 0
+
+    def record(self, run):
+        """Adds a trained client's loss and per-client figures."""
+        self.loss += run.loss_sum
+        self.seen += run.seen
+        for name, value in run.figures.items():
+            self.columns[name][run.cid] = value
+
+
+@dataclass
+class RoundStats:
+    """The reduced statistics of a round, on the server."""
+
+    weight: float
+    loss: float
+    seen: float
+    uploads: float
+    stop_votes: int
+
+
+class RoundBuffers:
+    def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi):
+        self.comm, self.dim, self.num_clients, self.device = comm, dim, num_clients, device
+        pin = device.type == "cuda"
+        self.up_len = algo.up_vectors * dim + algo.up_scalars
+        self.columns = ("loss",) + tuple(algo.client_columns)
+        self.down_host = torch.zeros(HEADER + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
+        self.up_host = torch.zeros(self.up_len + N_STATS + len(self.columns) * num_clients, dtype=torch.float64,
+                                   pin_memory=pin)
+        self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
+        self.acc = torch.zeros(self.up_len, dtype=torch.float64, device=device)
+        self.device_mpi = cuda_aware_mpi and (pin or bool(os.environ.get(DEVICE_MPI_TEST)))
+        staged = pin or self.device_mpi
+        self.down_dev = torch.zeros_like(self.down_host, device=device) if staged else None
+        self.up_dev = torch.zeros_like(self.up_host, device=device) if staged else None
+        self.sums_on_device = False     # the last reduction left the summed vectors in up_dev (device MPI)
+
+    # -- broadcast -------------------------------------------------------------------------------------
+    def broadcast(self, t, command, fill=None, full=True):
+        """Rank 0's header ([command, t]) and, if `full`, the payload that `fill(out)` writes, to every rank.
+        Returns (command, round) as received. FedSkip's rounds inside a period send the header alone."""
+        if self.comm.is_server:
+            self.down_np[0], self.down_np[1] = command, t
+            payload = self.down_host[HEADER:]
+            if full and self.down_dev is not None:
+                fill(self.down_dev[HEADER:])
+                if not self.device_mpi:
+                    payload.copy_(self.down_dev[HEADER:])
+            elif full:
+                fill(payload)
+        if self.device_mpi:
+            self.down_dev[:HEADER].copy_(self.down_host[:HEADER])
+            self._device_ready()
+            self.comm.bcast(_wire(self.down_dev if full else self.down_dev[:HEADER]))
+            self.down_host[:HEADER].copy_(self.down_dev[:HEADER])
+        else:
+            self.comm.bcast(self.down_np if full else self.down_np[:HEADER])
+        return float(self.down_np[0]), int(self.down_np[1])
+
+    def down(self):
+        """The broadcast payload on this rank's device (on the CPU, the host buffer itself)."""
+        if self.down_dev is None:
+            return self.down_host[HEADER:]
+        if not self.device_mpi:
+            self.down_dev[HEADER:].copy_(self.down_host[HEADER:], non_blocking=True)
+        return self.down_dev[HEADER:]
+
+    # -- reduction -------------------------------------------------------------------------------------
+    def new_tally(self) -> RoundTally:
+        """Clears this rank's contribution to the round's reduction."""
+        self.up_host.zero_()
+        self.acc.zero_()
+        return RoundTally(self.acc, torch.zeros((), device=self.device), self.client_figures(self.up_host))
+
+    def reduce(self, tally, stop_requested, sums=True):
+        """Writes this rank's totals and does the round's one reduction to rank 0. `sums=False` reduces
+        only the statistics and per-client figures (FedSkip inside a period; gated SAFL, whose vectors
+        travel by masked gather). With device MPI the sums travel from `up_dev` and stay there on rank 0."""
+        (self.up_dev if self.device_mpi else self.up_host)[: self.up_len].copy_(tally.acc)
+        stats = self.up_host[self.up_len: self.up_len + N_STATS]
+        stats[WEIGHT], stats[LOSS], stats[SEEN], stats[UPLOADS] = (tally.weight, float(tally.loss), tally.seen,
+                                                                  tally.uploads)
+        stats[STOP] = float(stop_requested)
+        if not self.device_mpi:
+            self.comm.reduce_sum(self.up_np if sums else self.up_np[self.up_len:])
+            self.sums_on_device = False
+            return
+        tail = slice(self.up_len, None)
+        self.up_dev[tail].copy_(self.up_host[tail])
+        self._device_ready()
+        self.comm.reduce_sum(_wire(self.up_dev if sums else self.up_dev[tail]))
+        if self.comm.is_server:
+            self.up_host[tail].copy_(self.up_dev[tail])
+        self.sums_on_device = sums
+
+    def sums(self):
+        """Server: the reduced upload sums on this rank's device."""
+        if self.sums_on_device:
+            return self.up_dev[: self.up_len]
+        if self.up_dev is None:
+            return self.up_host[: self.up_len]
+        self.up_dev[: self.up_len].copy_(self.up_host[: self.up_len], non_blocking=True)
+        return self.up_dev[: self.up_len]
+
+    def set_sums(self, acc, weight):
+        """Server: sums that arrived other than by the reduction (gated uploads), and their total weight."""
+        self.up_host[: self.up_len].copy_(acc)
+        self.up_np[self.up_len + WEIGHT] = weight
+        self.sums_on_device = False
+
+    def stats(self) -> RoundStats:
+        s = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)
+        return RoundStats(float(s[WEIGHT]), float(s[LOSS]), float(s[SEEN]), float(s[UPLOADS]), int(s[STOP]))
+
+    def client_figures(self, buf=None):
+        """Views of the per-client blocks of the reduction buffer, by figure name."""
+        buf = self.up_np if buf is None else buf
+        n, start = self.num_clients, self.up_len + N_STATS
+        return {name: buf[start + i * n: start + (i + 1) * n] for i, name in enumerate(self.columns)}
+
+    def _device_ready(self):
+        """MPI reads device buffers outside torch's stream order: finish the kernels that fill them."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _wire(tensor):
+    """What the communicator moves for a tensor: a numpy view on the CPU, the tensor itself on a GPU."""
+    return tensor.numpy() if tensor.device.type == "cpu" else tensor
