@@ -17,6 +17,7 @@ from fedmpi.deploy import availability as av
 from fedmpi.deploy import compress as cp
 from fedmpi.deploy.clock import Clock, client_rates, round_outcome
 from fedmpi.deploy.keys import BandwidthConfig, ClientsConfig, CompressConfig, DeadlineConfig, SpeedConfig
+from fedmpi.deploy.plan import Deployment
 from fedmpi.deploy.traces import AVAILABILITY_COLUMNS, SPEED_COLUMNS, AvailabilityTrace, load_rates
 from fedmpi.errors import ConfigError, InputError
 
@@ -58,6 +59,11 @@ def test_rate_sections_and_wrong_types_are_config_errors():
                                                "clients.bandwidth.sigma"]
     (msg,) = messages(DeadlineConfig, deadline="10")
     assert msg.startswith("server.deadline = '10'")
+    # a number where a path belongs would otherwise reach open() as a file descriptor
+    (msg,) = messages(ClientsConfig, availability="trace", trace=5)
+    assert msg == "clients.trace = 5: must be a file path or null"
+    (msg,) = messages(SpeedConfig, kind="trace", trace=3)
+    assert msg == "clients.speed.trace = 3: must be a file path or null"
 
 
 def test_compress_section_ranges():
@@ -412,3 +418,49 @@ def test_compressors_give_the_cpu_result_on_cuda():
         gpu, n_gpu = comp(x.cuda(), 1, 2, 3)
         assert gpu.device.type == "cuda" and n_gpu == n_cpu
         assert torch.allclose(gpu.cpu(), cpu, rtol=1e-5, atol=1e-6), comp.name
+
+
+# -- one round's plan ----------------------------------------------------------------------------------
+
+def test_default_plan_is_inert_and_selects_todays_clients():
+    dep = Deployment(ClientsConfig(), DeadlineConfig(), seed=4, num_clients=30, per_round=10)
+    assert dep.inert
+    for t in range(5):
+        plan = dep.plan(t, 0.0, steps=np.full(30, 20), bytes_down=4000, bytes_up=4000)
+        assert np.array_equal(plan.selected, rng.select_clients(4, t, 30, 10))
+        assert plan.returned.all() and np.array_equal(plan.outcome.kept, plan.selected)
+        # fixed defaults: 4000 B at 1e6 B/s each way + 20 steps at 10 steps/s
+        assert plan.outcome.duration == pytest.approx(0.004 + 2.0 + 0.004)
+
+
+def test_plan_composes_dropout_over_selection_and_the_clock():
+    clients = ClientsConfig(dropout=0.3, speed=SpeedConfig(kind="lognormal", value=5.0, sigma=1.0),
+                            bandwidth=BandwidthConfig(up=100.0, down=1000.0))
+    dep = Deployment(clients, DeadlineConfig(deadline=30.0, over_select=0.5), seed=2, num_clients=40, per_round=6)
+    assert not dep.inert
+    steps = np.arange(40) % 7 + 10
+    plan = dep.plan(3, 100.0, steps, bytes_down=2000, bytes_up=500)
+    assert np.array_equal(plan.selected, rng.select_clients(2, 3, 40, 9))       # 6 + ceil(0.5 * 6)
+    assert plan.returned.tolist() == [not av.dropped(2, 3, c, 0.3) for c in plan.selected]
+    speed = client_rates(clients, 2, 40)[0]
+    finish = [2.0 + steps[c] / speed[c] + (5.0 if back else 0.0) for c, back in zip(plan.selected, plan.returned)]
+    arrivals = sorted((f, c) for f, c, back in zip(finish, plan.selected, plan.returned) if back and f <= 30.0)
+    if len(arrivals) >= 6:
+        kept, duration = sorted(c for _, c in arrivals[:6]), arrivals[5][0]
+    else:
+        kept, duration = sorted(c for _, c in arrivals), min(30.0, max(finish))
+    assert plan.outcome.kept.tolist() == kept and plan.outcome.duration == pytest.approx(duration)
+    assert plan.end == pytest.approx(100.0 + duration) and plan.start == 100.0
+    assert all(plan.counts(c) == (c in kept) for c in range(40))
+
+
+def test_plan_waits_for_the_trace_and_empties_rounds_after_it_ends(tmp_path):
+    path = write(tmp_path, "late.csv", "client,start,end\n0,50,60\n1,55,70\n2,80,90\n")
+    clients = ClientsConfig(availability="trace", trace=path)
+    dep = Deployment(clients, DeadlineConfig(), seed=0, num_clients=6, per_round=2)
+    plan = dep.plan(0, 10.0, np.full(6, 10), bytes_down=0, bytes_up=0)
+    assert plan.start == 50.0 and plan.selected.tolist() == [0, 3]              # devices 0 (clients 0, 3) open at 50
+    later = dep.plan(1, 95.0, np.full(6, 10), bytes_down=0, bytes_up=0)
+    assert later.start == 95.0 and later.selected.size == 0 and later.end == 95.0
+    with pytest.raises(InputError, match="missing.csv' not found"):
+        Deployment(ClientsConfig(availability="trace", trace=str(tmp_path / "missing.csv")), DeadlineConfig(), 0, 6, 2)

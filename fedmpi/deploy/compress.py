@@ -41,7 +41,7 @@ def _keys(seed, round_, cid, part):
 
 
 class Compressor:
-    """Identity: the dense float32 vector."""
+    """Identity: the dense float32 vector (returned as it is, not copied)."""
 
     name = "none"
 
@@ -99,7 +99,8 @@ class QSGD(Compressor):
     """QSGD (Alistarh et al. 2017) with s levels over the whole vector: entry j becomes
     ||x|| sign(x_j) xi_j / s, where xi_j = l + 1 with probability r - l and l otherwise, r = s |x_j| / ||x||,
     l = floor(r). Unbiased, with E||Q(x) - x||^2 <= omega ||x||^2, omega = min(d / s^2, sqrt(d) / s).
-    `shrink=True` divides by 1 + omega: a contraction (Karimireddy et al. 2019), for error feedback."""
+    `shrink=True` divides by 1 + omega, which makes it a contraction, E||C(x) - x||^2 <= (1 - 1/(1 + omega))
+    ||x||^2, the property error feedback needs (docs/deployment.md)."""
 
     name = "qsgd"
 
@@ -176,7 +177,7 @@ class UpdateCompression:
     def __init__(self, cfg):
         self.compressor = build(cfg)
         self.feedback = cfg.error_feedback
-        self.residuals = {}             # (cid, part) -> tensor
+        self.residuals = {}             # cid -> {part: tensor}
 
     @property
     def enabled(self):
@@ -191,7 +192,7 @@ class UpdateCompression:
         if not self.feedback:
             vector, nbytes = self.compressor(delta, seed, round_, cid, part)
             return Compressed(vector, nbytes, None)
-        e = self.residuals.get((cid, part))
+        e = self.residuals.get(cid, {}).get(part)
         v = delta if e is None else delta + e.to(delta.device)
         vector, nbytes = self.compressor(v, seed, round_, cid, part)
         return Compressed(vector, nbytes, v - vector)
@@ -199,7 +200,7 @@ class UpdateCompression:
     def commit(self, cid, compressed, part=0):
         """Keeps the residual of an update that counted."""
         if compressed.residual is not None:
-            self.residuals[(cid, part)] = compressed.residual
+            self.residuals.setdefault(cid, {})[part] = compressed.residual
 
     def _name(self, part):
         return self.STATE if part == 0 else f"{self.STATE}_{part}"
@@ -207,14 +208,13 @@ class UpdateCompression:
     def state(self, cid) -> dict:
         """The client's residuals as CPU numpy arrays, for its checkpoint state (empty without feedback)."""
         return {self._name(part): vec.detach().cpu().numpy().copy()
-                for (c, part), vec in sorted(self.residuals.items(), key=lambda kv: kv[0][1]) if c == cid}
+                for part, vec in sorted(self.residuals.get(cid, {}).items())}
 
     def load(self, cid, state: dict):
         """Restores a client's residuals from its checkpoint state (absent entries mean none yet)."""
-        for key in [k for k in self.residuals if k[0] == cid]:
-            del self.residuals[key]
+        self.residuals.pop(cid, None)
         for name, array in state.items():
             suffix = name[len(self.STATE) + 1:]
             if name == self.STATE or (name.startswith(self.STATE + "_") and suffix.isdigit()):
                 part = int(suffix) if suffix else 0
-                self.residuals[(cid, part)] = torch.from_numpy(np.array(array, dtype=np.float32))
+                self.residuals.setdefault(cid, {})[part] = torch.from_numpy(np.array(array, dtype=np.float32))

@@ -23,8 +23,13 @@ def _number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _path(v):
+    return v is None or (isinstance(v, str) and bool(v))
+
+
 def _check_rate_form(c, kind, trace, trace_columns):
     c.require(kind in RATE_KINDS, "kind", kind, f"must be one of {', '.join(RATE_KINDS)}")
+    c.require(_path(trace), "trace", trace, "must be a file path or null")
     c.require(kind != "trace" or bool(trace), "trace", trace,
               f"kind 'trace' needs the path of a CSV file with the header {trace_columns}")
     c.require(kind == "trace" or trace is None, "trace", trace, "is only read with kind: trace")
@@ -110,6 +115,7 @@ class ClientsConfig:
         c.require(_number(p) and 0 < p <= 1, "availability_p", p, "must be a number in (0, 1]")
         c.require(self.availability == "bernoulli" or p == 1.0, "availability_p", p,
                   "only applies with availability: bernoulli (set that, or remove availability_p)")
+        c.require(_path(self.trace), "trace", self.trace, "must be a file path or null")
         c.require(self.availability != "trace" or bool(self.trace), "trace", self.trace,
                   "availability: trace needs the path of a CSV file with the header client,start,end")
         c.require(self.availability == "trace" or self.trace is None, "trace", self.trace,
