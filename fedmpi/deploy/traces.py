@@ -1,0 +1,153 @@
+"""Reading the deployment trace files: per-device on/off intervals and per-device rates.
+
+Format (all traces): CSV text. Blank lines and lines starting with `#` are ignored; the first other line
+is the header, exactly the columns named below in that order; every further line is one row. Devices
+are numbered 0..M-1 by the `client` column (M = largest id + 1); client i of a run follows device
+i mod M, so a trace of a few hundred measured devices can drive thousands of clients (FedScale maps its
+device traces to clients the same way).
+
+- availability, `client,start,end`: device `client` is on during [start, end) simulated seconds; any
+  number of rows per device, `end` may be `inf`; a device with no row is never on.
+- speed, `client,steps_per_s`: exactly one row per device 0..M-1.
+- bandwidth, `client,up_bytes_per_s,down_bytes_per_s`: exactly one row per device 0..M-1.
+
+Every problem is an InputError naming the file and line. Reading parses numbers only; nothing runs.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedmpi.errors import InputError
+
+AVAILABILITY_COLUMNS = ("client", "start", "end")
+SPEED_COLUMNS = ("client", "steps_per_s")
+BANDWIDTH_COLUMNS = ("client", "up_bytes_per_s", "down_bytes_per_s")
+
+
+def read_rows(path, columns):
+    """[(line number, [cell, ...])] of a trace file after its header; checks the header and widths."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        raise InputError(f"trace file {path!r} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"trace file {path!r} cannot be read: {e}") from None
+    rows, header = [], None
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        cells = [cell.strip() for cell in text.split(",")]
+        if header is None:
+            header = cells
+            if tuple(cells) != columns:
+                raise InputError(f"{path}, line {number}: header {text!r}; expected {','.join(columns)}")
+            continue
+        if len(cells) != len(columns):
+            raise InputError(f"{path}, line {number}: {len(cells)} values; expected {len(columns)} "
+                             f"({','.join(columns)})")
+        rows.append((number, cells))
+    if header is None or not rows:
+        raise InputError(f"trace file {path!r} has no rows; expected the header {','.join(columns)} and "
+                         "at least one row")
+    return rows
+
+
+def _device(path, number, cell):
+    try:
+        value = int(cell)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InputError(f"{path}, line {number}: client {cell!r} must be an integer >= 0")
+    return value
+
+
+def _seconds(path, number, name, cell, allow_inf=False):
+    try:
+        value = float(cell)
+    except ValueError:
+        value = math.nan
+    if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
+        allowed = "a number >= 0 or inf" if allow_inf else "a finite number >= 0"
+        raise InputError(f"{path}, line {number}: {name} {cell!r} must be {allowed}")
+    return value
+
+
+def _rate(path, number, name, cell):
+    try:
+        value = float(cell)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(f"{path}, line {number}: {name} {cell!r} must be a finite number > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class AvailabilityTrace:
+    """On-intervals per device; `period` (or None) makes the trace repeat."""
+
+    intervals: tuple            # intervals[device] = ((start, end), ...) sorted by start
+    period: float | None = None
+
+    @classmethod
+    def load(cls, path, period=None):
+        per_device = {}
+        for number, (client, start, end) in read_rows(path, AVAILABILITY_COLUMNS):
+            device = _device(path, number, client)
+            lo = _seconds(path, number, "start", start)
+            hi = _seconds(path, number, "end", end, allow_inf=True)
+            if not hi > lo:
+                raise InputError(f"{path}, line {number}: end {end!r} must be greater than start {start!r}")
+            if period is not None and hi > period:
+                raise InputError(f"{path}, line {number}: end {end!r} lies beyond clients.trace_period "
+                                 f"({period}); a repeating trace lists intervals inside [0, period]")
+            per_device.setdefault(device, []).append((lo, hi))
+        size = max(per_device) + 1
+        return cls(tuple(tuple(sorted(per_device.get(d, ()))) for d in range(size)), period)
+
+    def device_of(self, cid):
+        return cid % len(self.intervals)
+
+    def is_on(self, cid, sim_time):
+        t = sim_time % self.period if self.period else sim_time
+        return any(lo <= t < hi for lo, hi in self.intervals[self.device_of(cid)])
+
+    def mask(self, sim_time, num_clients):
+        return np.fromiter((self.is_on(c, sim_time) for c in range(num_clients)), dtype=bool, count=num_clients)
+
+    def next_on(self, sim_time, num_clients):
+        """The earliest time >= sim_time at which one of the clients is on (inf if none ever is again)."""
+        devices = {self.device_of(c) for c in range(num_clients)}
+        t = sim_time % self.period if self.period else sim_time
+        best = math.inf
+        for d in devices:
+            for lo, hi in self.intervals[d]:
+                if lo <= t < hi:
+                    return sim_time
+                if lo > t:
+                    best = min(best, lo - t)
+                elif self.period:       # already passed in this period: comes back in the next one
+                    best = min(best, self.period - t + lo)
+        return sim_time + best
+
+
+def load_rates(path, columns):
+    """Per-device rates from a speed or bandwidth trace: an array [devices, len(columns) - 1]."""
+    by_device = {}
+    for number, cells in read_rows(path, columns):
+        device = _device(path, number, cells[0])
+        if device in by_device:
+            raise InputError(f"{path}, line {number}: client {device} is listed twice (first on line "
+                             f"{by_device[device][0]}); list each device once")
+        by_device[device] = (number, [_rate(path, number, name, cell) for name, cell in zip(columns[1:], cells[1:])])
+    size = max(by_device) + 1
+    missing = [d for d in range(size) if d not in by_device]
+    if missing:
+        raise InputError(f"trace file {path!r}: no row for client {missing[0]} ({len(missing)} missing); "
+                         f"list every device 0..{size - 1} once, since client i follows device i mod {size}")
+    return np.array([by_device[d][1] for d in range(size)], dtype=np.float64)
