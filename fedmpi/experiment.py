@@ -29,10 +29,12 @@ from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
 from fedmpi.flat import FlatModel
 from fedmpi.models import build_model
+from fedmpi.participation import build_participation
 from fedmpi.protocols import PROTOCOLS
 from fedmpi.runtime import pick_device, set_threads
 from fedmpi.server import Server
 from fedmpi.train import ServerTrainer
+from fedmpi.uploads import build_stages
 from fedmpi.wire import CMD_RUN, CMD_STOP, RoundBuffers
 
 
@@ -94,7 +96,10 @@ class Experiment:
         if comm.is_server:
             self.server = Server(cfg, algo, self.flat, x0, *data.test, loss=loss)
             self.server.start(self._server_trainer(data, loss))
+        self.participation = build_participation(cfg, algo)
+        self.stages = build_stages(cfg, algo, self.flat.dim)
         self.protocol = PROTOCOLS[algo.protocol](self)
+        self._plans = {}
         self.start_round = 0
         # Stop requests: `stop_votes` (server) is the round's count of ranks asking to stop; once the run
         # loop sets `stopping`, the next broadcast carries CMD_STOP instead of starting that round.
@@ -127,20 +132,31 @@ class Experiment:
         return self.server.x.detach().cpu().numpy()
 
     def state_dict(self) -> dict:
-        """Server: the global model, the algorithm's server state and the optimizer's, as numpy arrays."""
+        """Server: the global model, the algorithm's server state, the optimizer's, the participation
+        provider's and the upload stages', as numpy arrays (one group each in a checkpoint)."""
         state = self.server.state_dict()
-        return {"global": state["global"], "server": as_numpy_state(state["server"]),
-                "optimizer": as_numpy_state(state["optimizer"])}
+        state["participation"] = self.participation.state()
+        for stage in self.stages:
+            state[f"stage_{stage.name}"] = stage.state()
+        return {k: (v if k == "global" else as_numpy_state(v)) for k, v in state.items()}
 
     def load_state_dict(self, state: dict):
         self.server.load_state_dict(state)
+        self.participation.load_state(state.get("participation", {}))
+        for stage in self.stages:
+            stage.load_state(state.get(f"stage_{stage.name}", {}))
 
     def client_state(self, cid) -> dict:
-        """Hosting rank: client `cid`'s state as numpy arrays ({} when it has none)."""
-        return as_numpy_state(self.algo.client_state(cid))
+        """Hosting rank: client `cid`'s state (the algorithm's and the upload stages') as numpy arrays."""
+        state = self.algo.client_state(cid)
+        for stage in self.stages:
+            state.update(stage.client_state(cid))
+        return as_numpy_state(state)
 
     def load_client_state(self, cid, state: dict):
         self.algo.load_client_state(cid, state)
+        for stage in self.stages:
+            stage.load_client_state(cid, state)
 
     # -- one round -----------------------------------------------------------------------------------------
     def run_round(self, t):
@@ -148,11 +164,13 @@ class Experiment:
         _inject_fault(self.comm.rank, t)
         return self.protocol(t)
 
-    def selection(self, t):
-        """(the standard draw of round t, the clients that train) — the same on every rank."""
-        cfg = self.cfg
-        standard = rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
-        return standard, self.algo.select(t, standard, self.algo.sizes)
+    def plan(self, t):
+        """Round t's RoundPlan (who trains, whose update counts) — the same on every rank; kept for the
+        current and the previous round (FedSkip routes slots from the previous round's clients)."""
+        if t not in self._plans:
+            self._plans = {k: v for k, v in self._plans.items() if k >= t - 1}
+            self._plans[t] = self.participation.plan(t)
+        return self._plans[t]
 
     def open_round(self, t, full=True):
         """The round's broadcast (header only unless `full`); every rank leaves here on a stop."""
@@ -168,18 +186,26 @@ class Experiment:
     def reduce(self, tally, sums=True):
         self.wire.reduce(tally, signals.requested(), sums)
 
-    def close_round(self, t, selected, update=True, evaluate=None):
-        """Server: update (unless a FedSkip round inside a period), evaluate when due, return the figures."""
+    def close_round(self, plan, update=True, evaluate=None):
+        """After the reduction: every rank tells the participation provider; the server updates (unless a
+        FedSkip round inside a period), evaluates when due and returns the round's figures."""
+        t = plan.round
+        self.participation.done(plan)
         if not self.comm.is_server:
             return None
         server, stats = self.server, self.wire.stats()
         self.stop_votes = stats.stop_votes
         if update:
-            server.apply(t, self.wire.sums(), stats.weight)
-        metrics, clients = server.figures(t, selected, stats, self.wire.client_figures(), self.num_clients)
+            sums, weight = self.wire.sums(), stats.weight
+            for stage in self.stages:
+                weight = stage.server(t, sums, weight)
+            server.apply(t, sums, weight)
+        metrics, clients = server.figures(t, plan.selected, stats, self.wire.client_figures(), self.num_clients)
         if server.eval_due(t) if evaluate is None else evaluate:
             metrics["test_acc"], metrics["test_loss"] = server.evaluate()
         metrics.update(self.algo.round_metrics())
+        metrics.update(plan.metrics)
+        clients.update(plan.columns)
         self.nonfinite = _nonfinite(metrics, stats, server.x)
         return metrics, clients
 

@@ -26,7 +26,7 @@ class ReduceRound:
 
     def __call__(self, t):
         exp, algo, clients = self.exp, self.exp.algo, self.exp.clients
-        standard, selected = exp.selection(t)
+        plan = exp.plan(t)
         exp.open_round(t)
         tally = exp.wire.new_tally()
         if clients.trains:
@@ -35,12 +35,16 @@ class ReduceRound:
             def start(run):
                 algo.client_start(run, down, clients.flat)
 
-            for run in clients.train(t, clients.round_clients(selected), standard, down, start):
-                tally.weight += algo.accumulate(run, down, clients.flat, tally.acc)
-                tally.uploads += 1
+            for run in clients.train(t, clients.round_clients(plan.selected), plan.standard, down, start):
                 tally.record(run)
+                if not plan.counts(run.cid):    # dropped or too late: its update and its state are lost
+                    continue
+                for stage in exp.stages:
+                    stage.client(run, down, clients.flat)
+                tally.weight += algo.accumulate(run, down, clients.flat, tally.acc)
+                tally.upload(run)
         exp.reduce(tally)
-        return exp.close_round(t, selected)
+        return exp.close_round(plan)
 
 
 class GatherRound:
@@ -49,7 +53,8 @@ class GatherRound:
 
     def __call__(self, t):
         exp, algo, clients = self.exp, self.exp.algo, self.exp.clients
-        standard, selected = exp.selection(t)
+        plan = exp.plan(t)
+        selected = plan.selected
         exp.open_round(t)
         tally = exp.wire.new_tally()
         mask, vectors = [], []
@@ -60,19 +65,19 @@ class GatherRound:
                 algo.client_start(run, down, clients.flat)
 
             for cid in clients.hosted(selected):
-                run = clients.train_one(t, cid, standard, start)
+                run = clients.train_one(t, cid, plan.standard, start)
                 uploaded = algo.gate(run, down, clients.flat)
                 mask.append(uploaded)
                 if uploaded:
                     vectors.append(clients.flat.vec.detach().to("cpu", torch.float32).numpy().copy())
-                    tally.uploads += 1
+                    tally.upload(run)
                 tally.record(run)
         exp.reduce(tally, sums=False)     # statistics and figures: the vectors travel by masked_gather
         by_rank = {r: [int(c) for c in selected if clients.host[c] == r] for r in exp.comm.workers}
         gathered = exp.comm.masked_gather(np.array(mask, dtype=np.int8), vectors, by_rank, clients.flat.dim)
         if exp.comm.is_server:
             self._fuse(gathered)
-        return exp.close_round(t, selected)
+        return exp.close_round(plan)
 
     def _fuse(self, gathered):
         """Server: the uploaders' vectors, in client-id order (so the sum does not depend on -n), into the
@@ -97,14 +102,14 @@ class RouteRound:
 
     def __call__(self, t):
         exp, algo, clients = self.exp, self.exp.algo, self.exp.clients
-        standard, selected = exp.selection(t)
+        plan = exp.plan(t)
         full = algo.is_period_start(t) or t == exp.first_round
         exp.open_round(t, full=full)
         if full and clients.mine:
             self.period_start = exp.wire.down()[: clients.flat.dim].clone()
-        order = algo.order(t, selected)
+        order = algo.order(t, plan.selected)
         if not algo.is_period_start(t):
-            self._move_slots(algo.order(t - 1, exp.selection(t - 1)[1]), order)
+            self._move_slots(algo.order(t - 1, exp.plan(t - 1).selected), order)
         tally = exp.wire.new_tally()
         for slot, cid in enumerate(int(c) for c in order):
             if cid not in clients.mine:
@@ -113,9 +118,9 @@ class RouteRound:
             def start(run, slot=slot):
                 algo.start_slot(run, slot, self.period_start, clients.flat)
 
-            run = clients.train_one(t, cid, standard, start)
+            run = clients.train_one(t, cid, plan.standard, start)
             algo.finish_slot(run, slot, clients.flat)
-            tally.uploads += 1
+            tally.upload(run)
             tally.record(run)
         aggregate = algo.is_aggregation(t)
         if aggregate and clients.mine:
@@ -125,7 +130,7 @@ class RouteRound:
         exp.reduce(tally, sums=aggregate)
         # Evaluated at aggregation rounds only: x does not change in between, and a run's length must not
         # change its log (a resumed run would otherwise carry an extra evaluation at the first run's end).
-        return exp.close_round(t, selected, update=aggregate, evaluate=aggregate)
+        return exp.close_round(plan, update=aggregate, evaluate=aggregate)
 
     def _move_slots(self, previous, order):
         """Sends each slot from the rank of its previous client to the rank of its next one."""

@@ -59,7 +59,7 @@ class Server:
             "round": t,
             "train_loss": stats.loss / stats.seen if stats.seen else np.nan,
             "uploads": stats.uploads,
-            "bytes_up": stats.uploads * self.algo.up_vectors * dim_bytes,
+            "bytes_up": stats.bytes_up,
             "bytes_down": len(selected) * self.algo.down_vectors * dim_bytes,
             "client_lr": schedules.client_lr(self.cfg, t),
             "server_lr": schedules.server_lr(self.cfg, t),

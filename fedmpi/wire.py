@@ -25,8 +25,8 @@ HEADER = 2
 CMD_RUN, CMD_STOP = 0.0, 1.0
 # Scalars riding in the reduction after the upload vectors. STOP counts the ranks that received a stop
 # signal (fedmpi.signals): the request reaches the server without a collective of its own.
-WEIGHT, LOSS, SEEN, UPLOADS, STOP = range(5)
-N_STATS = 5
+WEIGHT, LOSS, SEEN, UPLOADS, BYTES_UP, STOP = range(6)
+N_STATS = 6
 # Test aid: with runtime.cuda_aware_mpi, exercise the device-buffer path on a CPU device when this is set.
 DEVICE_MPI_TEST = "FEDMPI_TEST_DEVICE_MPI"
 
@@ -38,9 +38,16 @@ class RoundTally:
     acc: torch.Tensor
     loss: torch.Tensor
     columns: dict
+    upload_bytes: int          # what one upload costs unless a stage says otherwise (up_vectors float32 vectors)
     weight: float = 0.0
     seen: int = 0
     uploads: int = 0
+    bytes_up: int = 0
+
+    def upload(self, run):
+        """Counts one upload and its bytes (`run.payload_bytes`, e.g. compressed, or the dense default)."""
+        self.uploads += 1
+        self.bytes_up += self.upload_bytes if run.payload_bytes is None else int(run.payload_bytes)
 
     def record(self, run):
         """Adds a trained client's loss and per-client figures."""
@@ -58,6 +65,7 @@ class RoundStats:
     loss: float
     seen: float
     uploads: float
+    bytes_up: float
     stop_votes: int
 
 
@@ -66,6 +74,7 @@ class RoundBuffers:
         self.comm, self.dim, self.num_clients, self.device = comm, dim, num_clients, device
         pin = device.type == "cuda"
         self.up_len = algo.up_vectors * dim + algo.up_scalars
+        self.upload_bytes = algo.up_vectors * dim * 4
         self.columns = ("loss",) + tuple(algo.client_columns)
         self.down_host = torch.zeros(HEADER + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
         self.up_host = torch.zeros(self.up_len + N_STATS + len(self.columns) * num_clients, dtype=torch.float64,
@@ -113,7 +122,8 @@ class RoundBuffers:
         """Clears this rank's contribution to the round's reduction."""
         self.up_host.zero_()
         self.acc.zero_()
-        return RoundTally(self.acc, torch.zeros((), device=self.device), self.client_figures(self.up_host))
+        return RoundTally(self.acc, torch.zeros((), device=self.device), self.client_figures(self.up_host),
+                          self.upload_bytes)
 
     def reduce(self, tally, stop_requested, sums=True):
         """Writes this rank's totals and does the round's one reduction to rank 0. `sums=False` reduces
@@ -121,8 +131,8 @@ class RoundBuffers:
         travel by masked gather). With device MPI the sums travel from `up_dev` and stay there on rank 0."""
         (self.up_dev if self.device_mpi else self.up_host)[: self.up_len].copy_(tally.acc)
         stats = self.up_host[self.up_len: self.up_len + N_STATS]
-        stats[WEIGHT], stats[LOSS], stats[SEEN], stats[UPLOADS] = (tally.weight, float(tally.loss), tally.seen,
-                                                                  tally.uploads)
+        stats[WEIGHT], stats[LOSS], stats[SEEN] = tally.weight, float(tally.loss), tally.seen
+        stats[UPLOADS], stats[BYTES_UP] = tally.uploads, tally.bytes_up
         stats[STOP] = float(stop_requested)
         if not self.device_mpi:
             self.comm.reduce_sum(self.up_np if sums else self.up_np[self.up_len:])
@@ -153,7 +163,8 @@ class RoundBuffers:
 
     def stats(self) -> RoundStats:
         s = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)
-        return RoundStats(float(s[WEIGHT]), float(s[LOSS]), float(s[SEEN]), float(s[UPLOADS]), int(s[STOP]))
+        return RoundStats(float(s[WEIGHT]), float(s[LOSS]), float(s[SEEN]), float(s[UPLOADS]), float(s[BYTES_UP]),
+                          int(s[STOP]))
 
     def client_figures(self, buf=None):
         """Views of the per-client blocks of the reduction buffer, by figure name."""

@@ -80,10 +80,17 @@ class ClientRun:
     round: int
     n_samples: int
     lr: float = 0.0               # the round's client learning rate (client.lr_schedule)
+    weight: float | None = None   # the upload's weight in FedAvg's average (None: n_samples)
+    payload_bytes: int | None = None   # what the upload costs on the wire (None: up_vectors float32 vectors)
     steps: int = 0
     loss_sum: float = 0.0         # sum of the sample losses seen in training (a 0-d tensor once trained)
     seen: int = 0                 # samples seen in training
     figures: dict = field(default_factory=dict)   # per-client figures for /clients/<name> this round
+
+
+    def __post_init__(self):
+        if self.weight is None:
+            self.weight = float(self.n_samples)
 
 
 @dataclass

@@ -23,7 +23,7 @@ class FedAvg(Reduce):
     vectorizable = True
 
     def accumulate(self, run, down, model, acc):
-        w = float(run.n_samples)
+        w = run.weight
         acc[: self.dim].add_(model.vec - down[: self.dim], alpha=w)
         return w
 

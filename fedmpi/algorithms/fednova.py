@@ -42,7 +42,7 @@ class FedNova(FedAvg):
 
     def accumulate(self, run, down, model, acc):
         dim, n = self.dim, self.n_params
-        w = float(run.n_samples)
+        w = run.weight
         a_i = normalizer(run.steps, self.cfg.client.momentum)
         delta = model.vec - down[:dim]
         acc[:n].add_(delta[:n], alpha=w / a_i)     # -n_i d_i

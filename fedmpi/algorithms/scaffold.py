@@ -66,7 +66,7 @@ class Scaffold(FedAvg):
 
     def accumulate(self, run, down, model, acc):
         dim, n = self.dim, self.n_params
-        w = float(run.n_samples)
+        w = run.weight
         delta = model.vec - down[:dim]
         acc[:dim].add_(delta, alpha=w)
         c, c_i = down[dim:dim + n], self.controls.or_zeros(run.cid, n, model.device)
