@@ -4,7 +4,8 @@ Finding and reading runs (also while their jobs still append to them: every read
 are complete), sweep summaries grouped by any config key with mean and spread over the other keys
 (seeds), and curves of any per-round figure against rounds, bytes moved or wall time (PNG, matplotlib's
 Agg backend). The per-run figures themselves (final accuracy, rise time, rounds to a target) are in
-`fedmpi.report`.
+`fedmpi.report`; the instruments' views (`--classes`, `--timing`, the per-run figure) in
+`fedmpi.class_report`, `fedmpi.timing_report` and `fedmpi.run_figure`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,25 @@ import sys
 import numpy as np
 
 from fedmpi import report
-from fedmpi.errors import EXIT_USAGE
+from fedmpi.class_report import class_section
+from fedmpi.errors import EXIT_USAGE, InputError
+from fedmpi.output_paths import check_file, sibling
+from fedmpi.plotting import pyplot
+from fedmpi.run_figure import has_instruments, plot_run
+from fedmpi.timing_report import plot_timing, timing_section
 
-X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)"}
+X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
+          "sim_time": "simulated time (s)"}
+X_METRICS = {"wall": "wall_s", "sim_time": "sim_time_s"}     # the x axes that are a logged figure
 SWEEP_FIGURES = ("final_acc", "best_acc", "rise_round", "target_round", "target_bytes", "uploads",
                  "bytes_moved", "wall_s")
 _STYLES = ("-", "--", ":")      # after the ten default colours, lines change style
-LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss"}
+LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss",
+          "weight_divergence": "weight divergence ||w_FL - w_SGD|| / ||w_SGD||",
+          "shadow_acc": "test accuracy of centralized SGD (shadow)",
+          "gradient_diversity": "gradient diversity sum p_i ||D_i||^2 / ||sum p_i D_i||^2",
+          "update_sq_norm": "sum_i p_i ||D_i||^2", "aggregate_sq_norm": "||sum_i p_i D_i||^2",
+          "client_lr": "client learning rate", "server_lr": "server learning rate"}
 
 
 # --- finding and reading runs ---------------------------------------------------------------------------
@@ -57,8 +70,11 @@ def load_runs(paths, err=None):
     for path in files:
         try:
             runs.append(report.read_run(path))
-        except (OSError, KeyError, ValueError) as e:
-            print(f"fedmpi: skipping {path}: cannot read it ({type(e).__name__}: {e})", file=err)
+        except report.MalformedRun as e:
+            print(f"fedmpi: warning: skipping {path}: not a valid run file: {report.one_line(e)}", file=err)
+        except Exception as e:  # noqa: BLE001 - one foreign file must not end a table over many runs
+            print(f"fedmpi: warning: skipping {path}: cannot read it ({type(e).__name__}: {report.one_line(e)})",
+                  file=err)
     return runs
 
 
@@ -120,34 +136,45 @@ def sweep_rows(runs, by, target=None):
 
 # --- curves ---------------------------------------------------------------------------------------------
 
+def has_x(run, x):
+    return x not in X_METRICS or X_METRICS[x] in run.metrics
+
+
 def curve_x(run, x):
-    """The x values of every round: the 1-based round, the cumulative bytes moved, or the wall time."""
+    """The x values of every round: the 1-based round, the cumulative bytes moved, the wall time or the
+    simulated time (a KeyError where the run did not log the figure: `has_x`)."""
     m = run.metrics
-    return {"round": lambda: np.asarray(m["round"]) + 1.0, "bytes": lambda: report.bytes_moved(m),
-            "wall": lambda: np.asarray(m["wall_s"], dtype=np.float64)}[x]()
+    if x in X_METRICS:
+        return np.asarray(m[X_METRICS[x]], dtype=np.float64)
+    return {"round": lambda: np.asarray(m["round"]) + 1.0, "bytes": lambda: report.bytes_moved(m)}[x]()
 
 
 def curve(run, metric, x="round"):
-    """(x, y) of a per-round figure (`curve_x` for x), the rounds where it was not measured left out."""
+    """(x, y) of a per-round figure (`curve_x` for x), the rounds where it was not measured left out;
+    empty where the run did not record the figure or the x axis, or the figure is not one value per round."""
     m = run.metrics
-    if metric not in m:
+    if metric not in m or np.ndim(m[metric]) != 1 or not has_x(run, x):
         return np.zeros(0), np.zeros(0)
     y = np.asarray(m[metric], dtype=np.float64)
     xs = curve_x(run, x)
-    keep = np.isfinite(y)
+    keep = np.isfinite(y) & np.isfinite(xs)
     return xs[keep], y[keep]
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (files only, no display needed)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("fedmpi: plotting needs matplotlib: pip install 'fedmpi[plot]'") from None
-    return plt
+def missing_curves(runs, metrics, x):
+    """One line per (run, figure) that `plot_curves` cannot draw, saying why."""
+    lines = []
+    for run in runs:
+        if not has_x(run, x):
+            lines.append(f"{run.name}: {X_METRICS[x]} not recorded, so it has no --x {x} curve")
+            continue
+        for metric in metrics:
+            if metric not in run.metrics:
+                lines.append(f"{run.name}: {metric} not recorded")
+            elif np.ndim(run.metrics[metric]) != 1:
+                lines.append(f"{run.name}: {metric} is not one value per round (it is drawn by fedmpi report "
+                             f"--plot or exported with fedmpi export)")
+    return lines
 
 
 def _axes(plt, metrics, x, title):
@@ -192,7 +219,8 @@ def draw_groups(ax, groups, metric="test_acc", x="round", colors=None):
     `colors` may fix a group's colour ({label: colour}), e.g. to match it across panels."""
     for i, (label, members) in enumerate(groups.items()):
         n = min(len(r.metrics.get("round", [])) for r in members)
-        if n == 0 or any(metric not in r.metrics for r in members):
+        if n == 0 or any(metric not in r.metrics or np.ndim(r.metrics[metric]) != 1 or not has_x(r, x)
+                         for r in members):
             continue
         xs = np.mean([curve_x(r, x)[:n] for r in members], axis=0)
         ys = np.array([np.asarray(r.metrics[metric][:n], dtype=np.float64) for r in members])
@@ -219,10 +247,19 @@ def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
 # --- the command behind `fedmpi report` and tools/compare.py, tools/sweep.py -----------------------------
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
-                   err=None) -> int:
+                   err=None, classes=False, timing=False) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given), optionally
-    writes it as CSV and draws the curves; returns the exit status."""
+    the per-class and per-phase views, writes the table as CSV and draws the figures; returns the exit
+    status. A file that cannot be read is skipped with a warning; a place that cannot be written is exit 2
+    before anything is read."""
     out, err = out or sys.stdout, err or sys.stderr
+    try:
+        for path, option in ((csv_path, "--csv"), (plot, "--plot")):
+            if path:
+                check_file(path, option)
+    except InputError as e:
+        print(f"fedmpi: error: {e}", file=err)
+        return EXIT_USAGE
     files, unmatched = find_run_files(paths)
     if unmatched:
         print(f"fedmpi: error: no run file at {', '.join(unmatched)}", file=err)
@@ -233,12 +270,47 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
         return EXIT_USAGE
     rows = sweep_rows(runs, by, target) if by else report.summarize(runs, target)
     print(report.format_table(rows, fmt, left=len(by) if by else 3), file=out)
-    if csv_path:
-        report.write_csv(rows, csv_path)
-    if plot:
-        if by:
-            plot_sweep(runs, by, plot, x=x)
-        else:
-            plot_curves(runs, plot, x=x)
-        print(f"curves written to {plot}", file=out)
+    for wanted, section in ((classes, class_section), (timing, timing_section)):
+        for run in runs if wanted else ():
+            print("\n" + section(run, fmt), file=out)
+    try:
+        if csv_path:
+            report.write_csv(rows, csv_path)
+        if plot:
+            _draw(runs, by, plot, x, timing, out, err)
+    except OSError as e:
+        print(f"fedmpi: error: cannot write {e.filename or csv_path or plot}: {e.strerror or e}", file=err)
+        return EXIT_USAGE
     return 0
+
+
+def _draw(runs, by, plot, x, timing, out, err):
+    """The figures of --plot: the curves into PLOT; beside it one figure per run that recorded instruments
+    (PLOT-RUN.png, not for sweeps) and, with --timing, the phase bars (PLOT-timing.png)."""
+    if by:
+        plot_sweep(runs, by, plot, x=x)
+    else:
+        for line in missing_curves(runs, ("test_acc", "test_loss"), x):
+            print(f"fedmpi: note: {line}", file=err)
+        plot_curves(runs, plot, x=x)
+    print(f"curves written to {plot}", file=out)
+    names = {"timing"} if timing else set()
+    for run in runs if not by else ():
+        if has_instruments(run):
+            name = _unique(run.name, names)
+            plot_run(run, sibling(plot, name))
+            print(f"figure of {run.name} written to {sibling(plot, name)}", file=out)
+    if timing:
+        if plot_timing(runs, sibling(plot, "timing")):
+            print(f"phase timing written to {sibling(plot, 'timing')}", file=out)
+        else:
+            print("fedmpi: note: no run recorded phase timing (/timing): no timing figure", file=err)
+
+
+def _unique(name, taken):
+    candidate, i = name, 1
+    while candidate in taken:
+        i += 1
+        candidate = f"{name}-{i}"
+    taken.add(candidate)
+    return candidate

@@ -1,4 +1,5 @@
-"""Command line: `fedmpi run CONFIG [key=value ...]` and `fedmpi report RUN.h5 ...` (DESIGN §1)."""
+"""Command line: `fedmpi run CONFIG [key=value ...]`, `fedmpi report RUN.h5 ...`, `fedmpi verify RUN_A RUN_B`
+and `fedmpi export RUN.h5 ...` (DESIGN §1)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,29 @@ def _parser():
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in out")
     rep = sub.add_parser("report", help="table of runs from their run.h5 files")
     rep.add_argument("runs", nargs="+", help="run.h5 files, run folders, folders of runs (searched) or globs")
-    rep.add_argument("--plot", metavar="FILE.png", help="also draw accuracy and loss curves into this PNG")
-    rep.add_argument("--x", choices=("round", "bytes", "wall"), default="round",
-                     help="x axis of --plot: rounds, bytes moved or wall time (default round)")
+    rep.add_argument("--plot", metavar="FILE.png",
+                     help="also draw accuracy and loss curves into this PNG, and beside it FILE-RUN.png per run "
+                          "with accuracy, weight divergence and per-class accuracy where the run recorded them")
+    rep.add_argument("--x", choices=("round", "bytes", "wall", "sim_time"), default="round",
+                     help="x axis of --plot: rounds, bytes moved, wall time or simulated time (default round)")
     rep.add_argument("--csv", metavar="FILE.csv", help="also write the table as CSV")
     rep.add_argument("--target", type=float, metavar="ACC",
                      help="add the rounds and bytes until the test accuracy first reaches ACC, e.g. 0.8")
     rep.add_argument("--by", action="append", default=[], metavar="KEY",
                      help="one row per value of this dotted config key (repeatable), mean +- std over the rest")
     rep.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
+    rep.add_argument("--classes", action="store_true",
+                     help="per run, the final accuracy of each class, worst first, beside the clients' label counts")
+    rep.add_argument("--timing", action="store_true",
+                     help="per run, mean seconds per round of each phase on each rank (with --plot: FILE-timing.png)")
+    ver = sub.add_parser("verify", help="where two runs' models part (exit 0 identical, 1 they differ)")
+    ver.add_argument("run_a", help="run.h5 or run folder")
+    ver.add_argument("run_b", help="run.h5 or run folder")
+    exp = sub.add_parser("export", help="a run's figures as TensorBoard event files and/or CSV")
+    exp.add_argument("run", help="run.h5 or run folder")
+    exp.add_argument("--tensorboard", metavar="DIR", help="write a TensorBoard event file into this folder")
+    exp.add_argument("--csv", metavar="FILE.csv", help="write one row per round")
+    exp.add_argument("--overwrite", action="store_true", help="replace earlier event files in DIR")
     return p
 
 
@@ -44,7 +59,7 @@ def main(argv=None) -> int:
     try:
         if args.command == "run":
             return _run(args)
-        return _report(args)
+        return {"report": _report, "verify": _verify, "export": _export}[args.command](args)
     except FedmpiError as e:
         # Raised before any MPI traffic, identically on every rank (or, for Refused, already reported once
         # by one rank): a plain exit is safe.
@@ -117,4 +132,16 @@ def _report(args):
     from fedmpi.analysis import report_command
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
-                          x=args.x, fmt=args.format)
+                          x=args.x, fmt=args.format, classes=args.classes, timing=args.timing)
+
+
+def _verify(args):
+    from fedmpi.verify_report import verify_command
+
+    return verify_command(args.run_a, args.run_b, sys.stdout)
+
+
+def _export(args):
+    from fedmpi.export import export_command
+
+    return export_command(args.run, tensorboard=args.tensorboard, csv_path=args.csv, overwrite=args.overwrite)

@@ -6,12 +6,13 @@ import csv
 import os
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import h5py
 import numpy as np
 import yaml
 
-from fedmpi.store import open_run
+from fedmpi.store import CORE_METRICS, open_run
 
 WINDOW = 20          # evaluations in the rolling mean that defines "final accuracy" (FSL paper)
 RISE_FRACTION = 0.9  # rise time: first round whose rolling accuracy reaches 90% of the final value
@@ -25,39 +26,135 @@ class Run:
     metrics: dict
     partition: dict = field(default_factory=dict)
     server_partition: dict = field(default_factory=dict)
+    metric_attrs: dict = field(default_factory=dict)    # {metric: its dataset's attributes}, e.g. class_counts
+    timing: dict = field(default_factory=dict)          # {phase: [round, rank] seconds} from /timing
 
     @property
     def name(self):
         return os.path.basename(os.path.dirname(os.path.abspath(self.path))) or self.path
 
-    @property
+    @cached_property
     def config(self):
-        return yaml.safe_load(self.attrs.get("config", "")) or {}
+        return parse_config(self.attrs.get("config", ""))
+
+
+class MalformedRun(ValueError):
+    """A readable HDF5 file that is not a run log as DESIGN §3 describes it; never retried."""
+
+
+# A config attribute is a few KB; these bounds keep a hostile one (a YAML alias bomb) from exploding when
+# the tools walk or print it.
+CONFIG_MAX_CHARS = 1_000_000
+CONFIG_MAX_NODES = 100_000
+
+
+def parse_config(text):
+    """The resolved config stored in a run file, as a mapping ({} when absent); MalformedRun otherwise."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise MalformedRun(f"config attribute is a {type(text).__name__}, not YAML text")
+    if len(text) > CONFIG_MAX_CHARS:
+        raise MalformedRun(f"config attribute is {len(text)} characters long (at most {CONFIG_MAX_CHARS})")
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise MalformedRun(f"config attribute is not YAML ({one_line(e)})") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise MalformedRun(f"config attribute is YAML but not a mapping of keys (a {type(config).__name__})")
+    _count_nodes(config)
+    return config
+
+
+def _count_nodes(node):
+    """Walks the config with a budget: shared YAML aliases would otherwise make any walk exponential."""
+    budget, stack = CONFIG_MAX_NODES, [node]
+    while stack:
+        item = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise MalformedRun(f"config attribute has more than {CONFIG_MAX_NODES} entries (YAML aliases?)")
+        if isinstance(item, dict):
+            stack += list(item.keys()) + list(item.values())
+        elif isinstance(item, list):
+            stack += item
+
+
+def one_line(error, limit=200):
+    """An exception's text on one line, cut to `limit` characters (warnings and errors are one line)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def read_run(path, retries=READ_RETRIES) -> Run:
     """One run file, also while its job is still appending to it (a read that meets a half-written round
-    is retried). A file that is not HDF5 at all raises OSError at once."""
+    is retried). A file that is not HDF5 at all raises OSError at once; a malformed one MalformedRun."""
     if os.path.isfile(path) and not h5py.is_hdf5(path):
         raise OSError(f"{path} is not an HDF5 file")
     for attempt in range(retries):
         try:
             return _read_run(path)
+        except MalformedRun:
+            raise
         except (OSError, KeyError, ValueError):
             if attempt == retries - 1:
                 raise
             time.sleep(0.1 * (attempt + 1))
 
 
+# Numbers (and booleans); the fingerprints of /metrics/model_sha256 are the one text column.
+_NUMERIC_KINDS = "biuf"
+TEXT_METRICS = ("model_sha256",)
+
+
 def _read_run(path) -> Run:
     with open_run(path) as f:
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-        metrics = {k: ds[()] for k, ds in f["metrics"].items()}
-        n = min(len(v) for v in metrics.values()) if metrics else 0
+        attrs = {k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        if not isinstance(f.get("metrics"), h5py.Group):
+            raise MalformedRun("no /metrics group" if "metrics" not in f else "/metrics is not a group")
+        metrics = {k: _dataset(f["metrics"], k, k in TEXT_METRICS) for k in f["metrics"]}
+        if "round" not in metrics:
+            raise MalformedRun("no /metrics/round")
+        metric_attrs = {k: dict(f["metrics"][k].attrs) for k in metrics if len(f["metrics"][k].attrs)}
+        n = min(len(v) for v in metrics.values())
         metrics = {k: v[:n] for k, v in metrics.items()}   # a row may be mid-append
-        part = {k: ds[()] for k, ds in f["partition"].items() if hasattr(ds, "shape")} if "partition" in f else {}
-        server = {k: ds[()] for k, ds in f["partition/server"].items()} if "partition/server" in f else {}
-    return Run(path, attrs, metrics, part, server)
+        part = _numeric_group(f, "partition")
+        server = _numeric_group(f, "partition/server")
+        timing = {k: v[:n] for k, v in _numeric_group(f, "timing").items() if v.ndim == 2}
+    run = Run(path, attrs, metrics, part, server, metric_attrs, timing)
+    _ = run.config  # parsed (and checked) now, so a malformed file is skipped here, not half-way through a table
+    return run
+
+
+def _dataset(group, name, text=False):
+    item = group[name]
+    if not isinstance(item, h5py.Dataset):
+        raise MalformedRun(f"{group.name}/{name} is a group, not a dataset")
+    kinds = "S" if text else _NUMERIC_KINDS
+    if item.dtype.kind not in kinds or item.ndim not in (1, 2):
+        what = "text" if text else "numbers"
+        raise MalformedRun(f"{group.name}/{name} holds {item.ndim}-D {item.dtype} data, not per-round {what}")
+    if item.ndim != 1 and name in CORE_METRICS:
+        raise MalformedRun(f"{group.name}/{name} is {item.ndim}-D; a core figure has one value per round")
+    return item[()]
+
+
+def _numeric_group(f, name):
+    """The datasets of an optional group ({} if absent); a non-numeric one makes the file malformed."""
+    group = f.get(name)
+    if group is None:
+        return {}
+    if not isinstance(group, h5py.Group):
+        raise MalformedRun(f"/{name} is not a group")
+    out = {}
+    for k, item in group.items():
+        if isinstance(item, h5py.Dataset):
+            if item.dtype.kind not in _NUMERIC_KINDS:
+                raise MalformedRun(f"/{name}/{k} holds {item.dtype} data, not numbers")
+            out[k] = item[()]
+    return out
 
 
 def rolling_mean(values, window=WINDOW):
@@ -107,8 +204,8 @@ def summarize(runs, target=None):
         final, best, rise = accuracy_figures(m.get("round", []), m.get("test_acc", []))
         row = {
             "run": run.name,
-            "algorithm": run.attrs.get("algorithm", run.config.get("algorithm", {}).get("name", "?")),
-            "status": run.attrs.get("status", "?"),
+            "algorithm": str(run.attrs.get("algorithm", algorithm_name(run.config))),
+            "status": str(run.attrs.get("status", "?")),
             "rounds": int(len(m.get("round", []))),
             "emd": mean_client_emd(run.partition),
             "final_acc": final,
@@ -124,6 +221,11 @@ def summarize(runs, target=None):
         })
         rows.append(row)
     return rows
+
+
+def algorithm_name(config):
+    algorithm = config.get("algorithm")
+    return str(algorithm.get("name", "?") if isinstance(algorithm, dict) else algorithm or "?")
 
 
 def _fmt(key, v):
@@ -180,16 +282,9 @@ def write_csv(rows, path):
         writer.writerows(rows)
 
 
-def plot_curves(runs, path, x_key="round"):
-    """Accuracy curves of `runs` into a PNG (see fedmpi.analysis.plot_curves for the options)."""
-    from fedmpi.analysis import plot_curves as plot
-
-    plot(runs, path, x="bytes" if x_key == "bytes" else "round", metrics=("test_acc",))
-
-
 def mean_client_emd(stats):
     """Sample-weighted mean of the clients' EMD to the whole training set (NaN without partition data)."""
-    if "emd" not in stats or "samples" not in stats:
+    if "emd" not in stats or "samples" not in stats or np.shape(stats["emd"]) != np.shape(stats["samples"]):
         return np.nan
     samples = np.asarray(stats["samples"], dtype=np.float64)
     return float((np.asarray(stats["emd"]) * samples).sum() / max(samples.sum(), 1))

@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Curves of per-round figures of one or many runs into a PNG, one panel per figure, one line per run.
 
-    python tools/curves.py RUNS... --out curves.png [--x round|bytes|wall] [--metric test_acc ...]
+    python tools/curves.py RUNS... --out curves.png [--x round|bytes|wall|sim_time] [--metric test_acc ...]
                            [--smooth 20] [--label-by algorithm.name ...] [--title TEXT]
 
 RUNS are run.h5 files, run folders, folders of runs (searched) or glob patterns; runs still being written
 are drawn up to their last complete round. --x bytes draws against the cumulative bytes moved (up +
-down), the communication a real deployment would pay. Figures: any name under /metrics (test_acc,
-test_loss, train_loss, server_loss, drift, p_t, uploads, ...); default test_acc and test_loss.
+down), the communication a real deployment would pay; --x sim_time against the simulated clock
+(/metrics/sim_time_s). Figures: any per-round name under /metrics (test_acc, test_loss, train_loss,
+server_loss, drift, p_t, uploads, ...), and from the research instruments weight_divergence and
+shadow_acc (centralized SGD), gradient_diversity with update_sq_norm and aggregate_sq_norm (client
+drift), client_lr, server_lr; default test_acc and test_loss. A run that did not record a figure (or
+the x axis) is named on stderr and left out of that panel; a malformed run file is skipped with a warning.
 """
 
 import argparse
 import sys
 
 from fedmpi import analysis
+from fedmpi.errors import InputError
+from fedmpi.output_paths import check_file
 
 
 def main(argv=None):
@@ -28,16 +34,25 @@ def main(argv=None):
                    help="label lines by these dotted config keys instead of the run folder's name")
     p.add_argument("--title", help="figure title")
     args = p.parse_args(argv)
+    try:
+        check_file(args.out, "--out")
+    except InputError as e:
+        print(f"curves.py: error: {e}", file=sys.stderr)
+        return 2
     files, unmatched = analysis.find_run_files(args.runs)
     if unmatched:
         print(f"curves.py: no run file at {', '.join(unmatched)}", file=sys.stderr)
         return 2
     runs = analysis.load_runs(files)
     if not runs:
+        print("curves.py: error: none of the run files could be read", file=sys.stderr)
         return 2
     labels = [analysis.run_label(r, args.label_by) for r in runs]
-    analysis.plot_curves(runs, args.out, x=args.x, metrics=tuple(args.metrics or ("test_acc", "test_loss")),
-                         labels=labels, smooth=args.smooth, title=args.title)
+    metrics = tuple(args.metrics or ("test_acc", "test_loss"))
+    for line in analysis.missing_curves(runs, metrics, args.x):
+        print(f"curves.py: note: {line}", file=sys.stderr)
+    analysis.plot_curves(runs, args.out, x=args.x, metrics=metrics, labels=labels, smooth=args.smooth,
+                         title=args.title)
     print(f"curves of {len(runs)} run(s) written to {args.out}")
     return 0
 
