@@ -1,0 +1,82 @@
+"""The `privacy:` config section (client-level differential privacy, issue 16; docs/privacy.md).
+
+How clients are sampled is not here: it lives in the server section as `server.sampling: fixed | poisson`,
+because it decides the cohort with or without privacy. With `poisson` every client joins a round
+independently with rate q = server.clients_per_round / partition.clients.
+
+The annotations use only names that fedmpi.config's loader can resolve (`Literal`, builtins), so this
+dataclass can sit in `Config` beside the other sections and be built by the same `_build`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fedmpi.config_checks import Checks
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    mechanism: Literal["none", "gaussian"] = "none"
+    """`none`: no clipping, no noise, nothing changes. `gaussian`: DP-FedAvg (McMahan et al. 2018): every
+    client's update is clipped on its own rank, rank 0 adds Gaussian noise once to the sum."""
+
+    clip: float = 1.0
+    """L2 bound C on one client's update Delta_i = y_i - x_t; with `adaptive_clip` the initial C."""
+
+    noise_multiplier: float = 1.0
+    """z: the noise added to the sum of clipped updates has standard deviation z * C. 0 clips without
+    noise (epsilon is infinite). Ignored when `target_epsilon` is set."""
+
+    delta: float = 1e-5
+    """The delta of the (epsilon, delta) guarantee; choose it below 1 / partition.clients."""
+
+    target_epsilon: float | None = None
+    """null, or the epsilon the run must reach after `rounds` rounds: picks `noise_multiplier` before the
+    run starts (the smallest z the accountant allows)."""
+
+    accountant: Literal["rdp", "pld"] = "rdp"
+    """Privacy accountant of Google's dp-accounting: `rdp` (Renyi DP) or `pld` (privacy loss
+    distributions, tighter and slower; Poisson sampling only)."""
+
+    adaptive_clip: bool = False
+    """Quantile-based adaptive clipping (Andrew et al. 2021): C follows the `target_quantile` of the
+    update norms, estimated from a noisy count in the same reduction."""
+
+    target_quantile: float = 0.5
+    """gamma: the fraction of updates that should fall below C."""
+
+    clip_lr: float = 0.2
+    """eta_C of the geometric update C <- C * exp(-eta_C * (b_hat - gamma))."""
+
+    clip_count_stddev: float | None = None
+    """sigma_b, the noise on the count of unclipped updates; null = the paper's expected cohort / 20."""
+
+    def __post_init__(self):
+        c = Checks("privacy")
+        c.require(self.mechanism in ("none", "gaussian"), "mechanism", self.mechanism, "must be none or gaussian")
+        c.require(self.accountant in ("rdp", "pld"), "accountant", self.accountant, "must be rdp or pld")
+        c.require(isinstance(self.adaptive_clip, bool), "adaptive_clip", self.adaptive_clip,
+                  "must be true or false")
+        c.require(_number(self.clip) and self.clip > 0, "clip", self.clip, "must be a number > 0")
+        c.require(_number(self.noise_multiplier) and self.noise_multiplier >= 0, "noise_multiplier",
+                  self.noise_multiplier, "must be a number >= 0")
+        c.require(_number(self.delta) and 0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
+        c.require(self.target_epsilon is None or (_number(self.target_epsilon) and self.target_epsilon > 0),
+                  "target_epsilon", self.target_epsilon, "must be a number > 0 or null")
+        c.require(_number(self.target_quantile) and 0 < self.target_quantile < 1, "target_quantile",
+                  self.target_quantile, "must be in (0, 1)")
+        c.require(_number(self.clip_lr) and self.clip_lr > 0, "clip_lr", self.clip_lr, "must be a number > 0")
+        c.require(self.clip_count_stddev is None
+                  or (_number(self.clip_count_stddev) and self.clip_count_stddev > 0),
+                  "clip_count_stddev", self.clip_count_stddev, "must be a number > 0 or null")
+        c.done()
+
+    @property
+    def enabled(self):
+        return self.mechanism == "gaussian"

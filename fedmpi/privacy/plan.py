@@ -1,0 +1,118 @@
+"""From the `privacy:` section and the cohort to the numbers a DP run needs, checked before anything
+starts: the noise multipliers, the count noise, the epsilon the run will reach (docs/privacy.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedmpi.errors import ConfigError
+from fedmpi.privacy import accounting
+from fedmpi.privacy.accounting import Sampling
+from fedmpi.privacy.mechanism import AdaptiveClip, adjusted_noise_multiplier, default_count_stddev
+
+# Algorithms whose uploads are not one clipped update per client, so Gaussian noise on the sum of
+# clipped updates does not make them client-level DP as implemented (docs/privacy.md, "Limits").
+NOT_DP = {
+    "scaffold": "each client also uploads its control-variate change, which is neither clipped nor noised, "
+                "and the server broadcasts the control variate built from it",
+    "fedskip": "slots carry one client's trained model to the next client without clipping or noise, and "
+               "the slots are averaged with weights n_i",
+    "central": "there are no clients to clip: centralized SGD would need per-example DP-SGD",
+}
+
+
+def algorithm_problems(algorithm, client_steps) -> list:
+    """Why `algorithm` (its keys dataclass) cannot run under privacy.mechanism = gaussian, if it cannot."""
+    name = algorithm.name
+    why = NOT_DP.get(name)
+    if name == "safl" and getattr(algorithm, "gating", False):
+        why = ("the upload decision depends on the client's own data (its probe-accuracy gap), so "
+               "participation is not the data-independent sampling the accountant assumes")
+    elif name == "safl" and getattr(algorithm, "fusion", "samples") == "ida":
+        why = "IDA fusion weights each upload by 1 / ||z_k - zbar||, a data-dependent weight the clip does not bound"
+    elif name == "fednova" and client_steps is None:
+        why = ("with client.epochs the step count a_i depends on the client's sample count, which the "
+               "aggregation then reveals; set client.steps")
+    if why is None:
+        return []
+    return [f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': not differentially private as "
+            f"implemented: {why} (docs/privacy.md, Limits)"]
+
+
+def check(privacy, *, algorithm, sampling: Sampling, client_steps) -> list:
+    """Every cross-section problem of a DP config, one line each (empty when the mechanism is off)."""
+    if not privacy.enabled:
+        return []
+    problems = algorithm_problems(algorithm, client_steps)
+    try:
+        accounting.check_accountant(privacy.accountant, sampling)
+    except ConfigError as e:
+        problems += e.messages
+    if privacy.delta >= 1 / sampling.num_clients:
+        problems.append(f"privacy.delta = {privacy.delta!r}: must be < 1 / partition.clients "
+                        f"({1 / sampling.num_clients:g}); otherwise the guarantee allows releasing a client outright")
+    if privacy.adaptive_clip and privacy.target_epsilon is None:
+        try:
+            adjusted_noise_multiplier(privacy.noise_multiplier, count_stddev(privacy, sampling))
+        except ConfigError as e:
+            problems += e.messages
+    return problems
+
+
+def count_stddev(privacy, sampling: Sampling) -> float:
+    if privacy.clip_count_stddev is not None:
+        return privacy.clip_count_stddev
+    return default_count_stddev(sampling.expected_size)
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    noise_multiplier: float           # z, what the accountant is charged each round
+    update_noise_multiplier: float    # z_Delta: the update's noise std is z_Delta * C (= z without adaptive clip)
+    count_stddev: float | None        # sigma_b of the adaptive-clip count, None without adaptive clipping
+    sampling: Sampling
+    rounds: int
+    delta: float
+    accountant: str
+    epsilon: float                    # after `rounds` rounds
+
+    def epsilon_curve(self):
+        return accounting.epsilon_curve(self.rounds, self.delta, self.sampling, self.noise_multiplier,
+                                        self.accountant)
+
+    def describe(self) -> str:
+        """The --dry-run line."""
+        noise = f"noise multiplier {self.noise_multiplier:.4g}"
+        if self.count_stddev is not None:
+            noise += (f" (update {self.update_noise_multiplier:.4g}, adaptive-clip count stddev "
+                      f"{self.count_stddev:.4g})")
+        cohort = (f"Poisson sampling q = {self.sampling.rate:.4g}" if self.sampling.kind == "poisson"
+                  else f"fixed-size sampling {self.sampling.per_round} of {self.sampling.num_clients}")
+        return (f"privacy: Gaussian, {noise}, {cohort}; epsilon after {self.rounds} rounds = "
+                f"{self.epsilon:.4g} at delta = {self.delta:g} ({self.accountant})")
+
+
+def resolve(privacy, sampling: Sampling, rounds: int, noise_multiplier=None) -> PrivacyPlan:
+    """The run's plan. `noise_multiplier`, when given, is the z a checkpoint recorded: a resumed run keeps
+    its noise even when `rounds` (and with it target_epsilon's calibration) changed."""
+    if not privacy.enabled:
+        raise ValueError("resolve() plans a run with privacy.mechanism = 'gaussian'")
+    accounting.check_accountant(privacy.accountant, sampling)
+    z = noise_multiplier
+    if z is None:
+        z = privacy.noise_multiplier
+        if privacy.target_epsilon is not None:
+            z = accounting.noise_for_epsilon(privacy.target_epsilon, rounds, privacy.delta, sampling,
+                                             privacy.accountant)
+    sigma_b = count_stddev(privacy, sampling) if privacy.adaptive_clip else None
+    z_update = z if sigma_b is None else adjusted_noise_multiplier(z, sigma_b)
+    eps = accounting.epsilon(rounds, privacy.delta, sampling, z, privacy.accountant)
+    return PrivacyPlan(z, z_update, sigma_b, sampling, int(rounds), privacy.delta, privacy.accountant, eps)
+
+
+def make_adaptive_clip(privacy, plan: PrivacyPlan):
+    """The adaptive clip of this run, or None when `privacy.adaptive_clip` is off."""
+    if not privacy.adaptive_clip:
+        return None
+    return AdaptiveClip(privacy.clip, privacy.target_quantile, privacy.clip_lr, plan.count_stddev,
+                        plan.sampling.expected_size)
