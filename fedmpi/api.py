@@ -24,9 +24,10 @@ from fedmpi import config as config_mod
 
 @dataclass
 class SimulationResult:
-    metrics: dict          # name -> [round] array (NaN where not measured), as /metrics
+    metrics: dict          # name -> [round] array (NaN where not measured), or [round, k] for rows, as /metrics
     clients: dict          # name -> [round, client] array, as /clients
     model: np.ndarray      # the final global flat vector
+    timing: np.ndarray = None   # [round, rank, phase] seconds, as /timing (fedmpi.timing.PHASES)
     experiment: object = field(repr=False, default=None)   # the Experiment, for inspection
 
 
@@ -34,19 +35,34 @@ class MemoryLog:
     """Collects the rows the run loop would append to run.h5."""
 
     def __init__(self):
-        self.rows, self.client_rows = [], []
+        self.rows, self.client_rows, self.timing_rows = [], [], []
 
-    def append(self, metrics, clients=None, num_clients=None):
+    def append(self, metrics, clients=None, num_clients=None, timing=None):
         self.rows.append(dict(metrics))
         self.client_rows.append(dict(clients or {}))
+        self.timing_rows.append(timing)
 
     def metrics(self):
         names = dict.fromkeys(k for row in self.rows for k in row)
-        return {k: np.array([row.get(k, np.nan) for row in self.rows], dtype=np.float64) for k in names}
+        return {k: _column([row.get(k) for row in self.rows]) for k in names}
 
     def clients(self):
         names = dict.fromkeys(k for row in self.client_rows for k in row)
         return {k: np.stack([row[k] for row in self.client_rows]) for k in names}
+
+    def timing(self):
+        return np.stack(self.timing_rows) if self.timing_rows else np.zeros((0, 1, 0))
+
+
+def _column(values):
+    """One metric over the rounds: floats (NaN where missing), text (model_sha256), or rows [round, k]."""
+    present = [v for v in values if v is not None]
+    if present and isinstance(present[0], str):
+        return np.array([v or "" for v in values])
+    if present and np.ndim(present[0]) == 1:
+        width = len(present[0])
+        return np.stack([np.full(width, np.nan) if v is None else np.asarray(v, dtype=np.float64) for v in values])
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
 def as_config(cfg, overrides=None):
@@ -75,4 +91,4 @@ def simulate(cfg, *, dataset=None, model=None, parts=None, loss=None, rounds=Non
     exp = Experiment(cfg, comm, dataset=dataset, model=model, parts=parts, loss=loss)
     log = MemoryLog()
     _loop(cfg, comm, exp, log, checkpoints=False)
-    return SimulationResult(log.metrics(), log.clients(), exp.global_model(), exp)
+    return SimulationResult(log.metrics(), log.clients(), exp.global_model(), log.timing(), exp)

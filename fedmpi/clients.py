@@ -26,15 +26,16 @@ from fedmpi.train import LocalTrainer, Schedule, evaluate, schedule, seed_torch_
 
 
 class ClientHost:
-    def __init__(self, cfg, comm, algo, flat, parts, data, loss=None):
-        """`data` holds the data set and moves its tensors to the device on first use (DeviceData)."""
-        self.cfg, self.comm, self.algo, self.flat = cfg, comm, algo, flat
+    def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None):
+        """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
+        device on first use (DeviceData)."""
+        self.cfg, self.comm, self.workers, self.algo, self.flat = cfg, comm, workers, algo, flat
         self.parts = parts
         self.sizes = np.array([len(p) for p in parts])
-        self.host = place_clients(self.sizes, comm.workers)
+        self.host = place_clients(self.sizes, workers)
         self.mine = set(np.flatnonzero(self.host == comm.rank).tolist())
-        self.balanced = (len(comm.workers) > 1 and algo.protocol == REDUCE and not algo.keeps_client_state)
-        self.trains = bool(self.mine) or (self.balanced and comm.rank in comm.workers)
+        self.balanced = len(workers) > 1 and algo.protocol == REDUCE and not algo.keeps_client_state
+        self.trains = bool(self.mine) or (self.balanced and comm.rank in workers)
         self.x_train = self.y_train = self.trainer = self.group_trainer = None
         if self.trains:
             self.x_train, self.y_train = data.train
@@ -70,7 +71,7 @@ class ClientHost:
         `balanced` its share of a largest-first deal of the selected clients (the same on every rank)."""
         if not self.balanced:
             return [int(c) for c in selected if int(c) in self.mine]
-        share = place_clients([len(self.parts[c]) for c in selected], self.comm.workers)
+        share = place_clients([len(self.parts[c]) for c in selected], self.workers)
         return [int(c) for c, rank in zip(selected, share) if rank == self.comm.rank]
 
     def hosted(self, clients):

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
+
+from fedmpi.runtime import usable_cores
+from fedmpi.timing import Timer
 
 FAILURE_TAG = 77
 ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfers
@@ -71,6 +75,19 @@ class _AllOf:
         return self.mpi.Request.Testall(self.requests)
 
 
+@dataclass(frozen=True)
+class NodeInfo:
+    local_rank: int             # this rank's index among the ranks on its node
+    local_size: int             # ranks on this node
+    server_here: bool           # rank 0 is on this node
+    server_node_ranks: int      # ranks on rank 0's node
+    server_node_cores: int      # cores usable on rank 0's node
+
+    def server_spare_core(self):
+        """Rank 0's node has a core beyond those of its other ranks, idle while they train."""
+        return self.server_node_cores > self.server_node_ranks - 1
+
+
 class WorkerFailed(Exception):
     """Raised on the server when a worker reports an exception; the job is then aborted."""
 
@@ -85,6 +102,9 @@ class LocalComm:
     rank = 0
     size = 1
     workers = (0,)
+
+    def __init__(self):
+        self.timer = Timer()
 
     @property
     def is_server(self):
@@ -122,7 +142,7 @@ class LocalComm:
             put_state(cid, get_state(cid))
 
     def node_local(self):
-        return 0, 1, True
+        return NodeInfo(0, 1, True, 1, usable_cores())
 
     def abort(self, code):
         os._exit(code)
@@ -141,6 +161,7 @@ class MpiComm:
         self.comm = mpi_comm or MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.workers = tuple(range(1, self.size))
+        self.timer = Timer()     # `wait` (sleeping until others arrive), `bcast`, `reduce` (the transfers)
         self._failure_buf = bytearray(FAILURE_BYTES)
         self._failure_req = (self.comm.Irecv([self._failure_buf, MPI.BYTE], source=MPI.ANY_SOURCE,
                                              tag=FAILURE_TAG) if self.rank == 0 else None)
@@ -165,7 +186,9 @@ class MpiComm:
             while not request.Test():
                 self._check_failures()
                 time.sleep(min(SLEEP_MAX_S, max(SLEEP_MIN_S, SLEEP_FRACTION * (time.monotonic() - began))))
-        self._check_failures()
+            self.timer.add("wait", time.monotonic() - began)
+        # No check once the collective has completed: every rank took part in it, so a failure reported
+        # since then is found at the next wait, after this round's work (its log row) is done.
 
     def _check_failures(self):
         if self._failure_req is not None and self._failure_req.Test(self._status):
@@ -180,16 +203,18 @@ class MpiComm:
     def bcast(self, buf):
         """Rank 0's `buf` (a contiguous numpy array) is copied into every rank's `buf` in place."""
         self.sync()
-        self.comm.Bcast(buf, root=0)
+        with self.timer.phase("bcast"):
+            self.comm.Bcast(buf, root=0)
         return buf
 
     def reduce_sum(self, buf):
         """Element-wise sum of every rank's `buf` into rank 0's `buf` (in place there)."""
         self.sync()
-        if self.rank == 0:
-            self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
-        else:
-            self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
+        with self.timer.phase("reduce"):
+            if self.rank == 0:
+                self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
+            else:
+                self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
         return buf
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -286,12 +311,15 @@ class MpiComm:
         return int(worst[0] // (self.size + 1)), int(self.size - worst[0] % (self.size + 1))
 
     def node_local(self):
-        """(rank among the ranks on this node, ranks on this node, whether the server is one of them)."""
+        """Collective: this rank's NodeInfo (its place on its node, and rank 0's node: ranks and cores)."""
         local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
             lowest = np.zeros(1, dtype=np.int64)
             local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)
-            return local.Get_rank(), local.Get_size(), bool(lowest[0] == 0)
+            server_node = np.array([local.Get_size(), usable_cores()], dtype=np.int64)
+            self.comm.Bcast(server_node, root=0)
+            return NodeInfo(local.Get_rank(), local.Get_size(), bool(lowest[0] == 0), int(server_node[0]),
+                            int(server_node[1]))
         finally:
             local.Free()
 

@@ -157,6 +157,9 @@ class ServerConfig:
     betas: tuple[float, float] = (0.9, 0.99)   # adam, yogi, adagrad: (b1, b2)
     tau: float = 1e-3                   # adam, yogi, adagrad: adaptivity (Reddi et al.)
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_g per round
+    # Rank 0 hosts clients too; null: when its node has a core the other ranks leave idle. Results do not
+    # depend on it (a run-time key: not hashed, may change on --resume).
+    trains_clients: bool | None = None
 
     def __post_init__(self):
         c = _Checks("server")
@@ -174,6 +177,8 @@ class ServerConfig:
 class EvalConfig:
     every: int = 1
     batch_size: int = 1000
+    divergence: bool = False            # weight divergence from a centralized-SGD shadow (fedmpi.shadow)
+    client_drift: bool = False          # per-client update norms and cosines with the aggregate (fedmpi.drift)
 
     def __post_init__(self):
         c = _Checks("eval")
@@ -243,14 +248,20 @@ class Config:
     def to_yaml(self):
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def hash(self, ignore=("rounds", "checkpoint", "runtime", "out")):
+    def hash(self, ignore=None):
         """Hash of everything that decides the computation; run-time keys excluded so resume may change them."""
+        ignore = RUNTIME_KEYS if ignore is None else ignore
         d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        for key in ignore:
+            section, _, name = key.partition(".")
+            if name and isinstance(d.get(section), dict):
+                d[section] = {k: v for k, v in d[section].items() if k != name}
         return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# Keys that may differ between a checkpoint and a --resume (DESIGN §1).
-RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out")
+# Keys that may differ between a checkpoint and a --resume (DESIGN §1): whole sections, or dotted keys of
+# run-time choices that do not change the results.
+RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients")
 
 
 # --- building from mappings --------------------------------------------------------------------------
@@ -420,4 +431,4 @@ def differing_keys(a: Config, b: Config, ignore=RUNTIME_KEYS):
 
     fa, fb = dict(flat(a.to_dict())), dict(flat(b.to_dict()))
     keys = sorted(set(fa) | set(fb))
-    return [k for k in keys if k.split(".")[0] not in ignore and fa.get(k) != fb.get(k)]
+    return [k for k in keys if k.split(".")[0] not in ignore and k not in ignore and fa.get(k) != fb.get(k)]

@@ -13,26 +13,31 @@ error found here (e.g. `Algorithm.check`) ends every rank the same way before an
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import time
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fedmpi import rng, signals
-from fedmpi.algorithms.base import SetupContext
+from fedmpi.algorithms.base import REDUCE, SetupContext
 from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import as_numpy_state
 from fedmpi.clients import ClientHost
 from fedmpi.data import load_dataset
 from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
+from fedmpi.evaluation import SplitEvaluation
 from fedmpi.flat import FlatModel
 from fedmpi.models import build_model
 from fedmpi.participation import build_participation
 from fedmpi.protocols import PROTOCOLS
 from fedmpi.runtime import pick_device, set_threads
 from fedmpi.server import Server
+from fedmpi.shadow import Shadow
 from fedmpi.train import ServerTrainer
 from fedmpi.uploads import build_stages
 from fedmpi.wire import CMD_RUN, CMD_STOP, RoundBuffers
@@ -67,10 +72,11 @@ class Experiment:
         and `loss` (a criterion on outputs and targets) replace what the config would build: the
         in-process API (`fedmpi.simulate`) passes them for custom experiments."""
         self.cfg, self.comm = cfg, comm
-        local_rank, local_size, server_here = comm.node_local()      # the only collective of set-up
-        computing = local_size - (1 if server_here and comm.size > 1 else 0)
+        node = comm.node_local()      # the only collective of set-up
+        self.workers = _workers(cfg, comm, node)
+        computing = node.local_size - (1 if node.server_here and 0 not in self.workers else 0)
         self.threads = set_threads(cfg.runtime.threads, computing)
-        self.device = pick_device(cfg.runtime.device, local_rank)
+        self.device = pick_device(cfg.runtime.device, node.local_rank)
         self.dataset = dataset if dataset is not None else load_dataset(cfg)
         self.split = build_partition(cfg, self.dataset, parts)
         if model is None:
@@ -87,15 +93,21 @@ class Experiment:
             self.split.groups["partition/shared"] = partition_stats(self.dataset.y_train, parts,
                                                                    self.dataset.num_classes)
         data = DeviceData(self.dataset, self.device)
-        self.clients = ClientHost(cfg, comm, algo, self.flat, parts, data, loss=loss)
-        self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi)
+        self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss)
+        drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
+        self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
+                                 extra_columns=drift_columns)
+        self.evaluation = SplitEvaluation(comm, self.flat, *data.test, cfg.eval.batch_size,
+                                          self.dataset.num_classes, loss=loss)
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe))
         algo.verify_declarations()
-        self.server = None
+        self.server = self.shadow = None
         if comm.is_server:
-            self.server = Server(cfg, algo, self.flat, x0, *data.test, loss=loss)
+            self.server = Server(cfg, algo, self.flat, x0)
             self.server.start(self._server_trainer(data, loss))
+            if cfg.eval.divergence:
+                self.shadow = Shadow(cfg, self.flat, self.server.x, *data.train, parts, loss=loss)
         self.participation = build_participation(cfg, algo)
         self.stages = build_stages(cfg, algo, self.flat.dim)
         self.protocol = PROTOCOLS[algo.protocol](self)
@@ -126,6 +138,14 @@ class Experiment:
     def partition_groups(self):
         """/partition, /partition/server (and /partition/shared) datasets for the run file."""
         return dict(self.split.groups)
+
+    @property
+    def metric_attrs(self):
+        """Attributes of /metrics datasets: per-class test counts, the divergence's layer names."""
+        attrs = {"class_acc": {"class_counts": self.evaluation.class_counts}}
+        if self.shadow is not None:
+            attrs["weight_divergence_layers"] = {"layers": self.shadow.layers}
+        return attrs
 
     def global_model(self):
         """Server: the global flat vector as a float32 numpy array."""
@@ -173,7 +193,8 @@ class Experiment:
         return self._plans[t]
 
     def open_round(self, t, full=True):
-        """The round's broadcast (header only unless `full`); every rank leaves here on a stop."""
+        """The round's broadcast (header only unless `full`); every rank leaves here on a stop. Rank 0 then
+        trains the divergence shadow while the workers train their clients."""
         command = CMD_STOP if self.stopping else CMD_RUN
         fill = self.server.fill_down if self.server else None
         received, round_ = self.wire.broadcast(t, command, fill, full)
@@ -182,32 +203,98 @@ class Experiment:
                                f"ranks out of step")
         if received == CMD_STOP:
             raise signals.stop_error(round_, self.stop_votes or None)
+        if self.shadow is not None:
+            with self.timer.phase("train"):
+                self.shadow.train_round(t, self.plan(t).selected)
 
     def reduce(self, tally, sums=True):
         self.wire.reduce(tally, signals.requested(), sums)
 
-    def close_round(self, plan, update=True, evaluate=None):
-        """After the reduction: every rank tells the participation provider; the server updates (unless a
-        FedSkip round inside a period), evaluates when due and returns the round's figures."""
-        t = plan.round
+    def eval_due(self, t):
+        return (t + 1) % self.cfg.eval.every == 0 or t + 1 == self.cfg.rounds
+
+    def close_round(self, plan, update=True, evaluate=None, drift=None):
+        """After the reduction, on every rank: the participation provider hears of it; the server updates
+        (unless a FedSkip round inside a period); when due every rank evaluates its share of the test set;
+        with eval.client_drift the clients' cosines are measured; the server returns the round's record."""
+        t, server = plan.round, self.server
         self.participation.done(plan)
-        if not self.comm.is_server:
+        stats = sums = None
+        if server:
+            with self.timer.phase("server"):
+                stats = self.wire.stats()
+                self.stop_votes = stats.stop_votes
+                sums, weight = self.wire.sums(), stats.weight
+                if update:
+                    for stage in self.stages:
+                        weight = stage.server(t, sums, weight)
+                    server.apply(t, sums, weight)
+        evaluated = None
+        if self.eval_due(t) if evaluate is None else evaluate:
+            with self.timer.phase("eval"):
+                evaluated = self.evaluation.run(self.wire.share(server.x if server else None))
+        cosines = drift.cosines(self, sums, stats) if drift is not None else None
+        if not server:
             return None
-        server, stats = self.server, self.wire.stats()
-        self.stop_votes = stats.stop_votes
-        if update:
-            sums, weight = self.wire.sums(), stats.weight
-            for stage in self.stages:
-                weight = stage.server(t, sums, weight)
-            server.apply(t, sums, weight)
+        with self.timer.phase("server"):
+            record = self._record(plan, stats, sums, evaluated, cosines)
+        record.timing[0] += self.timer.take()     # the server's own time after the reduction
+        return record
+
+    def _record(self, plan, stats, sums, evaluated, cosines):
+        """The round's row of /metrics, /clients and /timing."""
+        t, server = plan.round, self.server
         metrics, clients = server.figures(t, plan.selected, stats, self.wire.client_figures(), self.num_clients)
-        if server.eval_due(t) if evaluate is None else evaluate:
-            metrics["test_acc"], metrics["test_loss"] = server.evaluate()
+        metrics["model_sha256"] = fingerprint(server.x)
+        if stats.weight > 0 and self.algo.protocol == REDUCE:
+            aggregate = sums[: self.flat.dim] / stats.weight
+            metrics["update_sq_norm"] = stats.update_sq / stats.weight
+            metrics["aggregate_sq_norm"] = float(torch.dot(aggregate, aggregate))
+            metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
+        if evaluated is not None:
+            metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
+        if cosines is not None:
+            clients["update_cosine"][plan.selected] = cosines[plan.selected]
+        if self.shadow is not None:
+            metrics["weight_divergence"], metrics["weight_divergence_layers"] = self.shadow.divergence(server.x)
+            if evaluated is not None:
+                metrics["shadow_acc"] = self.shadow.accuracy(self.evaluation.x, self.evaluation.y,
+                                                             self.cfg.eval.batch_size)
         metrics.update(self.algo.round_metrics())
         metrics.update(plan.metrics)
         clients.update(plan.columns)
         self.nonfinite = _nonfinite(metrics, stats, server.x)
-        return metrics, clients
+        return RoundRecord(metrics, clients, self.wire.timing())
+
+    @property
+    def timer(self):
+        return self.comm.timer
+
+
+@dataclass
+class RoundRecord:
+    """What the server logs for a round: /metrics (name -> value, or a row for [round, k] figures),
+    /clients (name -> [num_clients] row) and /timing ([rank, phase] seconds)."""
+
+    metrics: dict
+    clients: dict
+    timing: np.ndarray
+
+
+def fingerprint(x) -> str:
+    """SHA-256 of the little-endian float32 bytes of the global vector (/metrics/model_sha256)."""
+    return hashlib.sha256(np.ascontiguousarray(x.detach().cpu().numpy(), dtype="<f4").tobytes()).hexdigest()
+
+
+def _workers(cfg, comm, node):
+    """The ranks that train clients: 1..P-1, plus rank 0 with `server.trains_clients` (null: when rank 0's
+    node has a core its other ranks leave idle, e.g. -n 2 on two cores)."""
+    if comm.size == 1:
+        return comm.workers
+    trains = cfg.server.trains_clients
+    if trains is None:
+        trains = node.server_spare_core()
+    return tuple(range(comm.size)) if trains else tuple(range(1, comm.size))
 
 
 def _nonfinite(metrics, stats, x):

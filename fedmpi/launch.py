@@ -78,6 +78,7 @@ def run_experiment(cfg, comm, overwrite=False, resume=None) -> int:
             checkpoint.load_into(exp, resume)
         if comm.is_server:
             log = _open_log(cfg, comm, exp, overwrite, resume)
+            log.metric_attrs = exp.metric_attrs
         _loop(cfg, comm, exp, log, resume.wall_s if resume else 0.0)
         if log:
             log.write_model(exp.global_model())
@@ -162,12 +163,12 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):
     try:
         for t in range(exp.start_round, cfg.rounds):
             t0 = time.monotonic()
-            out = exp.run_round(t)
-            if out is not None:
-                metrics, clients = out
+            record = exp.run_round(t)
+            if record is not None:
+                metrics = record.metrics
                 wall_s = metrics["wall_s"] = time.monotonic() - began
                 with signals.deferred():
-                    log.append(metrics, clients, num_clients=exp.num_clients)
+                    log.append(metrics, record.clients, num_clients=exp.num_clients, timing=record.timing)
                 progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan),
                                 time.monotonic() - t0)
                 exp.stopping = exp.stop_votes > 0     # the next broadcast tells every rank to stop

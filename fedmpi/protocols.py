@@ -18,11 +18,13 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms.base import GATHER, REDUCE, ROUTE
+from fedmpi.drift import ClientDrift
 
 
 class ReduceRound:
     def __init__(self, exp):
         self.exp = exp
+        self.drift = ClientDrift(exp.num_clients, exp.cfg.eval.client_drift)
 
     def __call__(self, t):
         exp, algo, clients = self.exp, self.exp.algo, self.exp.clients
@@ -35,16 +37,19 @@ class ReduceRound:
             def start(run):
                 algo.client_start(run, down, clients.flat)
 
-            for run in clients.train(t, clients.round_clients(plan.selected), plan.standard, down, start):
-                tally.record(run)
-                if not plan.counts(run.cid):    # dropped or too late: its update and its state are lost
-                    continue
-                for stage in exp.stages:
-                    stage.client(run, down, clients.flat)
-                tally.weight += algo.accumulate(run, down, clients.flat, tally.acc)
-                tally.upload(run)
+            with exp.timer.phase("train"):
+                for run in clients.train(t, clients.round_clients(plan.selected), plan.standard, down, start):
+                    tally.record(run)
+                    if not plan.counts(run.cid):    # dropped or too late: its update and its state are lost
+                        continue
+                    for stage in exp.stages:
+                        stage.client(run, down, clients.flat)
+                    weight = algo.accumulate(run, down, clients.flat, tally.acc)
+                    self.drift.measure(run, clients.flat.vec - down[: clients.flat.dim], weight, tally)
+                    tally.weight += weight
+                    tally.upload(run)
         exp.reduce(tally)
-        return exp.close_round(plan)
+        return exp.close_round(plan, drift=self.drift if exp.cfg.eval.client_drift else None)
 
 
 class GatherRound:
@@ -65,15 +70,16 @@ class GatherRound:
                 algo.client_start(run, down, clients.flat)
 
             for cid in clients.hosted(selected):
-                run = clients.train_one(t, cid, plan.standard, start)
-                uploaded = algo.gate(run, down, clients.flat)
+                with exp.timer.phase("train"):
+                    run = clients.train_one(t, cid, plan.standard, start)
+                    uploaded = algo.gate(run, down, clients.flat)
                 mask.append(uploaded)
                 if uploaded:
                     vectors.append(clients.flat.vec.detach().to("cpu", torch.float32).numpy().copy())
                     tally.upload(run)
                 tally.record(run)
         exp.reduce(tally, sums=False)     # statistics and figures: the vectors travel by masked_gather
-        by_rank = {r: [int(c) for c in selected if clients.host[c] == r] for r in exp.comm.workers}
+        by_rank = {r: [int(c) for c in selected if clients.host[c] == r] for r in clients.workers}
         gathered = exp.comm.masked_gather(np.array(mask, dtype=np.int8), vectors, by_rank, clients.flat.dim)
         if exp.comm.is_server:
             self._fuse(gathered)
@@ -118,7 +124,8 @@ class RouteRound:
             def start(run, slot=slot):
                 algo.start_slot(run, slot, self.period_start, clients.flat)
 
-            run = clients.train_one(t, cid, plan.standard, start)
+            with exp.timer.phase("train"):
+                run = clients.train_one(t, cid, plan.standard, start)
             algo.finish_slot(run, slot, clients.flat)
             tally.upload(run)
             tally.record(run)

@@ -6,7 +6,6 @@ import heapq
 import os
 
 import numpy as np
-import torch
 
 
 def place_clients(sizes, workers) -> np.ndarray:
@@ -25,8 +24,10 @@ def place_clients(sizes, workers) -> np.ndarray:
     return host
 
 
-def pick_device(setting, local_rank) -> torch.device:
+def pick_device(setting, local_rank):
     """CUDA device `local_rank mod count` when CUDA is available (or asked for), else the CPU."""
+    import torch
+
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -50,6 +51,8 @@ def set_threads(setting, computing_ranks_on_node) -> int:
 
     The server rank sleeps while workers train, so it is not counted; it gets the same share.
     """
+    import torch
+
     threads = setting or max(1, usable_cores() // max(1, computing_ranks_on_node))
     torch.set_num_threads(threads)
     return threads

@@ -3,7 +3,8 @@
 After the reduction the server asks the algorithm for the round's update (`aggregate`), lets the server
 optimizer apply it (`server.optimizer` under `server.lr_schedule`; algorithms that declare
 `uses_server_optimizer = False` are applied as x + update), gives the algorithm its `after_step` (FSL's
-server learning), evaluates when due and assembles the row of /metrics and /clients.
+server learning) and assembles the row of /metrics and /clients. (Evaluation is split across every rank:
+fedmpi.evaluation.)
 """
 
 from __future__ import annotations
@@ -13,14 +14,12 @@ import torch
 
 from fedmpi import schedules
 from fedmpi.server_opt import build_optimizer
-from fedmpi.train import evaluate
 
 
 class Server:
-    def __init__(self, cfg, algo, flat, x0, x_test, y_test, loss=None):
+    def __init__(self, cfg, algo, flat, x0):
         self.cfg, self.algo, self.flat = cfg, algo, flat
         self.x = x0.to(flat.device)
-        self.x_test, self.y_test, self.loss = x_test, y_test, loss
         self.optimizer = build_optimizer(cfg.server, flat.dim, flat.n_params)
 
     def start(self, server_trainer):
@@ -40,13 +39,6 @@ class Server:
             else:
                 self.x = self.x + update.to(self.x.dtype)
         self.x = self.algo.after_step(self.x, t)
-
-    def evaluate(self):
-        self.flat.load(self.x)
-        return evaluate(self.flat.module, self.x_test, self.y_test, self.cfg.eval.batch_size, loss=self.loss)
-
-    def eval_due(self, t):
-        return (t + 1) % self.cfg.eval.every == 0 or t + 1 == self.cfg.rounds
 
     def figures(self, t, selected, stats, client_figures, num_clients):
         """The round's /metrics row (without evaluation) and /clients rows."""

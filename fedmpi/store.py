@@ -21,6 +21,7 @@ import h5py
 import numpy as np
 
 import fedmpi
+from fedmpi.timing import PHASES
 
 # The figures every run logs each round (NaN where not measured that round).
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
@@ -38,9 +39,11 @@ def _versions():
 class RunLog:
     """Appends per-round metrics and per-client figures to OUT/run.h5."""
 
-    def __init__(self, path):
+    def __init__(self, path, metric_attrs=None):
         self.path = path
         self._f = None      # the handle `append` keeps open between rounds; closed by every other write
+        # Attributes of /metrics datasets, set when each is created (class_acc's class_counts, ...).
+        self.metric_attrs = dict(metric_attrs or {})
 
     def _file(self):
         if self._f is None:
@@ -82,17 +85,19 @@ class RunLog:
         os.replace(tmp, path)
         return cls(path)
 
-    def append(self, metrics: dict, clients: dict | None = None, num_clients=None):
-        """One row: `metrics` maps name -> float (missing core figures become NaN; new names get a column
-        padded with NaN for earlier rounds); `clients` maps name -> [num_clients] array."""
+    def append(self, metrics: dict, clients: dict | None = None, num_clients=None, timing=None):
+        """One row: `metrics` maps name -> a float (missing core figures become NaN; new names get a column
+        padded with NaN for earlier rounds), a string (/metrics/model_sha256) or a 1-D array (a row of a
+        [round, k] figure such as class_acc); `clients` maps name -> [num_clients] array; `timing` is the
+        round's [rank, phase] seconds (/timing/<phase> [round, rank])."""
         f = self._file()
         group = f["metrics"]
         n = group["round"].shape[0]
         for name in set(metrics) - set(group):
-            _growable(group, name, length=n)
+            _metric_dataset(group, name, metrics[name], n, self.metric_attrs.get(name, {}))
         for name, ds in group.items():
-            ds.resize((n + 1,))
-            ds[n] = metrics.get(name, np.nan)
+            ds.resize((n + 1,) + ds.shape[1:])
+            ds[n] = _cell(ds, metrics.get(name))
         for name, row in (clients or {}).items():
             ds = f["clients"].get(name)
             if ds is None:
@@ -103,6 +108,15 @@ class RunLog:
         for ds in f["clients"].values():
             if ds.shape[0] < n + 1:
                 ds.resize((n + 1, ds.shape[1]))
+        if timing is not None:
+            group = f.require_group("timing")
+            for i, phase in enumerate(PHASES):
+                ds = group.get(phase)
+                if ds is None:
+                    ds = group.create_dataset(phase, shape=(n, timing.shape[0]), maxshape=(None, timing.shape[0]),
+                                              dtype="f8", fillvalue=np.nan, chunks=(256, timing.shape[0]))
+                ds.resize((n + 1, ds.shape[1]))
+                ds[n] = timing[:, i] if timing.shape[0] == ds.shape[1] else np.nan
         f.flush()
 
     def write_model(self, vec):
@@ -133,7 +147,8 @@ class RunLog:
         """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
         self.close()
         with h5py.File(self.path, "a") as f:
-            for ds in list(f["metrics"].values()) + list(f["clients"].values()):
+            for ds in (list(f["metrics"].values()) + list(f["clients"].values())
+                       + list(f.get("timing", {}).values())):
                 ds.resize((min(rounds_kept, ds.shape[0]),) + ds.shape[1:])
 
     def set_attrs(self, **attrs):
@@ -145,6 +160,30 @@ class RunLog:
 
     def finish(self, status, error=""):
         self.set_attrs(status=status, error=error)
+
+
+def _metric_dataset(group, name, value, length, attrs):
+    """A growable /metrics dataset shaped for `value`: text (S64), a [round, k] row, or one float per round."""
+    if isinstance(value, (str, bytes)):
+        ds = group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="S64", chunks=(256,), fillvalue=b"")
+    elif np.ndim(value) == 1:
+        k = len(value)
+        ds = group.create_dataset(name, shape=(length, k), maxshape=(None, k), dtype="f8", chunks=(256, k),
+                                  fillvalue=np.nan)
+    else:
+        ds = _growable(group, name, length)
+    for key, v in attrs.items():
+        ds.attrs[key] = v
+    return ds
+
+
+def _cell(ds, value):
+    """What a row of `ds` holds for `value` (None: not measured this round)."""
+    if ds.dtype.kind == "S":
+        return (value or "").encode() if isinstance(value, str) else (value or b"")
+    if value is None:
+        return np.full(ds.shape[1:], np.nan) if ds.ndim > 1 else np.nan
+    return value
 
 
 def _growable(group, name, length=0):

@@ -2,8 +2,9 @@
 
 Broadcast (float32): [command, round] header, then the algorithm's down payload (`down_vectors * dim`).
 Reduction (float64): the upload sums (`up_vectors * dim + up_scalars`), the round's scalar statistics
-(STATS below), then one block of length N per per-client figure (local loss and the algorithm's
-`client_columns`), each client's value at its id and zeros elsewhere. Sums are float64 so that their
+(STATS below), one block of length N per per-client figure (local loss, the algorithm's `client_columns`,
+the drift figures when asked for), each client's value at its id and zeros elsewhere, then one row of
+timing.PHASES per rank (fedmpi.timing), each rank's own row filled. Sums are float64 so that their
 value does not depend on how clients are spread over ranks (float32 addition is not associative); what a
 real client would send is still float32, and bytes are counted as such.
 
@@ -21,12 +22,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedmpi.timing import PHASES
+
 HEADER = 2
 CMD_RUN, CMD_STOP = 0.0, 1.0
 # Scalars riding in the reduction after the upload vectors. STOP counts the ranks that received a stop
 # signal (fedmpi.signals): the request reaches the server without a collective of its own.
-WEIGHT, LOSS, SEEN, UPLOADS, BYTES_UP, STOP = range(6)
-N_STATS = 6
+# UPDATE_SQ is sum_i w_i ||Delta_i||^2 over the round's counted uploads (the drift diagnostics).
+WEIGHT, LOSS, SEEN, UPLOADS, BYTES_UP, UPDATE_SQ, STOP = range(7)
+N_STATS = 7
 # Test aid: with runtime.cuda_aware_mpi, exercise the device-buffer path on a CPU device when this is set.
 DEVICE_MPI_TEST = "FEDMPI_TEST_DEVICE_MPI"
 
@@ -43,6 +47,7 @@ class RoundTally:
     seen: int = 0
     uploads: int = 0
     bytes_up: int = 0
+    update_sq: float = 0.0
 
     def upload(self, run):
         """Counts one upload and its bytes (`run.payload_bytes`, e.g. compressed, or the dense default)."""
@@ -66,19 +71,20 @@ class RoundStats:
     seen: float
     uploads: float
     bytes_up: float
+    update_sq: float
     stop_votes: int
 
 
 class RoundBuffers:
-    def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi):
+    def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi, extra_columns=()):
         self.comm, self.dim, self.num_clients, self.device = comm, dim, num_clients, device
         pin = device.type == "cuda"
         self.up_len = algo.up_vectors * dim + algo.up_scalars
         self.upload_bytes = algo.up_vectors * dim * 4
-        self.columns = ("loss",) + tuple(algo.client_columns)
+        self.columns = ("loss",) + tuple(algo.client_columns) + tuple(extra_columns)
+        self.timing_at = self.up_len + N_STATS + len(self.columns) * num_clients
         self.down_host = torch.zeros(HEADER + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
-        self.up_host = torch.zeros(self.up_len + N_STATS + len(self.columns) * num_clients, dtype=torch.float64,
-                                   pin_memory=pin)
+        self.up_host = torch.zeros(self.timing_at + comm.size * len(PHASES), dtype=torch.float64, pin_memory=pin)
         self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
         self.acc = torch.zeros(self.up_len, dtype=torch.float64, device=device)
         self.device_mpi = cuda_aware_mpi and (pin or bool(os.environ.get(DEVICE_MPI_TEST)))
@@ -132,8 +138,10 @@ class RoundBuffers:
         (self.up_dev if self.device_mpi else self.up_host)[: self.up_len].copy_(tally.acc)
         stats = self.up_host[self.up_len: self.up_len + N_STATS]
         stats[WEIGHT], stats[LOSS], stats[SEEN] = tally.weight, float(tally.loss), tally.seen
-        stats[UPLOADS], stats[BYTES_UP] = tally.uploads, tally.bytes_up
+        stats[UPLOADS], stats[BYTES_UP], stats[UPDATE_SQ] = tally.uploads, tally.bytes_up, tally.update_sq
         stats[STOP] = float(stop_requested)
+        row = self.timing_at + self.comm.rank * len(PHASES)
+        self.up_np[row: row + len(PHASES)] = self.comm.timer.take()
         if not self.device_mpi:
             self.comm.reduce_sum(self.up_np if sums else self.up_np[self.up_len:])
             self.sums_on_device = False
@@ -164,13 +172,39 @@ class RoundBuffers:
     def stats(self) -> RoundStats:
         s = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)
         return RoundStats(float(s[WEIGHT]), float(s[LOSS]), float(s[SEEN]), float(s[UPLOADS]), float(s[BYTES_UP]),
-                          int(s[STOP]))
+                          float(s[UPDATE_SQ]), int(s[STOP]))
+
+    def timing(self) -> np.ndarray:
+        """Server: the reduced [rank, phase] seconds of the round (a copy)."""
+        return self.up_np[self.timing_at:].reshape(self.comm.size, len(PHASES)).copy()
 
     def client_figures(self, buf=None):
         """Views of the per-client blocks of the reduction buffer, by figure name."""
         buf = self.up_np if buf is None else buf
         n, start = self.num_clients, self.up_len + N_STATS
         return {name: buf[start + i * n: start + (i + 1) * n] for i, name in enumerate(self.columns)}
+
+    def share(self, x):
+        """Collective: rank 0's float32 vector `x` (`dim` entries, the global model) to every rank, through the
+        broadcast buffer's payload (free between rounds); returns it on this rank's device."""
+        if self.comm.size == 1:
+            return x
+        dim = self.dim
+        if self.device_mpi:
+            buf = self.down_dev[HEADER: HEADER + dim]
+            if self.comm.is_server:
+                buf.copy_(x)
+            self._device_ready()
+            self.comm.bcast(_wire(buf))
+            return buf
+        host = self.down_host[HEADER: HEADER + dim]
+        if self.comm.is_server:
+            host.copy_(x)
+        self.comm.bcast(host.numpy())
+        if self.down_dev is None:
+            return host
+        self.down_dev[HEADER: HEADER + dim].copy_(host, non_blocking=True)
+        return self.down_dev[HEADER: HEADER + dim]
 
     def _device_ready(self):
         """MPI reads device buffers outside torch's stream order: finish the kernels that fill them."""

@@ -135,6 +135,8 @@ def assert_same_metrics(got, ref, rtol=0.0):
         if key == "wall_s":
             continue
         assert got[key].shape == ref[key].shape, key
+        if rtol and key == "model_sha256":     # across -n the models agree to float tolerance, not bits
+            continue
         if rtol:
             np.testing.assert_allclose(got[key], ref[key], rtol=rtol, atol=1e-7, err_msg=key)
         else:

@@ -88,7 +88,7 @@ def half_written(runs, tmp_path):
     with h5py.File(path, "a") as f:
         f.attrs["status"] = "running"
         for name, ds in f["metrics"].items():
-            ds.resize((30 if name == "round" else 29,))
+            ds.resize((30 if name == "round" else 29,) + ds.shape[1:])
         for ds in f["clients"].values():
             ds.resize((29, ds.shape[1]))
     return path
