@@ -82,10 +82,12 @@ class NodeInfo:
     server_here: bool           # rank 0 is on this node
     server_node_ranks: int      # ranks on rank 0's node
     server_node_cores: int      # cores usable on rank 0's node
+    server_node_gpus: int = 0   # GPUs rank 0 would train on (0 on a CPU node)
 
     def server_spare_core(self):
-        """Rank 0's node has a core beyond those of its other ranks, idle while they train."""
-        return self.server_node_cores > self.server_node_ranks - 1
+        """Rank 0's node is a CPU node with a core beyond those of its other ranks, idle while they train (on
+        a GPU node rank 0 would share a GPU with a worker instead)."""
+        return self.server_node_gpus == 0 and self.server_node_cores > self.server_node_ranks - 1
 
 
 class WorkerFailed(Exception):
@@ -141,8 +143,8 @@ class LocalComm:
         for cid in range(len(host)):
             put_state(cid, get_state(cid))
 
-    def node_local(self):
-        return NodeInfo(0, 1, True, 1, usable_cores())
+    def node_local(self, gpus=0):
+        return NodeInfo(0, 1, True, 1, usable_cores(), gpus)
 
     def abort(self, code):
         os._exit(code)
@@ -310,16 +312,16 @@ class MpiComm:
             return 0, -1
         return int(worst[0] // (self.size + 1)), int(self.size - worst[0] % (self.size + 1))
 
-    def node_local(self):
-        """Collective: this rank's NodeInfo (its place on its node, and rank 0's node: ranks and cores)."""
+    def node_local(self, gpus=0):
+        """Collective: this rank's NodeInfo (its place on its node, and rank 0's node: ranks, cores and the
+        `gpus` rank 0 counted there)."""
         local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
         try:
             lowest = np.zeros(1, dtype=np.int64)
             local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)
-            server_node = np.array([local.Get_size(), usable_cores()], dtype=np.int64)
+            server_node = np.array([local.Get_size(), usable_cores(), gpus], dtype=np.int64)
             self.comm.Bcast(server_node, root=0)
-            return NodeInfo(local.Get_rank(), local.Get_size(), bool(lowest[0] == 0), int(server_node[0]),
-                            int(server_node[1]))
+            return NodeInfo(local.Get_rank(), local.Get_size(), bool(lowest[0] == 0), *map(int, server_node))
         finally:
             local.Free()
 

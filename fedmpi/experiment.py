@@ -72,7 +72,8 @@ class Experiment:
         and `loss` (a criterion on outputs and targets) replace what the config would build: the
         in-process API (`fedmpi.simulate`) passes them for custom experiments."""
         self.cfg, self.comm = cfg, comm
-        node = comm.node_local()      # the only collective of set-up
+        gpus = torch.cuda.device_count() if cfg.runtime.device != "cpu" else 0
+        node = comm.node_local(gpus)      # the only collective of set-up
         self.workers = _workers(cfg, comm, node)
         computing = node.local_size - (1 if node.server_here and 0 not in self.workers else 0)
         self.threads = set_threads(cfg.runtime.threads, computing)
@@ -288,7 +289,7 @@ def fingerprint(x) -> str:
 
 def _workers(cfg, comm, node):
     """The ranks that train clients: 1..P-1, plus rank 0 with `server.trains_clients` (null: when rank 0's
-    node has a core its other ranks leave idle, e.g. -n 2 on two cores)."""
+    node is a CPU node with a core its other ranks leave idle, e.g. -n 2 on two cores)."""
     if comm.size == 1:
         return comm.workers
     trains = cfg.server.trains_clients

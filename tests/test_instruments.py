@@ -1,0 +1,161 @@
+"""The research instruments of issue 12, written by the run itself: per-class accuracy, drift diagnostics,
+weight divergence against centralized SGD, model fingerprints, and the per-rank time breakdown.
+
+In process through `fedmpi.simulate` (the same round loop as `fedmpi run` at -n 1), against hand computations
+on tiny cases; the MPI cases check that the figures do not depend on the number of ranks.
+"""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from conftest import read_metrics, run_many, small_config, write_config
+from torch import nn
+
+import fedmpi
+from fedmpi.data.dataset import Dataset
+from fedmpi.timing import PHASES
+
+
+def mnist5k(**sections):
+    cfg = {"seed": 2, "rounds": 3, "data": {"name": "mnist5k"},
+           "partition": {"clients": 10, "scheme": "iid"}, "model": {"name": "lr"},
+           "client": {"lr": 0.05, "batch_size": 20}, "server": {"clients_per_round": 5},
+           "runtime": {"threads": 1, "progress": "off"}}
+    cfg.update(sections)
+    return cfg
+
+
+# -- per-class accuracy ----------------------------------------------------------------------------------
+
+def test_class_accuracies_average_to_the_test_accuracy_with_the_class_weights():
+    result = fedmpi.simulate(mnist5k())
+    counts = result.experiment.evaluation.class_counts
+    acc, class_acc = result.metrics["test_acc"], result.metrics["class_acc"]
+    assert class_acc.shape == (3, 10) and counts.sum() == len(result.experiment.dataset.y_test)
+    np.testing.assert_allclose(class_acc @ counts / counts.sum(), acc, rtol=1e-12)
+    assert ((class_acc >= 0) & (class_acc <= 1)).all()
+
+
+# -- drift diagnostics on a case worked out by hand -------------------------------------------------------
+
+X = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0], [2.0, -1.0], [-1.0, 1.0], [0.5, 0.5]], dtype=np.float32)
+Y = np.array([1.0, -1.0, 2.0, 0.0, 1.0, 3.0], dtype=np.float32)
+PARTS = [np.array([0]), np.array([1, 2]), np.array([3, 4, 5])]
+W0 = np.array([0.5, -0.25])
+
+
+class Linear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(W0, dtype=torch.float32))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def half_mse(out, y):
+    return 0.5 * ((out - y) ** 2).mean()
+
+
+def test_drift_scalars_and_cosines_equal_a_hand_computation():
+    # One full-batch step per client from w0: Delta_i = -lr * X_i^T (X_i w0 - y_i) / n_i, weights p_i = n_i / 6.
+    data = Dataset("toy", X, Y, X, Y, 1)
+    cfg = {"seed": 0, "rounds": 1, "partition": {"clients": 3}, "server": {"clients_per_round": 3},
+           "client": {"lr": 0.1, "batch_size": 3, "steps": 1}, "eval": {"client_drift": True},
+           "runtime": {"threads": 1, "progress": "off"}}
+    result = fedmpi.simulate(cfg, dataset=data, model=Linear(), parts=PARTS, loss=half_mse)
+    deltas = [-0.1 * X[p].T.astype(np.float64) @ (X[p] @ W0 - Y[p]) / len(p) for p in PARTS]
+    p = np.array([1, 2, 3]) / 6
+    aggregate = sum(pi * d for pi, d in zip(p, deltas))
+    update_sq = sum(pi * d @ d for pi, d in zip(p, deltas))
+    m = result.metrics
+    assert m["update_sq_norm"][0] == pytest.approx(update_sq, rel=1e-6)
+    assert m["aggregate_sq_norm"][0] == pytest.approx(aggregate @ aggregate, rel=1e-6)
+    assert m["gradient_diversity"][0] == pytest.approx(update_sq / (aggregate @ aggregate), rel=1e-6)
+    norms = [np.linalg.norm(d) for d in deltas]
+    cosines = [d @ aggregate / (np.linalg.norm(d) * np.linalg.norm(aggregate)) for d in deltas]
+    np.testing.assert_allclose(result.clients["update_norm"][0], norms, rtol=1e-6)
+    np.testing.assert_allclose(result.clients["update_cosine"][0], cosines, rtol=1e-5)
+    np.testing.assert_allclose(result.model, W0 + aggregate, rtol=1e-6)
+
+
+# -- weight divergence ------------------------------------------------------------------------------------
+
+def test_divergence_is_zero_when_the_federation_is_centralized_sgd():
+    # One client holds all the data and trains full-batch: exactly what the shadow does (batch B = n).
+    data = Dataset("toy", X, Y, X, Y, 1)
+    cfg = {"seed": 0, "rounds": 4, "partition": {"clients": 1}, "server": {"clients_per_round": 1},
+           "client": {"lr": 0.1, "batch_size": 6, "epochs": 2}, "eval": {"divergence": True},
+           "runtime": {"threads": 1, "progress": "off"}}
+    result = fedmpi.simulate(cfg, dataset=data, model=Linear(), parts=[np.arange(6)], loss=half_mse)
+    div = result.metrics["weight_divergence"]
+    assert div.shape == (4,) and np.all(div < 1e-6), div
+    assert result.metrics["weight_divergence_layers"].shape == (4, 1)
+    assert result.experiment.shadow.layers == ["w"]
+
+
+def test_divergence_of_fedavg_grows_with_label_skew():
+    """Zhao et al.'s observation: FedAvg drifts further from centralized SGD on a 1-class split than on
+    an IID one, and further as the rounds go on."""
+    common = dict(rounds=12, model={"name": "lr"}, eval={"every": 4, "divergence": True},
+                  client={"lr": 0.05, "batch_size": 10}, server={"clients_per_round": 10})
+    iid = fedmpi.simulate(mnist5k(partition={"clients": 20, "scheme": "iid"}, **common))
+    skew = fedmpi.simulate(mnist5k(partition={"clients": 20, "scheme": "shards", "shards_per_client": 1}, **common))
+    d_iid, d_skew = iid.metrics["weight_divergence"], skew.metrics["weight_divergence"]
+    assert np.all(d_skew > d_iid), (d_skew, d_iid)
+    assert d_skew[-1] > d_skew[len(d_skew) // 2] > d_skew[0]
+    assert np.isfinite(skew.metrics["shadow_acc"][3::4]).all()
+
+
+# -- fingerprint and timing -------------------------------------------------------------------------------
+
+def test_fingerprint_is_the_sha256_of_the_float32_model():
+    result = fedmpi.simulate(mnist5k(rounds=2))
+    fp = result.metrics["model_sha256"]
+    assert fp.shape == (2,) and fp[0] != fp[1]
+    assert fp[-1] == hashlib.sha256(result.model.astype("<f4").tobytes()).hexdigest()
+
+
+def test_timing_covers_every_phase_of_every_round():
+    result = fedmpi.simulate(mnist5k(rounds=3))
+    timing = result.timing
+    assert timing.shape == (3, 1, len(PHASES)) and np.all(timing >= 0)
+    train, evaluate = timing[:, 0, PHASES.index("train")], timing[:, 0, PHASES.index("eval")]
+    assert np.all(train > 0) and np.all(evaluate > 0)
+    # A round's phases add up to at most its wall time (the log row itself is charged to the next round).
+    assert np.all(timing[:, 0].sum(axis=1) <= np.diff(np.concatenate([[0], result.metrics["wall_s"]])) + 0.05)
+
+
+# -- the same figures at every -n, and rank 0 hosting clients --------------------------------------------
+
+@pytest.mark.mpi
+def test_instruments_and_rank0_hosting_do_not_depend_on_the_ranks(tmp_path):
+    sections = dict(rounds=3, eval={"divergence": True, "client_drift": True})
+    runs = {}
+    for key, n, trains in [("n1", 1, None), ("n2_host", 2, True), ("n2_server", 2, False), ("n3", 3, None)]:
+        out = tmp_path / key
+        cfg = small_config(out, server={"clients_per_round": 5, "trains_clients": trains}, **sections)
+        runs[key] = (n, write_config(tmp_path / f"{key}.yaml", cfg), out)
+    for n in (1, 2, 3):
+        run_many(n, [cfg for k, (m, cfg, _) in runs.items() if m == n])
+    ref, _ = read_metrics(runs["n1"][2])
+    for key in ("n2_host", "n2_server", "n3"):
+        got, attrs = read_metrics(runs[key][2])
+        np.testing.assert_array_equal(got["test_acc"], ref["test_acc"], err_msg=key)
+        np.testing.assert_array_equal(got["test_loss"], ref["test_loss"], err_msg=key)
+        np.testing.assert_array_equal(got["class_acc"], ref["class_acc"], err_msg=key)
+        for name in ("update_sq_norm", "aggregate_sq_norm", "weight_divergence", "shadow_acc"):
+            np.testing.assert_allclose(got[name], ref[name], rtol=1e-5, err_msg=f"{key} {name}")
+    import h5py
+
+    with h5py.File(runs["n3"][2] / "run.h5", "r") as f:
+        assert set(f["timing"]) == set(PHASES) and f["timing/train"].shape == (3, 3)
+        train = f["timing/train"][()]
+        assert np.all(train[:, 1:] > 0) and np.all(train[:, 0] > 0)   # workers train; rank 0 the shadow
+        cosines = f["clients/update_cosine"][()]
+        selected = f["clients/selected"][()] == 1
+        assert np.isfinite(cosines[selected]).all() and np.isnan(cosines[~selected]).all()
+    with h5py.File(runs["n2_host"][2] / "run.h5", "r") as f:
+        assert f["timing/train"].shape == (3, 2) and np.all(f["timing/train"][()] > 0)   # rank 0 trains too
