@@ -139,6 +139,8 @@ def mnist5k(cfg) -> Dataset:
     table = _cached_parse(path, _parse_mnist5k)
     if table.ndim != 2 or table.shape[1] != 785:
         raise InputError(f"{path}: expected 785 columns (784 pixels, label), found shape {table.shape}")
+    if not np.isfinite(table).all():
+        raise InputError(f"{path}: holds NaN or infinite values; pixels and labels must be finite numbers")
     x = ((table[:, :784] / 255.0 - MNIST_MEAN) / MNIST_STD).reshape(-1, 1, 28, 28).astype(np.float32)
     y = table[:, 784].astype(np.int64)
     # The split is fixed (seed 0), not tied to cfg.seed, so every run sees the same test set.
