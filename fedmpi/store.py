@@ -7,12 +7,29 @@ complete on disk: a running job's log can be read by `fedmpi report` or `tools/`
 leaves every finished round behind. The appending handle takes no HDF5 file lock and readers open with
 locking off (`open_run`), so neither blocks the other; in the writing process itself, another handle
 on the file during the run must also use locking=False (HDF5 refuses mixed flags).
+
+A full disk (or a file-size limit) must not cost the rounds already logged. HDF5 cannot survive a failed
+write: measured with h5py 3.16 / HDF5 2.0, a flush that meets ENOSPC segfaults or leaves a file that no
+longer opens ("addr overflow"), and so does growing an attribute on a full disk. So every write is
+checked first (`_ensure_room`): the free space (statvfs) and the file-size limit (RLIMIT_FSIZE) must
+cover the largest amount the write can add plus a slack for HDF5's metadata; otherwise nothing is
+written and WriteFailed ("cannot write OUT/run.h5: No space left on device", exit 1) is raised, with the
+file as it was after the last complete round. The final model goes into a copy of the file that
+replaces it only once complete, so even an unforeseen failure there (a quota, an I/O error) leaves
+the previous file whole. A write that fails despite the check closes the handle at the lowest level,
+which h5py survives. Recording the outcome (status failed) needs a little room even on a full disk:
+`OUT/.run.h5.reserve` (RESERVE_BYTES) is held while the run writes and deleted just before the final
+status is written.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
+import re
+import resource
+import shutil
 import socket
 import time
 from datetime import datetime, timezone
@@ -21,10 +38,25 @@ import h5py
 import numpy as np
 
 import fedmpi
+from fedmpi.errors import FedmpiError
 
 # The figures every run logs each round (NaN where not measured that round).
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
 READ_RETRIES = 5
+METRIC_CHUNK, CLIENT_CHUNK = 256, 64     # rows per chunk of /metrics and /clients datasets
+# Room kept beyond a write's own data for HDF5's metadata. Measured: appending a row to a run with 1,000
+# clients writes ~50 kB of metadata besides its chunks; attribute updates a few kB.
+SLACK_BYTES = 1 << 20
+ATTR_SLACK_BYTES = 64 << 10
+RESERVE_BYTES = 256 << 10
+
+
+class WriteFailed(FedmpiError):
+    """run.h5 could not be written (no space, file too large, I/O error); the file keeps its last good state."""
+
+    def __init__(self, path, reason):
+        super().__init__(f"cannot write {path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 def _versions():
@@ -41,23 +73,44 @@ class RunLog:
     def __init__(self, path):
         self.path = path
         self._f = None      # the handle `append` keeps open between rounds; closed by every other write
+        self._row_bytes = 0     # the most one row can add to the file: one new chunk of every dataset
 
     def _file(self):
         if self._f is None:
-            self._f = h5py.File(self.path, "a", locking=False)
+            with _writing(self.path):
+                self._f = h5py.File(self.path, "a", locking=False)
+            self._row_bytes = sum(_chunk_bytes(ds) for group in ("metrics", "clients")
+                                  for ds in self._f[group].values())
         return self._f
 
     def close(self):
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except Exception as e:  # noqa: BLE001 - the final flush failed: see _abandon
+                self._f = f
+                self._abandon()
+                raise WriteFailed(self.path, _reason(e)) from None
+
+    def _abandon(self):
+        """After a failed write: close the handle without another flush attempt (`File.close` then
+        segfaults at exit, `FileID.close` does not), so the process can still report and exit."""
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.id.close()
+            except Exception:  # noqa: BLE001 - nothing more can be done for this handle
+                pass
 
     @classmethod
     def create(cls, path, cfg, world_size, hosts, partition_groups, extra_attrs=None):
         """Writes a fresh run.h5 (to a temporary name first, so a half-made file never has the real name)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tmp = path + ".tmp"
-        with h5py.File(tmp, "w") as f:
+        need = sum(np.asarray(v).nbytes for datasets in partition_groups.values() for v in datasets.values())
+        _ensure_room(path, need + len(cfg.to_yaml()) + len(CORE_METRICS) * METRIC_CHUNK * 8, tmp)
+        with _writing(path, discard=tmp), h5py.File(tmp, "w") as f:
             f.attrs["config"] = cfg.to_yaml()
             f.attrs["config_hash"] = cfg.hash()
             f.attrs["fedmpi_version"] = fedmpi.__version__
@@ -80,6 +133,7 @@ class RunLog:
                     g.create_dataset(name, data=np.asarray(value))
             _fsync(f)
         os.replace(tmp, path)
+        _hold_reserve(path)
         return cls(path)
 
     def append(self, metrics: dict, clients: dict | None = None, num_clients=None):
@@ -87,38 +141,58 @@ class RunLog:
         padded with NaN for earlier rounds); `clients` maps name -> [num_clients] array."""
         f = self._file()
         group = f["metrics"]
-        n = group["round"].shape[0]
-        for name in set(metrics) - set(group):
-            _growable(group, name, length=n)
-        for name, ds in group.items():
-            ds.resize((n + 1,))
-            ds[n] = metrics.get(name, np.nan)
-        for name, row in (clients or {}).items():
-            ds = f["clients"].get(name)
-            if ds is None:
-                ds = f["clients"].create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
-                                                 dtype="f4", fillvalue=np.nan, chunks=(64, num_clients))
-            ds.resize((n + 1, num_clients))
-            ds[n] = row
-        for ds in f["clients"].values():
-            if ds.shape[0] < n + 1:
-                ds.resize((n + 1, ds.shape[1]))
-        f.flush()
+        new_metrics = set(metrics) - set(group)
+        new_clients = [name for name in clients or {} if name not in f["clients"]]
+        self._row_bytes += (len(new_metrics) * METRIC_CHUNK * 8 +
+                            len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4)
+        _ensure_room(self.path, self._row_bytes)      # before anything changes: a refused row leaves no trace
+        try:
+            n = group["round"].shape[0]
+            for name in new_metrics:
+                _growable(group, name, length=n)
+            for name, ds in group.items():
+                ds.resize((n + 1,))
+                ds[n] = metrics.get(name, np.nan)
+            for name, row in (clients or {}).items():
+                ds = f["clients"].get(name)
+                if ds is None:
+                    ds = f["clients"].create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
+                                                     dtype="f4", fillvalue=np.nan, chunks=(CLIENT_CHUNK, num_clients))
+                ds.resize((n + 1, num_clients))
+                ds[n] = row
+            for ds in f["clients"].values():
+                if ds.shape[0] < n + 1:
+                    ds.resize((n + 1, ds.shape[1]))
+            f.flush()
+        except Exception as e:  # noqa: BLE001 - h5py raises OSError, RuntimeError... for a failed write
+            self._abandon()
+            raise WriteFailed(self.path, _reason(e)) from None
 
     def write_model(self, vec):
-        """The newest global model as `/model/global` (float32), replaced each time it is written."""
+        """The newest global model as `/model/global` (float32), replaced each time it is written.
+
+        Written into a copy of run.h5 that replaces it once complete (a model is written once or twice per
+        run, at its end): whatever goes wrong, run.h5 is either the old file or the new one."""
         self.close()
-        with h5py.File(self.path, "a") as f:
-            g = f.require_group("model")
-            if "global" in g:
-                del g["global"]
-            g.create_dataset("global", data=np.asarray(vec, dtype=np.float32))
+        model = np.asarray(vec, dtype=np.float32)
+        tmp = self.path + ".model.tmp"
+        _ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
+        with _writing(self.path, discard=tmp):
+            shutil.copyfile(self.path, tmp)
+            with h5py.File(tmp, "a") as f:
+                g = f.require_group("model")
+                if "global" in g:
+                    del g["global"]
+                g.create_dataset("global", data=model)
+                _fsync(f)
+            os.replace(tmp, self.path)
 
     @classmethod
     def reopen(cls, path, rounds_kept, **attrs):
         """An existing run.h5 continued by --resume: rows after the first `rounds_kept` dropped (the resumed
         run recomputes them), status back to running, `attrs` updated, the resume noted in `resumes`."""
         log = cls(path)
+        _hold_reserve(path)
         log.truncate(rounds_kept)
         with h5py.File(path, "a") as f:
             history, previous = str(f.attrs.get("resumes", "")), str(f.attrs.get("status", ""))
@@ -132,24 +206,113 @@ class RunLog:
     def truncate(self, rounds_kept):
         """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
         self.close()
-        with h5py.File(self.path, "a") as f:
+        _ensure_room(self.path, 0, slack=ATTR_SLACK_BYTES)
+        with _writing(self.path), h5py.File(self.path, "a") as f:
             for ds in list(f["metrics"].values()) + list(f["clients"].values()):
                 ds.resize((min(rounds_kept, ds.shape[0]),) + ds.shape[1:])
 
     def set_attrs(self, **attrs):
+        """Root attributes, written in place after checking there is room for them (an attribute that grows
+        on a full disk makes the file unreadable)."""
         self.close()
-        with h5py.File(self.path, "a") as f:
+        _ensure_room(self.path, sum(len(str(v)) for v in attrs.values()), slack=ATTR_SLACK_BYTES)
+        with _writing(self.path), h5py.File(self.path, "a") as f:
             for k, v in attrs.items():
                 f.attrs[k] = v
             f.attrs["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def finish(self, status, error=""):
+        """The run's outcome; the reserve is given back first, so that a full disk can still record it."""
+        self.close()
+        _release_reserve(self.path)
         self.set_attrs(status=status, error=error)
 
 
 def _growable(group, name, length=0):
-    return group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="f8", chunks=(256,),
+    return group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="f8", chunks=(METRIC_CHUNK,),
                                 fillvalue=np.nan)
+
+
+def _chunk_bytes(ds):
+    return int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else 0
+
+
+def _ensure_room(path, nbytes, written=None, slack=SLACK_BYTES):
+    """Raises WriteFailed unless `written` (default `path`) may grow by `nbytes` + `slack`: enough free space
+    on its file system for this user, and below the process's file-size limit."""
+    written = written or path
+    folder = os.path.dirname(os.path.abspath(written))
+    need = nbytes + slack
+    try:
+        st = os.statvfs(folder)
+    except OSError as e:
+        raise WriteFailed(path, e.strerror) from None
+    if st.f_bavail * st.f_frsize < need:
+        raise WriteFailed(path, os.strerror(errno.ENOSPC))
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        size = os.path.getsize(written) if os.path.exists(written) else 0
+        if size + need > limit:
+            raise WriteFailed(path, os.strerror(errno.EFBIG))
+
+
+class _writing:
+    """Context for one write to `path`: any failure becomes WriteFailed naming `path` with the system's
+    reason, and the temporary file `discard` (if any) is removed."""
+
+    def __init__(self, path, discard=None):
+        self.path, self.discard = path, discard
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is None:
+            return False
+        if self.discard:
+            try:
+                os.remove(self.discard)
+            except OSError:
+                pass
+        if isinstance(error, WriteFailed) or not isinstance(error, Exception):
+            return False
+        raise WriteFailed(self.path, _reason(error)) from None
+
+
+def _reason(error):
+    """The system's words for a failed write ('No space left on device'), from an OSError or from the errno
+    HDF5 quotes in its message; else the message's first line."""
+    code = getattr(error, "errno", None)
+    if not code:
+        m = re.search(r"errno = (\d+)", str(error))
+        code = int(m.group(1)) if m else None
+    if code:
+        return os.strerror(code)
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]
+
+
+def _reserve_path(path):
+    return os.path.join(os.path.dirname(path), ".run.h5.reserve")
+
+
+def _hold_reserve(path):
+    """Sets RESERVE_BYTES aside beside run.h5 (random bytes: zeros would take no room on a compressing file
+    system). Best effort: on a disk too full for it, the next write is refused anyway."""
+    reserve = _reserve_path(path)
+    try:
+        with open(reserve, "wb") as fh:
+            fh.write(os.urandom(RESERVE_BYTES))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        _release_reserve(path)
+
+
+def _release_reserve(path):
+    try:
+        os.remove(_reserve_path(path))
+    except OSError:
+        pass
 
 
 def _fsync(f):
