@@ -238,7 +238,8 @@ def _type_name(tp):
     if origin is typing.Union:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _type_name(inner[0]) + " or null"
-    return {int: "an integer", float: "a number (not NaN or infinity)", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    names = {int: "an integer", float: "a number (not NaN or infinity)", bool: "true or false", str: "a string"}
+    return names.get(tp, str(tp))
 
 
 def _coerce(tp, value):
@@ -361,7 +362,7 @@ def apply_overrides(mapping, overrides):
 
 def load(path, overrides=()):
     """Reads a YAML config file, applies overrides and validates; raises ConfigError on any problem."""
-    name = f"config file {_show(str(path))}"
+    name = f"config file {_show(str(path), 300)}"
     mapping = yamlio.load(_read_text(path, name), name) or {}
     if not isinstance(mapping, dict):
         raise ConfigError(f"{name}: top level must be a mapping of keys")

