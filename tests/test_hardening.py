@@ -542,3 +542,38 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
     held.release()
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_download_goes_through_torchvision_fetch_and_fedmpi_reads_the_files(tmp_path, monkeypatch):
+    """data.download: torchvision's own download (MD5-checked archives) puts the files in place; fedmpi then
+    reads them itself (never through torchvision's readers, which unpickle and torch.load). The network is
+    replaced by writers of the same files."""
+    import torchvision.datasets.mnist as tv_mnist
+    import torchvision.datasets.utils as tv_utils
+
+    fetched = []
+
+    def fake_mnist_archive(url, download_root, filename=None, md5=None, **_):
+        fetched.append((filename, md5))
+        if len(fetched) == 4:                   # all four archives "downloaded": unpack them at once
+            staging = tmp_path / "staging"
+            write_mnist_family(staging, "MNIST", n_train=30, n_test=10)
+            for path in (staging / "MNIST" / "raw").iterdir():
+                shutil.copy(path, Path(download_root) / path.name)
+
+    monkeypatch.setattr(tv_mnist, "download_and_extract_archive", fake_mnist_archive)
+    ds = load_dataset(data_cfg("mnist", tmp_path / "root", download=True))
+    assert [name for name, _ in fetched] == [f"{n}.gz" for n in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                                                 "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
+    assert all(md5 for _, md5 in fetched) and ds.x_train.shape == (30, 1, 28, 28)
+
+    def fake_cifar_archive(url, download_root, filename=None, md5=None, **_):
+        fetched.append((filename, md5))
+        write_cifar(download_root, "cifar10", n_train=20, n_test=10)
+
+    monkeypatch.setattr(tv_utils, "download_and_extract_archive", fake_cifar_archive)
+    ds = load_dataset(data_cfg("cifar10", tmp_path / "root", download=True))
+    assert fetched[-1] == ("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a")
+    assert ds.x_train.shape == (20, 3, 32, 32)
+    load_dataset(data_cfg("cifar10", tmp_path / "root", download=True))      # present: nothing fetched again
+    assert len(fetched) == 5
