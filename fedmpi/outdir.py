@@ -6,6 +6,9 @@ the lock taken and exits 2 naming the first job's host and pid, before it has lo
 touched a file. The kernel drops the lock when the holding process ends in any way (kill -9 included),
 so a stale lock file never blocks a later run. The lock file itself stays in `out` (harmless).
 
+A process holds one lock per `out`: claiming an `out` it already holds (a script that runs and then
+resumes the same config through `fedmpi.cli.main`) reuses that lock.
+
 On a file system without flock support (some Lustre mounts) the lock is skipped with a warning: the
 checks below still run, but two jobs started at the same moment are not told apart there.
 """
@@ -39,11 +42,20 @@ class Claim:
 
     def __init__(self, out, fd):
         self.out, self.fd = out, fd
+        _HELD[_key(out)] = self
 
     def release(self):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+            _HELD.pop(_key(self.out), None)
+
+
+_HELD = {}      # real path of out -> this process's Claim on it
+
+
+def _key(out):
+    return os.path.realpath(out)
 
 
 def claim(cfg, comm, overwrite=False, resume=False):
@@ -62,11 +74,13 @@ def claim_here(out, overwrite=False, resume=False):
     if overwrite and resume:
         raise ConfigError("--resume and --overwrite exclude each other: continue the run in out, or replace it")
     _make_folder(out)
+    already = _key(out) in _HELD
     held = _lock(out)
     try:
         _check_contents(out, overwrite, resume)
     except BaseException:
-        held.release()
+        if not already:
+            held.release()
         raise
     return held
 
@@ -82,6 +96,9 @@ def _make_folder(out):
 
 
 def _lock(out):
+    held = _HELD.get(_key(out))
+    if held is not None:            # flock would refuse a second open file of this same process
+        return held
     path = os.path.join(out, LOCK_NAME)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

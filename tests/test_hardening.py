@@ -577,3 +577,17 @@ def test_download_goes_through_torchvision_fetch_and_fedmpi_reads_the_files(tmp_
     assert ds.x_train.shape == (20, 3, 32, 32)
     load_dataset(data_cfg("cifar10", tmp_path / "root", download=True))      # present: nothing fetched again
     assert len(fetched) == 5
+
+
+def test_one_process_may_claim_the_same_out_again(tmp_path):
+    """A script that runs a config and then resumes it through fedmpi.cli.main claims its out twice."""
+    from fedmpi.outdir import claim_here
+
+    first = claim_here(str(tmp_path))
+    (tmp_path / "run.h5").write_bytes(b"")
+    again = claim_here(str(tmp_path / "."), resume=True)
+    assert again is first and first.fd is not None
+    with pytest.raises(ConfigError, match="already holds a run"):      # the content checks still apply
+        claim_here(str(tmp_path))
+    assert first.fd is not None                                         # and a refusal keeps the held lock
+    first.release()
