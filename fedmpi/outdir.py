@@ -23,7 +23,7 @@ import sys
 from datetime import datetime, timezone
 
 from fedmpi.config_checks import show
-from fedmpi.errors import ConfigError
+from fedmpi.errors import ConfigError, InputError
 from fedmpi.rank0 import decide
 
 LOCK_NAME = ".fedmpi.lock"
@@ -73,6 +73,9 @@ def claim_here(out, overwrite=False, resume=False):
     """What `claim` does on rank 0 (also usable without a communicator)."""
     if overwrite and resume:
         raise ConfigError("--resume and --overwrite exclude each other: continue the run in out, or replace it")
+    if resume and not os.path.isdir(out):       # refused without creating the folder
+        raise InputError(f"--resume: no checkpoint in {_named(out)}: that folder does not exist; nothing to "
+                         f"continue (start a new run without --resume)")
     _make_folder(out)
     already = _key(out) in _HELD
     held = _lock(out)
