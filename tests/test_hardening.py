@@ -591,3 +591,19 @@ def test_one_process_may_claim_the_same_out_again(tmp_path):
         claim_here(str(tmp_path))
     assert first.fd is not None                                         # and a refusal keeps the held lock
     first.release()
+
+
+def test_run_batch_stops_at_an_out_another_job_holds(tmp_path):
+    from fedmpi.outdir import claim_here
+
+    out = tmp_path / "busy"
+    cfg = write_config(tmp_path / "c.yaml", small_config(out, rounds=1))
+    held = claim_here(str(out))
+    try:
+        proc = subprocess.run([*fedmpi_cmd(1)[:-2], str(ROOT / "tools" / "run_batch.py"), str(cfg), "--overwrite"],
+                              capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT)
+    finally:
+        held.release()
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert f"pid {os.getpid()} " in proc.stderr and "in use by another fedmpi job" in proc.stderr
+    assert sorted(os.listdir(out)) == [".fedmpi.lock"]
