@@ -39,7 +39,8 @@ import numpy as np
 
 import fedmpi
 from fedmpi import config as config_mod
-from fedmpi.errors import ConfigError, FedmpiError, InputError, Refused
+from fedmpi.errors import ConfigError, InputError
+from fedmpi.rank0 import decide
 
 FORMAT = 1
 NAME = re.compile(r"^ckpt-(\d+)\.h5$")
@@ -62,11 +63,13 @@ def ckpt_path(out, round_):
 
 
 def list_checkpoints(out):
-    """[(round, path)] of the checkpoint files in OUT/ckpt, newest first."""
+    """[(round, path)] of the checkpoint files in OUT/ckpt, newest first, by file name. Only the names
+    fedmpi writes count (`ckpt-7.h5`, not `ckpt-007.h5`): the other ranks find a chosen checkpoint by
+    its round (`ckpt_path`), so a name must map to one round and back."""
     found = []
     for path in glob.glob(os.path.join(ckpt_dir(out), "ckpt-*.h5")):
         m = NAME.match(os.path.basename(path))
-        if m:
+        if m and m.group(1) == str(int(m.group(1))):
             found.append((int(m.group(1)), path))
     return sorted(found, reverse=True)
 
@@ -281,6 +284,7 @@ def choose(cfg, say=None):
     for round_, path in found:
         try:
             attrs = verify(path)
+            _check_round(attrs, round_)
         except DamagedCheckpoint as e:
             damaged.append((path, str(e)))
             say(f"checkpoint {path} is damaged ({e}); trying the previous one")
@@ -292,6 +296,17 @@ def choose(cfg, say=None):
         return ResumePoint(round_, path, float(attrs["wall_s"]), damaged)
     raise InputError(f"--resume: every checkpoint in {ckpt_dir(cfg.out)} is damaged "
                      f"({'; '.join(f'{os.path.basename(p)}: {r}' for p, r in damaged)}); nothing to continue")
+
+
+def _check_round(attrs, round_):
+    """A checkpoint whose `round` attribute disagrees with its file name (renamed or copied by hand) is not
+    trusted: resuming from it would start at the wrong round and its state would not match run.h5."""
+    try:
+        stored = int(attrs["round"])
+    except (KeyError, TypeError, ValueError):
+        raise DamagedCheckpoint("no readable round attribute") from None
+    if stored != round_:
+        raise DamagedCheckpoint(f"its round attribute is {stored} but its file name says round {round_}")
 
 
 def _check_run_log(cfg, round_):
@@ -315,25 +330,15 @@ def _check_run_log(cfg, round_):
 def plan_resume(cfg, comm):
     """Collective: rank 0 picks and checks the checkpoint, every rank learns the outcome.
 
-    On refusal rank 0 raises the error (the CLI prints it) and the other ranks raise ResumeRefused with
+    On refusal rank 0 raises the error (the CLI prints it) and the other ranks raise Refused with
     the same exit code and no message, so the job prints one message and exits 2 everywhere.
     """
-    point, error = None, None
-    verdict = np.zeros(2, dtype=np.float64)          # [exit code (0 = go), round]
-    if comm.is_server:
-        try:
-            point = choose(cfg)
-            verdict[1] = point.round
-        except Exception as e:  # noqa: BLE001 - the workers wait for a verdict whatever went wrong
-            error = e
-            verdict[0] = e.exit_code if isinstance(e, FedmpiError) else 1
-    comm.bcast(verdict)
-    if verdict[0]:
-        comm.close()
-        if error is not None:
-            raise error
-        raise Refused(int(verdict[0]))
-    return point or ResumePoint(int(verdict[1]), ckpt_path(cfg.out, int(verdict[1])))
+    def judge():
+        point = choose(cfg)
+        return point, point.round
+
+    point, round_ = decide(comm, judge)
+    return point or ResumePoint(int(round_), ckpt_path(cfg.out, int(round_)))
 
 
 def load_into(exp, point):

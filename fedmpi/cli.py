@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from fedmpi.errors import ConfigError, FedmpiError, report_lines
+from fedmpi.errors import FedmpiError, report_lines
 
 
 def _parser():
@@ -61,11 +61,25 @@ def main(argv=None) -> int:
             return _run(args)
         return {"report": _report, "verify": _verify, "export": _export}[args.command](args)
     except FedmpiError as e:
-        # Raised before any MPI traffic, identically on every rank (or, for Refused, already reported once
-        # by one rank): a plain exit is safe.
-        for line in report_lines(e):
-            print(line, file=sys.stderr)
+        # Raised identically on every rank (config, input), or on rank 0 alone with the others raising a
+        # silent Refused: under mpiexec the launcher's rank 0 prints, so the message appears once.
+        if launcher_rank() in (None, 0):
+            for line in report_lines(e):
+                print(line, file=sys.stderr)
         return e.exit_code
+
+
+# Where MPI launchers put a process's rank before MPI starts: MPICH/hydra and Intel MPI, Open MPI, PMIx, srun.
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def launcher_rank():
+    """This process's rank as its launcher announced it, or None outside a known launcher."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 def _run(args):
@@ -74,13 +88,15 @@ def _run(args):
     cfg = config.load(args.config, args.overrides)
     if args.dry_run:
         return _dry_run(cfg)
-    _check_out(cfg, args)
     from fedmpi import signals
 
     signals.install()       # from here on SIGTERM/SIGUSR1 are stop requests, even during the slow imports
     from fedmpi.comm import make_comm
+    from fedmpi.outdir import claim
 
     comm = make_comm()
+    # Rank 0 locks `out` and checks it before anything is loaded; a refusal exits 2 on every rank.
+    claim(cfg, comm, overwrite=args.overwrite, resume=args.resume)
     resume = None
     if args.resume:
         from fedmpi.checkpoint import plan_resume
@@ -89,21 +105,6 @@ def _run(args):
     from fedmpi.launch import run_experiment
 
     return run_experiment(cfg, comm, overwrite=args.overwrite, resume=resume)
-
-
-def _check_out(cfg, args):
-    from fedmpi.checkpoint import ckpt_dir, list_checkpoints
-
-    if args.overwrite and args.resume:
-        raise ConfigError("--resume and --overwrite exclude each other: continue the run in out, or replace it")
-    path = os.path.join(cfg.out, "run.h5")
-    if os.path.exists(path) and not (args.overwrite or args.resume):
-        raise ConfigError(f"out = {cfg.out!r} already holds a run ({path}); continue it with --resume, "
-                          f"replace it with --overwrite, or choose another out=...")
-    if list_checkpoints(cfg.out) and not (args.overwrite or args.resume):
-        # Stale checkpoints would otherwise be taken for this run's on a later --resume.
-        raise ConfigError(f"out = {cfg.out!r} holds checkpoints ({ckpt_dir(cfg.out)}) but no run.h5; replace "
-                          f"them with --overwrite, or choose another out=...")
 
 
 def _dry_run(cfg):

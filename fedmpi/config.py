@@ -10,6 +10,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import math
+import os
+import re
+import stat
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -17,10 +21,18 @@ from typing import Literal
 
 import yaml
 
+from fedmpi import yamlio
 from fedmpi.config_checks import Checks as _Checks
 from fedmpi.config_checks import dotted as _dotted
+from fedmpi.config_checks import show as _show
 from fedmpi.errors import ConfigError
 from fedmpi.schedules import ScheduleConfig
+
+# runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
+# invalid alike on a login node and on the compute nodes; 4096 is above the hardware threads of any single
+# node built so far, and torch.set_num_threads(100000) dies with MemoryError.
+MAX_THREADS = 4096
+MAX_CONFIG_BYTES = 1 << 20      # a config file is a few kB
 
 
 # The names a section may take come from the registries that implement them, so that a new data source,
@@ -211,8 +223,8 @@ class RuntimeConfig:
 
     def __post_init__(self):
         c = _Checks("runtime")
-        c.require(self.threads is None or self.threads >= 1, "threads", self.threads,
-                  "must be a positive integer or null")
+        c.require(self.threads is None or 1 <= self.threads <= MAX_THREADS, "threads", self.threads,
+                  f"must be a positive integer up to {MAX_THREADS}, or null")
         c.done()
 
 
@@ -246,7 +258,7 @@ class Config:
         return dataclasses.asdict(self)
 
     def to_yaml(self):
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return yamlio.dump(self.to_dict())
 
     def hash(self, ignore=None):
         """Hash of everything that decides the computation; run-time keys excluded so resume may change them."""
@@ -278,7 +290,8 @@ def _type_name(tp):
         return _type_name(inner[0]) + " or null"
     if origin is tuple:
         return f"a list of {len(typing.get_args(tp))} values, each {_type_name(typing.get_args(tp)[0])}"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    names = {int: "an integer", float: "a number (not NaN or infinity)", bool: "true or false", str: "a string"}
+    return names.get(tp, str(tp))
 
 
 def _coerce(tp, value):
@@ -302,49 +315,71 @@ def _coerce(tp, value):
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool), value
     if tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return ok, float(value) if ok else value
+        # NaN and infinities are refused for every float key: a run with lr = inf only produces NaNs.
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return False, value
+        try:
+            number = float(value)
+        except OverflowError:       # an integer beyond float range
+            return False, value
+        return math.isfinite(number), number
     if tp is str:
         return isinstance(value, str), value
     return True, value
 
 
 def _unknown(key, known):
+    key = str(key)[:100]
     close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else f"; known keys: {', '.join(sorted(known))}"
-    return f"unknown key '{key}'{hint}"
+    return f"unknown key {_show(key)}{hint}"
 
 
 def _build(cls, mapping, prefix, errors):
+    """An instance of `cls` from `mapping`, or None where its own checks failed; problems go to `errors`.
+
+    A section with any problem is replaced by its defaults for the checks across sections (so that
+    `__post_init__` never sees None), and the cross-section problems that name such a section are
+    dropped: they would be judged on defaults the user never wrote."""
     if not isinstance(mapping, dict):
-        errors.append(f"{prefix or 'config'} = {mapping!r}: must be a mapping of keys")
+        errors.append(f"{prefix or 'config'} = {_show(mapping)}: must be a mapping of keys")
         return cls()
     hints = typing.get_type_hints(cls)
     known = [f.name for f in fields(cls)]
-    kwargs = {}
+    kwargs, failed = {}, []
     for key, value in mapping.items():
         dotted = _dotted(prefix, key)
         if key not in known:
             errors.append(_unknown(dotted, known))
             continue
         tp = hints[key]
-        if key == "algorithm" and cls is Config:
-            kwargs[key] = _build_algorithm(value, errors)
-        elif dataclasses.is_dataclass(tp):
-            if isinstance(value, str) and "name" in {f.name for f in fields(tp)}:
+        if (key == "algorithm" and cls is Config) or dataclasses.is_dataclass(tp):
+            algorithm = key == "algorithm" and cls is Config
+            if not algorithm and isinstance(value, str) and "name" in {f.name for f in fields(tp)}:
                 value = {"name": value}     # a bare name, e.g. client.lr_schedule: cosine
-            kwargs[key] = _build(tp, value, dotted, errors)
+            before = len(errors)
+            section = _build_algorithm(value, errors) if algorithm else _build(tp, value, dotted, errors)
+            if section is None or len(errors) > before:
+                failed.append(dotted)
+                section = section if section is not None else tp()
+            kwargs[key] = section
         else:
             ok, coerced = _coerce(tp, value)
             if ok:
                 kwargs[key] = coerced
             else:
-                errors.append(f"{dotted} = {value!r}: must be {_type_name(tp)}")
+                errors.append(f"{dotted} = {_show(value)}: must be {_type_name(tp)}")
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        errors.extend(_rooted(m, prefix) for m in e.messages)
+        errors.extend(_rooted(m, prefix) for m in e.messages if not any(_names_section(m, section)
+                                                                        for section in failed))
         return None
+
+
+def _names_section(message, section):
+    """Whether `message` names a key of `section` (e.g. 'partition.clients' for 'partition')."""
+    return re.search(rf"(?<![\w.]){re.escape(section)}\.", message) is not None
 
 
 def _rooted(message, prefix):
@@ -388,9 +423,9 @@ def apply_overrides(mapping, overrides):
     out = copy.deepcopy(mapping or {})
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. rounds=50 or algorithm.name=fsl")
+            raise ConfigError(f"override {_show(item)}: expected key=value, e.g. rounds=50 or algorithm.name=fsl")
         key, text = item.split("=", 1)
-        value = yaml.safe_load(text) if text.strip() else None
+        value = yamlio.load(text, f"override {_show(key.strip())}") if text.strip() else None
         node = out
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -403,20 +438,36 @@ def apply_overrides(mapping, overrides):
 
 def load(path, overrides=()):
     """Reads a YAML config file, applies overrides and validates; raises ConfigError on any problem."""
-    try:
-        with open(path) as fh:
-            mapping = yaml.safe_load(fh) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} not found") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+    name = f"config file {_show(str(path), 300)}"
+    mapping = yamlio.load(_read_text(path, name), name) or {}
     if not isinstance(mapping, dict):
-        raise ConfigError(f"config file {path!r}: top level must be a mapping of keys")
+        raise ConfigError(f"{name}: top level must be a mapping of keys")
     return from_dict(apply_overrides(mapping, overrides))
 
 
-def from_yaml(text):
-    return from_dict(yaml.safe_load(text))
+def _read_text(path, name):
+    """The UTF-8 text of a config file; ConfigError for a folder, an unreadable, binary or huge file."""
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            raise ConfigError(f"{name} is a folder; give the path of a YAML file, e.g. jobs/configs/quickstart.yaml")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{name} not found") from None
+    except OSError as e:
+        raise ConfigError(f"{name} cannot be read: {e.strerror or e}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{name} is larger than {MAX_CONFIG_BYTES >> 20} MiB; a config is a few kB of YAML")
+    if b"\0" in data:
+        raise ConfigError(f"{name} is a binary file, not YAML text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{name} is not UTF-8 text (invalid byte at offset {e.start})") from None
+
+
+def from_yaml(text, source="stored config"):
+    return from_dict(yamlio.load(text, source))
 
 
 def differing_keys(a: Config, b: Config, ignore=RUNTIME_KEYS):

@@ -7,12 +7,37 @@ complete on disk: a running job's log can be read by `fedmpi report` or `tools/`
 leaves every finished round behind. The appending handle takes no HDF5 file lock and readers open with
 locking off (`open_run`), so neither blocks the other; in the writing process itself, another handle
 on the file during the run must also use locking=False (HDF5 refuses mixed flags).
+
+A full disk must not cost the rounds already logged. HDF5 cannot survive a failed write: measured with
+h5py 3.16 / HDF5 2.0, a flush that meets ENOSPC segfaults or leaves a file that no longer opens ("addr
+overflow"), and so does growing an attribute on a full disk. So every write first reserves the room it
+can need (`_ensure_room`): the largest amount it can add (a new chunk of every dataset it touches, the
+model, the attributes) plus a slack for HDF5's metadata. The reservation is real where the file system
+allows it: `fallocate(FALLOC_FL_KEEP_SIZE)` allocates the blocks past the end of the file without
+changing its size, so a full disk, a quota (which statvfs cannot see) or another job filling the disk
+makes the reservation fail, before anything is written, and never the write itself. Where the file
+system cannot reserve (NFS v3, some Lustre and ZFS versions) the free space is checked with statvfs
+instead, which a quota or a concurrent writer can still defeat. The file-size limit (RLIMIT_FSIZE) is
+checked too. A refused write raises WriteFailed ("cannot write OUT/run.h5: No space left on device",
+exit 1) and leaves the file as it was after the last complete round.
+
+The blocks reserved for the last write stay reserved past the end of the file while the process runs,
+so the final status (`failed`, and the error's detail) can still be written when something else, e.g. a
+checkpoint, filled the disk; they are given back when the process exits. The final model goes into a
+copy of the file that replaces it once complete: whatever goes wrong there, run.h5 is the old file or
+the new one.
 """
 
 from __future__ import annotations
 
+import atexit
+import ctypes
+import errno
 import os
 import platform
+import re
+import resource
+import shutil
 import socket
 import time
 from datetime import datetime, timezone
@@ -21,11 +46,27 @@ import h5py
 import numpy as np
 
 import fedmpi
+from fedmpi.errors import FedmpiError
 from fedmpi.timing import PHASES
 
 # The figures every run logs each round (NaN where not measured that round).
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
 READ_RETRIES = 5
+METRIC_CHUNK, CLIENT_CHUNK = 256, 64     # rows per chunk of /metrics and /clients datasets
+# Room reserved beyond a write's own data for HDF5's metadata. Measured: appending a row to a run with
+# 1,000 clients writes ~50 kB of metadata besides its chunks; attribute updates a few kB.
+SLACK_BYTES = 1 << 20
+ATTR_SLACK_BYTES = 64 << 10
+FALLOC_FL_KEEP_SIZE = 0x01
+CANNOT_RESERVE = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV)
+
+
+class WriteFailed(FedmpiError):
+    """run.h5 could not be written (no space, file too large, I/O error); the file keeps its last good state."""
+
+    def __init__(self, path, reason):
+        super().__init__(f"cannot write {path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 def _versions():
@@ -42,25 +83,46 @@ class RunLog:
     def __init__(self, path, metric_attrs=None):
         self.path = path
         self._f = None      # the handle `append` keeps open between rounds; closed by every other write
+        self._chunk_bytes = {}  # group -> bytes of one chunk of each of its datasets: what a new chunk row adds
         # Attributes of /metrics datasets, set when each is created (class_acc's class_counts, ...).
         self.metric_attrs = dict(metric_attrs or {})
 
     def _file(self):
         if self._f is None:
-            self._f = h5py.File(self.path, "a", locking=False)
+            with _writing(self.path):
+                self._f = h5py.File(self.path, "a", locking=False)
+            self._chunk_bytes = {group: sum(_chunk_bytes(ds) for ds in self._f.get(group, {}).values())
+                                 for group in ("metrics", "clients", "timing")}
         return self._f
 
     def close(self):
         if self._f is not None:
-            self._f.close()
-            self._f = None
+            f, self._f = self._f, None
+            try:
+                f.close()
+            except Exception as e:  # noqa: BLE001 - the final flush failed: see _abandon
+                self._f = f
+                self._abandon()
+                raise WriteFailed(self.path, _reason(e)) from None
+
+    def _abandon(self):
+        """After a write that failed despite its reservation (an I/O error): close the handle at the lowest
+        level, without the extra flush `File.close` would try. Best effort: HDF5 may not recover."""
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.id.close()
+            except Exception:  # noqa: BLE001 - nothing more can be done for this handle
+                pass
 
     @classmethod
     def create(cls, path, cfg, world_size, hosts, partition_groups, extra_attrs=None):
         """Writes a fresh run.h5 (to a temporary name first, so a half-made file never has the real name)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tmp = path + ".tmp"
-        with h5py.File(tmp, "w") as f:
+        need = sum(np.asarray(v).nbytes for datasets in partition_groups.values() for v in datasets.values())
+        _ensure_room(path, need + len(cfg.to_yaml()) + len(CORE_METRICS) * METRIC_CHUNK * 8, tmp)
+        with _writing(path, discard=tmp), h5py.File(tmp, "w") as f:
             f.attrs["config"] = cfg.to_yaml()
             f.attrs["config_hash"] = cfg.hash()
             f.attrs["fedmpi_version"] = fedmpi.__version__
@@ -93,40 +155,62 @@ class RunLog:
         f = self._file()
         group = f["metrics"]
         n = group["round"].shape[0]
-        for name in set(metrics) - set(group):
-            _metric_dataset(group, name, metrics[name], n, self.metric_attrs.get(name, {}))
-        for name, ds in group.items():
-            ds.resize((n + 1,) + ds.shape[1:])
-            ds[n] = _cell(ds, metrics.get(name))
-        for name, row in (clients or {}).items():
-            ds = f["clients"].get(name)
-            if ds is None:
-                ds = f["clients"].create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
-                                                 dtype="f4", fillvalue=np.nan, chunks=(64, num_clients))
-            ds.resize((n + 1, num_clients))
-            ds[n] = row
-        for ds in f["clients"].values():
-            if ds.shape[0] < n + 1:
-                ds.resize((n + 1, ds.shape[1]))
-        if timing is not None:
-            group = f.require_group("timing")
-            for i, phase in enumerate(PHASES):
-                ds = group.get(phase)
+        new_metrics = {name: metrics[name] for name in set(metrics) - set(group)}
+        new_clients = [name for name in clients or {} if name not in f["clients"]]
+        new_timing = timing is not None and "timing" not in f
+        grown = {"metrics": sum(_new_metric_chunk(v) for v in new_metrics.values()),
+                 "clients": len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4,
+                 "timing": len(PHASES) * METRIC_CHUNK * 8 * timing.shape[0] if new_timing else 0}
+        # Row n starts a new chunk of every dataset of a group when n is a multiple of its chunk rows; new
+        # datasets start theirs now. Checked before anything changes: a refused row leaves no trace.
+        _ensure_room(self.path, sum(grown.values()) +
+                     (self._chunk_bytes["metrics"] + self._chunk_bytes["timing"] if n % METRIC_CHUNK == 0 else 0) +
+                     (self._chunk_bytes["clients"] if n % CLIENT_CHUNK == 0 else 0))
+        for name, more in grown.items():
+            self._chunk_bytes[name] += more
+        try:
+            for name, value in new_metrics.items():
+                _metric_dataset(group, name, value, n, self.metric_attrs.get(name, {}))
+            for name, ds in group.items():
+                ds.resize((n + 1,) + ds.shape[1:])
+                ds[n] = _cell(ds, metrics.get(name))
+            for name, row in (clients or {}).items():
+                ds = f["clients"].get(name)
                 if ds is None:
-                    ds = group.create_dataset(phase, shape=(n, timing.shape[0]), maxshape=(None, timing.shape[0]),
-                                              dtype="f8", fillvalue=np.nan, chunks=(256, timing.shape[0]))
-                ds.resize((n + 1, ds.shape[1]))
-                ds[n] = timing[:, i] if timing.shape[0] == ds.shape[1] else np.nan
-        f.flush()
+                    ds = f["clients"].create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
+                                                     dtype="f4", fillvalue=np.nan, chunks=(CLIENT_CHUNK, num_clients))
+                ds.resize((n + 1, num_clients))
+                ds[n] = row
+            for ds in f["clients"].values():
+                if ds.shape[0] < n + 1:
+                    ds.resize((n + 1, ds.shape[1]))
+            if timing is not None:
+                _append_timing(f.require_group("timing"), n, timing)
+            f.flush()
+        except Exception as e:  # noqa: BLE001 - h5py raises OSError, RuntimeError... for a failed write
+            self._abandon()
+            raise WriteFailed(self.path, _reason(e)) from None
 
     def write_model(self, vec):
-        """The newest global model as `/model/global` (float32), replaced each time it is written."""
+        """The newest global model as `/model/global` (float32), replaced each time it is written.
+
+        Written into a copy of run.h5 that replaces it once complete (a model is written once or twice per
+        run, at its end): whatever goes wrong, run.h5 is either the old file or the new one."""
         self.close()
-        with h5py.File(self.path, "a") as f:
-            g = f.require_group("model")
-            if "global" in g:
-                del g["global"]
-            g.create_dataset("global", data=np.asarray(vec, dtype=np.float32))
+        model = np.asarray(vec, dtype=np.float32)
+        tmp = self.path + ".model.tmp"
+        with _writing(self.path, discard=tmp):
+            open(tmp, "wb").close()
+            _ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
+            with open(self.path, "rb") as src, open(tmp, "r+b") as dst:    # r+b: no truncation of the reservation
+                shutil.copyfileobj(src, dst, 1 << 20)
+            with h5py.File(tmp, "a") as f:
+                g = f.require_group("model")
+                if "global" in g:
+                    del g["global"]
+                g.create_dataset("global", data=model)
+                _fsync(f)
+            os.replace(tmp, self.path)
 
     @classmethod
     def reopen(cls, path, rounds_kept, **attrs):
@@ -146,35 +230,59 @@ class RunLog:
     def truncate(self, rounds_kept):
         """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
         self.close()
-        with h5py.File(self.path, "a") as f:
+        _ensure_room(self.path, 0, slack=ATTR_SLACK_BYTES)
+        with _writing(self.path), h5py.File(self.path, "a") as f:
             for ds in (list(f["metrics"].values()) + list(f["clients"].values())
                        + list(f.get("timing", {}).values())):
                 ds.resize((min(rounds_kept, ds.shape[0]),) + ds.shape[1:])
 
     def set_attrs(self, **attrs):
+        """Root attributes, written in place after checking there is room for them (an attribute that grows
+        on a full disk makes the file unreadable)."""
         self.close()
-        with h5py.File(self.path, "a") as f:
+        _ensure_room(self.path, sum(len(str(v)) for v in attrs.values()), slack=ATTR_SLACK_BYTES)
+        with _writing(self.path), h5py.File(self.path, "a") as f:
             for k, v in attrs.items():
                 f.attrs[k] = v
             f.attrs["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def finish(self, status, error=""):
+        """The run's outcome (written into the room reserved for the last row if the disk is full now)."""
         self.set_attrs(status=status, error=error)
+
+
+def _new_metric_chunk(value):
+    """Bytes of the first chunk of a new /metrics dataset for `value` (see _metric_dataset)."""
+    if isinstance(value, (str, bytes)):
+        return METRIC_CHUNK * 64
+    return METRIC_CHUNK * 8 * (len(value) if np.ndim(value) == 1 else 1)
 
 
 def _metric_dataset(group, name, value, length, attrs):
     """A growable /metrics dataset shaped for `value`: text (S64), a [round, k] row, or one float per round."""
     if isinstance(value, (str, bytes)):
-        ds = group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="S64", chunks=(256,), fillvalue=b"")
+        ds = group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="S64", chunks=(METRIC_CHUNK,),
+                                  fillvalue=b"")
     elif np.ndim(value) == 1:
         k = len(value)
-        ds = group.create_dataset(name, shape=(length, k), maxshape=(None, k), dtype="f8", chunks=(256, k),
+        ds = group.create_dataset(name, shape=(length, k), maxshape=(None, k), dtype="f8", chunks=(METRIC_CHUNK, k),
                                   fillvalue=np.nan)
     else:
         ds = _growable(group, name, length)
     for key, v in attrs.items():
         ds.attrs[key] = v
     return ds
+
+
+def _append_timing(group, n, timing):
+    """Row n of /timing/<phase> [round, rank] (NaN where a resumed run has another number of ranks)."""
+    for i, phase in enumerate(PHASES):
+        ds = group.get(phase)
+        if ds is None:
+            ds = group.create_dataset(phase, shape=(n, timing.shape[0]), maxshape=(None, timing.shape[0]),
+                                      dtype="f8", fillvalue=np.nan, chunks=(METRIC_CHUNK, timing.shape[0]))
+        ds.resize((n + 1, ds.shape[1]))
+        ds[n] = timing[:, i] if timing.shape[0] == ds.shape[1] else np.nan
 
 
 def _cell(ds, value):
@@ -187,8 +295,113 @@ def _cell(ds, value):
 
 
 def _growable(group, name, length=0):
-    return group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="f8", chunks=(256,),
+    return group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="f8", chunks=(METRIC_CHUNK,),
                                 fillvalue=np.nan)
+
+
+def _chunk_bytes(ds):
+    return int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else 0
+
+
+def _ensure_room(path, nbytes, written=None, slack=SLACK_BYTES):
+    """Reserves room for `written` (default `path`) to grow by `nbytes` + `slack`, or raises WriteFailed:
+    blocks allocated past its end where the file system can (see the module docstring), else enough free
+    space for this user (statvfs); and below the process's file-size limit either way."""
+    written = written or path
+    need = nbytes + slack
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        size = os.path.getsize(written) if os.path.exists(written) else 0
+        if size + need > limit:
+            raise WriteFailed(path, os.strerror(errno.EFBIG))
+    try:
+        if os.path.exists(written) and _reserve(written, need):
+            return
+        st = os.statvfs(os.path.dirname(os.path.abspath(written)))
+    except OSError as e:
+        raise WriteFailed(path, e.strerror or str(e)) from None
+    if st.f_bavail * st.f_frsize < need:
+        raise WriteFailed(path, os.strerror(errno.ENOSPC))
+
+
+def _libc_fallocate():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_FALLOCATE = _libc_fallocate()
+_RESERVED = set()       # files holding blocks past their end, given back at exit
+
+
+def _reserve(path, nbytes):
+    """Allocates `nbytes` past the end of `path` without changing its size. False where the file system (or
+    the platform) cannot; OSError (ENOSPC, EDQUOT, ...) where there is no room."""
+    if _FALLOCATE is None:
+        return False
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if _FALLOCATE(fd, FALLOC_FL_KEEP_SIZE, os.fstat(fd).st_size, nbytes) == 0:
+            if not _RESERVED:
+                atexit.register(_release_all)
+            _RESERVED.add(os.path.abspath(path))
+            return True
+        code = ctypes.get_errno()
+    finally:
+        os.close(fd)
+    if code in CANNOT_RESERVE:
+        return False
+    raise OSError(code, os.strerror(code))
+
+
+def _release_all():
+    """Gives back the blocks reserved past the end of each file (truncating a file to its own size frees them).
+    A process ended by MPI_Abort or os._exit skips this; its file keeps at most one write's reservation."""
+    for path in _RESERVED:
+        try:
+            os.truncate(path, os.path.getsize(path))
+        except OSError:
+            pass
+
+
+class _writing:
+    """Context for one write to `path`: any failure becomes WriteFailed naming `path` with the system's
+    reason, and the temporary file `discard` (if any) is removed."""
+
+    def __init__(self, path, discard=None):
+        self.path, self.discard = path, discard
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if error is None:
+            return False
+        if self.discard:
+            try:
+                os.remove(self.discard)
+            except OSError:
+                pass
+        if isinstance(error, WriteFailed) or not isinstance(error, Exception):
+            return False
+        raise WriteFailed(self.path, _reason(error)) from None
+
+
+def _reason(error):
+    """The system's words for a failed write ('No space left on device'), from an OSError or from the errno
+    HDF5 quotes in its message; else the message's first line."""
+    code = getattr(error, "errno", None)
+    if not code:
+        m = re.search(r"errno = (\d+)", str(error))
+        code = int(m.group(1)) if m else None
+    if code:
+        return os.strerror(code)
+    return (str(error).splitlines() or [type(error).__name__])[0][:200]
 
 
 def _fsync(f):

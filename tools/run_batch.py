@@ -9,8 +9,9 @@ run's cost on a laptop. Every run is exactly what `fedmpi run CONFIG key=value .
 do. With --out-root, run i goes to OUT_ROOT/<config name>[-seed<S>]; without it, to the config's own
 `out` (plus -seed<S> when --seeds is given). All configs are validated before the first run starts;
 an existing run.h5 stops the batch before it starts unless --overwrite (replace it) or --skip-finished
-(keep finished runs of the same length, replace the others) is given. SIGTERM/SIGUSR1 stop the current
-run with a checkpoint (exit 75), as for `fedmpi run`.
+(keep finished runs of the same length, replace the others) is given. Each run holds the lock on its
+out while it runs (fedmpi.outdir): another job on that out stops the batch with exit 2. SIGTERM/SIGUSR1
+stop the current run with a checkpoint (exit 75), as for `fedmpi run`.
 """
 
 from __future__ import annotations
@@ -82,12 +83,21 @@ def main(argv=None) -> int:
     signals.install()
     from fedmpi.comm import make_comm
     from fedmpi.launch import run_experiment
+    from fedmpi.outdir import claim
 
     for i, (name, cfg) in enumerate(runs, 1):
         comm = make_comm()
+        try:
+            held = claim(cfg, comm, overwrite=True)     # another job on this out: exit 2 before anything
+        except FedmpiError as e:
+            if str(e):                                  # rank 0 says why; the other ranks are told to stop
+                print(f"run_batch: {e}", file=sys.stderr)
+            return e.exit_code
         if comm.is_server:
             print(f"run_batch: {i}/{len(runs)} {name} -> {cfg.out}", flush=True)
         code = run_experiment(cfg, comm, overwrite=True)
+        if held:
+            held.release()
         if code:
             return code
     return 0

@@ -16,6 +16,7 @@ import importlib
 from importlib.metadata import entry_points
 
 from fedmpi.algorithms.base import GATHER, REDUCE, ROUTE, Algorithm, AlgorithmKeys
+from fedmpi.config_checks import show
 from fedmpi.errors import ConfigError
 
 ENTRY_POINT_GROUP = "fedmpi.algorithms"
@@ -70,9 +71,9 @@ def lookup(name):
         module, _, attr = name.partition(":")
         return _checked(_load(lambda: getattr(importlib.import_module(module), attr), name), name)
     known = list(_REGISTRY) + sorted(plugins)
-    close = difflib.get_close_matches(str(name), known, n=1)
+    close = difflib.get_close_matches(str(name)[:100], known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise ConfigError(f"algorithm.name = {name!r}: unknown{hint}; available: {', '.join(known)}, or "
+    raise ConfigError(f"algorithm.name = {show(name)}: unknown{hint}; available: {', '.join(known)}, or "
                       f"'package.module:Class' for an algorithm outside fedmpi")
 
 

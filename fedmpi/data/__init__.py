@@ -1,5 +1,6 @@
 """Data sources, partitions, the server's set and their statistics (DESIGN §4 `data/*`)."""
 
-from fedmpi.data.dataset import Dataset, load_dataset
+from fedmpi.data.dataset import Dataset
+from fedmpi.data.load import load_dataset
 
 __all__ = ["Dataset", "load_dataset"]

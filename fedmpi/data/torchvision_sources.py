@@ -1,17 +1,32 @@
-"""The MNIST family and CIFAR, read from `data.root` in their official on-disk formats through torchvision.
+"""The MNIST family and CIFAR, read from `data.root` in their official on-disk formats.
 
-torchvision's dataset classes find, check and parse the files; their `.data`/`.targets` arrays are then
-converted to normalised float32 N x C x H x W in one vectorised step (never per sample through PIL). Where
-the files are missing the error lists exactly which files were expected where, and how to get them.
+fedmpi parses the files itself and never lets a data file run code:
+- MNIST, Fashion-MNIST, EMNIST: the uncompressed idx-ubyte files under `ROOT/<Name>/raw/`, parsed here
+  (magic, sizes, length checked). torchvision's classes are not used for reading, because they prefer
+  legacy `processed/*.pt` files (read with torch.load) over `raw/` when both exist.
+- CIFAR-10/100: the python batches are pickles. They are read by `_BatchUnpickler`, which resolves only
+  the numpy names an array's pickle refers to (array reconstruction, ndarray, dtype) and a latin-1-only
+  stand-in for `_codecs.encode` (how Python 3 writes bytes at protocol 2); any other global (os.system,
+  builtins.eval, ...) is refused before it is called, so a crafted batch cannot run code. The official
+  MD5 sums are not checked, by choice: copies that differ byte-wise from the official archive (and the
+  small files the tests write) load too, and with the restricted reader a file that is not what it
+  claims can only fail to load. The data is then checked: uint8 pixels (so no NaN), 3072 per image,
+  one integer label per image.
+torchvision is used only to download (`data.download: true`), where it checks the archives' MD5 sums.
+Images become normalised float32 N x C x H x W in one vectorised step (never per sample through PIL).
+Where files are missing the error lists exactly which files were expected where, and how to get them.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import struct
 
 import numpy as np
-import torch
 
+from fedmpi.config_checks import show
 from fedmpi.data.dataset import Dataset
 from fedmpi.errors import ConfigError, InputError
 
@@ -26,11 +41,15 @@ NORMALISATION = {
 IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
              "t10k-labels-idx1-ubyte")
 EMNIST_SPLITS = {"byclass": 62, "bymerge": 47, "balanced": 47, "letters": 27, "digits": 10, "mnist": 10}
+IDX_UBYTE = 0x08        # the idx type code of unsigned bytes, the only one the official files use
+MNIST_SIDE = 28
 
 
 def _normalise(images_nchw_uint8, name):
     """uint8 N x C x H x W (any strides) -> contiguous float32 (x / 255 - mean_c) / std_c. Done in place with
     torch's vectorised kernels: a data set of 60,000 images takes well under a second."""
+    import torch
+
     mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in NORMALISATION[name])
     out = torch.empty(images_nchw_uint8.shape, dtype=torch.float32)
     out.copy_(torch.from_numpy(images_nchw_uint8))
@@ -46,24 +65,25 @@ def _require_root(cfg, layout):
     return root
 
 
+def _missing(folder, names):
+    return [n for n in names if not os.path.isfile(os.path.join(folder, n))]
+
+
 def _check_files(cfg, folder, names, how):
-    """Lists every expected file that is missing (download off), so the user sees all of them at once."""
-    if cfg.data.download:
-        return
-    missing = [n for n in names if not os.path.isfile(os.path.join(folder, n))]
+    """Lists every expected file that is missing, so the user sees all of them at once."""
+    missing = _missing(folder, names)
     if missing:
         raise InputError(f"data.name = {cfg.data.name!r}: expected {', '.join(missing)} in {folder} "
-                         f"(data.root = {cfg.data.root!r}); {how}")
+                         f"(data.root = {show(cfg.data.root, 300)}); {how}")
 
 
-def _open(cls, cfg, folder, how, **kwargs):
-    """Both splits through torchvision; any failure (download, parse) becomes an InputError naming folder."""
+def _download(cfg, folder, how, fetch):
+    """Runs torchvision's download (`fetch()`) when data.download is on and files are missing."""
     try:
-        return (cls(cfg.data.root, train=True, download=cfg.data.download, **kwargs),
-                cls(cfg.data.root, train=False, download=cfg.data.download, **kwargs))
-    except Exception as e:  # noqa: BLE001 - torchvision raises many types for bad or absent files
-        raise InputError(f"data.name = {cfg.data.name!r}: could not read the files in {folder}: "
-                         f"{type(e).__name__}: {e}; {how}") from None
+        fetch()
+    except Exception as e:  # noqa: BLE001 - torchvision raises many types for network and archive problems
+        raise InputError(f"data.name = {cfg.data.name!r}: download into {folder} failed: {type(e).__name__}: "
+                         f"{str(e)[:300]}; {how}") from None
 
 
 # --- the MNIST family (idx-ubyte files) -------------------------------------------------------------
@@ -72,94 +92,210 @@ MNIST_HOW = ("set data.download: true on a machine with network (torchvision fet
              "the uncompressed idx files there")
 
 
-def _idx_dataset(cfg, cls, subdir, names, transpose=False, **kwargs):
+def read_idx(path, ndim):
+    """The uint8 array of an idx file with `ndim` dimensions; InputError naming the file otherwise."""
+    try:
+        with open(path, "rb") as fh:
+            data = bytearray(os.fstat(fh.fileno()).st_size)     # writable, so torch can take the array as is
+            data = data[: fh.readinto(data)]
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    if len(data) < 4 or data[:2] != b"\0\0":
+        raise InputError(f"{path}: not an idx file (it must start with two zero bytes, a type code and the "
+                         f"number of dimensions); {MNIST_HOW}")
+    if data[2] != IDX_UBYTE or data[3] != ndim:
+        raise InputError(f"{path}: idx type 0x{data[2]:02x} with {data[3]} dimensions; expected unsigned bytes "
+                         f"(0x08) with {ndim} dimensions as in the official files")
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise InputError(f"{path}: truncated idx header")
+    shape = struct.unpack(f">{ndim}I", data[4:header])
+    expected = int(np.prod(shape, dtype=np.int64))
+    if len(data) - header != expected:
+        raise InputError(f"{path}: its header announces {shape} = {expected} bytes of data, the file holds "
+                         f"{len(data) - header}; the file is truncated or not an idx file")
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def _idx_pair(folder, images_name, labels_name):
+    images = read_idx(os.path.join(folder, images_name), 3)
+    labels = read_idx(os.path.join(folder, labels_name), 1)
+    if images.shape[1:] != (MNIST_SIDE, MNIST_SIDE):
+        raise InputError(f"{os.path.join(folder, images_name)}: images are {images.shape[1]}x{images.shape[2]}, "
+                         f"expected {MNIST_SIDE}x{MNIST_SIDE}")
+    if len(images) != len(labels):
+        raise InputError(f"{folder}: {images_name} holds {len(images)} images but {labels_name} "
+                         f"{len(labels)} labels")
+    return images, labels.astype(np.int64)
+
+
+def _idx_dataset(cfg, cls_name, subdir, names, transpose=False, **kwargs):
     root = _require_root(cfg, f"DATA_ROOT/{subdir}/raw/{names[0]}, ...")
     folder = os.path.join(root, subdir, "raw")
-    how = MNIST_HOW
-    _check_files(cfg, folder, names, how)
-    train, test = _open(cls, cfg, folder, how, **kwargs)
+    if cfg.data.download and _missing(folder, names):
+        _download(cfg, folder, MNIST_HOW, lambda: _torchvision_fetch(cls_name, root, **kwargs))
+    _check_files(cfg, folder, names, MNIST_HOW)
+    train_x, train_y = _idx_pair(folder, names[0], names[1])
+    test_x, test_y = _idx_pair(folder, names[2], names[3])
 
-    def images(ds):
-        x = ds.data.numpy()[:, None]
+    def images(x):
+        x = x[:, None]
         # EMNIST's files store each image transposed; swap back so that letters stand upright.
         return _normalise(x.transpose(0, 1, 3, 2) if transpose else x, cfg.data.name)
 
-    return images(train), train.targets.numpy().astype(np.int64), images(test), test.targets.numpy().astype(np.int64)
+    return images(train_x), train_y, images(test_x), test_y
+
+
+def _torchvision_fetch(cls_name, root, **attrs):
+    """torchvision's own download of an MNIST-family data set into ROOT/<Name>/raw (MD5-checked archives),
+    without its constructor, which would then read the files (or legacy processed/*.pt) itself."""
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, cls_name)
+    ds = cls.__new__(cls)
+    ds.root = os.path.expanduser(root)
+    for k, v in attrs.items():
+        setattr(ds, k, v)
+    ds.download()
 
 
 def mnist(cfg) -> Dataset:
-    from torchvision.datasets import MNIST
-
-    arrays = _idx_dataset(cfg, MNIST, "MNIST", IDX_FILES)
+    arrays = _idx_dataset(cfg, "MNIST", "MNIST", IDX_FILES)
     return Dataset("mnist", *arrays, num_classes=10)
 
 
 def fashion_mnist(cfg) -> Dataset:
-    from torchvision.datasets import FashionMNIST
-
-    arrays = _idx_dataset(cfg, FashionMNIST, "FashionMNIST", IDX_FILES)
+    arrays = _idx_dataset(cfg, "FashionMNIST", "FashionMNIST", IDX_FILES)
     return Dataset("fashion_mnist", *arrays, num_classes=10)
 
 
 def emnist(cfg) -> Dataset:
-    from torchvision.datasets import EMNIST
-
     split = cfg.data.split
     if split not in EMNIST_SPLITS:
-        raise ConfigError(f"data.split = {split!r}: EMNIST has the splits {', '.join(EMNIST_SPLITS)}")
+        raise ConfigError(f"data.split = {show(split)}: EMNIST has the splits {', '.join(EMNIST_SPLITS)}")
     names = tuple(f"emnist-{split}-{part}-{kind}-ubyte" for part in ("train", "test")
                   for kind in ("images-idx3", "labels-idx1"))
-    arrays = _idx_dataset(cfg, EMNIST, "EMNIST", names, transpose=True, split=split)
+    arrays = _idx_dataset(cfg, "EMNIST", "EMNIST", names, transpose=True, split=split)
     return Dataset("emnist", *arrays, num_classes=EMNIST_SPLITS[split])
 
 
-# --- CIFAR (python pickled batches, read by torchvision's own reader) -----------------------------------
+# --- CIFAR (python pickled batches, read by a restricted unpickler) --------------------------------------
 
-def _lenient(cls):
-    """torchvision's CIFAR class with checksums replaced by presence checks: the batch files are still read
-    by torchvision, but copies that differ byte-wise from the official archive (and the small files the tests
-    write) load too. Shapes are checked after loading. Class names (batches.meta) are not needed."""
-
-    class Lenient(cls):
-        def _check_integrity(self):
-            return all(os.path.isfile(os.path.join(self.root, self.base_folder, name))
-                       for name, _ in self.train_list + self.test_list)
-
-        def _load_meta(self):
-            self.classes = None
-
-    Lenient.__name__ = cls.__name__
-    return Lenient
+CIFAR = {
+    # name: (folder, train files, test files, label key, classes, torchvision class (for its download))
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], "labels", 10,
+                "CIFAR10"),
+    "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels", 100, "CIFAR100"),
+}
+CIFAR_SITE = "https://www.cs.toronto.edu/~kriz/"
+CIFAR_PIXELS = 3 * 32 * 32
 
 
-def _cifar(cfg, cls, classes) -> Dataset:
-    subdir = cls.base_folder
-    names = tuple(name for name, _ in cls.train_list + cls.test_list)
+def _latin1_bytes(text, encoding):
+    """What `_codecs.encode` does in a protocol-2 pickle of bytes written by Python 3, and nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError("_codecs.encode is allowed only for latin-1 text")
+    return text.encode("latin1")
+
+
+def _numpy_globals():
+    """The only globals a CIFAR batch names: the official ones (Python 2) numpy's array reconstructor,
+    ndarray and dtype (numpy.core.multiarray._reconstruct in numpy 1, numpy._core... in numpy 2); batches
+    re-pickled by Python 3 also bytes (protocol 2) or numpy's _frombuffer (protocol 5)."""
+    reconstruct = np.ndarray.__reduce__(np.zeros(1))[0]
+    frombuffer = np.ndarray.__reduce_ex__(np.zeros(1), 5)[0]
+    allowed = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): _latin1_bytes}
+    for core in ("numpy.core", "numpy._core"):
+        allowed[(f"{core}.multiarray", "_reconstruct")] = reconstruct
+        allowed[(f"{core}.numeric", "_frombuffer")] = frombuffer
+    return allowed
+
+
+class BatchRefused(Exception):
+    def __init__(self, module, name):
+        super().__init__(f"{module}.{name}")
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Unpickler that resolves only numpy's array reconstruction (find_class is also what the extension
+    registry opcodes go through, so nothing reaches other code)."""
+
+    ALLOWED = _numpy_globals()
+
+    def find_class(self, module, name):
+        found = self.ALLOWED.get((module, name))
+        if found is None:
+            raise BatchRefused(module, name)
+        return found
+
+
+def read_cifar_batch(path, label_key):
+    """(uint8 images N x 3 x 32 x 32, int64 labels) of one CIFAR python batch; InputError naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        # latin1: the official batches were pickled by Python 2, whose byte strings hold the pixels.
+        entry = _BatchUnpickler(io.BytesIO(raw), encoding="latin1").load()
+    except BatchRefused as e:
+        raise InputError(f"{path}: not a CIFAR batch: it refers to {e}, which a CIFAR batch never contains; "
+                         f"fedmpi does not load it (a crafted pickle could run code)") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    except Exception as e:  # noqa: BLE001 - a damaged pickle raises many types
+        raise InputError(f"{path}: not a CIFAR python batch ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(entry, dict):
+        raise InputError(f"{path}: not a CIFAR batch (a dict with 'data' and {label_key!r}), found "
+                         f"{type(entry).__name__}")
+    entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+    data, labels = entry.get("data"), entry.get(label_key)
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != CIFAR_PIXELS:
+        found = f"{data.dtype} {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        raise InputError(f"{path}: 'data' must be uint8 pixels, {CIFAR_PIXELS} per image (N x {CIFAR_PIXELS}), "
+                         f"found {found}")
+    try:
+        labels = np.asarray(labels)
+    except (ValueError, TypeError):
+        labels = np.asarray([None])
+    if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(data):
+        raise InputError(f"{path}: {label_key!r} must be one integer label per image ({len(data)}), found "
+                         f"{labels.dtype} {labels.shape}")
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
+
+
+def _cifar(cfg) -> Dataset:
+    subdir, train_files, test_files, label_key, classes, cls_name = CIFAR[cfg.data.name]
+    names = tuple(train_files + test_files)
     root = _require_root(cfg, f"DATA_ROOT/{subdir}/{names[0]}, ...")
     folder = os.path.join(root, subdir)
-    how = (f"set data.download: true on a machine with network, or unpack {cls.filename} ({cls.url}) "
-           f"in data.root, which creates {subdir}/")
+    archive = cfg.data.name.replace("cifar", "cifar-") + "-python.tar.gz"
+    how = (f"set data.download: true on a machine with network, or unpack {archive} ({CIFAR_SITE}{archive}) in "
+           f"data.root, which creates {subdir}/")
+    if cfg.data.download and _missing(folder, names):
+        _download(cfg, folder, how, lambda: _cifar_fetch(cls_name, root))
     _check_files(cfg, folder, names, how)
-    train, test = _open(_lenient(cls), cfg, folder, how)
     arrays = []
-    for ds in (train, test):
-        data, targets = np.asarray(ds.data), np.asarray(ds.targets, dtype=np.int64)
-        if data.ndim != 4 or data.shape[1:] != (32, 32, 3) or len(data) != len(targets):
-            raise InputError(f"{folder}: expected 32x32 RGB images with one label each, found images "
-                             f"{data.shape} and {len(targets)} labels; {how}")
+    for files in (train_files, test_files):
+        parts = [read_cifar_batch(os.path.join(folder, name), label_key) for name in files]
+        images = np.concatenate([p[0] for p in parts])
+        targets = np.concatenate([p[1] for p in parts])
         if len(targets) and (targets.min() < 0 or targets.max() >= classes):
             raise InputError(f"{folder}: labels must lie in 0..{classes - 1}, found {targets.min()}..{targets.max()}")
-        arrays += [_normalise(data.transpose(0, 3, 1, 2), cfg.data.name), targets]
+        arrays += [_normalise(images, cfg.data.name), targets]
     return Dataset(cfg.data.name, *arrays, num_classes=classes)
 
 
-def cifar10(cfg) -> Dataset:
-    from torchvision.datasets import CIFAR10
+def _cifar_fetch(cls_name, root):
+    """torchvision's download and MD5 check of the official archive, unpacked into data.root."""
+    import torchvision.datasets as tvd
+    from torchvision.datasets.utils import download_and_extract_archive
 
-    return _cifar(cfg, CIFAR10, 10)
+    cls = getattr(tvd, cls_name)
+    download_and_extract_archive(cls.url, root, filename=cls.filename, md5=cls.tgz_md5)
+
+
+def cifar10(cfg) -> Dataset:
+    return _cifar(cfg)
 
 
 def cifar100(cfg) -> Dataset:
-    from torchvision.datasets import CIFAR100
-
-    return _cifar(cfg, CIFAR100, 100)
+    return _cifar(cfg)

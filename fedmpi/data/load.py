@@ -1,0 +1,37 @@
+"""`load_dataset`: from `data.name` to a checked Dataset, through the source registry `sources.LOADERS`.
+
+Kept apart from dataset.py, which the sources import for `Dataset`: so no module imports one that
+imports it back.
+"""
+
+from __future__ import annotations
+
+from fedmpi.data import sources
+from fedmpi.data.dataset import Dataset, keep_first_classes
+from fedmpi.errors import ConfigError, InputError
+
+
+def load_dataset(cfg) -> Dataset:
+    """Loads `cfg.data.name`; a missing or malformed file raises InputError naming it."""
+    loader = sources.LOADERS.get(cfg.data.name)
+    if loader is None:
+        raise ConfigError(f"data.name = {cfg.data.name!r}: not available in this version; "
+                          f"available: {', '.join(sources.LOADERS)}")
+    dataset = loader(cfg)
+    _check_arrays(dataset)
+    if cfg.data.classes is not None:
+        dataset = keep_first_classes(dataset, cfg.data.classes)
+    from fedmpi.data.augment import make_transform
+
+    make_transform(cfg.data, dataset.input_shape)    # data.augment on non-images fails here, on every rank
+    return dataset
+
+
+def _check_arrays(ds):
+    """Catches files that parse but do not make a data set (label out of range, length mismatch)."""
+    for part, x, y in (("train", ds.x_train, ds.y_train), ("test", ds.x_test, ds.y_test)):
+        if len(x) != len(y):
+            raise InputError(f"data.name = {ds.name!r}: {part} set has {len(x)} inputs but {len(y)} labels")
+        if len(y) and (y.min() < 0 or y.max() >= ds.num_classes):
+            raise InputError(f"data.name = {ds.name!r}: {part} labels must lie in 0..{ds.num_classes - 1}, "
+                             f"found {y.min()}..{y.max()}")
