@@ -107,8 +107,12 @@ def run_experiment(cfg, comm, overwrite=False, resume=None) -> int:
               status="interrupted" if interrupted else "failed")
     except Exception as e:  # noqa: BLE001 - every error must end the whole job, not just this rank
         code = e.exit_code if isinstance(e, FedmpiError) else EXIT_FAILED
-        message = f"rank {comm.rank} failed: {type(e).__name__}: {e}"
-        detail = message if isinstance(e, FedmpiError) else message + "\n" + traceback.format_exc()
+        if isinstance(e, FedmpiError):     # says itself what failed (e.g. "cannot write OUT/run.h5: ...")
+            message = str(e) if comm.is_server else f"rank {comm.rank} failed: {e}"
+            detail = message
+        else:
+            message = f"rank {comm.rank} failed: {type(e).__name__}: {e}"
+            detail = message + "\n" + traceback.format_exc()
         _fail(comm, log, message, detail, code)
 
 

@@ -221,9 +221,9 @@ def test_full_disk_at_the_final_model_keeps_the_run_readable(tmp_path, small_dis
 def test_file_size_limit_is_reported_like_a_full_disk(tmp_path):
     out = tmp_path / "run"
     cfg = many_clients_config(tmp_path / "c.yaml", out, clients=4000, rounds=70)
-    # The limit is set once MPI has started (MPI's shared-memory set-up needs bigger files than 3.6 MB).
+    # The limit is set once MPI has started (MPI's shared-memory set-up needs bigger files than 3.7 MB).
     limited = ("import resource, sys; from mpi4py import MPI; "
-               "resource.setrlimit(resource.RLIMIT_FSIZE, (3_600_000, 3_600_000)); "
+               "resource.setrlimit(resource.RLIMIT_FSIZE, (3_700_000, 3_700_000)); "
                f"from fedmpi.cli import main; sys.exit(main(['run', {str(cfg)!r}]))")
     proc = subprocess.run([*fedmpi_cmd(1)[:-2], "-c", limited], capture_output=True, text=True,
                           timeout=SUBPROCESS_TIMEOUT_S, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})

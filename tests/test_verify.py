@@ -185,7 +185,7 @@ def test_missing_or_malformed_files_exit_2_naming_them(tmp_path, capsys):
     with h5py.File(broken, "a") as f:
         f.attrs["config"] = "seed: [unclosed"
     code, _, err = run_verify(capsys, good, broken)
-    assert code == 2 and str(broken) in err and "config attribute is not YAML" in err
+    assert code == 2 and str(broken) in err and "config attribute: not valid YAML" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
