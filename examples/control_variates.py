@@ -1,7 +1,8 @@
 """Control variates: a SCAFFOLD-like stateful algorithm (Karimireddy et al., "SCAFFOLD", ICML 2020,
 option II), written from scratch in one file.
 
-    fedmpi run jobs/configs/quickstart.yaml algorithm.name=examples.control_variates:ControlVariates
+    export PYTHONPATH=$PWD      # in the repository root: every rank must be able to import `examples`
+    mpiexec -n 3 fedmpi run jobs/configs/quickstart.yaml algorithm.name=examples.control_variates:ControlVariates
 
 Every client i keeps a control c_i (a `ClientVectors`, on the rank that hosts the client) and the server a
 control c (a `ServerVectors`, on rank 0); checkpoints save both and --resume restores them, with no code

@@ -1,10 +1,11 @@
 """FedAdam from scratch: server-side Adam (Reddi et al., "Adaptive Federated Optimization", ICLR 2021)
 written as an algorithm, in one file.
 
-    fedmpi run jobs/configs/quickstart.yaml algorithm.name=examples.fedadam_scratch:FedAdamScratch \
-        algorithm.lr=0.01
+    export PYTHONPATH=$PWD      # in the repository root: every rank must be able to import `examples`
+    mpiexec -n 3 fedmpi run jobs/configs/quickstart.yaml \
+        algorithm.name=examples.fedadam_scratch:FedAdamScratch algorithm.lr=0.01
 
-(from the repository root, or with its folder on PYTHONPATH on every rank). The clients are FedAvg's; the
+The clients are FedAvg's; the
 server keeps Adam's moments m and v in a `ServerVectors`, which checkpoints save and --resume restores with
 no code here. fedmpi has the same rule built in as a setting, `server.optimizer: adam` (with `server.lr`,
 `server.betas`, `server.tau`), which composes with every reduce-based algorithm: use that in practice. This

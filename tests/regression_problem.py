@@ -140,3 +140,26 @@ def assert_model(actual, expected_params, rtol=1e-5, atol=1e-6):
     actual = np.asarray(actual)
     np.testing.assert_allclose(actual[:3].astype(np.float64), expected_params, rtol=rtol, atol=atol)
     assert actual[3] == BUFFER
+
+
+def scaffold_reference(lr_of=lambda t: 0.1, rounds=3, control_lr_of=None):
+    """SCAFFOLD option II with FedAvg's weights (server lr 1): `lr_of(t)` is round t's client learning rate,
+    used in the local steps and (unless `control_lr_of` says otherwise) in the control update
+    c_i+ = c_i - c + (x - y_i) / (K eta_l). Returns the models per round, the server control c and the
+    clients' controls."""
+    control_lr_of = control_lr_of or lr_of
+    x, c, c_i, out = X0.copy(), np.zeros(3), {k: np.zeros(3) for k in range(N_CLIENTS)}, []
+    for t in range(rounds):
+        clients = selected(t)
+        deltas, dc = [], []
+        for cid in clients:
+            k = local_steps(cid)
+            y = local_sgd(x, t, cid, k, lr_of(t), lambda w, cid=cid, c=c: c - c_i[cid])
+            new_ci = c_i[cid] - c + (x - y) / (k * control_lr_of(t))
+            deltas.append(y - x)
+            dc.append(new_ci - c_i[cid])
+            c_i[cid] = new_ci
+        x = x + sum(p * d for p, d in zip(weights(clients), deltas))
+        c = c + sum(dc) / N_CLIENTS
+        out.append(x)
+    return out, c, c_i

@@ -191,26 +191,6 @@ def test_logged_test_loss_is_the_reference_models_loss():
     assert np.all(np.isnan(result.metrics["test_acc"]))     # regression outputs are no class scores
 
 
-def scaffold_reference(lr_of=lambda t: 0.1, rounds=ROUNDS):
-    """SCAFFOLD option II with FedAvg's weights; `lr_of(t)` is round t's client learning rate. Returns the
-    models per round, the server control c and the clients' controls."""
-    x, c, c_i, out = rp.X0.copy(), np.zeros(3), {k: np.zeros(3) for k in range(3)}, []
-    for t in range(rounds):
-        clients, lr = rp.selected(t), lr_of(t)
-        deltas, dc = [], []
-        for cid in clients:
-            k = rp.local_steps(cid)
-            y = rp.local_sgd(x, t, cid, k, lr, lambda w, cid=cid, c=c: c - c_i[cid])
-            new_ci = c_i[cid] - c + (x - y) / (k * lr)
-            deltas.append(y - x)
-            dc.append(new_ci - c_i[cid])
-            c_i[cid] = new_ci
-        x = x + sum(p * d for p, d in zip(rp.weights(clients), deltas))
-        c = c + sum(dc) / rp.N_CLIENTS
-        out.append(x)
-    return out, c, c_i
-
-
 def assert_scaffold_state(result, c, c_i):
     exp = result.experiment
     np.testing.assert_allclose(exp.algo.server_state()["c"], c, rtol=1e-5, atol=1e-6)
@@ -220,7 +200,7 @@ def assert_scaffold_state(result, c, c_i):
 
 def test_scaffold_run_matches_reference():
     cfg = rp.config("scaffold")
-    want, c, c_i = scaffold_reference()
+    want, c, c_i = rp.scaffold_reference()
     for model, ref in zip(rp.models_per_round(cfg, ROUNDS), want):
         rp.assert_model(model, ref)
     assert_scaffold_state(rp.simulate(cfg), c, c_i)

@@ -101,7 +101,8 @@ def test_entry_point_and_module_path_name_the_same_class(external_package):
     ("NoAccumulate", "leaves abstract hooks unimplemented: accumulate"),
 ])
 def test_a_class_that_breaks_its_contract_is_refused_with_exit_2(external_package, tmp_path, capsys, cls, problem):
-    cfg = write_config(tmp_path / "broken.yaml", small_config(tmp_path / "out", algorithm={"name": f"extpkg.broken:{cls}"}))
+    cfg = write_config(tmp_path / "broken.yaml",
+                       small_config(tmp_path / "out", algorithm={"name": f"extpkg.broken:{cls}"}))
     assert main(["run", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert f"algorithm.name = 'extpkg.broken:{cls}'" in err and problem in err
