@@ -106,7 +106,7 @@ def test_a_class_that_breaks_its_contract_is_refused_with_exit_2(external_packag
     assert main(["run", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert f"algorithm.name = 'extpkg.broken:{cls}'" in err and problem in err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out" / "run.h5").exists() and not (tmp_path / "out" / "ckpt").exists()
 
 
 @pytest.mark.mpi
@@ -118,4 +118,4 @@ def test_undeclared_client_state_is_refused_at_set_up_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and "keeps per-client vectors (memory)" in lines[0] and "keeps_client_state" in lines[0]
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out" / "run.h5").exists() and not (tmp_path / "out" / "ckpt").exists()

@@ -16,9 +16,10 @@ pytestmark = pytest.mark.mpi
 MOON = "algorithm.name=moon"
 
 
-def snapshot(folder):
-    """Every file under `folder` with its bytes."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+def snapshot(out):
+    """run.h5 and every file under ckpt/ with its bytes (a lock file beside them may come and go)."""
+    files = [out / "run.h5", *sorted((out / "ckpt").rglob("*"))]
+    return {str(p.relative_to(out)): p.read_bytes() for p in files if p.is_file()}
 
 
 @pytest.fixture(scope="module")
