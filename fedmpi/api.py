@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
+import yaml
 
 from fedmpi import config as config_mod
 
@@ -67,7 +68,7 @@ def _column(values):
 
 def as_config(cfg, overrides=None):
     """A Config from a Config, a mapping or a YAML path, with dotted `key: value` overrides applied."""
-    overrides = [f"{k}={v}" for k, v in (overrides or {}).items()]
+    overrides = [_override_text(k, v) for k, v in (overrides or {}).items()]
     if isinstance(cfg, config_mod.Config):
         if not overrides:
             return cfg
@@ -75,6 +76,12 @@ def as_config(cfg, overrides=None):
     if isinstance(cfg, dict):
         return config_mod.from_dict(config_mod.apply_overrides(cfg, overrides))
     return config_mod.load(str(cfg), overrides)
+
+
+def _override_text(key, value):
+    """`key=value` whose YAML reading (config.apply_overrides) gives back `value` exactly: a plain f-string
+    would turn the string 'off' into false and the float 1e-05 into a string."""
+    return f"{key}={yaml.safe_dump(value, default_flow_style=True, width=float('inf'))}"
 
 
 def simulate(cfg, *, dataset=None, model=None, parts=None, loss=None, rounds=None, **overrides):

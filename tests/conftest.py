@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -83,6 +84,32 @@ def run_many(n, config_paths, timeout=MPI_TIMEOUT_S):
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if proc.returncode != 0:
         raise AssertionError(f"run_many -n {n} exited {proc.returncode}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+# One MPI launch, several `fedmpi run` commands in sequence (resumes included): what `fedmpi run ARGS` does,
+# through `fedmpi.cli.main`, once per command, stopping at the first non-zero exit.
+STEPS_DRIVER = r"""
+import json, sys
+from fedmpi.cli import main
+for args in json.loads(sys.argv[1]):
+    code = main(["run", *args])
+    if code:
+        sys.exit(code)
+"""
+
+
+def run_steps(n, steps, env=None, timeout=MPI_TIMEOUT_S):
+    """Runs `fedmpi run ARGS` for each ARGS (a list of strings: config, overrides, --resume...) of `steps`
+    inside ONE mpiexec launch (one torch import per rank). `env` adds environment variables (e.g. a
+    PYTHONPATH for out-of-tree algorithms). Asserts exit 0; returns the CompletedProcess."""
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", STEPS_DRIVER,
+           json.dumps([[str(a) for a in step] for step in steps])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    if proc.returncode != 0:
+        raise AssertionError(f"run_steps -n {n} exited {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\n"
+                             f"stderr:\n{proc.stderr[-4000:]}")
     return proc
 
 

@@ -1,117 +1,35 @@
-"""The baselines' rules (FedProx, SCAFFOLD, FedDyn, FedNova, MOON) in-process, through the algorithm hooks.
+"""The baselines' rules (FedProx, SCAFFOLD, FedDyn, FedNova, MOON) in-process.
 
-Three kinds of check: server/client arithmetic against numbers worked out by hand on 2-element vectors;
-whole rounds of local training on a tiny linear regression against a float64 numpy re-implementation of
-ALGORITHMS.md; and the equivalences with FedAvg. `run_round` drives the hooks in the order the round
-loop (`Experiment.train_clients` / `server_step`) calls them.
+Three kinds of check: the hooks alone against numbers worked out by hand on 2-element vectors (`upload`
+drives start, a stand-in for training, and accumulate); whole runs through `fedmpi.simulate` on a tiny
+linear regression against a float64 numpy re-implementation of ALGORITHMS.md that follows the run's real
+client selection and batches (tests/regression_problem.py); and the equivalences with FedAvg. The state
+of the stateful baselines goes through a real checkpoint file and continues bit-identically.
 """
 
 import math
 
 import numpy as np
 import pytest
+import regression_problem as rp
 import torch
 from conftest import VecModel, server_update
 from torch import nn
 
-from fedmpi import config
+import fedmpi
+from fedmpi import checkpoint, config
 from fedmpi.algorithms import ClientRun, build_algorithm, lookup
 from fedmpi.algorithms.fednova import normalizer
 from fedmpi.algorithms.moon import contrastive_loss
+from fedmpi.api import MemoryLog
+from fedmpi.comm import LocalComm
+from fedmpi.data.dataset import Dataset
 from fedmpi.errors import ConfigError
+from fedmpi.experiment import Experiment
 from fedmpi.flat import FlatModel
-from fedmpi.train import LocalTrainer, Schedule
+from fedmpi.launch import _loop
 
-# --- a tiny deterministic problem -------------------------------------------------------------------
-
-# Client data of a 2-feature linear regression; clients hold 3, 5 and 4 samples.
-X = np.array([[1.0, 0.0], [0.5, 2.0], [-1.0, 1.0],
-              [2.0, 1.0], [0.0, -1.0], [1.5, 0.5], [-0.5, -2.0], [1.0, 1.0],
-              [0.0, 1.0], [-2.0, 0.5], [1.0, -1.0], [0.5, 0.5]])
-Y = np.array([1.0, -1.0, 0.5, 2.0, 0.0, 1.0, -1.5, 0.5, 1.0, -0.5, 0.25, 2.0])
-PARTS = [np.arange(0, 3), np.arange(3, 8), np.arange(8, 12)]
-X0 = np.array([0.2, -0.1, 0.05])        # initial (w1, w2, b)
-
-
-class Regression(nn.Module):
-    """y = w.x + b, with a float buffer so that the flat vector is longer than its trainable part."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(2, 1)
-        self.register_buffer("unused", torch.full((1,), 7.0))
-        with torch.no_grad():
-            self.lin.weight.copy_(torch.tensor(X0[None, :2]))
-            self.lin.bias.fill_(X0[2])
-
-    def forward(self, x):
-        return self.lin(x).squeeze(-1)
-
-
-class MseTrainer(LocalTrainer):
-    """LocalTrainer with the loss 1/2 mean squared error, whose gradient numpy computes in one line."""
-
-    def loss(self, xb, yb):
-        return 0.5 * ((self.flat.module(xb) - yb) ** 2).mean()
-
-
-def make_cfg(name, momentum=0.0, server_lr=1.0, lr=0.1, **keys):
-    return config.from_dict({"algorithm": {"name": name, **keys}, "partition": {"clients": 3},
-                             "server": {"clients_per_round": 2, "lr": server_lr},
-                             "client": {"lr": lr, "momentum": momentum}})
-
-
-def regression_setup(cfg):
-    flat = FlatModel(Regression())
-    trainer = MseTrainer(flat, cfg.client, torch.tensor(X, dtype=torch.float32), torch.tensor(Y, dtype=torch.float32))
-    algo = build_algorithm(cfg, flat.dim, flat.n_params)
-    return algo, flat, trainer, flat.vec.clone()
-
-
-def run_round(algo, flat, trainer, x, clients, steps, t=0, parts=PARTS):
-    """One round as the round loop runs it at -n 1, each client full-batch for `steps[cid]` steps."""
-    down = torch.zeros(algo.down_vectors * algo.dim)
-    algo.down_payload(x, down)
-    acc = torch.zeros(algo.up_vectors * algo.dim + algo.up_scalars, dtype=torch.float64)
-    weight = 0.0
-    for cid in clients:
-        idx = torch.as_tensor(parts[cid])
-        run = ClientRun(cid, t, len(idx), lr=algo.cfg.client.lr)
-        sched = Schedule(len(idx), steps[cid])
-        algo.client_start(run, down, flat)
-        trainer.train(idx, np.random.default_rng([t, cid]), sched, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn)
-        run.steps = sched.steps
-        weight += algo.accumulate(run, down, flat, acc)
-    return server_update(algo, x, acc, weight, t)
-
-
-# --- numpy reference (float64) ----------------------------------------------------------------------
-
-def mse_grad(theta, cid):
-    xs, ys = X[PARTS[cid]], Y[PARTS[cid]]
-    r = xs @ theta[:2] + theta[2] - ys
-    return np.concatenate([xs.T @ r, [r.sum()]]) / len(ys)
-
-
-def local_sgd(theta, cid, steps, lr, correction=lambda w: 0.0, momentum=0.0):
-    """Full-batch SGD with torch's momentum rule and an extra gradient term `correction(w)`."""
-    w, buf = theta.copy(), np.zeros_like(theta)
-    for _ in range(steps):
-        g = mse_grad(w, cid) + correction(w)
-        buf = momentum * buf + g
-        w = w - lr * buf
-    return w
-
-
-def sizes(clients):
-    n = np.array([len(PARTS[c]) for c in clients], dtype=float)
-    return n / n.sum()
-
-
-def close(actual, expected_params, rtol=1e-5, atol=1e-6):
-    """Compares a flat vector with the expected trainable part; the buffer must be untouched."""
-    np.testing.assert_allclose(actual[:3].double().numpy(), expected_params, rtol=rtol, atol=atol)
-    assert actual[3].item() == 7.0
+# --- the hooks alone, on hand-computed cases ------------------------------------------------------------
 
 
 def upload(algo, x, clients, t=0):
@@ -129,12 +47,10 @@ def upload(algo, x, clients, t=0):
     return server_update(algo, x, acc, weight, t), down
 
 
-def hand_cfg(name, **keys):
+def hand_cfg(name, server=None, **keys):
     return config.from_dict({"algorithm": {"name": name, **keys}, "partition": {"clients": 4},
-                             "server": {"clients_per_round": 2}, "client": {"lr": 0.5}})
+                             "server": {"clients_per_round": 2, **(server or {})}, "client": {"lr": 0.5}})
 
-
-# --- hand-computed cases ------------------------------------------------------------------------------
 
 def test_fedprox_adds_mu_times_distance_to_the_global_model():
     algo = build_algorithm(hand_cfg("fedprox", mu=0.1), dim=2, n_params=2)
@@ -189,11 +105,10 @@ def test_feddyn_state_and_server_update_by_hand():
 
 
 def test_feddyn_refuses_a_server_step_size():
-    cfg = make_cfg("feddyn", server_lr=2.0)
     with pytest.raises(ConfigError, match="server.lr"):
-        lookup("feddyn").check(cfg, VecModel(2))
+        lookup("feddyn").check(hand_cfg("feddyn", server={"lr": 2.0}), VecModel(2))
     with pytest.raises(ConfigError, match="server.optimizer"):
-        lookup("feddyn").check(config.from_dict({"algorithm": "feddyn", "server": {"optimizer": "adam"}}), VecModel(2))
+        lookup("feddyn").check(hand_cfg("feddyn", server={"optimizer": "adam"}), VecModel(2))
 
 
 def test_fednova_normalizes_by_local_steps_by_hand():
@@ -213,153 +128,176 @@ def test_fednova_momentum_normalizer():
     assert normalizer(1, 0.9) == pytest.approx(1.0)
 
 
-class ConstantGradientTrainer(LocalTrainer):
-    """loss = <slope, w>: every step sees the same gradient, so local SGD's total move is lr * a_i * slope."""
-
-    slope = torch.tensor([1.0, -2.0, 0.5])
-
-    def loss(self, xb, yb):
-        return torch.cat([p.reshape(-1) for p in self.flat.module.parameters()]) @ self.slope
-
-
-def test_fednova_with_momentum_undoes_the_extra_steps():
-    cfg = make_cfg("fednova", momentum=0.9, lr=0.1)
-    algo, flat, _, x = regression_setup(cfg)
-    trainer = ConstantGradientTrainer(flat, cfg.client, torch.tensor(X, dtype=torch.float32), torch.tensor(Y))
-    new = run_round(algo, flat, trainer, x, [0, 1], steps={0: 2, 1: 7})
-    # y_i - x = -lr a_i slope, so d_i = lr slope whatever tau_i: x + (p_0 a_0 + p_1 a_1) * (-lr slope).
-    p = sizes([0, 1])
-    tau_eff = p[0] * normalizer(2, 0.9) + p[1] * normalizer(7, 0.9)
-    close(new, X0 - tau_eff * 0.1 * ConstantGradientTrainer.slope.double().numpy())
+def test_registry_builds_every_baseline_with_its_vector_counts():
+    counts = {"fedprox": (1, 1, 0), "scaffold": (2, 2, 0), "feddyn": (1, 1, 0), "fednova": (1, 1, 1),
+              "moon": (1, 1, 0)}
+    for name, expected in counts.items():
+        algo = build_algorithm(hand_cfg(name), dim=4, n_params=3)
+        assert algo.name == name
+        assert (algo.down_vectors, algo.up_vectors, algo.up_scalars) == expected
 
 
-def test_moon_contrastive_loss_by_hand():
-    z = torch.tensor([[1.0, 0.0]])
-    z_glob, z_prev = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 3.0]])
-    # sims 1 and 0, tau 0.5: -log(e^2 / (e^2 + e^0)) = log(1 + e^-2)
-    assert contrastive_loss(z, z_glob, z_prev, 0.5).item() == pytest.approx(math.log1p(math.exp(-2.0)), rel=1e-6)
+def test_scaffold_server_control_starts_at_zero_and_a_loaded_one_goes_down():
+    algo = build_algorithm(hand_cfg("scaffold"), dim=4, n_params=3)
+    assert np.array_equal(algo.server_state()["c"], np.zeros(3, dtype=np.float32))
+    algo.load_server_state({"c": np.array([1.0, 2.0, 3.0], dtype=np.float32)})
+    down = torch.full((8,), 9.0)
+    algo.down_payload(torch.ones(4), down)
+    # x, then c over the trainable part, then zero where the buffer's control would be
+    assert down.tolist() == [1, 1, 1, 1, 1, 2, 3, 0]
 
 
-# --- whole rounds of local training against the numpy reference --------------------------------------
+# --- whole runs (fedmpi.simulate) against the numpy reference ---------------------------------------------
 
-def test_fedprox_rounds_match_reference():
-    cfg = make_cfg("fedprox", mu=0.5, server_lr=0.8)
-    algo, flat, trainer, x = regression_setup(cfg)
-    ref = X0.copy()
-    for t, clients in enumerate([[0, 1], [1, 2]]):
-        x = run_round(algo, flat, trainer, x, clients, steps={0: 3, 1: 4, 2: 2}, t=t)
-        anchor = ref.copy()
-        ys = [local_sgd(anchor, c, {0: 3, 1: 4, 2: 2}[c], 0.1, lambda w, anchor=anchor: 0.5 * (w - anchor))
+ROUNDS = 3
+
+
+def test_the_reference_follows_the_runs_selection_and_covers_every_pair():
+    result = rp.simulate(rp.config("fedavg", rounds=ROUNDS))
+    for t in range(ROUNDS):
+        assert np.flatnonzero(result.clients["selected"][t]).tolist() == rp.selected(t)
+    # The seed is chosen so that three rounds draw three different pairs: every client trains, twice.
+    assert len({tuple(rp.selected(t)) for t in range(ROUNDS)}) == ROUNDS
+    # With batch 2 and two epochs the clients of 3, 5 and 4 samples run 4, 6 and 4 steps: unequal.
+    assert [rp.local_steps(c) for c in range(3)] == [4, 6, 4]
+
+
+def fedprox_reference(mu, eta_g, rounds=ROUNDS, momentum=0.0, steps=None, lr=0.1):
+    """FedProx (FedAvg at mu = 0): x + eta_g sum_i p_i (y_i - x), clients stepping with g + mu (w - x)."""
+    x, out = rp.X0.copy(), []
+    for t in range(rounds):
+        clients = rp.selected(t)
+        ys = [rp.local_sgd(x, t, c, rp.local_steps(c, steps=steps), lr, lambda w, a=x: mu * (w - a), momentum)
               for c in clients]
-        ref = anchor + 0.8 * sum(p * (y - anchor) for p, y in zip(sizes(clients), ys))
-        close(x, ref)
+        x = x + eta_g * sum(p * (y - x) for p, y in zip(rp.weights(clients), ys))
+        out.append(x)
+    return out
 
 
-def test_scaffold_rounds_match_reference():
-    cfg = make_cfg("scaffold", server_lr=1.0, lr=0.1)
-    algo, flat, trainer, x = regression_setup(cfg)
-    steps = {0: 3, 1: 5, 2: 2}
-    ref, c, c_i = X0.copy(), np.zeros(3), {k: np.zeros(3) for k in range(3)}
-    for t, clients in enumerate([[0, 1], [1, 2], [0, 2]]):
-        x = run_round(algo, flat, trainer, x, clients, steps, t=t)
-        start, deltas, dc = ref.copy(), [], []
-        for cid in clients:
-            y = local_sgd(start, cid, steps[cid], 0.1, lambda w, cid=cid, c=c: c - c_i[cid])
-            new_ci = c_i[cid] - c + (start - y) / (steps[cid] * 0.1)
-            deltas.append(y - start)
-            dc.append(new_ci - c_i[cid])
-            c_i[cid] = new_ci
-        ref = start + sum(p * d for p, d in zip(sizes(clients), deltas))
-        c = c + sum(dc) / 3
-        close(x, ref)
-        np.testing.assert_allclose(algo.server_state()["c"], c, rtol=1e-5, atol=1e-6)
+def test_fedavg_and_fedprox_runs_match_reference():
+    for name, keys, mu in [("fedavg", {}, 0.0), ("fedprox", {"mu": 0.5}, 0.5)]:
+        cfg = rp.config(name, server={"lr": 0.8}, **keys)
+        got = rp.models_per_round(cfg, ROUNDS)
+        for model, want in zip(got, fedprox_reference(mu, 0.8)):
+            rp.assert_model(model, want)
+    # The proximal term changes training: the comparison above can tell the two apart.
+    assert not np.allclose(fedprox_reference(0.5, 0.8)[-1], fedprox_reference(0.0, 0.8)[-1], rtol=1e-3)
+
+
+def test_logged_test_loss_is_the_reference_models_loss():
+    result = rp.simulate(rp.config("fedprox", server={"lr": 0.8}, mu=0.5))
+    want = [rp.held_out_loss(x) for x in fedprox_reference(0.5, 0.8)]
+    np.testing.assert_allclose(result.metrics["test_loss"], want, rtol=1e-5)
+    assert np.all(np.isnan(result.metrics["test_acc"]))     # regression outputs are no class scores
+
+
+def assert_scaffold_state(result, c, c_i):
+    exp = result.experiment
+    np.testing.assert_allclose(exp.algo.server_state()["c"], c, rtol=1e-5, atol=1e-6)
     for cid in range(3):
-        np.testing.assert_allclose(algo.client_state(cid)["c_i"], c_i[cid], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(exp.client_state(cid)["c_i"], c_i[cid], rtol=1e-5, atol=1e-6)
 
 
-def test_feddyn_rounds_match_reference():
-    cfg = make_cfg("feddyn", alpha=0.3)
-    algo, flat, trainer, x = regression_setup(cfg)
-    steps = {0: 3, 1: 5, 2: 2}
-    ref, h, g = X0.copy(), np.zeros(3), {k: np.zeros(3) for k in range(3)}
-    for t, clients in enumerate([[0, 1], [1, 2], [0, 2]]):
-        x = run_round(algo, flat, trainer, x, clients, steps, t=t)
-        start = ref.copy()
-        ys = {}
+def test_scaffold_run_matches_reference():
+    cfg = rp.config("scaffold")
+    want, c, c_i = rp.scaffold_reference()
+    for model, ref in zip(rp.models_per_round(cfg, ROUNDS), want):
+        rp.assert_model(model, ref)
+    assert_scaffold_state(rp.simulate(cfg), c, c_i)
+
+
+def test_feddyn_run_matches_reference():
+    alpha = 0.3
+    x, h, g, want = rp.X0.copy(), np.zeros(3), {k: np.zeros(3) for k in range(3)}, []
+    for t in range(ROUNDS):
+        clients, ys = rp.selected(t), {}
         for cid in clients:
-            ys[cid] = local_sgd(start, cid, steps[cid], 0.1,
-                                lambda w, cid=cid, start=start: -g[cid] + 0.3 * (w - start))
-            g[cid] = g[cid] - 0.3 * (ys[cid] - start)
-        h = h - 0.3 / 3 * sum(ys[c] - start for c in clients)
-        ref = np.mean([ys[c] for c in clients], axis=0) - h / 0.3
-        close(x, ref, rtol=1e-4, atol=1e-5)   # h / alpha amplifies float32 rounding a little
-        np.testing.assert_allclose(algo.server_state()["h"], h, rtol=1e-5, atol=1e-6)
+            ys[cid] = rp.local_sgd(x, t, cid, rp.local_steps(cid), 0.1,
+                                   lambda w, cid=cid, start=x: -g[cid] + alpha * (w - start))
+            g[cid] = g[cid] - alpha * (ys[cid] - x)
+        h = h - alpha / rp.N_CLIENTS * sum(ys[c] - x for c in clients)
+        x = np.mean([ys[c] for c in clients], axis=0) - h / alpha
+        want.append(x)
+    cfg = rp.config("feddyn", alpha=alpha)
+    for model, ref in zip(rp.models_per_round(cfg, ROUNDS), want):
+        rp.assert_model(model, ref, rtol=1e-4, atol=1e-5)   # h / alpha amplifies float32 rounding a little
+    result = rp.simulate(cfg)
+    np.testing.assert_allclose(result.experiment.algo.server_state()["h"], h, rtol=1e-5, atol=1e-6)
+    for cid in range(3):
+        np.testing.assert_allclose(result.experiment.client_state(cid)["g_i"], g[cid], rtol=1e-5, atol=1e-6)
+
+
+def fednova_reference(momentum, eta_g, rounds=ROUNDS, steps=None):
+    x, out = rp.X0.copy(), []
+    for t in range(rounds):
+        clients = rp.selected(t)
+        p = rp.weights(clients)
+        k = [rp.local_steps(c, steps=steps) for c in clients]
+        a = [normalizer(k_i, momentum) for k_i in k]
+        d = [(x - rp.local_sgd(x, t, c, k_i, 0.1, momentum=momentum)) / a_i for c, k_i, a_i in zip(clients, k, a)]
+        x = x - eta_g * np.dot(p, a) * sum(p_i * d_i for p_i, d_i in zip(p, d))
+        out.append(x)
+    return out
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.5])
-def test_fednova_rounds_match_reference(momentum):
-    cfg = make_cfg("fednova", momentum=momentum, server_lr=0.9)
-    algo, flat, trainer, x = regression_setup(cfg)
-    steps = {0: 2, 1: 6, 2: 3}
-    ref = X0.copy()
-    for t, clients in enumerate([[0, 1], [1, 2]]):
-        x = run_round(algo, flat, trainer, x, clients, steps, t=t)
-        start, p = ref.copy(), sizes(clients)
-        a = [normalizer(steps[c], momentum) for c in clients]
-        d = [(start - local_sgd(start, c, steps[c], 0.1, momentum=momentum)) / a_i for c, a_i in zip(clients, a)]
-        ref = start - 0.9 * np.dot(p, a) * sum(p_i * d_i for p_i, d_i in zip(p, d))
-        close(x, ref)
+def test_fednova_run_matches_reference(momentum):
+    cfg = rp.config("fednova", momentum=momentum, server={"lr": 0.9})
+    for model, want in zip(rp.models_per_round(cfg, ROUNDS), fednova_reference(momentum, 0.9)):
+        rp.assert_model(model, want)
 
 
-# --- equivalences with FedAvg -------------------------------------------------------------------------
+class SlopeModel(rp.Regression):
+    """Outputs <slope, (w1, w2, b)> for every sample: with the loss `mean(outputs)` every step sees the same
+    gradient `slope`, so local SGD's total move is lr * a_i * slope whatever the data and the batches."""
 
-def fedavg_rounds(rounds, steps, momentum=0.0):
-    algo, flat, trainer, x = regression_setup(make_cfg("fedavg", momentum=momentum, server_lr=0.7))
-    out = []
-    for t, clients in enumerate(rounds):
-        x = run_round(algo, flat, trainer, x, clients, steps, t=t)
-        out.append(x.clone())
-    return out
+    slope = torch.tensor([1.0, -2.0, 0.5])
 
-
-def baseline_rounds(cfg, rounds, steps):
-    algo, flat, trainer, x = regression_setup(cfg)
-    out = []
-    for t, clients in enumerate(rounds):
-        x = run_round(algo, flat, trainer, x, clients, steps, t=t)
-        out.append(x.clone())
-    return out
+    def forward(self, x):
+        params = torch.cat([self.lin.weight.reshape(-1), self.lin.bias])
+        return (params @ self.slope).expand(len(x))
 
 
-ROUNDS = [[0, 1], [1, 2], [0, 2]]
-UNEQUAL = {0: 3, 1: 5, 2: 2}
+def test_fednova_with_momentum_undoes_the_extra_steps():
+    cfg = rp.config("fednova", rounds=1, momentum=0.9, lr=0.1)
+    result = fedmpi.simulate(cfg, dataset=rp.dataset(), model=SlopeModel(), parts=rp.PARTS,
+                                loss=lambda out, y: out.mean())
+    # y_i - x = -lr a_i slope, so d_i = lr slope whatever tau_i: x + (sum_i p_i a_i) * (-lr slope).
+    clients = rp.selected(0)
+    tau_eff = np.dot(rp.weights(clients), [normalizer(rp.local_steps(c), 0.9) for c in clients])
+    assert len({rp.local_steps(c) for c in clients}) == 2       # unequal steps, else FedAvg would pass too
+    rp.assert_model(result.model, rp.X0 - tau_eff * 0.1 * SlopeModel.slope.double().numpy())
 
+
+# --- equivalences with FedAvg ---------------------------------------------------------------------------
 
 def test_fedprox_with_mu_zero_is_fedavg():
-    for got, want in zip(baseline_rounds(make_cfg("fedprox", mu=0.0, server_lr=0.7), ROUNDS, UNEQUAL),
-                         fedavg_rounds(ROUNDS, UNEQUAL)):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    got = rp.models_per_round(rp.config("fedprox", mu=0.0, server={"lr": 0.7}), ROUNDS)
+    want = rp.models_per_round(rp.config("fedavg", server={"lr": 0.7}), ROUNDS)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_fednova_with_equal_steps_is_fedavg(momentum):
-    equal = {0: 4, 1: 4, 2: 4}
-    got = baseline_rounds(make_cfg("fednova", momentum=momentum, server_lr=0.7), ROUNDS, equal)
-    for g, w in zip(got, fedavg_rounds(ROUNDS, equal, momentum)):
-        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
-    # With unequal steps the two differ: the comparison above can fail.
-    assert not torch.allclose(baseline_rounds(make_cfg("fednova", server_lr=0.7), ROUNDS, UNEQUAL)[0],
-                              fedavg_rounds(ROUNDS, UNEQUAL)[0], rtol=1e-4)
+    equal = {"momentum": momentum, "steps": 4, "server": {"lr": 0.7}}
+    got = rp.models_per_round(rp.config("fednova", **equal), ROUNDS)
+    for g, w in zip(got, rp.models_per_round(rp.config("fedavg", **equal), ROUNDS)):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    # With unequal steps (two epochs: 4, 6, 4) the two differ in round 0: the comparison above can fail.
+    unequal = {"server": {"lr": 0.7}}
+    assert not np.allclose(rp.simulate(rp.config("fednova", **unequal), rounds=1).model,
+                           rp.simulate(rp.config("fedavg", **unequal), rounds=1).model, rtol=1e-4)
 
 
 def test_scaffold_first_round_with_zero_controls_is_fedavg():
-    got = baseline_rounds(make_cfg("scaffold", server_lr=0.7), ROUNDS, UNEQUAL)
-    want = fedavg_rounds(ROUNDS, UNEQUAL)
-    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
-    assert not torch.allclose(got[1], want[1], rtol=1e-4)     # the controls act from round 1 on
+    got = rp.models_per_round(rp.config("scaffold", server={"lr": 0.7}), 2)
+    want = rp.models_per_round(rp.config("fedavg", server={"lr": 0.7}), 2)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6, atol=1e-7)
+    assert not np.allclose(got[1], want[1], rtol=1e-4)     # the controls act from round 1 on
 
 
-# --- MOON -----------------------------------------------------------------------------------------------
+# --- MOON on a tiny classifier with a projection head ---------------------------------------------------------
 
 class TinyRepNet(nn.Module):
     """A classifier with a projection head following the forward_rep convention: (z, logits)."""
@@ -380,11 +318,24 @@ class TinyRepNet(nn.Module):
 LABELS = np.array([0, 1, 2, 1, 0, 2, 2, 1, 0, 0, 1, 2])
 
 
-def classifier_setup(cfg, seed=0):
+def classes():
+    """rp.X with three classes: the classifier's data set (its own test set)."""
+    x = rp.X.astype(np.float32)
+    return Dataset("tiny-classes", x, LABELS, x, LABELS, num_classes=3)
+
+
+def classifier_cfg(name, rounds=ROUNDS, momentum=0.0, **keys):
+    cfg = rp.config(name, rounds=rounds, momentum=momentum, client={"vectorize": "off"}, **keys)
+    return config.from_dict(cfg)
+
+
+def simulate_classifier(cfg, seed=0, **kwargs):
+    return fedmpi.simulate(cfg, dataset=classes(), model=TinyRepNet(seed), parts=rp.PARTS, **kwargs)
+
+
+def classifier_hooks(cfg, seed=0):
     flat = FlatModel(TinyRepNet(seed))
-    trainer = LocalTrainer(flat, cfg.client, torch.tensor(X, dtype=torch.float32), torch.tensor(LABELS))
-    algo = build_algorithm(cfg, flat.dim, flat.n_params)
-    return algo, flat, trainer, flat.vec.clone()
+    return build_algorithm(cfg, flat.dim, flat.n_params), flat, flat.vec.clone()
 
 
 def numpy_rep(vec, xb):
@@ -400,9 +351,16 @@ def numpy_rep(vec, xb):
     return z, z @ w3.T + b3
 
 
+def test_moon_contrastive_loss_by_hand():
+    z = torch.tensor([[1.0, 0.0]])
+    z_glob, z_prev = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 3.0]])
+    # sims 1 and 0, tau 0.5: -log(e^2 / (e^2 + e^0)) = log(1 + e^-2)
+    assert contrastive_loss(z, z_glob, z_prev, 0.5).item() == pytest.approx(math.log1p(math.exp(-2.0)), rel=1e-6)
+
+
 def test_moon_loss_uses_global_and_previous_models():
     mu, tau = 0.7, 0.5
-    algo, flat, _, x = classifier_setup(make_cfg("moon", mu=mu, tau=tau))
+    algo, flat, x = classifier_hooks(classifier_cfg("moon", mu=mu, tau=tau))
     prev = FlatModel(TinyRepNet(seed=1)).vec.clone()
     algo.load_client_state(0, {"prev": prev.numpy()})
     local = FlatModel(TinyRepNet(seed=2)).vec.clone()
@@ -410,7 +368,7 @@ def test_moon_loss_uses_global_and_previous_models():
     algo.client_start(ClientRun(0, 0, 3), down, flat)
     assert torch.equal(flat.vec, x)
     flat.load(local)                    # as if part-way through local training
-    xb = X[:5]
+    xb = rp.X[:5]
     loss = algo.loss_fn(torch.tensor(xb, dtype=torch.float32), torch.tensor(LABELS[:5]))
 
     z, logits = numpy_rep(local, xb)
@@ -427,118 +385,87 @@ def test_moon_loss_uses_global_and_previous_models():
 
 def test_moon_client_without_previous_model_has_constant_contrastive_term():
     mu = 2.0
-    algo, flat, _, x = classifier_setup(make_cfg("moon", mu=mu))
+    algo, flat, x = classifier_hooks(classifier_cfg("moon", mu=mu))
     algo.client_start(ClientRun(1, 0, 5), x.clone(), flat)
-    xb, yb = torch.tensor(X[:4], dtype=torch.float32), torch.tensor(LABELS[:4])
+    xb, yb = torch.tensor(rp.X[:4], dtype=torch.float32), torch.tensor(LABELS[:4])
     ce = nn.functional.cross_entropy(flat.module(xb), yb)
     assert algo.loss_fn(xb, yb).item() == pytest.approx(ce.item() + mu * math.log(2), rel=1e-6)
 
 
-def test_moon_keeps_each_clients_trained_model_as_its_previous():
-    cfg = make_cfg("moon")
-    algo, flat, trainer, x = classifier_setup(cfg)
+def test_moon_keeps_each_clients_trained_model_as_its_previous_and_builds_its_frozen_models_once():
+    algo, flat, x = classifier_hooks(classifier_cfg("moon"))
     assert algo.client_state(0) == {}
-    run_round(algo, flat, trainer, x, [0], steps={0: 2})
-    trained = flat.vec.clone()
-    np.testing.assert_array_equal(algo.client_state(0)["prev"], trained.numpy())
-    # The next round's previous model is that vector, the global model is the new x.
-    algo.client_start(ClientRun(0, 1, 3), x.clone(), flat)
-    assert torch.equal(algo._prev_net.vec, trained) and torch.equal(algo._global_net.vec, x)
-
-
-def test_moon_frozen_models_are_built_once_per_rank():
-    algo, flat, trainer, x = classifier_setup(make_cfg("moon"))
-    run_round(algo, flat, trainer, x, [0, 1, 2], steps={0: 1, 1: 1, 2: 1})
+    down = x.clone()
+    algo.client_start(ClientRun(0, 0, 3), down, flat)
     nets = (algo._global_net, algo._prev_net)
-    run_round(algo, flat, trainer, x, [0, 1, 2], steps={0: 1, 1: 1, 2: 1}, t=1)
+    trained = FlatModel(TinyRepNet(seed=3)).vec.clone()
+    flat.load(trained)                  # the client's trained model
+    algo.accumulate(ClientRun(0, 0, 3), down, flat, torch.zeros(algo.dim, dtype=torch.float64))
+    np.testing.assert_array_equal(algo.client_state(0)["prev"], trained.numpy())
+    # The next round's previous model is that vector, the global model the new broadcast; the frozen
+    # copies are the same objects (built once per rank, loaded in place).
+    new_x = FlatModel(TinyRepNet(seed=4)).vec.clone()
+    algo.client_start(ClientRun(0, 1, 3), new_x, flat)
+    assert torch.equal(algo._prev_net.vec, trained) and torch.equal(algo._global_net.vec, new_x)
     assert (algo._global_net, algo._prev_net) == nets
 
 
-def test_moon_with_mu_zero_is_fedavg():
-    steps = {0: 3, 1: 2, 2: 4}
-    results = {}
-    for name, keys in [("fedavg", {}), ("moon", {"mu": 0.0})]:
-        algo, flat, trainer, x = classifier_setup(make_cfg(name, **keys))
-        for t, clients in enumerate(ROUNDS):
-            x = run_round(algo, flat, trainer, x, clients, steps, t=t)
-        results[name] = x
-    torch.testing.assert_close(results["moon"], results["fedavg"], rtol=1e-6, atol=1e-7)
-    assert not torch.equal(results["fedavg"], classifier_setup(make_cfg("fedavg"))[3])
-
-
-def test_moon_with_mu_changes_training():
-    steps = {0: 3, 1: 2, 2: 4}
-    results = {}
-    for mu in (0.0, 5.0):
-        algo, flat, trainer, x = classifier_setup(make_cfg("moon", mu=mu))
-        for t, clients in enumerate(ROUNDS):
-            x = run_round(algo, flat, trainer, x, clients, steps, t=t)
-        results[mu] = x
-    assert not torch.allclose(results[0.0], results[5.0], rtol=1e-4)
+def test_moon_with_mu_zero_is_fedavg_and_with_mu_differs():
+    fedavg = simulate_classifier(classifier_cfg("fedavg")).model
+    np.testing.assert_allclose(simulate_classifier(classifier_cfg("moon", mu=0.0)).model, fedavg,
+                               rtol=1e-6, atol=1e-7)
+    assert not np.array_equal(fedavg, FlatModel(TinyRepNet(0)).vec.numpy())     # it trained
+    assert not np.allclose(simulate_classifier(classifier_cfg("moon", mu=5.0)).model, fedavg, rtol=1e-4)
 
 
 def test_moon_needs_a_projection_head():
-    cfg = make_cfg("moon")
-    _, flat, _, _ = regression_setup(cfg)
+    cfg = config.from_dict(rp.config("moon"))
     with pytest.raises(ConfigError, match="model.projection"):
-        lookup("moon").check(cfg, flat)
+        lookup("moon").check(cfg, FlatModel(rp.Regression()))
+    with pytest.raises(ConfigError, match="model.projection"):
+        rp.simulate(cfg)
 
 
-# --- checkpoint state: numpy round trip gives bit-identical continuation --------------------------------
+# --- state through a checkpoint file: the continuation is bit-identical ----------------------------------------
+
+def continue_from_checkpoint(cfg, path, round_, model):
+    """A fresh Experiment (another initial model) loads the checkpoint and runs the remaining rounds, as
+    `fedmpi run --resume` does at -n 1; returns (experiment, rows of /metrics)."""
+    exp = Experiment(cfg, LocalComm(), dataset=classes(), model=model, parts=rp.PARTS)
+    checkpoint.load_into(exp, checkpoint.ResumePoint(round_, str(path)))
+    log = MemoryLog()
+    _loop(cfg, exp.comm, exp, log, checkpoints=False)
+    return exp, log.metrics()
+
 
 @pytest.mark.parametrize("name,keys", [("fedprox", {"mu": 0.1}), ("scaffold", {}), ("feddyn", {"alpha": 0.1}),
                                        ("fednova", {}), ("moon", {"mu": 1.0})])
-def test_state_round_trip_continues_bit_identically(name, keys):
-    cfg = make_cfg(name, momentum=0.5, **keys)
-    steps = {0: 3, 1: 2, 2: 4}
-    algo, flat, trainer, x = classifier_setup(cfg)
-    x = run_round(algo, flat, trainer, x, [0, 1], steps, t=0)
+def test_state_through_a_checkpoint_continues_bit_identically(tmp_path, name, keys):
+    cfg = classifier_cfg(name, momentum=0.5, **keys)
+    cfg = config.from_dict({**cfg.to_dict(), "out": str(tmp_path)})
+    whole = simulate_classifier(cfg)
+    first = simulate_classifier(cfg, rounds=1)
+    path = checkpoint.save(first.experiment, 1, wall_s=0.0)
+    exp, metrics = continue_from_checkpoint(cfg, path, 1, TinyRepNet(seed=5))
 
-    # What a checkpoint holds: numpy arrays only (copied, as a file would give them back).
-    server = {k: np.array(v) for k, v in algo.server_state().items()}
-    clients = {cid: {k: np.array(v) for k, v in algo.client_state(cid).items()} for cid in range(3)}
-    for state in [server, *clients.values()]:
-        assert all(isinstance(v, np.ndarray) for v in state.values())
-    resumed, flat2, trainer2, _ = classifier_setup(cfg, seed=5)   # a new process, other initial weights
-    resumed.load_server_state(server)
-    for cid, state in clients.items():
-        resumed.load_client_state(cid, state)
-    x2 = torch.from_numpy(x.numpy().copy())
-
-    for t, clients_t in [(1, [1, 2]), (2, [0, 2])]:
-        x = run_round(algo, flat, trainer, x, clients_t, steps, t=t)
-        x2 = run_round(resumed, flat2, trainer2, x2, clients_t, steps, t=t)
-        assert torch.equal(x, x2)
-    for cid in range(3):
-        a, b = algo.client_state(cid), resumed.client_state(cid)
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    assert all(np.array_equal(v, resumed.server_state()[k]) for k, v in algo.server_state().items())
+    assert np.array_equal(exp.global_model(), whole.model)
+    for metric in ("train_loss", "test_loss", "test_acc"):
+        assert np.array_equal(metrics[metric], whole.metrics[metric][1:]), metric
+    a, b = whole.experiment, exp
+    for cid in range(rp.N_CLIENTS):
+        sa, sb = a.client_state(cid), b.client_state(cid)
+        assert sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k]) for k in sa)
+    server_a, server_b = a.algo.server_state(), b.algo.server_state()
+    assert server_a.keys() == server_b.keys() and all(np.array_equal(server_a[k], server_b[k]) for k in server_a)
 
 
 @pytest.mark.parametrize("name,key", [("scaffold", "c_i"), ("feddyn", "g_i"), ("moon", "prev")])
 def test_stateful_baselines_keep_per_client_state_and_forget_it_on_empty_load(name, key):
-    algo, flat, trainer, x = classifier_setup(make_cfg(name))
-    run_round(algo, flat, trainer, x, [0, 1], {0: 2, 1: 2})
-    state = algo.client_state(1)
-    assert set(state) == {key} and state[key].dtype == np.float32 and algo.client_state(2) == {}
-    algo.load_client_state(1, {})
-    assert algo.client_state(1) == {}
-
-
-def test_registry_builds_every_baseline_with_its_vector_counts():
-    counts = {"fedprox": (1, 1, 0), "scaffold": (2, 2, 0), "feddyn": (1, 1, 0), "fednova": (1, 1, 1),
-              "moon": (1, 1, 0)}
-    for name, expected in counts.items():
-        algo = build_algorithm(make_cfg(name), dim=4, n_params=3)
-        assert algo.name == name
-        assert (algo.down_vectors, algo.up_vectors, algo.up_scalars) == expected
-
-
-def test_scaffold_server_control_starts_at_zero_and_a_loaded_one_goes_down():
-    algo = build_algorithm(make_cfg("scaffold"), dim=4, n_params=3)
-    assert np.array_equal(algo.server_state()["c"], np.zeros(3, dtype=np.float32))
-    algo.load_server_state({"c": np.array([1.0, 2.0, 3.0], dtype=np.float32)})
-    down = torch.full((8,), 9.0)
-    algo.down_payload(torch.ones(4), down)
-    # x, then c over the trainable part, then zero where the buffer's control would be
-    assert down.tolist() == [1, 1, 1, 1, 1, 2, 3, 0]
+    exp = simulate_classifier(classifier_cfg(name), rounds=1).experiment
+    trained, untouched = rp.selected(0), ({0, 1, 2} - set(rp.selected(0))).pop()
+    for cid in trained:
+        state = exp.algo.client_state(cid)
+        assert set(state) == {key} and state[key].dtype == np.float32
+    assert exp.algo.client_state(untouched) == {}
+    exp.algo.load_client_state(trained[0], {})
+    assert exp.algo.client_state(trained[0]) == {}

@@ -60,6 +60,7 @@ import torch
 
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
 from fedmpi.config_checks import Checks
+from fedmpi.errors import ConfigError
 
 REDUCE, ROUTE, GATHER = "reduce", "route", "gather"
 
@@ -210,11 +211,13 @@ class Algorithm(abc.ABC):
 
     def verify_declarations(self):
         """Per-client vectors on an algorithm that did not declare `keeps_client_state` would be lost when
-        its clients are dealt to other ranks: refuse that at set-up, naming the attribute."""
+        its clients are dealt to other ranks: refuse that at set-up (ConfigError, exit 2, before any file is
+        written), naming the attribute."""
         stores = [k for k, v in vars(self).items() if isinstance(v, ClientVectors)]
         if stores and not self.keeps_client_state:
-            raise TypeError(f"algorithm {self.name!r} keeps per-client vectors ({', '.join(stores)}) but does not "
-                            f"declare keeps_client_state = True")
+            raise ConfigError(f"algorithm.name = {self.cfg.algorithm.name!r}: algorithm {self.name!r} keeps "
+                              f"per-client vectors ({', '.join(stores)}) but does not declare "
+                              f"keeps_client_state = True")
 
 
 def weighted_mean_update(up_sum, weight_sum, dim):
