@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from fedmpi.errors import FedmpiError, report_lines
+from fedmpi.errors import ConfigError, FedmpiError, report_lines
 
 
 def _parser():
@@ -19,6 +19,8 @@ def _parser():
     run.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in out")
     run.add_argument("--dry-run", action="store_true", help="validate, print config and partition; train nothing")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in out")
+    run.add_argument("--fork-from", metavar="OLD_OUT@ROUND",
+                     help="start from OLD_OUT's checkpoint after ROUND rounds, with the keys given here changed")
     rep = sub.add_parser("report", help="table of runs from their run.h5 files")
     rep.add_argument("runs", nargs="+", help="run.h5 files, run folders, folders of runs (searched) or globs")
     rep.add_argument("--plot", metavar="FILE.png",
@@ -86,6 +88,9 @@ def _run(args):
     from fedmpi import config
 
     cfg = config.load(args.config, args.overrides)
+    if args.fork_from and args.resume:
+        raise ConfigError("--fork-from and --resume exclude each other: a fork starts a new run in out; "
+                          "continue a fork later with --resume")
     if args.dry_run:
         return _dry_run(cfg)
     from fedmpi import signals
@@ -97,14 +102,18 @@ def _run(args):
     comm = make_comm()
     # Rank 0 locks `out` and checks it before anything is loaded; a refusal exits 2 on every rank.
     claim(cfg, comm, overwrite=args.overwrite, resume=args.resume)
-    resume = None
+    resume = fork = None
     if args.resume:
         from fedmpi.checkpoint import plan_resume
 
         resume = plan_resume(cfg, comm)     # rank 0 checks; on refusal every rank exits 2, nothing touched
+    elif args.fork_from:
+        from fedmpi.fork import plan_fork
+
+        fork = plan_fork(cfg, comm, args.fork_from)
     from fedmpi.launch import run_experiment
 
-    return run_experiment(cfg, comm, overwrite=args.overwrite, resume=resume)
+    return run_experiment(cfg, comm, overwrite=args.overwrite, resume=resume, fork=fork)
 
 
 def _dry_run(cfg):

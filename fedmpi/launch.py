@@ -69,17 +69,21 @@ def set_up(cfg, comm, **parts) -> Experiment:
     raise Refused(worst)
 
 
-def run_experiment(cfg, comm, overwrite=False, resume=None) -> int:
-    """Runs on every rank; `resume` is the checkpoint.ResumePoint that `plan_resume` chose (--resume)."""
+def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
+    """Runs on every rank; `resume` is the checkpoint.ResumePoint that `plan_resume` chose (--resume),
+    `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint)."""
     exp = set_up(cfg, comm)
     log = None
+    start = resume or fork
     try:
-        if resume:
-            checkpoint.load_into(exp, resume)
+        if start:
+            checkpoint.load_into(exp, start)
         if comm.is_server:
             log = _open_log(cfg, comm, exp, overwrite, resume)
             log.metric_attrs = exp.metric_attrs
-        _loop(cfg, comm, exp, log, resume.wall_s if resume else 0.0)
+            if fork:
+                fork.record(log)
+        _loop(cfg, comm, exp, log, start.wall_s if start else 0.0)
         if log:
             log.write_model(exp.global_model())
             log.finish("finished")

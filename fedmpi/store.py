@@ -236,6 +236,25 @@ class RunLog:
                        + list(f.get("timing", {}).values())):
                 ds.resize((min(rounds_kept, ds.shape[0]),) + ds.shape[1:])
 
+    def adopt_rows(self, source, rounds):
+        """Copies the first `rounds` rows of every /metrics, /clients and /timing dataset of run file `source`
+        (a forked run's parent) into this freshly created log, so its curves start at round 0."""
+        self.close()
+        with open_run(source) as src:
+            datasets = {f"{group}/{name}": ds for group in ("metrics", "clients", "timing") if group in src
+                        for name, ds in src[group].items()}
+            _ensure_room(self.path, sum(ds.dtype.itemsize * int(np.prod(ds.shape[1:])) * rounds
+                                        for ds in datasets.values()))
+            with _writing(self.path), h5py.File(self.path, "a") as f:
+                for path, ds in datasets.items():
+                    rows = ds[:rounds]
+                    if path in f:
+                        del f[path]
+                    f.create_dataset(path, data=rows, maxshape=(None,) + ds.shape[1:], chunks=ds.chunks or True,
+                                     fillvalue=ds.fillvalue)
+                    for key, value in ds.attrs.items():
+                        f[path].attrs[key] = value
+
     def set_attrs(self, **attrs):
         """Root attributes, written in place after checking there is room for them (an attribute that grows
         on a full disk makes the file unreadable)."""
