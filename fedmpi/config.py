@@ -19,6 +19,7 @@ import yaml
 
 from fedmpi.config_checks import Checks as _Checks
 from fedmpi.config_checks import dotted as _dotted
+from fedmpi.deploy.keys import ClientsConfig, CompressConfig, DeadlineConfig
 from fedmpi.errors import ConfigError
 from fedmpi.schedules import ScheduleConfig
 
@@ -136,6 +137,7 @@ class ClientConfig:
     weight_decay: float = 0.0
     vectorize: Literal["auto", "on", "off"] = "auto"
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_l per round
+    compress: CompressConfig = field(default_factory=CompressConfig)     # upload compression (docs/deployment.md)
 
     def __post_init__(self):
         c = _Checks("client")
@@ -157,6 +159,8 @@ class ServerConfig:
     betas: tuple[float, float] = (0.9, 0.99)   # adam, yogi, adagrad: (b1, b2)
     tau: float = 1e-3                   # adam, yogi, adagrad: adaptivity (Reddi et al.)
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_g per round
+    deadline: float | None = None       # simulated seconds after which updates do not count (docs/deployment.md)
+    over_select: float | None = None    # extra clients selected, keeping the first clients_per_round to arrive
 
     def __post_init__(self):
         c = _Checks("server")
@@ -167,7 +171,15 @@ class ServerConfig:
         c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
         c.require(all(0 <= b < 1 for b in self.betas), "betas", list(self.betas), "must be two numbers in [0, 1)")
         c.require(self.tau > 0, "tau", self.tau, "must be > 0")
+        try:
+            self.straggler_policy()
+        except ConfigError as e:
+            c.errors.extend(e.messages)
         c.done()
+
+    def straggler_policy(self) -> DeadlineConfig:
+        """`deadline` and `over_select` as the deployment model's DeadlineConfig (checked there)."""
+        return DeadlineConfig(self.deadline, self.over_select)
 
 
 @dataclass(frozen=True)
@@ -222,6 +234,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    clients: ClientsConfig = field(default_factory=ClientsConfig)   # availability, dropout, speeds (deployment)
     algorithm: typing.Any = field(default_factory=lambda: _algorithm_keys("fedavg")())
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -244,10 +257,23 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def hash(self, ignore=("rounds", "checkpoint", "runtime", "out")):
-        """Hash of everything that decides the computation; run-time keys excluded so resume may change them."""
+        """Hash of everything that decides the computation; run-time keys excluded so resume may change them.
+        Keys added after hashes were first written (LATER_KEYS) count only when they differ from their
+        defaults, so a run started before they existed keeps its hash and can still be resumed."""
         d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        defaults = Config().to_dict()
+        for dotted in LATER_KEYS:
+            *path, leaf = dotted.split(".")
+            node, default = d, defaults
+            for part in path:
+                node, default = node.get(part, {}), default[part]
+            if leaf in node and node[leaf] == default[leaf]:
+                del node[leaf]
         return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
+
+# Sections added after config hashes were first written: left out of the hash at their default values.
+LATER_KEYS = ("clients", "client.compress", "server.deadline", "server.over_select")
 
 # Keys that may differ between a checkpoint and a --resume (DESIGN §1).
 RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out")
@@ -329,6 +355,8 @@ def _build(cls, mapping, prefix, errors):
                 kwargs[key] = coerced
             else:
                 errors.append(f"{dotted} = {value!r}: must be {_type_name(tp)}")
+    if any(v is None and dataclasses.is_dataclass(hints[k]) for k, v in kwargs.items()):
+        return None     # a section failed (its errors are recorded); checks across sections need it whole
     try:
         return cls(**kwargs)
     except ConfigError as e:

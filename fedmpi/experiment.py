@@ -87,7 +87,9 @@ class Experiment:
             self.split.groups["partition/shared"] = partition_stats(self.dataset.y_train, parts,
                                                                    self.dataset.num_classes)
         data = DeviceData(self.dataset, self.device)
-        self.clients = ClientHost(cfg, comm, algo, self.flat, parts, data, loss=loss)
+        self.stages = build_stages(cfg, algo, self.flat.dim)
+        self.clients = ClientHost(cfg, comm, algo, self.flat, parts, data, loss=loss,
+                                  keeps_state=any(stage.keeps_client_state for stage in self.stages))
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi)
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe))
@@ -96,8 +98,7 @@ class Experiment:
         if comm.is_server:
             self.server = Server(cfg, algo, self.flat, x0, *data.test, loss=loss)
             self.server.start(self._server_trainer(data, loss))
-        self.participation = build_participation(cfg, algo)
-        self.stages = build_stages(cfg, algo, self.flat.dim)
+        self.participation = build_participation(cfg, algo, [len(p) for p in parts])
         self.protocol = PROTOCOLS[algo.protocol](self)
         self._plans = {}
         self.start_round = 0
