@@ -470,3 +470,40 @@ def test_resume_continues_the_simulated_clock_bit_for_bit(resumed, name):
             assert any(k.startswith("pending_v") for c in f["clients"].values() for k in c)
         if name == "fedavg":
             assert any("compress_residual" in c for c in f["clients"].values())
+
+
+# -- the comparison report and curves against the simulated clock -----------------------------------------
+
+@pytest.mark.mpi
+def test_deploy_report_writes_its_section_figure_and_table(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import MPI_TIMEOUT_S, ROOT
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copy(ROOT / "docs" / "deployment.md", docs / "deployment.md")
+    before = (docs / "deployment.md").read_text()
+    proc = subprocess.run([sys.executable, "tools/deploy_report.py", "--rounds", "2", "--seeds", "0", "--threads", "1",
+                           "--runs", str(tmp_path / "runs"), "--docs", str(docs)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=2 * MPI_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (docs / "deployment.md").read_text()
+    head = before.split("<!-- deploy_report.py: results start -->")[0]
+    assert text.startswith(head) and text.count("<!-- deploy_report.py: results start -->") == 1
+    assert "`python tools/deploy_report.py --rounds 2 --seeds 0`" in text
+    table = [line for line in text.split(head, 1)[1].splitlines() if line.startswith("| ")]
+    assert len(table) == 2 + 7
+    for label in ("FedAvg, dense", "top-k", "QSGD", "SAFL", "FedSkip", "Data sharing", "FedBuff"):
+        assert sum(label in line for line in table) == 1, label
+    assert (docs / "deployment.png").stat().st_size > 10_000 and (docs / "deployment.csv").exists()
+    runs = tmp_path / "runs"
+    fedbuff, _ = read_metrics(runs / "fedbuff-seed0")
+    assert len(fedbuff["round"]) == 4        # twice the others' rounds
+    # the simulated clock's curves (tools/curves.py --x sim_time) on these runs
+    curves = subprocess.run([sys.executable, "tools/curves.py", str(runs), "--x", "sim_time", "--out",
+                             str(tmp_path / "sim.png")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert curves.returncode == 0 and "curves of 7 run(s)" in curves.stdout, curves.stderr
+    assert (tmp_path / "sim.png").stat().st_size > 10_000
