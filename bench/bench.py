@@ -118,6 +118,7 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600):
     with h5py.File(Path(cfg_map["out"]) / "run.h5", "r", locking=False) as f:
         m = {k: ds[()] for k, ds in f["metrics"].items()}
         device, dim = str(f.attrs.get("device", "?")), int(f.attrs.get("dim", 0))
+        training = int(f.attrs.get("training_ranks", max(n - 1, 1)))
     wall = np.asarray(m["wall_s"], dtype=float)
     ranks = sorted((json.loads(p.read_text()) for p in stats_dir.glob("rank-*.json")), key=lambda s: s["rank"])
     # A round is as long as its busiest rank: CPU seconds, which other processes on the machine inflate far
@@ -131,6 +132,7 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600):
         "loop_s": float(wall[-1]) if len(wall) else 0.0,
         "acc": float(acc[-1]) if len(acc) else float("nan"),
         "device": device,
+        "training_ranks": training,
         "peak_rss_mb": [s["peak_rss_mb"] for s in ranks],
         "cpu_s": sum(s["cpu_s"] for s in ranks),
         "server_cpu_s": ranks[0]["cpu_s"] if ranks and n > 1 else float("nan"),
@@ -141,12 +143,14 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600):
 
 def mpi_bytes_per_round(n, dim, cfg_map):
     """What fedmpi's collectives move per round for a FedAvg-shaped algorithm: the float32 broadcast of
-    the model (+ 2 header values) to every worker and the float64 reduction of (sums, 5 statistics, one
-    figure per client) from every worker. Nothing moves at -n 1."""
+    the model (+ 2 header values) to every other rank and the float64 reduction of (sums, 7 statistics, one
+    figure per client, 6 timing figures per rank) from every other rank, plus in evaluated rounds the model's
+    broadcast and the evaluation's reduction (a loss per test batch, a count per class; not counted here).
+    Nothing moves at -n 1."""
     if n == 1:
         return 0.0
-    workers, clients = n - 1, cfg_map["partition"]["clients"]
-    return workers * (4.0 * (dim + 2) + 8.0 * (dim + 5 + clients))
+    others, clients = n - 1, cfg_map["partition"]["clients"]
+    return others * (4.0 * (dim + 2) + 8.0 * (dim + 7 + clients + 6 * n))
 
 
 # --- the reference loop -----------------------------------------------------------------------------
@@ -294,13 +298,14 @@ def summarize(samples, per_round):
         "rss": max(max(s["peak_rss_mb"]) for s in samples),
         "rss_ranks": first["peak_rss_mb"],
         "acc": first["acc"], "device": first["device"],
+        **({"training_ranks": first["training_ranks"]} if "training_ranks" in first else {}),
         "mpi_mb": first["mpi_bytes_per_round"] / 1e6,
         "fl_mb": first["fl_bytes"] / 1e6 / max(len(first["rounds"]), 1),
     }
 
 
-HEADER = ("workload", "run", "s/round", "(min-max)", "x ref", "busy s/rnd", "x ref", "1st s", "whole s", "cpu s",
-          "rank 0 cpu", "clients/s", "peak MB/rank", "MPI MB/rnd", "FL MB/rnd", "device", "acc")
+HEADER = ("workload", "run", "s/round", "(min-max)", "x ref", "limit", "eff", "busy s/rnd", "x ref", "1st s",
+          "whole s", "cpu s", "rank 0 cpu", "clients/s", "peak MB/rank", "MPI MB/rnd", "FL MB/rnd", "device", "acc")
 
 
 def _mb(value):
@@ -308,11 +313,17 @@ def _mb(value):
 
 
 def format_row(workload, label, s, ref):
+    """One table row. `limit` is the best a run can do: the reference's seconds per round shared by the
+    ranks that train (`training_ranks` of run.h5: P - 1, or P where rank 0 hosts clients too); `eff` is that
+    limit over the measured seconds per round (1.00 = at the limit)."""
     ratio = s["s_round"] / ref["s_round"] if ref else float("nan")
     busy_ratio = s["busy_round"] / ref["busy_round"] if ref else float("nan")
+    limit = ref["s_round"] / s["training_ranks"] if ref and "training_ranks" in s else float("nan")
+    efficiency = limit / s["s_round"] if not math.isnan(limit) else float("nan")
     rss = "/".join(f"{r:.0f}" for r in s["rss_ranks"])
     server = "-" if math.isnan(s["server_cpu_s"]) else f"{s['server_cpu_s']:.1f}"
     return (workload, label, f"{s['s_round']:.4f}", f"{s['spread'][0]:.3f}-{s['spread'][1]:.3f}", f"{ratio:.2f}",
+            _mb(limit), "-" if math.isnan(efficiency) else f"{efficiency:.2f}",
             f"{s['busy_round']:.4f}", f"{busy_ratio:.2f}", f"{s['first_s']:.2f}", f"{s['whole_s']:.1f}",
             f"{s['cpu_s']:.1f}", server, f"{s['clients_s']:.0f}", rss, _mb(s["mpi_mb"]), _mb(s["fl_mb"]),
             s["device"], f"{s['acc']:.4f}")

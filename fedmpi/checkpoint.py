@@ -7,6 +7,8 @@ Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote 
   /global          the global flat vector after round `round`'s server update (float32)
   /server/<name>   the algorithm's server state (`Algorithm.server_state`)
   /optimizer/<name>  the server optimizer's state (moments, float64; none for sgd)
+  /participation/<name>  the participation provider's state (e.g. the simulated clock), loaded on every rank
+  /stage_<name>/<name>   an upload stage's server state
   /clients/<cid>/<name>  each client's state (`Algorithm.client_state`), clients without state omitted
 What rank 0 holds comes from `Experiment.state_dict()`; client states from `Experiment.client_state(cid)`
 on the hosting rank, streamed to rank 0 one client at a time.
@@ -350,12 +352,16 @@ def load_into(exp, point):
     placement is recomputed for this run's `-n`, so any `-n` can continue any checkpoint.
     """
     with h5py.File(point.path, "r", locking=False) as f:
+        # Every rank plans rounds itself, so the participation state (e.g. the simulated clock) goes to all.
+        participation = _read_group(f.get("participation"))
         if exp.comm.is_server:
             x = f["global"][()]
             if x.shape != (exp.flat.dim,):
                 raise InputError(f"checkpoint {point.path}: /global has {x.shape[0]} entries, the model {exp.flat.dim}")
-            exp.load_state_dict({"global": x, "server": _read_group(f.get("server")),
-                                 "optimizer": _read_group(f.get("optimizer"))})
+            groups = {name: _read_group(g) for name, g in f.items() if isinstance(g, h5py.Group) and name != "clients"}
+            exp.load_state_dict({**groups, "global": x, "participation": participation})
+        else:
+            exp.participation.load_state(participation)
         clients = f.get("clients")
         for cid in sorted(exp.clients.mine):
             if clients is not None and str(cid) in clients:

@@ -120,6 +120,7 @@ def _dry_run(cfg):
     from fedmpi import rng
     from fedmpi.algorithms.registry import lookup
     from fedmpi.data import load_dataset
+    from fedmpi.deploy.checks import check as deploy_check
     from fedmpi.experiment import build_partition
     from fedmpi.flat import FlatModel
     from fedmpi.models import build_model
@@ -130,7 +131,10 @@ def _dry_run(cfg):
     split = build_partition(cfg, dataset)
     rng.seed_torch(cfg.seed, rng.INIT)
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
-    lookup(cfg.algorithm.name).check(cfg, flat)     # what a real run would refuse, refused here too
+    algo_cls = lookup(cfg.algorithm.name)
+    algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
+    algo = algo_cls.create(cfg, flat.dim, flat.n_params)
+    deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))

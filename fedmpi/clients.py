@@ -26,15 +26,17 @@ from fedmpi.train import LocalTrainer, Schedule, evaluate, schedule, seed_torch_
 
 
 class ClientHost:
-    def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None):
+    def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False):
         """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
-        device on first use (DeviceData)."""
+        device on first use (DeviceData); `keeps_state`: an upload stage keeps per-client state (clients
+        then train on their host)."""
         self.cfg, self.comm, self.workers, self.algo, self.flat = cfg, comm, workers, algo, flat
         self.parts = parts
         self.sizes = np.array([len(p) for p in parts])
         self.host = place_clients(self.sizes, workers)
         self.mine = set(np.flatnonzero(self.host == comm.rank).tolist())
-        self.balanced = len(workers) > 1 and algo.protocol == REDUCE and not algo.keeps_client_state
+        self.balanced = (len(workers) > 1 and algo.protocol == REDUCE and not algo.keeps_client_state
+                         and not keeps_state)
         self.trains = bool(self.mine) or (self.balanced and comm.rank in workers)
         self.x_train = self.y_train = self.trainer = self.group_trainer = None
         if self.trains:

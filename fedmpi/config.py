@@ -25,6 +25,7 @@ from fedmpi import yamlio
 from fedmpi.config_checks import Checks as _Checks
 from fedmpi.config_checks import dotted as _dotted
 from fedmpi.config_checks import show as _show
+from fedmpi.deploy.keys import ClientsConfig, CompressConfig, DeadlineConfig
 from fedmpi.errors import ConfigError
 from fedmpi.schedules import ScheduleConfig
 
@@ -148,6 +149,7 @@ class ClientConfig:
     weight_decay: float = 0.0
     vectorize: Literal["auto", "on", "off"] = "auto"
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_l per round
+    compress: CompressConfig = field(default_factory=CompressConfig)     # upload compression (docs/deployment.md)
 
     def __post_init__(self):
         c = _Checks("client")
@@ -172,6 +174,8 @@ class ServerConfig:
     # Rank 0 hosts clients too; null: when its node has a core the other ranks leave idle. Results do not
     # depend on it (a run-time key: not hashed, may change on --resume).
     trains_clients: bool | None = None
+    deadline: float | None = None       # simulated seconds after which updates do not count (docs/deployment.md)
+    over_select: float | None = None    # extra clients selected, keeping the first clients_per_round to arrive
 
     def __post_init__(self):
         c = _Checks("server")
@@ -182,7 +186,15 @@ class ServerConfig:
         c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
         c.require(all(0 <= b < 1 for b in self.betas), "betas", list(self.betas), "must be two numbers in [0, 1)")
         c.require(self.tau > 0, "tau", self.tau, "must be > 0")
+        try:
+            self.straggler_policy()
+        except ConfigError as e:
+            c.errors.extend(e.messages)
         c.done()
+
+    def straggler_policy(self) -> DeadlineConfig:
+        """`deadline` and `over_select` as the deployment model's DeadlineConfig (checked there)."""
+        return DeadlineConfig(self.deadline, self.over_select)
 
 
 @dataclass(frozen=True)
@@ -239,6 +251,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    clients: ClientsConfig = field(default_factory=ClientsConfig)   # availability, dropout, speeds (deployment)
     algorithm: typing.Any = field(default_factory=lambda: _algorithm_keys("fedavg")())
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -261,15 +274,28 @@ class Config:
         return yamlio.dump(self.to_dict())
 
     def hash(self, ignore=None):
-        """Hash of everything that decides the computation; run-time keys excluded so resume may change them."""
+        """Hash of everything that decides the computation; run-time keys excluded so resume may change them.
+        Keys added after hashes were first written (LATER_KEYS) count only when they differ from their
+        defaults, so a run started before they existed keeps its hash and can still be resumed."""
         ignore = RUNTIME_KEYS if ignore is None else ignore
         d = {k: v for k, v in self.to_dict().items() if k not in ignore}
         for key in ignore:
             section, _, name = key.partition(".")
             if name and isinstance(d.get(section), dict):
                 d[section] = {k: v for k, v in d[section].items() if k != name}
+        defaults = Config().to_dict()
+        for dotted in LATER_KEYS:
+            *path, leaf = dotted.split(".")
+            node, default = d, defaults
+            for part in path:
+                node, default = node.get(part, {}), default[part]
+            if leaf in node and node[leaf] == default[leaf]:
+                del node[leaf]
         return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
+
+# Sections added after config hashes were first written: left out of the hash at their default values.
+LATER_KEYS = ("clients", "client.compress", "server.deadline", "server.over_select")
 
 # Keys that may differ between a checkpoint and a --resume (DESIGN §1): whole sections, or dotted keys of
 # run-time choices that do not change the results.

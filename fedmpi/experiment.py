@@ -94,7 +94,9 @@ class Experiment:
             self.split.groups["partition/shared"] = partition_stats(self.dataset.y_train, parts,
                                                                    self.dataset.num_classes)
         data = DeviceData(self.dataset, self.device)
-        self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss)
+        self.stages = build_stages(cfg, algo, self.flat.dim)
+        self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
+                                  keeps_state=any(stage.keeps_client_state for stage in self.stages))
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
                                  extra_columns=drift_columns)
@@ -109,8 +111,7 @@ class Experiment:
             self.server.start(self._server_trainer(data, loss))
             if cfg.eval.divergence:
                 self.shadow = Shadow(cfg, self.flat, self.server.x, *data.train, parts, loss=loss)
-        self.participation = build_participation(cfg, algo)
-        self.stages = build_stages(cfg, algo, self.flat.dim)
+        self.participation = build_participation(cfg, algo, [len(p) for p in parts])
         self.protocol = PROTOCOLS[algo.protocol](self)
         self._plans = {}
         self.start_round = 0

@@ -145,7 +145,8 @@ def _create_log(cfg, comm, exp, overwrite):
         shutil.rmtree(os.path.join(cfg.out, "ckpt"), ignore_errors=True)
     return RunLog.create(path, cfg, comm.size, [socket.gethostname()], exp.partition_groups,
                          extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim,
-                                      "device": str(exp.device), "threads": exp.threads})
+                                      "device": str(exp.device), "threads": exp.threads,
+                                      "training_ranks": len(exp.workers)})
 
 
 def _open_log(cfg, comm, exp, overwrite, resume):

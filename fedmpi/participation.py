@@ -30,6 +30,10 @@ class RoundPlan:
             return True
         return bool(self.counted[np.flatnonzero(self.selected == cid)[0]])
 
+    def counts_mask(self) -> np.ndarray:
+        """Bool per `selected`: whose update counts."""
+        return np.ones(len(self.selected), dtype=bool) if self.counted is None else np.asarray(self.counted, bool)
+
 
 class Participation:
     """Provider of round plans. `state`/`load_state` carry what a resumed run needs (e.g. simulated time)."""
@@ -45,6 +49,14 @@ class Participation:
         standard = self.standard(t)
         return RoundPlan(t, standard, np.asarray(self.algo.select(t, standard, self.algo.sizes)))
 
+    def settle(self, plan, comm, uploaders):
+        """GATHER rounds, on every rank after the gather (collective): `uploaders` are the client ids whose
+        vectors the server received (None on the other ranks), for a provider whose plan depends on them."""
+
+    def counted(self, t, cid) -> bool:
+        """Whether client `cid`'s update counted in round `t` (a past round too; FedSkip's slot weights)."""
+        return True
+
     def done(self, plan):
         """Called on every rank after round `plan.round`'s reduction (e.g. to advance a simulated clock)."""
 
@@ -58,5 +70,8 @@ class Participation:
 Everyone = Participation
 
 
-def build_participation(cfg, algo) -> Participation:
-    return Everyone(cfg, algo)
+def build_participation(cfg, algo, part_sizes) -> Participation:
+    """The provider for `cfg`; `part_sizes` are the sample counts of the clients the algorithm trains."""
+    from fedmpi.deploy.participation import participation_for
+
+    return participation_for(cfg, algo, part_sizes) or Everyone(cfg, algo)     # deployment (issue 15)

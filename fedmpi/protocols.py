@@ -7,6 +7,12 @@
 - ROUTE (FedSkip): model slots persist between aggregations; inside a period they move between the ranks
   hosting consecutive clients with point-to-point transfers, and only the round's statistics are reduced;
   at aggregation rounds the slots are reduced like FedAvg's uploads.
+- BUFFER (FedBuff): clients train in the round of the model version they start from and hold their
+  updates until the round of their simulated arrival; the arrivals are reduced like FedAvg's uploads.
+
+A client whose update does not count this round (the plan says so: dropped out, past the deadline) leaves
+its state as it was: REDUCE skips its accumulate, GATHER its gate (its figures are NaN), ROUTE keeps the
+slot's parameters from before the round and its weight does not grow, BUFFER never holds its update.
 
 Each protocol is a small class over the experiment's parts (`exp.clients`, `exp.wire`, `exp.algo`); the
 experiment opens and closes the round (broadcast, reduction, server update) for all of them alike.
@@ -17,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedmpi.algorithms.base import GATHER, REDUCE, ROUTE
+from fedmpi.algorithms.base import BUFFER, GATHER, REDUCE, ROUTE
 from fedmpi.drift import ClientDrift
 
 
@@ -72,7 +78,10 @@ class GatherRound:
             for cid in clients.hosted(selected):
                 with exp.timer.phase("train"):
                     run = clients.train_one(t, cid, plan.standard, start)
-                    uploaded = algo.gate(run, down, clients.flat)
+                    # A client whose update does not count (dropped, too late) neither gates nor keeps its model.
+                    uploaded = plan.counts(cid) and algo.gate(run, down, clients.flat)
+                if not plan.counts(cid):
+                    run.figures.update(dict.fromkeys(algo.client_columns, np.nan))
                 mask.append(uploaded)
                 if uploaded:
                     vectors.append(clients.flat.vec.detach().to("cpu", torch.float32).numpy().copy())
@@ -81,6 +90,7 @@ class GatherRound:
         exp.reduce(tally, sums=False)     # statistics and figures: the vectors travel by masked_gather
         by_rank = {r: [int(c) for c in selected if clients.host[c] == r] for r in clients.workers}
         gathered = exp.comm.masked_gather(np.array(mask, dtype=np.int8), vectors, by_rank, clients.flat.dim)
+        exp.participation.settle(plan, exp.comm, gathered)     # e.g. gated-out clients finish earlier
         if exp.comm.is_server:
             self._fuse(gathered)
         return exp.close_round(plan)
@@ -126,12 +136,16 @@ class RouteRound:
 
             with exp.timer.phase("train"):
                 run = clients.train_one(t, cid, plan.standard, start)
+            if plan.counts(cid):
+                tally.upload(run)
+            else:       # dropped or too late: the slot keeps its parameters from before the round
+                start(run)
             algo.finish_slot(run, slot, clients.flat)
-            tally.upload(run)
             tally.record(run)
         aggregate = algo.is_aggregation(t)
         if aggregate and clients.mine:
-            weights = algo.slot_weights(t, lambda c: len(clients.parts[c]))
+            counted = exp.participation.counted
+            weights = algo.slot_weights(t, lambda s, c: len(clients.parts[c]) if counted(s, c) else 0)
             tally.weight += algo.accumulate_slots(self.period_start, weights, tally.acc)
         # Inside a period only the statistics travel; the model moves with the slots.
         exp.reduce(tally, sums=aggregate)
@@ -157,4 +171,37 @@ class RouteRound:
             algo.put_slot(slot, torch.from_numpy(buf).to(exp.device))
 
 
-PROTOCOLS = {REDUCE: ReduceRound, GATHER: GatherRound, ROUTE: RouteRound}
+class BufferRound:
+    """FedBuff's round: one server update. The round's starters train from the broadcast x_t (their model
+    version t) and hold their updates; then the round's arrivals (`plan.arrivals`, planned on the simulated
+    clock by fedmpi.deploy.buffered) release theirs into the accumulator, and one Reduce sums them."""
+
+    def __init__(self, exp):
+        self.exp = exp
+
+    def __call__(self, t):
+        exp, algo, clients = self.exp, self.exp.algo, self.exp.clients
+        plan = exp.plan(t)
+        exp.open_round(t)
+        tally = exp.wire.new_tally()
+        if clients.mine:
+            down = exp.wire.down()
+
+            def start(run):
+                algo.client_start(run, down, clients.flat)
+
+            for cid in clients.hosted(plan.selected):
+                with exp.timer.phase("train"):
+                    run = clients.train_one(t, cid, plan.standard, start)
+                tally.record(run)
+                if plan.counts(cid):        # a client that drops out never delivers its update
+                    algo.hold(run, down, clients.flat)
+            for cid, version in plan.arrivals:      # after training: a fast starter may arrive this round
+                if cid in clients.mine:
+                    tally.weight += algo.release(cid, version, t, tally.acc)
+                    tally.upload(clients.new_run(t, cid))
+        exp.reduce(tally)
+        return exp.close_round(plan)
+
+
+PROTOCOLS = {REDUCE: ReduceRound, GATHER: GatherRound, ROUTE: RouteRound, BUFFER: BufferRound}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 class UploadStage:
     name = ""
+    keeps_client_state = False    # per-client state (e.g. a compression residual): clients train on their host
 
     @classmethod
     def check(cls, cfg, algo_cls):
@@ -40,4 +41,6 @@ class UploadStage:
 
 def build_stages(cfg, algo, dim) -> list:
     """The configured stages, in the order an upload passes them."""
-    return []
+    from fedmpi.deploy.stage import stages_for
+
+    return stages_for(cfg, algo, dim)       # update compression (client.compress)

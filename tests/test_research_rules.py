@@ -100,8 +100,11 @@ def test_fedskip_aggregates_every_delta_rounds_with_accumulated_weights():
     assert [algo.is_period_start(t) for t in range(4)] == [True, False, True, False]
     orders = [algo.order(t, rng.select_clients(cfg.seed, t, 6, 3)) for t in range(2)]
     assert sorted(orders[0]) == sorted(rng.select_clients(cfg.seed, 0, 6, 3))
-    weights = algo.slot_weights(1, lambda c: c + 1)
+    weights = algo.slot_weights(1, lambda s, c: c + 1)
     np.testing.assert_array_equal(weights, orders[0] + 1 + orders[1] + 1)
+    # a client whose update did not count (weight 0 in its round) adds nothing to its slot
+    dropped = algo.slot_weights(1, lambda s, c: 0 if (s, c) == (1, orders[1][0]) else c + 1)
+    np.testing.assert_array_equal(dropped, weights - np.eye(3)[0] * (orders[1][0] + 1))
 
 
 def test_fedskip_average_and_drift_of_the_slots():

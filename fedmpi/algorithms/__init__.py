@@ -5,6 +5,7 @@ from fedmpi.algorithms import (  # noqa: F401 - imported for their @register
     central,
     datashare,
     fedavg,
+    fedbuff,
     feddyn,
     fednova,
     fedprox,

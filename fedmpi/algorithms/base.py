@@ -8,7 +8,8 @@ it is registered), never through which methods it happens to override; the round
 Declared capabilities (class attributes)
   name, Keys             `algorithm.name` and the frozen dataclass of its keys, beside the class (`@register`)
   protocol               how uploads travel, set by the family base: REDUCE (`Reduce`: one Reduce), ROUTE
-                         (`SlotRouting`: model slots moved between ranks), GATHER (`GatedUploads`: masked Gatherv)
+                         (`SlotRouting`: model slots moved between ranks), GATHER (`GatedUploads`: masked Gatherv),
+                         BUFFER (`BufferedUploads`: updates held until their simulated arrival, then one Reduce)
   keeps_client_state     clients keep vectors between rounds (`ClientVectors`): they train on their fixed host
   vectorizable           a round's clients may train as one batched computation: `client_start` only loads the
                          broadcast vector, no `grad_hook`/`loss_fn`, `accumulate` reads only the trained vector
@@ -62,7 +63,7 @@ from fedmpi.algorithms.state import ClientVectors, ServerVectors
 from fedmpi.config_checks import Checks
 from fedmpi.errors import ConfigError
 
-REDUCE, ROUTE, GATHER = "reduce", "route", "gather"
+REDUCE, ROUTE, GATHER, BUFFER = "reduce", "route", "gather", "buffer"
 
 
 @dataclass(frozen=True)
@@ -273,8 +274,9 @@ class SlotRouting(Algorithm):
         """Receives slot `slot` from another rank."""
 
     @abc.abstractmethod
-    def slot_weights(self, round_, size_of) -> np.ndarray:
-        """Accumulated weight of every slot from the period's first round up to `round_`."""
+    def slot_weights(self, round_, weight_of) -> np.ndarray:
+        """Accumulated weight of every slot from the period's first round up to `round_`; `weight_of(s, cid)`
+        is client cid's weight in round s (its sample count, 0 where its update did not count)."""
 
     @abc.abstractmethod
     def accumulate_slots(self, start, weights, acc) -> float:
@@ -295,3 +297,22 @@ class GatedUploads(Algorithm):
     @abc.abstractmethod
     def fusion_weight(self, n_samples, z: torch.Tensor, x: torch.Tensor) -> float:
         """The server's weight of an uploaded vector `z` given the current global `x`."""
+
+
+class BufferedUploads(Algorithm):
+    """Family: asynchronous clients on the simulated clock (FedBuff). A client trains in the round of the
+    model version it starts from and holds its update until the round in which its upload arrives; the
+    participation provider (fedmpi.deploy.buffered) plans who starts and who arrives, the same on every rank.
+    The arrivals are added into one accumulator and reduced like REDUCE uploads."""
+
+    protocol = BUFFER
+    keeps_client_state = True
+
+    @abc.abstractmethod
+    def hold(self, run: ClientRun, down: torch.Tensor, model):
+        """Keeps the update of client `run.cid`, trained from version `run.round` (the broadcast `down`)."""
+
+    @abc.abstractmethod
+    def release(self, cid, version, round_, acc: torch.Tensor) -> float:
+        """Adds the held update of `cid` trained from `version`, arriving in round `round_`, to `acc`;
+        returns its weight."""

@@ -63,11 +63,11 @@ class FedSkip(SlotRouting):
     def is_aggregation(self, round_):
         return (round_ + 1) % self.delta == 0
 
-    def slot_weights(self, round_, size_of):
+    def slot_weights(self, round_, weight_of):
         first = round_ - round_ % self.delta
         total = np.zeros(self.cfg.server.clients_per_round)
         for s in range(first, round_ + 1):
-            total += [size_of(c) for c in self.order(s, rng.select_clients(
+            total += [weight_of(s, c) for c in self.order(s, rng.select_clients(
                 self.cfg.seed, s, self.cfg.partition.clients, self.cfg.server.clients_per_round))]
         return total
 

@@ -15,7 +15,7 @@ import difflib
 import importlib
 from importlib.metadata import entry_points
 
-from fedmpi.algorithms.base import GATHER, REDUCE, ROUTE, Algorithm, AlgorithmKeys
+from fedmpi.algorithms.base import BUFFER, GATHER, REDUCE, ROUTE, Algorithm, AlgorithmKeys
 from fedmpi.config_checks import show
 from fedmpi.errors import ConfigError
 
@@ -45,8 +45,8 @@ def check_declarations(cls):
         raise TypeError(f"{where} declares no name")
     if not (dataclasses.is_dataclass(cls.Keys) and issubclass(cls.Keys, AlgorithmKeys)):
         raise TypeError(f"{where}: Keys must be a dataclass subclassing AlgorithmKeys")
-    if cls.protocol not in (REDUCE, ROUTE, GATHER):
-        raise TypeError(f"{where}: protocol {cls.protocol!r} is none of {REDUCE}, {ROUTE}, {GATHER}")
+    if cls.protocol not in (REDUCE, ROUTE, GATHER, BUFFER):
+        raise TypeError(f"{where}: protocol {cls.protocol!r} is none of {REDUCE}, {ROUTE}, {GATHER}, {BUFFER}")
     if cls.__abstractmethods__:
         raise TypeError(f"{where} leaves abstract hooks unimplemented: {', '.join(sorted(cls.__abstractmethods__))}")
     if cls.vectorizable and (cls.protocol != REDUCE or cls.grad_hook is not None or cls.loss_fn is not None):

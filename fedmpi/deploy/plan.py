@@ -19,7 +19,7 @@ from fedmpi.deploy.traces import AvailabilityTrace
 
 
 @dataclass(frozen=True)
-class RoundPlan:
+class DeploymentRound:
     round: int
     start: float                # simulated seconds at which the round starts (after waiting for clients)
     selected: np.ndarray        # cids drawn among the available, sorted
@@ -62,7 +62,7 @@ class Deployment:
         times = self.clock.finish_times(selected, steps, bytes_down, bytes_up, returned)
         return round_outcome(selected, times, returned, self._keep(selected), self.deadline.deadline)
 
-    def plan(self, round_, sim_time, steps, bytes_down, bytes_up) -> RoundPlan:
+    def plan(self, round_, sim_time, steps, bytes_down, bytes_up) -> DeploymentRound:
         """The plan of round `round_` starting at `sim_time`. `steps`: local steps of each client, an array
         [num_clients]; `bytes_down`: the download per client; `bytes_up`: the upload per client (the
         compressed payload times the vectors uploaded).
@@ -80,4 +80,4 @@ class Deployment:
         returned = np.array([not av.dropped(self.seed, round_, cid, c.dropout) for cid in selected], dtype=bool)
         steps_sel = np.asarray(steps, dtype=np.float64)[selected]
         outcome = self.outcome(selected, returned, steps_sel, bytes_down, bytes_up)
-        return RoundPlan(round_, float(sim_time), selected, returned, outcome)
+        return DeploymentRound(round_, float(sim_time), selected, returned, outcome)

@@ -1,0 +1,134 @@
+"""The deployment's participation provider (fedmpi.participation): round plans under availability,
+dropout, stragglers on the simulated clock, deadlines and over-selection (docs/deployment.md, section 6).
+
+Every rank computes the same plan from the config, the seed, the round and the simulated time at which
+the round starts; that time is the provider's state (`/participation/sim_time_s` in checkpoints, loaded
+on every rank), so a resumed run continues on the same clock. Under SAFL's gating a gated-out client
+uploads nothing and is done earlier: once the server has gathered who uploaded, it tells every rank
+(`settle`), and the round's duration is recomputed with those clients' upload bytes at 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedmpi.algorithms.base import BUFFER, GATHER
+from fedmpi.deploy.checks import check, configured
+from fedmpi.deploy.plan import Deployment
+from fedmpi.deploy.stage import upload_bytes
+from fedmpi.errors import InputError
+from fedmpi.participation import Participation, RoundPlan
+from fedmpi.train import schedule
+
+
+@dataclass
+class DeployedPlan(RoundPlan):
+    start: float = 0.0              # simulated seconds at which the round starts (after waiting for clients)
+    end: float = 0.0                # when the server moves on: the next round's start, /metrics/sim_time_s
+    returned: np.ndarray | None = None   # bool per `selected`: False if the client dropped out
+
+
+def trace_files(clients):
+    """{name: path} of the trace files a ClientsConfig reads."""
+    named = {"availability": clients.trace if clients.availability == "trace" else None,
+             "speed": clients.speed.trace if clients.speed.kind == "trace" else None,
+             "bandwidth": clients.bandwidth.trace if clients.bandwidth.kind == "trace" else None}
+    return {name: path for name, path in named.items() if path}
+
+
+def trace_digests(clients) -> dict:
+    """{"trace_sha256_<name>": 32 uint8} per trace file: the config hash covers the paths, these the
+    contents, so a resume finds a trace that changed since the checkpoint."""
+    out = {}
+    for name, path in trace_files(clients).items():
+        with open(path, "rb") as fh:
+            out[f"trace_sha256_{name}"] = np.frombuffer(hashlib.sha256(fh.read()).digest(), dtype=np.uint8).copy()
+    return out
+
+
+def check_digests(clients, saved: dict):
+    for key, now in trace_digests(clients).items():
+        if key in saved and not np.array_equal(np.asarray(saved[key], dtype=np.uint8), now):
+            name = key.removeprefix("trace_sha256_")
+            path = trace_files(clients)[name]
+            raise InputError(f"--resume: the {name} trace {path!r} changed since the checkpoint was written "
+                             f"(its SHA-256 differs); restore the file, or start a new run")
+
+
+class DeployParticipation(Participation):
+    """Plans by `fedmpi.deploy.plan.Deployment`; the simulated clock is its state."""
+
+    def __init__(self, cfg, algo, part_sizes):
+        super().__init__(cfg, algo)
+        self.deployment = Deployment(cfg.clients, cfg.server.straggler_policy(), cfg.seed, len(part_sizes),
+                                     cfg.server.clients_per_round)
+        self.steps = np.array([schedule(cfg.client, n).steps for n in part_sizes], dtype=np.float64)
+        self.bytes_down = algo.down_vectors * algo.dim * 4
+        self.bytes_up = upload_bytes(cfg, algo)
+        self.gated = algo.protocol == GATHER
+        self.digests = trace_digests(cfg.clients)
+        self.sim_time = 0.0
+        self._kept = {}                 # round -> the clients whose updates counted (`counted`)
+
+    def plan(self, t) -> DeployedPlan:
+        d = self.deployment.plan(t, self.sim_time, self.steps, self.bytes_down, self.bytes_up)
+        selected = np.asarray(self.algo.select(t, d.selected, self.algo.sizes))
+        n = self.deployment.num_clients
+        columns = {name: np.isin(np.arange(n), cids).astype(np.float32)
+                   for name, cids in (("dropped", d.outcome.failed), ("late", d.outcome.late))}
+        return DeployedPlan(t, d.selected, selected, counted=np.isin(selected, d.outcome.kept),
+                            metrics={"sim_time_s": d.end, "returned": int(d.returned.sum())}, columns=columns,
+                            start=d.start, end=d.end, returned=np.isin(selected, d.selected[d.returned]))
+
+    def settle(self, plan, comm, uploaders):
+        """GATHER rounds, every rank: the server's uploaders (client ids; None elsewhere) reach every rank,
+        and gated-out clients' upload time leaves the round's duration."""
+        if not self.gated:
+            return
+        mask = np.zeros(len(plan.selected), dtype=np.float64)
+        if uploaders is not None:
+            mask[:] = np.isin(plan.selected, list(uploaders))
+        comm.bcast(mask)
+        gated_out = plan.counts_mask() & (mask == 0)     # answered, uploaded nothing: done at t_fail
+        up = np.where(gated_out, 0, self.bytes_up)
+        outcome = self.deployment.outcome(plan.selected, plan.returned, self.steps[plan.selected],
+                                          self.bytes_down, up)
+        plan.end = plan.start + outcome.duration
+        plan.metrics["sim_time_s"] = plan.end
+
+    def counted(self, t, cid) -> bool:
+        """For FedSkip's slot weights over a period: under `availability: always` (which FedSkip requires) a
+        round's outcome does not depend on when it starts, so any past round's is recomputed here."""
+        if t not in self._kept:
+            if len(self._kept) > 64:
+                self._kept.clear()
+            self._kept[t] = set(self.deployment.plan(t, self.sim_time, self.steps, self.bytes_down,
+                                                     self.bytes_up).outcome.kept.tolist())
+        return int(cid) in self._kept[t]
+
+    def done(self, plan):
+        self.sim_time = plan.end
+
+    def state(self) -> dict:
+        return {"sim_time_s": np.array([self.sim_time], dtype=np.float64), **self.digests}
+
+    def load_state(self, state: dict):
+        if "sim_time_s" in state:
+            self.sim_time = float(np.asarray(state["sim_time_s"]).reshape(-1)[0])
+        check_digests(self.cfg.clients, state)
+
+
+def participation_for(cfg, algo, part_sizes):
+    """The deployment's provider for this config, or None where every deployment key is at its default
+    (today's plans, untouched). Refuses what `algo` cannot run first (ConfigError)."""
+    check(cfg, algo, len(part_sizes))
+    if algo.protocol == BUFFER:
+        from fedmpi.deploy.buffered import BufferedParticipation
+
+        return BufferedParticipation(cfg, algo, part_sizes)
+    if configured(cfg):
+        return DeployParticipation(cfg, algo, part_sizes)
+    return None

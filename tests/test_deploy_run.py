@@ -1,0 +1,509 @@
+"""Deployment realism inside the round loop (issue 15): availability, dropout, the simulated clock with
+deadlines and over-selection, update compression, FedBuff.
+
+In-process cases run through `fedmpi.simulate` (the same Experiment and loop as `fedmpi run` at -n 1);
+the MPI cases run batched, one mpiexec per -n (tests/conftest.py `run_many`), and the resume cases through
+tests/test_resume.py's driver (several runs inside one MPI job).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import VecModel, read_global, read_metrics, run_many, setup_algo, small_config, write_config
+
+import fedmpi
+from fedmpi import config
+from fedmpi.algorithms.fedbuff import FedBuff, staleness_weight
+from fedmpi.deploy import compress as cp
+from fedmpi.deploy.buffered import BufferedParticipation
+from fedmpi.deploy.participation import DeployParticipation
+from fedmpi.deploy.stage import CompressionStage
+from fedmpi.errors import ConfigError, InputError
+from fedmpi.participation import Participation
+
+ROUNDS = 4
+# A clock without any effect on who counts: the deployment provider runs, inert (every update counts).
+CLOCK_ONLY = {"speed": {"kind": "lognormal", "value": 5.0, "sigma": 0.7},
+              "bandwidth": {"kind": "lognormal", "up": 2.0e+5, "down": 1.0e+6, "sigma": 0.7}}
+ALGORITHMS = {
+    "fedavg": {"name": "fedavg"},
+    "scaffold": {"name": "scaffold"},
+    "fednova": {"name": "fednova"},
+    "fedskip": {"name": "fedskip", "delta": 2},
+    "safl_gated": {"name": "safl", "gating": True, "nu": 2.0},
+}
+
+
+def base(**sections):
+    cfg = small_config("/nonexistent/in-process", rounds=ROUNDS, **sections)
+    cfg["runtime"] = {"threads": 1, "progress": "off"}
+    return cfg
+
+
+def simulate(cfg, **overrides):
+    return fedmpi.simulate(cfg, **overrides)
+
+
+def assert_same_run(got, ref, skip=()):
+    """Metrics (every figure the reference has) and the global model bit for bit."""
+    for name, values in ref.metrics.items():
+        if name != "wall_s" and name not in skip:
+            assert np.array_equal(got.metrics[name], values, equal_nan=True), name
+    for name, values in ref.clients.items():
+        assert np.array_equal(got.clients[name], values, equal_nan=True), name
+    assert np.array_equal(got.model, ref.model)
+
+
+# -- everything off: today's run --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_inert_deployment_is_todays_run_bit_for_bit(name):
+    cfg = base(algorithm=ALGORITHMS[name])
+    today = simulate(cfg)
+    assert type(today.experiment.participation) is Participation and not today.experiment.stages
+    explicit = simulate({**cfg, "clients": {"availability": "always", "dropout": 0.0},
+                         "server": {**cfg["server"], "deadline": None, "over_select": None},
+                         "client": {**cfg["client"], "compress": {"name": "none"}}})
+    assert type(explicit.experiment.participation) is Participation
+    assert_same_run(explicit, today)
+    clocked = simulate({**cfg, "clients": CLOCK_ONLY})
+    assert isinstance(clocked.experiment.participation, DeployParticipation)
+    assert_same_run(clocked, today)
+    sim = clocked.metrics["sim_time_s"]
+    assert np.all(np.diff(sim) > 0) and sim[0] > 0
+    assert np.all(clocked.metrics["returned"] == clocked.clients["selected"].sum(axis=1))
+    assert not clocked.clients["dropped"].any() and not clocked.clients["late"].any()
+
+
+# -- dropped clients keep their state ---------------------------------------------------------------------
+
+def dropped_after_counting(result, t=1):
+    """Clients that dropped out in round t after their update counted in round t - 1."""
+    selected, dropped = result.clients["selected"], result.clients["dropped"]
+    counted = (selected[t - 1] > 0) & (dropped[t - 1] == 0)
+    return np.flatnonzero((dropped[t] > 0) & counted)
+
+
+def test_dropped_scaffold_clients_keep_their_controls_and_c_moves_by_the_kept_ones():
+    cfg = base(algorithm={"name": "scaffold"}, server={"clients_per_round": 9}, clients={"dropout": 0.4})
+    one, two = simulate(cfg, rounds=1), simulate(cfg, rounds=2)
+    victims = dropped_after_counting(two)
+    assert len(victims), "the config must drop a client that has a control from round 0"
+    before, after = one.experiment.algo.controls, two.experiment.algo.controls
+    for cid in victims:
+        assert torch.equal(after[cid], before[cid])
+    kept = np.flatnonzero((two.clients["selected"][1] > 0) & (two.clients["dropped"][1] == 0))
+    assert len(kept) and all(not torch.equal(after[c], before.get(c, torch.zeros_like(after[c]))) for c in kept)
+    # c <- c + (1/N) sum over the kept clients of Delta c_i (docs/deployment.md, section 7)
+    n = cfg["partition"]["clients"]
+    zero = torch.zeros_like(after[kept[0]])
+    moved = sum((after[c] - before.get(c, zero)).double() for c in kept) / n
+    c1 = one.experiment.server.algo.server.get("c", "cpu")
+    c2 = two.experiment.server.algo.server.get("c", "cpu")
+    torch.testing.assert_close((c2 - c1).double(), moved, rtol=1e-5, atol=1e-7)
+    assert two.metrics["uploads"][1] == len(kept) and two.metrics["returned"][1] == len(kept)
+
+
+def test_gated_safl_dropped_clients_keep_z_and_the_clock_charges_gated_out_clients_no_upload():
+    cfg = base(algorithm={**ALGORITHMS["safl_gated"], "nu": 5.0}, server={"clients_per_round": 9},
+               clients={"dropout": 0.4, **CLOCK_ONLY})
+    two, three = simulate(cfg, rounds=2), simulate(cfg, rounds=3)
+    victims = dropped_after_counting(three, 2)
+    assert len(victims), "the config must drop a client that has a model z_k from round 1"
+    for cid in victims:
+        assert torch.equal(three.experiment.algo.models[cid], two.experiment.algo.models[cid])
+        assert np.isnan(three.clients["gap"][2, cid]) and np.isnan(three.clients["uploaded"][2, cid])
+    # The round lasts until the last selected client is done: an uploader when its upload arrives, a
+    # gated-out or dropped client when its training ends.
+    part = three.experiment.participation
+    clock, steps = part.deployment.clock, part.steps
+    selected = three.clients["selected"] > 0
+    uploaded = np.nan_to_num(three.clients["uploaded"]) > 0
+    assert (~uploaded & selected & (three.clients["dropped"] == 0)).any(), "the config must gate a client out"
+    durations = [max(clock.client_time(c, steps[c], part.bytes_down, part.bytes_up if uploaded[t, c] else 0)
+                     for c in np.flatnonzero(selected[t])) for t in range(3)]
+    np.testing.assert_allclose(three.metrics["sim_time_s"], np.cumsum(durations), rtol=1e-12)
+
+
+def test_deadline_and_over_selection_keep_the_first_arrivals():
+    cfg = base(server={"clients_per_round": 4, "deadline": 2.3, "over_select": 2}, clients=CLOCK_ONLY)
+    r = simulate(cfg)
+    selected, late = r.clients["selected"], r.clients["late"]
+    assert np.all(selected.sum(axis=1) == 6)
+    counted = (selected > 0) & (late == 0) & (r.clients["dropped"] == 0)
+    assert np.all(counted.sum(axis=1) <= 4) and np.array_equal(r.metrics["uploads"], counted.sum(axis=1))
+    part = r.experiment.participation
+    for t in range(ROUNDS):
+        times = {c: part.deployment.clock.client_time(c, part.steps[c], part.bytes_down, part.bytes_up)
+                 for c in np.flatnonzero(selected[t])}
+        on_time = sorted((s, c) for c, s in times.items() if s <= 2.3)
+        assert sorted(np.flatnonzero(counted[t])) == sorted(c for _, c in on_time[:4])
+
+
+# -- compression ------------------------------------------------------------------------------------------
+
+def payload(name, d, fraction=0.1, levels=16):
+    """docs/deployment.md section 5's payload formulas, written out."""
+    k = max(1, math.floor(fraction * d + 0.5))
+    width = next(w for w in (1, 2, 4, 8) if d <= 2 ** (8 * w))
+    return {"topk": 4 * k + min(k * width, math.ceil(d / 8)), "randk": 4 * k,
+            "qsgd": 4 + math.ceil(d * (1 + math.ceil(math.log2(levels + 1))) / 8),
+            "sign": 4 + math.ceil(d / 8)}[name]
+
+
+@pytest.mark.parametrize("name, algorithm", [("topk", "fedavg"), ("randk", "fedprox"), ("qsgd", "fedavg"),
+                                             ("sign", "fednova"), ("topk", "scaffold")])
+def test_bytes_up_counts_the_compressed_payloads(name, algorithm):
+    r = simulate(base(algorithm={"name": algorithm}, clients={"dropout": 0.2},
+                      client={"lr": 0.05, "batch_size": 20, "compress": {"name": name, "fraction": 0.1}}))
+    d = r.experiment.flat.dim
+    per_upload = payload(name, d) + (4 * d if algorithm == "scaffold" else 0)     # Delta c_i travels dense
+    assert np.all(r.metrics["uploads"] > 0)
+    np.testing.assert_array_equal(r.metrics["bytes_up"], r.metrics["uploads"] * per_upload)
+    assert np.all(np.isfinite(r.model))
+
+
+def test_topk_of_everything_is_the_uncompressed_run():
+    cfg = base(client={"lr": 0.05, "batch_size": 20, "compress": {"name": "topk", "fraction": 1.0}})
+    full, plain = simulate(cfg), simulate(base())
+    np.testing.assert_allclose(full.model, plain.model, rtol=0, atol=1e-6)
+    d = full.experiment.flat.dim
+    assert np.all(full.metrics["bytes_up"] == full.metrics["uploads"] * (4 * d + math.ceil(d / 8)))
+
+
+class Cfg:
+    def __init__(self, **compress):
+        self.seed = 3
+        self.client = type("C", (), {"compress": config.from_dict({"client": {"compress": compress}}).client.compress})
+
+
+def test_compression_stage_uploads_x_plus_the_decoded_update_and_keeps_the_residual():
+    algo = type("A", (), {"up_vectors": 1, "dim": 4})
+    stage = CompressionStage(Cfg(name="topk", fraction=0.5, error_feedback=True), algo, 4)
+    assert stage.keeps_client_state
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    down, model = torch.cat([x, torch.zeros(4)]), VecModel(4)
+    run = fedmpi.algorithms.ClientRun(cid=7, round=0, n_samples=10)
+    model.vec.copy_(x + torch.tensor([0.5, -3.0, 0.25, 2.0]))
+    stage.client(run, down, model)
+    # top 2 of |delta|: -3 and 2; residual (0.5, 0, 0.25, 0); payload 2 values + min(2 indices, 1 mask byte)
+    assert torch.equal(model.vec - x, torch.tensor([0.0, -3.0, 0.0, 2.0])) and run.payload_bytes == 8 + 1
+    assert stage.client_state(7)["compress_residual"].tolist() == [0.5, 0.0, 0.25, 0.0]
+    model.vec.copy_(x + torch.tensor([0.5, 0.0, 0.0, 0.0]))
+    stage.client(fedmpi.algorithms.ClientRun(cid=7, round=1, n_samples=10), down, model)
+    # round 2: delta + e = (1, 0, 0.25, 0): top 2 are 1 and 0.25
+    assert torch.equal(model.vec - x, torch.tensor([1.0, 0.0, 0.25, 0.0]))
+    assert stage.client_state(7)["compress_residual"].tolist() == [0.0, 0.0, 0.0, 0.0]
+    other = CompressionStage(Cfg(name="topk", fraction=0.5, error_feedback=True), algo, 4)
+    other.load_client_state(7, {"compress_residual": np.array([1.0, 0, 0, 0], dtype=np.float32)})
+    assert other.client_state(7)["compress_residual"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert cp.kept_count(0.5, 4) == 2
+
+
+def test_error_feedback_residuals_of_dropped_clients_stay():
+    cfg = base(server={"clients_per_round": 9}, clients={"dropout": 0.4},
+               client={"lr": 0.05, "batch_size": 20, "compress": {"name": "topk", "fraction": 0.05,
+                                                                   "error_feedback": True}})
+    one, two = simulate(cfg, rounds=1), simulate(cfg, rounds=2)
+    victims = dropped_after_counting(two)
+    assert len(victims)
+    for cid in victims:
+        a, b = (r.experiment.stages[0].client_state(cid)["compress_residual"] for r in (one, two))
+        assert np.array_equal(a, b) and np.abs(a).sum() > 0
+
+
+# -- refusals and the config hash -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sections, key", [
+    ({"algorithm": {"name": "fedskip"}, "client": {"compress": {"name": "topk"}}}, "client.compress.name"),
+    ({"algorithm": {"name": "safl", "gating": True}, "client": {"compress": {"name": "qsgd"}}},
+     "client.compress.name"),
+    ({"algorithm": {"name": "fedbuff", "concurrency": 4}, "client": {"compress": {"name": "sign"}}},
+     "client.compress.name"),
+    ({"algorithm": {"name": "fedskip"}, "server": {"clients_per_round": 5, "over_select": 2}}, "server.over_select"),
+    ({"algorithm": {"name": "fedskip"}, "clients": {"availability": "bernoulli", "availability_p": 0.5}},
+     "clients.availability"),
+    ({"algorithm": {"name": "fedbuff", "concurrency": 4}, "server": {"clients_per_round": 5, "deadline": 3}},
+     "server.deadline"),
+    ({"algorithm": {"name": "fedbuff", "concurrency": 4}, "clients": {"availability": "bernoulli",
+                                                                      "availability_p": 0.5}},
+     "clients.availability"),
+    ({"algorithm": {"name": "central"}, "clients": {"dropout": 0.1}}, "clients.dropout"),
+    ({"algorithm": {"name": "central"}, "server": {"clients_per_round": 5, "deadline": 3}}, "server.deadline"),
+    ({"algorithm": {"name": "fedbuff", "concurrency": 13}}, "algorithm.concurrency"),
+])
+def test_unsupported_combinations_are_refused_naming_the_key(sections, key):
+    with pytest.raises(ConfigError) as info:
+        simulate(base(**sections))
+    assert f"{key} = " in str(info.value)
+
+
+def test_deployment_keys_change_the_hash_only_when_set():
+    plain = config.from_dict(base())
+    cfg = base()
+    explicit = config.from_dict({**cfg, "clients": {"dropout": 0.0}, "server": {"clients_per_round": 5,
+                                 "deadline": None}, "client": {**cfg["client"], "compress": {"name": "none"}}})
+    assert explicit.hash() == plain.hash()
+    changed = [{"clients": {"dropout": 0.1}}, {"server": {"clients_per_round": 5, "deadline": 4.0}},
+               {"server": {"clients_per_round": 5, "over_select": 0.5}},
+               {"client": {"compress": {"name": "topk"}}}, {"clients": {"speed": {"value": 3.0}}}]
+    hashes = {config.from_dict({**base(), **c}).hash() for c in changed}
+    assert len(hashes) == len(changed) and plain.hash() not in hashes
+
+
+def test_a_changed_trace_file_is_refused_on_resume(tmp_path):
+    trace = tmp_path / "on.csv"
+    trace.write_text("client,start,end\n0,0,inf\n")
+    r = simulate(base(clients={"availability": "trace", "trace": str(trace)}), rounds=1)
+    state = r.experiment.participation.state()
+    trace.write_text("client,start,end\n0,0,100\n")
+    with pytest.raises(InputError, match="availability trace .*on.csv' changed since the checkpoint"):
+        r.experiment.participation.load_state(state)
+
+
+# -- FedBuff ----------------------------------------------------------------------------------------------
+
+def test_fedbuff_server_update_by_hand():
+    cfg = config.from_dict(base(algorithm={"name": "fedbuff", "buffer_size": 3, "concurrency": 4}))
+    algo = setup_algo(FedBuff(cfg, 2, 2), [10] * 12)
+    x = torch.tensor([1.0, -1.0])
+    deltas = {(4, 5): [2.0, 0.0], (1, 3): [0.0, 4.0], (9, 6): [-1.0, 1.0]}     # (client, version) -> Delta
+    for (cid, version), delta in deltas.items():
+        model = VecModel(2)
+        model.vec.copy_(x + torch.tensor(delta))
+        algo.hold(fedmpi.algorithms.ClientRun(cid, version, 10), x, model)
+    assert sorted(algo.client_state(4)) == ["pending_v5"]
+    acc, weight = torch.zeros(2, dtype=torch.float64), 0.0
+    for cid, version in [(4, 5), (1, 3), (9, 6)]:          # arriving in round 6: staleness 1, 3, 0
+        weight += algo.release(cid, version, 6, acc)
+    assert weight == 3.0 and algo.pending == {}
+    update = algo.aggregate(x, acc, weight, 6)
+    want = torch.tensor([2.0 / math.sqrt(2) - 1.0, 4.0 / math.sqrt(4) + 1.0], dtype=torch.float64) / 3
+    torch.testing.assert_close(update, want)
+    assert staleness_weight(3, 0.0) == 1.0 and staleness_weight(8) == pytest.approx(1 / 3)
+
+
+def test_fedbuff_held_updates_survive_a_checkpoint_round_trip():
+    cfg = config.from_dict(base(algorithm={"name": "fedbuff", "buffer_size": 2, "concurrency": 4}))
+    algo = FedBuff(cfg, 3, 3)
+    algo.pending = {(2, 0): torch.tensor([1.0, 2.0, 3.0]), (2, 4): torch.tensor([0.5, 0.0, 1.0]),
+                    (5, 1): torch.tensor([9.0, 9.0, 9.0])}
+    other = FedBuff(cfg, 3, 3)
+    other.pending = {(2, 7): torch.ones(3)}
+    other.load_client_state(2, algo.client_state(2))
+    assert sorted(other.pending) == [(2, 0), (2, 4)]
+    assert torch.equal(other.pending[(2, 4)], algo.pending[(2, 4)])
+
+
+def speed_trace(tmp_path, speeds):
+    path = tmp_path / "speed.csv"
+    path.write_text("client,steps_per_s\n" + "".join(f"{i},{s}\n" for i, s in enumerate(speeds)))
+    return str(path)
+
+
+def test_fedbuff_schedule_by_hand(tmp_path):
+    """Two clients, both in flight, one arrival per update. Client 0 trains 2 steps at 1 step/s, client 1
+    at 0.4 steps/s; every download and upload takes `a` seconds at 1e6 B/s."""
+    cfg = base(partition={"clients": 2, "scheme": "iid"}, server={"clients_per_round": 1},
+               algorithm={"name": "fedbuff", "buffer_size": 1, "concurrency": 2},
+               client={"lr": 0.05, "batch_size": 20, "steps": 2},
+               clients={"speed": {"kind": "trace", "trace": speed_trace(tmp_path, [1.0, 0.4])}})
+    r = simulate(cfg, rounds=3)
+    a = 4 * r.experiment.flat.dim / 1.0e+6
+    # round 0: both start from version 0; client 0 arrives at 2a + 2 (staleness 0) and restarts from
+    # version 1 (the only client not in flight); it arrives again at 2 (2a + 2) before client 1 (2a + 5):
+    # round 1. Round 2: client 0 restarts from version 2; client 1 arrives at 2a + 5 with staleness 2.
+    np.testing.assert_allclose(r.metrics["sim_time_s"], [2 * a + 2, 4 * a + 4, 2 * a + 5], rtol=1e-12)
+    np.testing.assert_array_equal(r.clients["selected"], [[1, 1], [1, 0], [1, 0]])
+    np.testing.assert_array_equal(r.clients["arrived"], [[1, 0], [1, 0], [0, 1]])
+    np.testing.assert_array_equal(r.clients["staleness"], [[0, np.nan], [0, np.nan], [np.nan, 2]])
+    np.testing.assert_array_equal(r.metrics["uploads"], [1, 1, 1])
+    assert isinstance(r.experiment.participation, BufferedParticipation)
+    dim = r.experiment.flat.dim
+    np.testing.assert_array_equal(r.metrics["bytes_down"], np.array([2, 1, 1]) * 4 * dim)
+
+
+def test_fedbuff_keeps_concurrency_clients_in_flight_and_updates_every_k_arrivals():
+    cfg = base(algorithm={"name": "fedbuff", "buffer_size": 3, "concurrency": 5},
+               clients={"dropout": 0.2, **CLOCK_ONLY})
+    r = simulate(cfg, rounds=6)
+    # at each update: the buffer's last arrival has left, its replacement starts from the next version
+    assert np.all(r.metrics["uploads"] == 3) and np.all(r.metrics["in_flight"] == 4)
+    assert np.all(np.diff(r.metrics["sim_time_s"]) >= 0)
+    assert r.clients["selected"][0].sum() >= 5          # round 0 starts the first five
+    assert np.nanmax(r.clients["staleness"]) >= 1
+    # a client that drops out never arrives: arrivals are never more than the starts so far
+    starts = np.cumsum(r.clients["selected"].sum(axis=1) - r.clients["dropped"].sum(axis=1))
+    assert np.all(np.cumsum(r.metrics["uploads"]) <= starts)
+
+
+# -- MPI: -n invariance, today's run at -n 3, resume -------------------------------------------------------
+
+def mpi_configs(base_dir, trace):
+    """name -> config mapping of the batched runs (each small: lr model, 4 rounds)."""
+    def cfg(name, **sections):
+        out = small_config(base_dir / name, rounds=ROUNDS, **sections)
+        out["checkpoint"] = {"every": 2, "keep": 10}
+        return out
+
+    return {
+        "today": cfg("today", algorithm={"name": "scaffold"}),
+        "clocked": cfg("clocked", algorithm={"name": "scaffold"}, clients=CLOCK_ONLY),
+        "fedavg": cfg("fedavg", server={"clients_per_round": 4, "deadline": 2.5, "over_select": 0.5},
+                      clients={"dropout": 0.2, **CLOCK_ONLY},
+                      client={"lr": 0.05, "batch_size": 20, "compress": {"name": "topk", "fraction": 0.05,
+                                                                          "error_feedback": True}}),
+        "scaffold": cfg("scaffold", algorithm={"name": "scaffold"}, clients={"dropout": 0.3, "availability":
+                        "bernoulli", "availability_p": 0.7},
+                        client={"lr": 0.05, "batch_size": 20, "compress": {"name": "qsgd", "levels": 4}}),
+        "fedskip": cfg("fedskip", algorithm={"name": "fedskip", "delta": 3}, server={"clients_per_round": 5,
+                       "deadline": 2.6}, clients={"dropout": 0.2, **CLOCK_ONLY}),
+        "safl": cfg("safl", algorithm=ALGORITHMS["safl_gated"], clients={"dropout": 0.2, "availability": "trace",
+                    "trace": str(trace), "trace_period": 30.0, **CLOCK_ONLY}),
+        "fedbuff": cfg("fedbuff", algorithm={"name": "fedbuff", "buffer_size": 3, "concurrency": 6},
+                       clients={"dropout": 0.1, **CLOCK_ONLY}),
+    }
+
+
+def write_trace(path):
+    # devices 0-3 on for the first half of every 30 s, devices 4-5 for the second half
+    path.write_text("client,start,end\n" + "".join(f"{d},0,15\n" for d in range(4))
+                    + "".join(f"{d},15,30\n" for d in (4, 5)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(tmp_path_factory):
+    base_dir = tmp_path_factory.mktemp("deploy-mpi")
+    trace = write_trace(base_dir / "trace.csv")
+    runs = {}
+    for n in (1, 3):
+        configs = mpi_configs(base_dir / f"n{n}", trace)
+        paths = [write_config(base_dir / f"n{n}-{name}.yaml", c) for name, c in configs.items()]
+        run_many(n, paths)
+        runs[n] = {name: base_dir / f"n{n}" / name for name in configs}
+    return runs
+
+
+
+@pytest.mark.mpi
+def test_an_inert_clock_is_todays_run_at_n3(mpi_runs):
+    today, clocked = mpi_runs[3]["today"], mpi_runs[3]["clocked"]
+    ref, _ = read_metrics(today)
+    got, _ = read_metrics(clocked)
+    for name in ref:
+        if name != "wall_s":
+            assert np.array_equal(got[name], ref[name], equal_nan=True), name
+    assert np.array_equal(read_global(clocked), read_global(today))
+    assert "sim_time_s" in got and "sim_time_s" not in ref
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", ["fedavg", "scaffold", "fedskip", "safl", "fedbuff"])
+def test_deployment_runs_do_not_depend_on_n(mpi_runs, name):
+    one, _ = read_metrics(mpi_runs[1][name])
+    three, attrs = read_metrics(mpi_runs[3][name])
+    assert attrs["status"] == "finished" and attrs["world_size"] == 3
+    for key in ("sim_time_s", "uploads", "bytes_up", "bytes_down", "returned", "test_acc"):
+        if key in one:
+            assert np.array_equal(three[key], one[key], equal_nan=True), key
+    np.testing.assert_allclose(three["train_loss"], one["train_loss"], rtol=1e-5)
+    np.testing.assert_allclose(read_global(mpi_runs[3][name]), read_global(mpi_runs[1][name]), rtol=1e-5, atol=1e-7)
+    import h5py
+
+    with h5py.File(mpi_runs[1][name] / "run.h5", "r") as f1, h5py.File(mpi_runs[3][name] / "run.h5", "r") as f3:
+        for column in ("selected", "dropped", "late", "arrived", "staleness", "uploaded"):
+            if column in f1["clients"]:
+                assert np.array_equal(f1["clients"][column][()], f3["clients"][column][()], equal_nan=True), column
+    assert np.all(np.diff(three["sim_time_s"]) >= 0)
+
+
+# -- resume: bit-identical at the same -n, the same run at another -n ------------------------------------
+
+R, HALF = 6, 4          # FedSkip (delta 3) checkpoints mid-period; FedBuff with clients in flight
+RESUMED = ("fedavg", "fedskip", "safl", "fedbuff")
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    from test_resume import drive
+
+    base_dir = tmp_path_factory.mktemp("deploy-resume")
+    trace = write_trace(base_dir / "trace.csv")
+    configs = mpi_configs(base_dir, trace)
+    steps, n1_steps, dirs = [], [], {}
+    for name in RESUMED:
+        cfg = write_config(base_dir / f"{name}.yaml", {**configs[name], "rounds": R})
+        d = dirs[name] = {k: base_dir / name / k for k in ("ref", "half", "half_n1")}
+        steps += [["run", cfg, f"out={d['ref']}"], ["run", cfg, f"out={d['half']}", f"rounds={HALF}"],
+                  ["copy", d["half"], d["half_n1"]], ["run", cfg, f"out={d['half']}", "--resume"]]
+        n1_steps.append(["run", cfg, f"out={d['half_n1']}", "--resume"])
+    drive(3, steps)
+    drive(1, n1_steps)
+    return dirs
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name", RESUMED)
+def test_resume_continues_the_simulated_clock_bit_for_bit(resumed, name):
+    from test_resume import assert_same_metrics
+
+    d = resumed[name]
+    ref, _ = read_metrics(d["ref"])
+    got, attrs = read_metrics(d["half"])
+    assert attrs["status"] == "finished" and f"from round {HALF}" in attrs["resumes"]
+    assert_same_metrics(got, ref)
+    assert np.array_equal(read_global(d["half"]), read_global(d["ref"]))
+    other, attrs = read_metrics(d["half_n1"])
+    assert attrs["world_size"] == 1
+    assert_same_metrics(other, ref, rtol=1e-5)
+    assert np.array_equal(other["sim_time_s"], ref["sim_time_s"])
+    import h5py
+
+    with h5py.File(d["ref"] / "ckpt" / f"ckpt-{HALF}.h5", "r") as f:
+        assert f["participation/sim_time_s"][0] == ref["sim_time_s"][HALF - 1]
+        if name == "fedbuff":      # held updates of clients in flight travel as client state
+            assert any(k.startswith("pending_v") for c in f["clients"].values() for k in c)
+        if name == "fedavg":
+            assert any("compress_residual" in c for c in f["clients"].values())
+
+
+# -- the comparison report and curves against the simulated clock -----------------------------------------
+
+@pytest.mark.mpi
+def test_deploy_report_writes_its_section_figure_and_table(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import MPI_TIMEOUT_S, ROOT
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copy(ROOT / "docs" / "deployment.md", docs / "deployment.md")
+    before = (docs / "deployment.md").read_text()
+    proc = subprocess.run([sys.executable, "tools/deploy_report.py", "--rounds", "2", "--seeds", "0", "--threads", "1",
+                           "--runs", str(tmp_path / "runs"), "--docs", str(docs)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=2 * MPI_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (docs / "deployment.md").read_text()
+    head = before.split("<!-- deploy_report.py: results start -->")[0]
+    assert text.startswith(head) and text.count("<!-- deploy_report.py: results start -->") == 1
+    assert "`python tools/deploy_report.py --rounds 2 --seeds 0`" in text
+    table = [line for line in text.split(head, 1)[1].splitlines() if line.startswith("| ")]
+    assert len(table) == 2 + 7
+    for label in ("FedAvg, dense", "top-k", "QSGD", "SAFL", "FedSkip", "Data sharing", "FedBuff"):
+        assert sum(label in line for line in table) == 1, label
+    assert (docs / "deployment.png").stat().st_size > 10_000 and (docs / "deployment.csv").exists()
+    runs = tmp_path / "runs"
+    fedbuff, _ = read_metrics(runs / "fedbuff-seed0")
+    assert len(fedbuff["round"]) == 4        # twice the others' rounds
+    # the simulated clock's curves (tools/curves.py --x sim_time) on these runs
+    curves = subprocess.run([sys.executable, "tools/curves.py", str(runs), "--x", "sim_time", "--out",
+                             str(tmp_path / "sim.png")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert curves.returncode == 0 and "curves of 7 run(s)" in curves.stdout, curves.stderr
+    assert (tmp_path / "sim.png").stat().st_size > 10_000

@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""The deployment comparison of docs/deployment.md: runs jobs/configs/deploy/ on mnist5k under one simulated
+deployment and writes the results section and docs/deployment.png.
+
+    python tools/deploy_report.py [--rounds R] [--seeds 0 1] [--np 3] [--runs runs/deploy] [--docs docs]
+                                  [--target 0.8] [--threads T] [--reuse] [--report-only]
+
+SAFL's upload gating, FedSkip, data sharing and FedBuff against FedAvg with dense, top-k and QSGD uploads,
+each config once per seed, in one `mpiexec -n NP` launch (tools/run_batch.py); FedBuff runs twice the
+rounds (updates of 5 arrivals: as many client updates as FedAvg's rounds of 10), so --rounds R gives it 2R
+in a second launch. Writes the section between the markers RESULTS_START and RESULTS_END of
+DOCS/deployment.md (the table as measured, with the command that regenerates it), DOCS/deployment.png
+(test accuracy against uploaded bytes and against simulated time, mean +- std over the seeds) and
+DOCS/deployment.csv. --reuse keeps finished runs; --report-only only rereads the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import numpy as np
+
+from fedmpi import __version__, analysis, report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "jobs", "configs", "deploy")
+# (config, label, rounds relative to the others)
+SETTINGS = (
+    ("fedavg", "FedAvg, dense", 1),
+    ("topk", "FedAvg + top-k 5% (EF)", 1),
+    ("qsgd", "FedAvg + QSGD 4 levels", 1),
+    ("safl_gated", "SAFL, gated uploads", 1),
+    ("fedskip", "FedSkip, delta 3", 1),
+    ("datashare", "Data sharing", 1),
+    ("fedbuff", "FedBuff, K 5 of 10", 2),
+)
+RESULTS_START = "<!-- deploy_report.py: results start -->"
+RESULTS_END = "<!-- deploy_report.py: results end -->"
+FINAL_EVALS = 5
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="deploy_report.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, help="rounds per run (default: the configs' 50; FedBuff twice that)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds per config (default 0 1)")
+    p.add_argument("--np", type=int, default=3, help="MPI ranks (default 3)")
+    p.add_argument("--runs", default=os.path.join(ROOT, "runs", "deploy"), help="folder for the runs")
+    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="folder holding deployment.md")
+    p.add_argument("--target", type=float, default=0.8, help="accuracy for the time-to-target column")
+    p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
+    p.add_argument("--reuse", action="store_true", help="keep finished runs of the same length")
+    p.add_argument("--report-only", action="store_true", help="do not run, only rebuild the report")
+    return p.parse_args(argv)
+
+
+def command_line(args):
+    parts = ["python", "tools/deploy_report.py"]
+    if args.rounds is not None:
+        parts += ["--rounds", str(args.rounds)]
+    if args.seeds != [0, 1]:
+        parts += ["--seeds", *map(str, args.seeds)]
+    if args.np != 3:
+        parts += ["--np", str(args.np)]
+    return shlex.join(parts)
+
+
+def run_all(args):
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    if not mpiexec:
+        raise SystemExit("deploy_report.py: no mpiexec found (pip install mpich, or load your MPI)")
+    launches = {}       # rounds override -> configs
+    for name, _, scale in SETTINGS:
+        rounds = None if args.rounds is None else args.rounds * scale
+        launches.setdefault(rounds, []).append(os.path.join(CONFIGS, f"{name}.yaml"))
+    for rounds, configs in launches.items():
+        overrides = ([f"rounds={rounds}"] if rounds is not None else []) + (
+            [f"runtime.threads={args.threads}"] if args.threads else [])
+        cmd = [mpiexec, "-n", str(args.np), sys.executable, os.path.join(ROOT, "tools", "run_batch.py"), *configs,
+               "--seeds", *map(str, args.seeds), "--out-root", args.runs, "--overwrite",
+               *(["--skip-finished"] if args.reuse else []), *overrides]
+        print("+", shlex.join(cmd), flush=True)
+        if subprocess.call(cmd, cwd=ROOT):
+            raise SystemExit("deploy_report.py: the runs failed")
+
+
+def load_groups(args):
+    groups = {}
+    for name, _, _ in SETTINGS:
+        paths = [os.path.join(args.runs, f"{name}-seed{s}", "run.h5") for s in args.seeds]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise SystemExit(f"deploy_report.py: missing runs: {', '.join(missing)}")
+        groups[name] = [report.read_run(p) for p in paths]
+    return groups
+
+
+# -- figures of one run -----------------------------------------------------------------------------------
+
+def uploaded(run):
+    """Cumulative bytes uploaded after each round."""
+    return np.cumsum(np.asarray(run.metrics["bytes_up"], dtype=np.float64))
+
+
+def accuracy_at(run, x, budget):
+    """Test accuracy of the last evaluation at or before `budget` on the axis `x` (NaN if none)."""
+    acc = np.asarray(run.metrics["test_acc"], dtype=np.float64)
+    ok = np.isfinite(acc) & (x <= budget * (1 + 1e-12))
+    return float(acc[ok][-1]) if ok.any() else np.nan
+
+
+def time_to(run, target):
+    acc = np.asarray(run.metrics["test_acc"], dtype=np.float64)
+    hit = np.flatnonzero(np.nan_to_num(acc) >= target)
+    return float(run.metrics["sim_time_s"][hit[0]]) if len(hit) else np.nan
+
+
+def final_accuracy(run):
+    acc = np.asarray(run.metrics["test_acc"], dtype=np.float64)
+    return float(np.mean(acc[np.isfinite(acc)][-FINAL_EVALS:]))
+
+
+def mean_std(values):
+    v = np.array([x for x in values if np.isfinite(x)], dtype=np.float64)
+    if not len(v):
+        return np.nan, np.nan
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else np.nan
+
+
+def table_rows(groups, target):
+    """One row per setting; the budgets are the smallest total upload and the shortest run (simulated)."""
+    budget = min(np.mean([uploaded(r)[-1] for r in runs]) for runs in groups.values())
+    horizon = min(np.mean([r.metrics["sim_time_s"][-1] for r in runs]) for runs in groups.values())
+    rows = []
+    for name, label, _ in SETTINGS:
+        runs = groups[name]
+        figures = {
+            "final_acc": [final_accuracy(r) for r in runs],
+            "acc_at_budget": [accuracy_at(r, uploaded(r), budget) for r in runs],
+            "acc_at_time": [accuracy_at(r, np.asarray(r.metrics["sim_time_s"]), horizon) for r in runs],
+            "time_to_target_s": [time_to(r, target) for r in runs],
+            "kB_per_upload": [r.metrics["bytes_up"].sum() / max(r.metrics["uploads"].sum(), 1) / 1e3 for r in runs],
+            "uploads": [r.metrics["uploads"].sum() for r in runs],
+            "uploaded_MB": [uploaded(r)[-1] / 1e6 for r in runs],
+            "sim_time_s": [r.metrics["sim_time_s"][-1] for r in runs],
+        }
+        row = {"setting": label, "config": name, "runs": len(runs),
+               "reached": f"{sum(np.isfinite(time_to(r, target)) for r in runs)}/{len(runs)}"}
+        for key, values in figures.items():
+            row[key], row[f"{key}_std"] = mean_std(values)
+        rows.append(row)
+    return rows, budget, horizon
+
+
+def markdown_table(rows):
+    def cell(row, key, digits):
+        mean, std = row[key], row.get(f"{key}_std", np.nan)
+        if not np.isfinite(mean):
+            return "-"
+        text = f"{mean:.{digits}f}"
+        return text + (f" ± {std:.{digits}f}" if np.isfinite(std) else "")
+
+    columns = [("final_acc", "final acc", 3), ("acc_at_budget", "acc at upload budget", 3),
+               ("acc_at_time", "acc at time budget", 3), ("time_to_target_s", "sim s to target", 0),
+               ("kB_per_upload", "kB / upload", 1), ("uploads", "uploads", 0), ("uploaded_MB", "uploaded MB", 1),
+               ("sim_time_s", "sim s total", 0)]
+    head = ["setting", "runs", "reached"] + [title for _, title, _ in columns]
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join([":--"] + ["--:"] * (len(head) - 1)) + " |"]
+    for row in rows:
+        cells = [row["setting"], str(row["runs"]), row["reached"]] + [cell(row, k, d) for k, _, d in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# -- the figure --------------------------------------------------------------------------------------------
+
+def draw(groups, path):
+    plt = analysis.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=True)
+    for i, (name, label, _) in enumerate(SETTINGS):
+        runs = groups[name]
+        n = min(len(r.metrics["round"]) for r in runs)
+        ys = np.array([np.asarray(r.metrics["test_acc"][:n], dtype=np.float64) for r in runs])
+        keep = np.isfinite(ys).all(axis=0)
+        mean = ys[:, keep].mean(axis=0)
+        std = ys[:, keep].std(axis=0, ddof=1) if len(runs) > 1 else None
+        for ax, xs in ((axes[0], [uploaded(r)[:n] / 1e6 for r in runs]),
+                       (axes[1], [np.asarray(r.metrics["sim_time_s"][:n], dtype=np.float64) for r in runs])):
+            x = np.mean(xs, axis=0)[keep]
+            ax.plot(x, mean, label=f"{label} ({len(runs)})", color=f"C{i}")
+            if std is not None:
+                ax.fill_between(x, mean - std, mean + std, color=f"C{i}", alpha=0.2, linewidth=0)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("uploaded (MB, cumulative; log scale)")
+    axes[1].set_xlabel("simulated time (s)")
+    axes[0].set_ylabel("test accuracy (mean +- std over seeds)")
+    for ax, title in zip(axes, ("Accuracy against uploaded bytes", "Accuracy against simulated time")):
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- the section -----------------------------------------------------------------------------------------
+
+def section(args, rows, budget, horizon, groups):
+    some = groups["fedavg"][0]
+    rounds = len(some.metrics["round"])
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return "\n".join([
+        RESULTS_START,
+        f"Regenerate with `{command_line(args)}` ({len(SETTINGS)} configs x {len(args.seeds)} seeds). Measured "
+        f"{when} with fedmpi {some.attrs.get('fedmpi_version', __version__)} on {some.attrs.get('hosts', '?')}, "
+        f"{some.attrs.get('world_size', '?')} MPI ranks, {rounds} rounds (FedBuff {2 * rounds} updates), seeds "
+        f"{', '.join(map(str, args.seeds))}; mean ± sample standard deviation over the seeds.",
+        "",
+        f"Columns: final acc = mean of the last {FINAL_EVALS} evaluations; acc at upload budget = test accuracy "
+        f"once {budget / 1e6:.1f} MB have been uploaded (the smallest total upload of the set); acc at time "
+        f"budget = test accuracy at {horizon:.0f} simulated seconds (the shortest run of the set); sim s to "
+        f"target = simulated seconds until the test accuracy first reaches {args.target} (`reached` counts the "
+        "seeds that got there); kB / upload = uploaded bytes per update that counted; uploads = updates that "
+        "counted (dropped clients send nothing).",
+        "",
+        markdown_table(rows),
+        "",
+        "![test accuracy against uploaded bytes and against simulated time](deployment.png)",
+        RESULTS_END,
+    ])
+
+
+def write_section(path, text):
+    """Replaces the text between the markers in `path` (appends a results heading and the section if the
+    markers are missing)."""
+    old = open(path).read() if os.path.exists(path) else ""
+    if RESULTS_START in old and RESULTS_END in old:
+        head, rest = old.split(RESULTS_START, 1)
+        new = head + text + rest.split(RESULTS_END, 1)[1]
+    else:
+        new = old.rstrip("\n") + "\n\n## Results\n\n" + text + "\n"
+    with open(path, "w") as fh:
+        fh.write(new)
+
+
+def main(argv=None):
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if not args.report_only:
+        run_all(args)
+    groups = load_groups(args)
+    rows, budget, horizon = table_rows(groups, args.target)
+    os.makedirs(args.docs, exist_ok=True)
+    draw(groups, os.path.join(args.docs, "deployment.png"))
+    report.write_csv(rows, os.path.join(args.docs, "deployment.csv"))
+    text = section(args, rows, budget, horizon, groups)
+    write_section(os.path.join(args.docs, "deployment.md"), text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
