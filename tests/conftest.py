@@ -53,6 +53,12 @@ def read_metrics(run_dir):
         return {k: ds[()] for k, ds in f["metrics"].items()}, dict(f.attrs)
 
 
+def same(a, b):
+    """Equal arrays, NaN equal to NaN where the values are numbers (/metrics/model_sha256 is text)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return np.array_equal(a, b, equal_nan=a.dtype.kind == "f" and b.dtype.kind == "f")
+
+
 def read_global(run_dir):
     with h5py.File(Path(run_dir) / "run.h5", "r", locking=False) as f:
         return np.asarray(f["model/global"][()])

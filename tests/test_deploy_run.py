@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import VecModel, read_global, read_metrics, run_many, setup_algo, small_config, write_config
+from conftest import VecModel, read_global, read_metrics, run_many, same, setup_algo, small_config, write_config
 
 import fedmpi
 from fedmpi import config
@@ -52,9 +52,9 @@ def assert_same_run(got, ref, skip=()):
     """Metrics (every figure the reference has) and the global model bit for bit."""
     for name, values in ref.metrics.items():
         if name != "wall_s" and name not in skip:
-            assert np.array_equal(got.metrics[name], values, equal_nan=True), name
+            assert same(got.metrics[name], values), name
     for name, values in ref.clients.items():
-        assert np.array_equal(got.clients[name], values, equal_nan=True), name
+        assert same(got.clients[name], values), name
     assert np.array_equal(got.model, ref.model)
 
 
@@ -397,7 +397,7 @@ def test_an_inert_clock_is_todays_run_at_n3(mpi_runs):
     got, _ = read_metrics(clocked)
     for name in ref:
         if name != "wall_s":
-            assert np.array_equal(got[name], ref[name], equal_nan=True), name
+            assert same(got[name], ref[name]), name
     assert np.array_equal(read_global(clocked), read_global(today))
     assert "sim_time_s" in got and "sim_time_s" not in ref
 

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import read_global, read_metrics, run_fedmpi, small_config, write_config
+from conftest import read_global, read_metrics, run_fedmpi, same, small_config, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -40,7 +40,7 @@ def test_same_run_twice_gives_identical_metrics(mlp_runs):
     b, _ = read_metrics(mlp_runs["n3again"][0])
     for name in a:
         if name != "wall_s":
-            assert np.array_equal(a[name], b[name], equal_nan=a[name].dtype.kind == "f"), name
+            assert same(a[name], b[name]), name
     assert np.array_equal(read_global(mlp_runs["n3"][0]), read_global(mlp_runs["n3again"][0]))
 
 
