@@ -7,6 +7,8 @@ Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote 
   /global          the global flat vector after round `round`'s server update (float32)
   /server/<name>   the algorithm's server state (`Algorithm.server_state`)
   /optimizer/<name>  the server optimizer's state (moments, float64; none for sgd)
+  /participation/<name>, /stage_<stage>/<name>  the participation provider's and the upload stages' state
+                   (e.g. stage_privacy: the noise multiplier and the adaptive clip), where they keep any
   /clients/<cid>/<name>  each client's state (`Algorithm.client_state`), clients without state omitted
 What rank 0 holds comes from `Experiment.state_dict()`; client states from `Experiment.client_state(cid)`
 on the hosting rank, streamed to rank 0 one client at a time.
@@ -349,8 +351,10 @@ def load_into(exp, point):
             x = f["global"][()]
             if x.shape != (exp.flat.dim,):
                 raise InputError(f"checkpoint {point.path}: /global has {x.shape[0]} entries, the model {exp.flat.dim}")
-            exp.load_state_dict({"global": x, "server": _read_group(f.get("server")),
-                                 "optimizer": _read_group(f.get("optimizer"))})
+            # Every group of Experiment.state_dict(): server, optimizer, participation, stage_<name>.
+            groups = {name: _read_group(f[name]) for name in f if name not in ("global", "clients")
+                      and isinstance(f[name], h5py.Group)}
+            exp.load_state_dict({"global": x, **groups})
         clients = f.get("clients")
         for cid in sorted(exp.clients.mine):
             if clients is not None and str(cid) in clients:

@@ -122,6 +122,10 @@ def _dry_run(cfg):
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
     lookup(cfg.algorithm.name).check(cfg, flat)     # what a real run would refuse, refused here too
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
+    from fedmpi.privacy.stage import dry_run_lines
+
+    for line in dry_run_lines(cfg, lookup(cfg.algorithm.name)):     # sampling and privacy: checks, epsilon
+        print(line)
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))
     print(server_summary(split.groups["partition/server"], cfg.server_data))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import types
 import typing
@@ -20,6 +21,7 @@ import yaml
 from fedmpi.config_checks import Checks as _Checks
 from fedmpi.config_checks import dotted as _dotted
 from fedmpi.errors import ConfigError
+from fedmpi.privacy.keys import PrivacyConfig
 from fedmpi.schedules import ScheduleConfig
 
 
@@ -157,6 +159,9 @@ class ServerConfig:
     betas: tuple[float, float] = (0.9, 0.99)   # adam, yogi, adagrad: (b1, b2)
     tau: float = 1e-3                   # adam, yogi, adagrad: adaptivity (Reddi et al.)
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_g per round
+    # fixed: exactly clients_per_round clients per round; poisson: each client joins independently with
+    # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/privacy.md)
+    sampling: Literal["fixed", "poisson"] = "fixed"
 
     def __post_init__(self):
         c = _Checks("server")
@@ -226,6 +231,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self):
         c = _Checks("")
@@ -244,13 +250,40 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def hash(self, ignore=("rounds", "checkpoint", "runtime", "out")):
-        """Hash of everything that decides the computation; run-time keys excluded so resume may change them."""
+        """Hash of everything that decides the computation; run-time keys excluded so resume may change them.
+        Keys of HASH_OPTIONAL are left out while they change nothing (see there)."""
         d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        for dotted in HASH_OPTIONAL:
+            if _inert(self, dotted):
+                *parents, leaf = dotted.split(".")
+                node = d
+                for part in parents:
+                    node = node[part]
+                del node[leaf]
         return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # Keys that may differ between a checkpoint and a --resume (DESIGN §1).
 RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out")
+
+# Keys and sections added after runs were recorded. While they change nothing (at their default, or a
+# section whose `inert` property says so, e.g. privacy with mechanism none) they are left out of
+# Config.hash, so a run that does not use them keeps the hash it had before they existed: its checkpoints
+# still resume and its reports still group with older runs. A new key whose default leaves the computation
+# as it was belongs here; one that changes the computation by default does not.
+HASH_OPTIONAL = ("server.sampling", "privacy")
+
+
+@functools.cache
+def _defaults():
+    return Config()
+
+
+def _inert(cfg, dotted):
+    value, default = cfg, _defaults()
+    for part in dotted.split("."):
+        value, default = getattr(value, part), getattr(default, part)
+    return value == default or bool(getattr(value, "inert", False))
 
 
 # --- building from mappings --------------------------------------------------------------------------

@@ -34,8 +34,8 @@ from fedmpi.protocols import PROTOCOLS
 from fedmpi.runtime import pick_device, set_threads
 from fedmpi.server import Server
 from fedmpi.train import ServerTrainer
-from fedmpi.uploads import build_stages
-from fedmpi.wire import CMD_RUN, CMD_STOP, RoundBuffers
+from fedmpi.uploads import build_stages, layout
+from fedmpi.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
 
 
 def build_partition(cfg, dataset, parts=None):
@@ -88,7 +88,10 @@ class Experiment:
                                                                    self.dataset.num_classes)
         data = DeviceData(self.dataset, self.device)
         self.clients = ClientHost(cfg, comm, algo, self.flat, parts, data, loss=loss)
-        self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi)
+        self.stages = build_stages(cfg, algo, self.flat.dim)
+        header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
+        self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
+                                 header_extra, up_extra)
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe))
         algo.verify_declarations()
@@ -96,8 +99,9 @@ class Experiment:
         if comm.is_server:
             self.server = Server(cfg, algo, self.flat, x0, *data.test, loss=loss)
             self.server.start(self._server_trainer(data, loss))
+            for stage in self.stages:
+                stage.on_server()
         self.participation = build_participation(cfg, algo)
-        self.stages = build_stages(cfg, algo, self.flat.dim)
         self.protocol = PROTOCOLS[algo.protocol](self)
         self._plans = {}
         self.start_round = 0
@@ -130,6 +134,13 @@ class Experiment:
     def global_model(self):
         """Server: the global flat vector as a float32 numpy array."""
         return self.server.x.detach().cpu().numpy()
+
+    def run_attrs(self) -> dict:
+        """Server: what the upload stages record as run.h5 attributes (e.g. the noise multiplier)."""
+        attrs = {}
+        for stage in self.stages:
+            attrs.update(stage.attrs())
+        return attrs
 
     def state_dict(self) -> dict:
         """Server: the global model, the algorithm's server state, the optimizer's, the participation
@@ -176,12 +187,27 @@ class Experiment:
         """The round's broadcast (header only unless `full`); every rank leaves here on a stop."""
         command = CMD_STOP if self.stopping else CMD_RUN
         fill = self.server.fill_down if self.server else None
-        received, round_ = self.wire.broadcast(t, command, fill, full)
+        extra = self._header_extra() if self.server and self.wire.header_len > HEADER else ()
+        received, round_ = self.wire.broadcast(t, command, fill, full, extra)
         if received == CMD_RUN and round_ != t:
             raise RuntimeError(f"rank {self.comm.rank} expected round {t}, server broadcast round {round_}: "
                                f"ranks out of step")
         if received == CMD_STOP:
             raise signals.stop_error(round_, self.stop_votes or None)
+        if self.wire.header_len > HEADER:
+            values = self.wire.header_values()
+            for stage in self.stages:
+                stage.receive(values[stage.header_offset: stage.header_offset + stage.header_size])
+
+    def _header_extra(self):
+        """Server: the upload stages' header values for the round's broadcast."""
+        return [float(v) for stage in self.stages for v in stage.header()]
+
+    def stage_scalars(self, run, acc):
+        """Worker, after a counted client's `accumulate`: the stages' per-client sums into `acc`."""
+        for stage in self.stages:
+            for i, value in enumerate(stage.scalars(run)):
+                acc[stage.up_offset + i] += value
 
     def reduce(self, tally, sums=True):
         self.wire.reduce(tally, signals.requested(), sums)
@@ -205,6 +231,8 @@ class Experiment:
             metrics["test_acc"], metrics["test_loss"] = server.evaluate()
         metrics.update(self.algo.round_metrics())
         metrics.update(plan.metrics)
+        for stage in self.stages:
+            metrics.update(stage.round_metrics(t))
         clients.update(plan.columns)
         self.nonfinite = _nonfinite(metrics, stats, server.x)
         return metrics, clients

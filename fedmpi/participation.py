@@ -59,4 +59,9 @@ Everyone = Participation
 
 
 def build_participation(cfg, algo) -> Participation:
+    if cfg.server.sampling == "poisson":
+        from fedmpi.privacy.sampling import PoissonSampling
+
+        PoissonSampling.check(cfg, type(algo))
+        return PoissonSampling(cfg, algo)
     return Everyone(cfg, algo)

@@ -42,6 +42,7 @@ class ReduceRound:
                 for stage in exp.stages:
                     stage.client(run, down, clients.flat)
                 tally.weight += algo.accumulate(run, down, clients.flat, tally.acc)
+                exp.stage_scalars(run, tally.acc)
                 tally.upload(run)
         exp.reduce(tally)
         return exp.close_round(plan)

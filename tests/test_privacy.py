@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from fedmpi import config, rng
-from fedmpi.algorithm_keys import FedAvgKeys, FedNovaKeys, FedProxKeys, SaflKeys, ScaffoldKeys
+from fedmpi.algorithms.fedavg import FedAvgKeys
+from fedmpi.algorithms.fednova import FedNovaKeys
+from fedmpi.algorithms.fedprox import FedProxKeys
+from fedmpi.algorithms.safl import SaflKeys
+from fedmpi.algorithms.scaffold import ScaffoldKeys
 from fedmpi.errors import EXIT_USAGE, ConfigError, InputError
 from fedmpi.privacy import accounting, mechanism, plan
 from fedmpi.privacy.accounting import Sampling
