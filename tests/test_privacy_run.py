@@ -26,6 +26,7 @@ from fedmpi.comm import LocalComm
 from fedmpi.experiment import Experiment
 from fedmpi.privacy import accounting, mechanism
 from fedmpi.privacy.accounting import Sampling
+from fedmpi.wire import DEVICE_MPI_TEST
 
 dpa = pytest.importorskip("dp_accounting", reason="needs dp-accounting (pip install 'fedmpi[privacy]')")
 
@@ -376,7 +377,14 @@ def mpi_runs(tmp_path_factory):
         paths = [mpi_config(d, "plain"),
                  mpi_config(d, "off", privacy={"mechanism": "none", "clip": 0.01, "adaptive_clip": True})]
         paths += [mpi_config(d, name, **copy.deepcopy(sections)) for name, sections in DP_CASES.items()]
-        run_many(n, paths)
+        # the adaptive case again with the broadcast and reduction through the device buffers (on the CPU)
+        paths.append(mpi_config(d, "device_mpi", **copy.deepcopy(DP_CASES["adaptive"]),
+                                runtime={"threads": 1, "progress": "lines", "cuda_aware_mpi": True}))
+        os.environ[DEVICE_MPI_TEST] = "1"
+        try:
+            run_many(n, paths)
+        finally:
+            del os.environ[DEVICE_MPI_TEST]
         runs[n] = d
     d = base / "resume"
     d.mkdir()
@@ -428,6 +436,14 @@ def test_mpi_dp_runs_do_not_depend_on_n(mpi_runs, name):
 
 
 @pytest.mark.mpi
+def test_mpi_header_through_device_buffers_is_the_same(mpi_runs):
+    for n in (1, 3):
+        d = mpi_runs[n]
+        same_metrics(read_metrics(d / "adaptive")[0], read_metrics(d / "device_mpi")[0])
+        assert np.array_equal(read_global(d / "adaptive"), read_global(d / "device_mpi"))
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("name", list(DP_CASES))
 def test_mpi_dp_resume_is_bit_identical(mpi_runs, name):
     ref, resumed = mpi_runs[3] / name, mpi_runs["resume"] / name
@@ -453,3 +469,32 @@ def test_mpi_resume_keeps_the_calibrated_noise_when_rounds_grow(mpi_runs):
     assert metrics["epsilon"][HALF - 1] <= 6.0 < metrics["epsilon"][-1]    # the budget is spent past HALF
     assert attrs["privacy_epsilon"] == metrics["epsilon"][-1]
 
+
+
+# --- the report tool --------------------------------------------------------------------------------
+
+
+def test_privacy_report_configs_validate_and_its_section_is_replaced_in_place(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import privacy_report
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    args = privacy_report.parse(["--runs", str(tmp_path / "runs"), "--seeds", "0"])
+    paths = privacy_report.write_configs(args)
+    assert len(paths) == len(privacy_report.METHODS) * len(privacy_report.EPSILONS)
+    for path in paths:
+        cfg = config.load(path)
+        assert cfg.server.sampling == "poisson" and cfg.partition.clients >= 100
+        finite = not path.endswith("-epsinf.yaml")
+        assert cfg.privacy.enabled == finite
+        if finite:
+            assert cfg.privacy.target_epsilon in privacy_report.EPSILONS
+    doc = tmp_path / "privacy.md"
+    doc.write_text("intro\n")
+    privacy_report.write_section(doc, f"{privacy_report.BEGIN}\nfirst\n{privacy_report.END}")
+    doc.write_text(doc.read_text() + "\n## After\nkept\n")
+    privacy_report.write_section(doc, f"{privacy_report.BEGIN}\nsecond\n{privacy_report.END}")
+    text = doc.read_text()
+    assert "second" in text and "first" not in text and text.startswith("intro\n") and text.endswith("kept\n")
+    assert text.count(privacy_report.BEGIN) == 1
