@@ -8,7 +8,7 @@ Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote 
   /server/<name>   the algorithm's server state (`Algorithm.server_state`)
   /optimizer/<name>  the server optimizer's state (moments, float64; none for sgd)
   /participation/<name>, /stage_<stage>/<name>  the participation provider's and the upload stages' state
-                   (e.g. stage_privacy: the noise multiplier and the adaptive clip), where they keep any
+                   (e.g. stage_privacy: the noise multiplier and the adaptive clip); absent when empty
   /clients/<cid>/<name>  each client's state (`Algorithm.client_state`), clients without state omitted
 What rank 0 holds comes from `Experiment.state_dict()`; client states from `Experiment.client_state(cid)`
 on the hosting rank, streamed to rank 0 one client at a time.
