@@ -8,7 +8,8 @@ Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote 
   /server/<name>   the algorithm's server state (`Algorithm.server_state`)
   /optimizer/<name>  the server optimizer's state (moments, float64; none for sgd)
   /participation/<name>  the participation provider's state (e.g. the simulated clock), loaded on every rank
-  /stage_<name>/<name>   an upload stage's server state
+  /stage_<stage>/<name>  an upload stage's server state (e.g. stage_privacy: the noise multiplier and the
+                   adaptive clip); absent when empty
   /clients/<cid>/<name>  each client's state (`Algorithm.client_state`), clients without state omitted
 What rank 0 holds comes from `Experiment.state_dict()`; client states from `Experiment.client_state(cid)`
 on the hosting rank, streamed to rank 0 one client at a time.

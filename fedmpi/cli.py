@@ -136,6 +136,10 @@ def _dry_run(cfg):
     algo = algo_cls.create(cfg, flat.dim, flat.n_params)
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
+    from fedmpi.privacy.stage import dry_run_lines
+
+    for line in dry_run_lines(cfg, lookup(cfg.algorithm.name)):     # sampling and privacy: checks, epsilon
+        print(line)
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))
     print(server_summary(split.groups["partition/server"], cfg.server_data))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import math
 import os
@@ -27,6 +28,7 @@ from fedmpi.config_checks import dotted as _dotted
 from fedmpi.config_checks import show as _show
 from fedmpi.deploy.keys import ClientsConfig, CompressConfig, DeadlineConfig
 from fedmpi.errors import ConfigError
+from fedmpi.privacy.keys import PrivacyConfig
 from fedmpi.schedules import ScheduleConfig
 
 # runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
@@ -176,6 +178,9 @@ class ServerConfig:
     trains_clients: bool | None = None
     deadline: float | None = None       # simulated seconds after which updates do not count (docs/deployment.md)
     over_select: float | None = None    # extra clients selected, keeping the first clients_per_round to arrive
+    # fixed: exactly clients_per_round clients per round; poisson: each client joins independently with
+    # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/privacy.md)
+    sampling: Literal["fixed", "poisson"] = "fixed"
 
     def __post_init__(self):
         c = _Checks("server")
@@ -256,6 +261,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
 
     def __post_init__(self):
         c = _Checks("")
@@ -275,31 +281,47 @@ class Config:
 
     def hash(self, ignore=None):
         """Hash of everything that decides the computation; run-time keys excluded so resume may change them.
-        Keys added after hashes were first written (LATER_KEYS) count only when they differ from their
-        defaults, so a run started before they existed keeps its hash and can still be resumed."""
+        Keys of HASH_OPTIONAL are left out while they change nothing (see there)."""
         ignore = RUNTIME_KEYS if ignore is None else ignore
         d = {k: v for k, v in self.to_dict().items() if k not in ignore}
         for key in ignore:
             section, _, name = key.partition(".")
             if name and isinstance(d.get(section), dict):
                 d[section] = {k: v for k, v in d[section].items() if k != name}
-        defaults = Config().to_dict()
-        for dotted in LATER_KEYS:
-            *path, leaf = dotted.split(".")
-            node, default = d, defaults
-            for part in path:
-                node, default = node.get(part, {}), default[part]
-            if leaf in node and node[leaf] == default[leaf]:
+        for dotted in HASH_OPTIONAL:
+            if _inert(self, dotted):
+                *parents, leaf = dotted.split(".")
+                node = d
+                for part in parents:
+                    node = node[part]
                 del node[leaf]
         return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# Sections added after config hashes were first written: left out of the hash at their default values.
-LATER_KEYS = ("clients", "client.compress", "server.deadline", "server.over_select")
-
 # Keys that may differ between a checkpoint and a --resume (DESIGN §1): whole sections, or dotted keys of
 # run-time choices that do not change the results.
 RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients")
+
+# Keys and sections added after runs were recorded. While they change nothing (at their default, or a
+# section whose `inert` property says so, e.g. privacy with mechanism none) they are left out of
+# Config.hash, so a run that does not use them keeps the hash it had before they existed: its checkpoints
+# still resume and its reports still group with older runs. A new key whose default leaves the computation
+# as it was belongs here; one that changes the computation by default does not.
+HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.tau", "server.lr_schedule",
+                 "client.lr_schedule", "eval.divergence", "eval.client_drift", "clients", "client.compress",
+                 "server.deadline", "server.over_select", "server.sampling", "privacy")
+
+
+@functools.cache
+def _defaults():
+    return Config()
+
+
+def _inert(cfg, dotted):
+    value, default = cfg, _defaults()
+    for part in dotted.split("."):
+        value, default = getattr(value, part), getattr(default, part)
+    return value == default or bool(getattr(value, "inert", False))
 
 
 # --- building from mappings --------------------------------------------------------------------------

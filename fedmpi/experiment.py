@@ -39,8 +39,8 @@ from fedmpi.runtime import pick_device, set_threads
 from fedmpi.server import Server
 from fedmpi.shadow import Shadow
 from fedmpi.train import ServerTrainer
-from fedmpi.uploads import build_stages
-from fedmpi.wire import CMD_RUN, CMD_STOP, RoundBuffers
+from fedmpi.uploads import build_stages, layout
+from fedmpi.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
 
 
 def build_partition(cfg, dataset, parts=None):
@@ -97,9 +97,10 @@ class Experiment:
         self.stages = build_stages(cfg, algo, self.flat.dim)
         self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
                                   keeps_state=any(stage.keeps_client_state for stage in self.stages))
+        header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
-                                 extra_columns=drift_columns)
+                                 header_extra, up_extra, extra_columns=drift_columns)
         self.evaluation = SplitEvaluation(comm, self.flat, *data.test, cfg.eval.batch_size,
                                           self.dataset.num_classes, loss=loss)
         probe = self.clients.probe_accuracy if self.clients.mine else None
@@ -111,6 +112,8 @@ class Experiment:
             self.server.start(self._server_trainer(data, loss))
             if cfg.eval.divergence:
                 self.shadow = Shadow(cfg, self.flat, self.server.x, *data.train, parts, loss=loss)
+            for stage in self.stages:
+                stage.on_server()
         self.participation = build_participation(cfg, algo, [len(p) for p in parts])
         self.protocol = PROTOCOLS[algo.protocol](self)
         self._plans = {}
@@ -152,6 +155,13 @@ class Experiment:
     def global_model(self):
         """Server: the global flat vector as a float32 numpy array."""
         return self.server.x.detach().cpu().numpy()
+
+    def run_attrs(self) -> dict:
+        """Server: what the upload stages record as run.h5 attributes (e.g. the noise multiplier)."""
+        attrs = {}
+        for stage in self.stages:
+            attrs.update(stage.attrs())
+        return attrs
 
     def state_dict(self) -> dict:
         """Server: the global model, the algorithm's server state, the optimizer's, the participation
@@ -199,15 +209,30 @@ class Experiment:
         trains the divergence shadow while the workers train their clients."""
         command = CMD_STOP if self.stopping else CMD_RUN
         fill = self.server.fill_down if self.server else None
-        received, round_ = self.wire.broadcast(t, command, fill, full)
+        extra = self._header_extra() if self.server and self.wire.header_len > HEADER else ()
+        received, round_ = self.wire.broadcast(t, command, fill, full, extra)
         if received == CMD_RUN and round_ != t:
             raise RuntimeError(f"rank {self.comm.rank} expected round {t}, server broadcast round {round_}: "
                                f"ranks out of step")
         if received == CMD_STOP:
             raise signals.stop_error(round_, self.stop_votes or None)
+        if self.wire.header_len > HEADER:
+            values = self.wire.header_values()
+            for stage in self.stages:
+                stage.receive(values[stage.header_offset: stage.header_offset + stage.header_size])
         if self.shadow is not None:
             with self.timer.phase("train"):
                 self.shadow.train_round(t, self.plan(t).selected)
+
+    def _header_extra(self):
+        """Server: the upload stages' header values for the round's broadcast."""
+        return [float(v) for stage in self.stages for v in stage.header()]
+
+    def stage_scalars(self, run, acc):
+        """Worker, after a counted client's `accumulate`: the stages' per-client sums into `acc`."""
+        for stage in self.stages:
+            for i, value in enumerate(stage.scalars(run)):
+                acc[stage.up_offset + i] += value
 
     def reduce(self, tally, sums=True):
         self.wire.reduce(tally, signals.requested(), sums)
@@ -264,6 +289,8 @@ class Experiment:
                                                              self.cfg.eval.batch_size)
         metrics.update(self.algo.round_metrics())
         metrics.update(plan.metrics)
+        for stage in self.stages:
+            metrics.update(stage.round_metrics(t))
         clients.update(plan.columns)
         self.nonfinite = _nonfinite(metrics, stats, server.x)
         return RoundRecord(metrics, clients, self.wire.timing())

@@ -146,7 +146,7 @@ def _create_log(cfg, comm, exp, overwrite):
     return RunLog.create(path, cfg, comm.size, [socket.gethostname()], exp.partition_groups,
                          extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim,
                                       "device": str(exp.device), "threads": exp.threads,
-                                      "training_ranks": len(exp.workers)})
+                                      "training_ranks": len(exp.workers), **exp.run_attrs()})
 
 
 def _open_log(cfg, comm, exp, overwrite, resume):
@@ -156,7 +156,7 @@ def _open_log(cfg, comm, exp, overwrite, resume):
     _say(f"resuming from {resume.path}: round {resume.round} of {cfg.rounds}, at -n {comm.size}")
     # Rows after the checkpoint are dropped: this run recomputes them.
     return RunLog.reopen(run_path(cfg), resume.round, config=cfg.to_yaml(), world_size=comm.size,
-                         device=str(exp.device), threads=exp.threads)
+                         device=str(exp.device), threads=exp.threads, **exp.run_attrs())
 
 
 def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):

@@ -71,7 +71,16 @@ Everyone = Participation
 
 
 def build_participation(cfg, algo, part_sizes) -> Participation:
-    """The provider for `cfg`; `part_sizes` are the sample counts of the clients the algorithm trains."""
+    """The provider for `cfg`; `part_sizes` are the sample counts of the clients the algorithm trains:
+    deployment realism (issue 15), Poisson sampling (differential privacy), or the standard draw."""
     from fedmpi.deploy.participation import participation_for
 
-    return participation_for(cfg, algo, part_sizes) or Everyone(cfg, algo)     # deployment (issue 15)
+    provider = participation_for(cfg, algo, part_sizes)
+    if provider is not None:
+        return provider
+    if cfg.server.sampling == "poisson":
+        from fedmpi.privacy.sampling import PoissonSampling
+
+        PoissonSampling.check(cfg, type(algo))
+        return PoissonSampling(cfg, algo)
+    return Everyone(cfg, algo)

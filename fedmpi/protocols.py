@@ -51,6 +51,7 @@ class ReduceRound:
                     for stage in exp.stages:
                         stage.client(run, down, clients.flat)
                     weight = algo.accumulate(run, down, clients.flat, tally.acc)
+                    exp.stage_scalars(run, tally.acc)
                     self.drift.measure(run, clients.flat.vec - down[: clients.flat.dim], weight, tally)
                     tally.weight += weight
                     tally.upload(run)

@@ -1,10 +1,12 @@
 """What travels each round, laid out once: the broadcast and the reduction buffers, and their device staging.
 
-Broadcast (float32): [command, round] header, then the algorithm's down payload (`down_vectors * dim`).
-Reduction (float64): the upload sums (`up_vectors * dim + up_scalars`), the round's scalar statistics
-(STATS below), one block of length N per per-client figure (local loss, the algorithm's `client_columns`,
-the drift figures when asked for), each client's value at its id and zeros elsewhere, then one row of
-timing.PHASES per rank (fedmpi.timing), each rank's own row filled. Sums are float64 so that their
+Broadcast (float32): [command, round] header, then the upload stages' header values (`header_extra`,
+e.g. the adaptive clip of differential privacy; none by default), then the algorithm's down payload
+(`down_vectors * dim`). Reduction (float64): the upload sums (`up_vectors * dim + up_scalars`, then the
+stages' sums, `up_extra`), the round's scalar statistics (STATS below), one block of length N per
+per-client figure (local loss, the algorithm's `client_columns`, the drift figures when asked for), each
+client's value at its id and zeros elsewhere, then one row of timing.PHASES per rank (fedmpi.timing),
+each rank's own row filled. Sums are float64 so that their
 value does not depend on how clients are spread over ranks (float32 addition is not associative); what a
 real client would send is still float32, and bytes are counted as such.
 
@@ -76,14 +78,19 @@ class RoundStats:
 
 
 class RoundBuffers:
-    def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi, extra_columns=()):
+    def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi, header_extra=0, up_extra=0,
+                 extra_columns=()):
+        """`header_extra` floats ride in the broadcast header after [command, round] and `up_extra` float64
+        sums after the algorithm's upload sums (the upload stages' room, fedmpi.uploads.layout);
+        `extra_columns` are per-client figures beyond the loss and the algorithm's."""
         self.comm, self.dim, self.num_clients, self.device = comm, dim, num_clients, device
         pin = device.type == "cuda"
-        self.up_len = algo.up_vectors * dim + algo.up_scalars
+        self.header_len = HEADER + header_extra
+        self.up_len = algo.up_vectors * dim + algo.up_scalars + up_extra
         self.upload_bytes = algo.up_vectors * dim * 4
         self.columns = ("loss",) + tuple(algo.client_columns) + tuple(extra_columns)
         self.timing_at = self.up_len + N_STATS + len(self.columns) * num_clients
-        self.down_host = torch.zeros(HEADER + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
+        self.down_host = torch.zeros(self.header_len + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
         self.up_host = torch.zeros(self.timing_at + comm.size * len(PHASES), dtype=torch.float64, pin_memory=pin)
         self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
         self.acc = torch.zeros(self.up_len, dtype=torch.float64, device=device)
@@ -94,34 +101,43 @@ class RoundBuffers:
         self.sums_on_device = False     # the last reduction left the summed vectors in up_dev (device MPI)
 
     # -- broadcast -------------------------------------------------------------------------------------
-    def broadcast(self, t, command, fill=None, full=True):
-        """Rank 0's header ([command, t]) and, if `full`, the payload that `fill(out)` writes, to every rank.
-        Returns (command, round) as received. FedSkip's rounds inside a period send the header alone."""
+    def broadcast(self, t, command, fill=None, full=True, extra=()):
+        """Rank 0's header ([command, t], then the `extra` values) and, if `full`, the payload that
+        `fill(out)` writes, to every rank. Returns (command, round) as received; `header_values()` has
+        the extra values. FedSkip's rounds inside a period send the header alone."""
+        h = self.header_len
         if self.comm.is_server:
             self.down_np[0], self.down_np[1] = command, t
-            payload = self.down_host[HEADER:]
+            if h > HEADER:
+                self.down_np[HEADER:h] = extra
+            payload = self.down_host[h:]
             if full and self.down_dev is not None:
-                fill(self.down_dev[HEADER:])
+                fill(self.down_dev[h:])
                 if not self.device_mpi:
-                    payload.copy_(self.down_dev[HEADER:])
+                    payload.copy_(self.down_dev[h:])
             elif full:
                 fill(payload)
         if self.device_mpi:
-            self.down_dev[:HEADER].copy_(self.down_host[:HEADER])
+            self.down_dev[:h].copy_(self.down_host[:h])
             self._device_ready()
-            self.comm.bcast(_wire(self.down_dev if full else self.down_dev[:HEADER]))
-            self.down_host[:HEADER].copy_(self.down_dev[:HEADER])
+            self.comm.bcast(_wire(self.down_dev if full else self.down_dev[:h]))
+            self.down_host[:h].copy_(self.down_dev[:h])
         else:
-            self.comm.bcast(self.down_np if full else self.down_np[:HEADER])
+            self.comm.bcast(self.down_np if full else self.down_np[:h])
         return float(self.down_np[0]), int(self.down_np[1])
+
+    def header_values(self):
+        """The extra header values of the latest broadcast, as every rank received them (float32 values)."""
+        return self.down_np[HEADER: self.header_len].astype(np.float64)
 
     def down(self):
         """The broadcast payload on this rank's device (on the CPU, the host buffer itself)."""
+        h = self.header_len
         if self.down_dev is None:
-            return self.down_host[HEADER:]
+            return self.down_host[h:]
         if not self.device_mpi:
-            self.down_dev[HEADER:].copy_(self.down_host[HEADER:], non_blocking=True)
-        return self.down_dev[HEADER:]
+            self.down_dev[h:].copy_(self.down_host[h:], non_blocking=True)
+        return self.down_dev[h:]
 
     # -- reduction -------------------------------------------------------------------------------------
     def new_tally(self) -> RoundTally:
@@ -189,22 +205,22 @@ class RoundBuffers:
         broadcast buffer's payload (free between rounds); returns it on this rank's device."""
         if self.comm.size == 1:
             return x
-        dim = self.dim
+        span = slice(self.header_len, self.header_len + self.dim)
         if self.device_mpi:
-            buf = self.down_dev[HEADER: HEADER + dim]
+            buf = self.down_dev[span]
             if self.comm.is_server:
                 buf.copy_(x)
             self._device_ready()
             self.comm.bcast(_wire(buf))
             return buf
-        host = self.down_host[HEADER: HEADER + dim]
+        host = self.down_host[span]
         if self.comm.is_server:
             host.copy_(x)
         self.comm.bcast(host.numpy())
         if self.down_dev is None:
             return host
-        self.down_dev[HEADER: HEADER + dim].copy_(host, non_blocking=True)
-        return self.down_dev[HEADER: HEADER + dim]
+        self.down_dev[span].copy_(host, non_blocking=True)
+        return self.down_dev[span]
 
     def _device_ready(self):
         """MPI reads device buffers outside torch's stream order: finish the kernels that fill them."""

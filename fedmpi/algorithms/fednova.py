@@ -12,6 +12,13 @@ k gives a_i = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho).
 
 Upload: sum_i n_i (y_i - x_t) / a_i, then the scalar sum_i n_i a_i. Buffers (batch-norm statistics) are
 not SGD iterates, so their part of the vector is averaged as FedAvg does.
+
+Under client-level DP (privacy.mechanism: gaussian, which requires client.steps) every client runs the same
+steps with the same momentum, so every a_i is one public number a and the update is
+a * sum_i p_i (Delta_i / a) = sum_i p_i Delta_i: a cancels. It is then taken as 1, so that the noise on the
+sum of clipped Delta_i keeps the scale the accountant charges (dividing by a first would multiply the
+noise in the update by a), and tau_eff does not come from the reduced sum of a_i, which would reveal the
+realized cohort size (docs/privacy.md).
 """
 
 from dataclasses import dataclass
@@ -40,10 +47,14 @@ class FedNova(FedAvg):
     Keys = FedNovaKeys
     up_scalars = 1      # sum_i n_i a_i, after the vector
 
+    def __init__(self, cfg, dim, n_params):
+        super().__init__(cfg, dim, n_params)
+        self.equal_steps = cfg.privacy.enabled     # every a_i is the same public a (see the docstring)
+
     def accumulate(self, run, down, model, acc):
         dim, n = self.dim, self.n_params
         w = run.weight
-        a_i = normalizer(run.steps, self.cfg.client.momentum)
+        a_i = 1.0 if self.equal_steps else normalizer(run.steps, self.cfg.client.momentum)
         delta = model.vec - down[:dim]
         acc[:n].add_(delta[:n], alpha=w / a_i)     # -n_i d_i
         acc[n:dim].add_(delta[n:], alpha=w)
@@ -54,7 +65,7 @@ class FedNova(FedAvg):
         if weight_sum <= 0:
             return None
         n, dim = self.n_params, self.dim
-        tau_eff = float(up_sum[dim]) / weight_sum
+        tau_eff = 1.0 if self.equal_steps else float(up_sum[dim]) / weight_sum
         update = up_sum[:dim] / weight_sum
         update[:n].mul_(tau_eff)
         return update

@@ -100,7 +100,7 @@ class Safl(FedAvg):
     def accumulate(self, run, down, model, acc):
         zbar = down[: self.dim]
         z = self.models[run.cid] = model.vec.clone()
-        w = self.fusion_weight(run.n_samples, z, zbar)
+        w = self.fusion_weight(run.weight, z, zbar)    # run.weight: n_k, or 1 under DP's uniform weights
         acc[: self.dim].add_(z - zbar, alpha=w)
         return w
 

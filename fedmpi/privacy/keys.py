@@ -80,3 +80,8 @@ class PrivacyConfig:
     @property
     def enabled(self):
         return self.mechanism == "gaussian"
+
+    @property
+    def inert(self):
+        """With mechanism none the other keys change nothing; Config.hash then leaves the section out."""
+        return not self.enabled

@@ -1,0 +1,37 @@
+"""`server.sampling: poisson`: the round plan of Poisson sampling (docs/privacy.md, "One round").
+
+Every client joins round t independently with rate q = server.clients_per_round / partition.clients, drawn
+from (seed, SELECT, t, POISSON_KEY) by every rank alike, so the cohort does not depend on `-n`. The draw is
+the round's standard draw and, through the algorithm's `select`, its cohort. It may be empty: the round
+still runs (under privacy, rank 0 still adds the round's noise, which the accountant counts).
+"""
+
+from __future__ import annotations
+
+from fedmpi.algorithms.base import ROUTE
+from fedmpi.errors import ConfigError
+from fedmpi.participation import Participation
+from fedmpi.privacy.mechanism import poisson_rate, poisson_select
+
+# Algorithms whose rounds need the fixed-size draw (beyond the protocol check below).
+FIXED_ONLY = {"central": "it trains one pseudo-client on as many samples as the fixed-size draw holds"}
+
+
+class PoissonSampling(Participation):
+    @classmethod
+    def check(cls, cfg, algo_cls):
+        name = cfg.algorithm.name
+        why = FIXED_ONLY.get(name)
+        if algo_cls.protocol == ROUTE:
+            why = "its model slots are laid out for exactly server.clients_per_round clients per round"
+        if why:
+            raise ConfigError(f"server.sampling = 'poisson' with algorithm.name = {name!r}: {why}; use "
+                              f"server.sampling: fixed")
+
+    def __init__(self, cfg, algo):
+        super().__init__(cfg, algo)
+        self.rate = poisson_rate(cfg.server.clients_per_round, cfg.partition.clients)
+
+    def standard(self, t):
+        cfg = self.cfg
+        return poisson_select(cfg.seed, t, cfg.partition.clients, self.rate)

@@ -1,0 +1,155 @@
+"""DP-FedAvg in the round loop: the upload stage of `privacy.mechanism: gaussian` (docs/privacy.md).
+
+Where each part runs:
+  every rank, each round   receives the round's clip C from rank 0's broadcast header (adaptive clipping;
+                           a fixed clip is the config's), so every rank clips with the same float32 value
+  worker, per client       clips Delta_i = y_i - x_t to C in place (model.vec = x_t + clipped Delta_i),
+                           sets the weight to 1 and reports (clipped?, 1) in the round's one reduction
+  rank 0, after reduction  adds the (seed, round) noise of std z_Delta * C to the summed vector, moves the
+                           adaptive clip from the noised count, and returns the expected cohort size as
+                           the weight the algorithm divides by
+  rank 0, at set-up        resolves the noise multiplier (target_epsilon calibrates it) and the epsilon
+                           curve for /metrics/epsilon; a checkpoint's noise multiplier wins on resume
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedmpi.algorithms.base import REDUCE
+from fedmpi.errors import ConfigError, InputError
+from fedmpi.privacy import accounting, plan
+from fedmpi.privacy.accounting import Sampling
+from fedmpi.privacy.mechanism import add_noise_, clip_update_
+from fedmpi.uploads import UploadStage
+
+CLIPPED, COUNT = 0, 1      # the stage's sums in the reduction: updates clipped, updates counted
+
+
+def sampling_of(cfg) -> Sampling:
+    return Sampling(cfg.server.sampling, cfg.partition.clients, cfg.server.clients_per_round)
+
+
+def problems(cfg, algo_cls) -> list:
+    """Why this config cannot run under privacy.mechanism = gaussian, one line each (empty when it can)."""
+    found = plan.check(cfg.privacy, algorithm=cfg.algorithm, sampling=sampling_of(cfg),
+                       client_steps=cfg.client.steps)
+    if plan.algorithm_problems(cfg.algorithm, cfg.client.steps):
+        return found
+    # Algorithms plan.check does not name (plugins): the stage serves one clipped vector per client,
+    # summed by the round's reduction.
+    name = cfg.algorithm.name
+    if algo_cls.protocol != REDUCE:
+        found.append(f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': its uploads travel by "
+                     f"the {algo_cls.protocol!r} protocol, not by one reduction of per-client updates, so they "
+                     f"cannot be clipped where the client trains and noised once on the sum")
+    elif algo_cls.up_vectors != 1:
+        found.append(f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': each client uploads "
+                     f"{algo_cls.up_vectors} vectors, and only the model update is clipped and noised")
+    return found
+
+
+class PrivacyStage(UploadStage):
+    name = "privacy"
+
+    @classmethod
+    def check(cls, cfg, algo_cls):
+        found = problems(cfg, algo_cls)
+        if found:
+            raise ConfigError(found)
+        accounting.library()        # not installed: exit 2 with the pip command
+
+    def __init__(self, cfg, algo, dim):
+        self.cfg, self.privacy, self.seed, self.dim = cfg, cfg.privacy, cfg.seed, dim
+        self.noise_len = algo.up_vectors * dim
+        self.sampling = sampling_of(cfg)
+        self.clip = float(self.privacy.clip)   # this round's C on this rank (adaptive: from the header)
+        self.header_size = 1 if self.privacy.adaptive_clip else 0
+        self.up_scalars = 2
+        self.plan = self.estimator = self.curve = None     # rank 0 (`on_server`)
+        self._clipped = 0.0
+        self._figures = {}
+
+    # -- rank 0 at set-up and on resume -----------------------------------------------------------------
+    def on_server(self, noise_multiplier=None):
+        self.plan = plan.resolve(self.privacy, self.sampling, self.cfg.rounds, noise_multiplier)
+        self.curve = self.plan.epsilon_curve()
+        if self.estimator is None:
+            self.estimator = plan.make_adaptive_clip(self.privacy, self.plan)
+
+    def state(self) -> dict:
+        state = {"noise_multiplier": np.array([self.plan.noise_multiplier], dtype=np.float64)}
+        if self.estimator is not None:
+            state.update(self.estimator.state())
+        return state
+
+    def load_state(self, state: dict):
+        """A resumed run keeps the noise multiplier its first part used, even when `rounds` (and with it
+        target_epsilon's calibration) changed; only the epsilon curve follows the new length."""
+        if "noise_multiplier" in state:
+            z = np.asarray(state["noise_multiplier"], dtype=np.float64)
+            if z.shape != (1,) or not (math.isfinite(z[0]) and z[0] >= 0):
+                raise InputError(f"checkpoint stage_privacy/noise_multiplier = {z!r}: expected one finite "
+                                 f"number >= 0")
+            if float(z[0]) != self.plan.noise_multiplier:
+                self.on_server(float(z[0]))
+        if self.estimator is not None and "clip" in state:
+            self.estimator.load_state(state)
+
+    def attrs(self) -> dict:
+        p = self.plan
+        return {"privacy_noise_multiplier": p.noise_multiplier,
+                "privacy_update_noise_multiplier": p.update_noise_multiplier,
+                "privacy_epsilon": p.epsilon, "privacy_delta": p.delta, "privacy_accountant": p.accountant}
+
+    # -- every rank, each round --------------------------------------------------------------------------
+    def header(self) -> list:
+        return [self.estimator.clip]
+
+    def receive(self, values):
+        self.clip = float(values[0])
+
+    # -- worker, per counted client ----------------------------------------------------------------------
+    def client(self, run, down, model):
+        start = down[: self.dim]
+        delta = model.vec - start
+        norm = clip_update_(delta, self.clip)
+        self._clipped = 0.0 if norm <= self.clip else 1.0     # a NaN norm counts as clipped (it was zeroed)
+        if self._clipped:
+            model.vec.copy_(start + delta)
+        run.weight = 1.0        # DP-FedAvg's uniform weights: n_i would let one client exceed the bound
+
+    def scalars(self, run) -> list:
+        return [self._clipped, 1.0]
+
+    # -- rank 0, after the reduction -------------------------------------------------------------------
+    def server(self, t, sums, weight) -> float:
+        p = self.plan
+        add_noise_(sums[: self.noise_len], p.update_noise_multiplier * self.clip, self.seed, t)
+        clipped, count = float(sums[self.up_offset + CLIPPED]), float(sums[self.up_offset + COUNT])
+        self._figures = {"dp_clip": self.clip, "dp_clipped_fraction": clipped / count if count else math.nan}
+        if self.estimator is not None:
+            # Each client's report b_i - 1/2 is 1/2 unclipped, -1/2 clipped: their sum is count/2 - clipped.
+            self._figures["dp_unclipped_estimate"] = self.estimator.step(count / 2 - clipped, self.seed, t)
+        return p.sampling.expected_size
+
+    def round_metrics(self, t) -> dict:
+        return {"epsilon": float(self.curve[t]), **self._figures}
+
+
+def dry_run_lines(cfg, algo_cls) -> list:
+    """`fedmpi run --dry-run`: the checks a run would make of server.sampling and privacy, then the noise
+    and the epsilon the configured run will reach (nothing when both are off)."""
+    lines = []
+    if cfg.server.sampling == "poisson":
+        from fedmpi.privacy.sampling import PoissonSampling
+
+        PoissonSampling.check(cfg, algo_cls)
+        if not cfg.privacy.enabled:
+            lines.append(f"sampling: Poisson, q = {sampling_of(cfg).rate:.4g}")
+    if cfg.privacy.enabled:
+        PrivacyStage.check(cfg, algo_cls)
+        lines.append(plan.resolve(cfg.privacy, sampling_of(cfg), cfg.rounds).describe())
+    return lines
