@@ -168,6 +168,7 @@ class MpiComm:
         self._failure_req = (self.comm.Irecv([self._failure_buf, MPI.BYTE], source=MPI.ANY_SOURCE,
                                              tag=FAILURE_TAG) if self.rank == 0 else None)
         self._status = MPI.Status()
+        self._failure = None        # a reported failure not raised yet (see _check_failures)
 
     @property
     def is_server(self):
@@ -186,16 +187,20 @@ class MpiComm:
         if not request.Test():
             began = time.monotonic()
             while not request.Test():
-                self._check_failures()
+                self._check_failures(request)
                 time.sleep(min(SLEEP_MAX_S, max(SLEEP_MIN_S, SLEEP_FRACTION * (time.monotonic() - began))))
             self.timer.add("wait", time.monotonic() - began)
         # No check once the collective has completed: every rank took part in it, so a failure reported
-        # since then is found at the next wait, after this round's work (its log row) is done.
+        # since then is raised at the next wait, after this round's work (its log row) is done.
 
-    def _check_failures(self):
-        if self._failure_req is not None and self._failure_req.Test(self._status):
+    def _check_failures(self, request):
+        """Raises WorkerFailed for a failure a worker reported, unless `request` (the collective waited for)
+        has completed meanwhile: the failing rank took part in it, so the failure waits for the next wait."""
+        if self._failure is None and self._failure_req is not None and self._failure_req.Test(self._status):
             text = bytes(self._failure_buf).rstrip(b"\0").decode(errors="replace")
-            raise WorkerFailed(self._status.Get_source(), text)
+            self._failure = WorkerFailed(self._status.Get_source(), text)
+        if self._failure is not None and not request.Test():
+            raise self._failure
 
     def sync(self):
         """Blocks until every rank has arrived, sleeping instead of spinning."""
@@ -343,10 +348,10 @@ class MpiComm:
 
     def close(self):
         """Cancels the server's standing failure receive so MPI finalizes cleanly."""
-        if self._failure_req is not None:
+        if self._failure_req is not None and self._failure is None:     # (a received failure completed it)
             self._failure_req.Cancel()
             self._failure_req.Wait()
-            self._failure_req = None
+        self._failure_req = None
 
 
 def make_comm():

@@ -501,7 +501,7 @@ def _checkpointed_run(tmp_path, rounds):
     paths = {}
     for k in rounds:
         w = checkpoint.CheckpointWriter(cfg, k, wall_s=float(k), world_size=1)
-        w.put_global(np.full(10, k, dtype=np.float32))
+        w.put_server_side({"global": np.full(10, k, dtype=np.float32)})
         paths[k] = w.commit(cfg.checkpoint.keep)
     return cfg, paths
 
