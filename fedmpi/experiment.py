@@ -122,6 +122,7 @@ class Experiment:
         # loop sets `stopping`, the next broadcast carries CMD_STOP instead of starting that round.
         self.stop_votes, self.stopping = 0, False
         self.nonfinite = ""     # server: what was non-finite in the latest round ('' when all was finite)
+        self.after_broadcast = None     # server: called right after each broadcast (the run loop's deferred row)
 
     def _server_trainer(self, data, loss):
         if not (self.algo.uses_server_set and len(self.split.server_idx)):
@@ -216,6 +217,9 @@ class Experiment:
                                f"ranks out of step")
         if received == CMD_STOP:
             raise signals.stop_error(round_, self.stop_votes or None)
+        if self.server and self.after_broadcast:
+            with self.timer.phase("server"):
+                self.after_broadcast()
         if self.wire.header_len > HEADER:
             values = self.wire.header_values()
             for stage in self.stages:
@@ -272,7 +276,6 @@ class Experiment:
         """The round's row of /metrics, /clients and /timing."""
         t, server = plan.round, self.server
         metrics, clients = server.figures(t, plan.selected, stats, self.wire.client_figures(), self.num_clients)
-        metrics["model_sha256"] = fingerprint(server.x)
         if stats.weight > 0 and self.algo.protocol == REDUCE:
             aggregate = sums[: self.flat.dim] / stats.weight
             metrics["update_sq_norm"] = stats.update_sq / stats.weight
@@ -293,7 +296,7 @@ class Experiment:
             metrics.update(stage.round_metrics(t))
         clients.update(plan.columns)
         self.nonfinite = _nonfinite(metrics, stats, server.x)
-        return RoundRecord(metrics, clients, self.wire.timing())
+        return RoundRecord(metrics, clients, self.wire.timing(), server.x)
 
     @property
     def timer(self):
@@ -308,6 +311,7 @@ class RoundRecord:
     metrics: dict
     clients: dict
     timing: np.ndarray
+    model: torch.Tensor = None      # the global model after the round; its fingerprint is taken when logged
 
 
 def fingerprint(x) -> str:

@@ -21,6 +21,7 @@ A non-finite loss or model stops the run at that round with status `diverged` an
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -33,7 +34,7 @@ import numpy as np
 from fedmpi import checkpoint, signals
 from fedmpi.comm import WorkerFailed
 from fedmpi.errors import EXIT_FAILED, EXIT_INTERRUPTED, Diverged, FedmpiError, Refused, StopRequested, report_lines
-from fedmpi.experiment import Experiment
+from fedmpi.experiment import Experiment, fingerprint
 from fedmpi.progress import Progress
 from fedmpi.store import RunLog
 
@@ -169,29 +170,55 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):
     """
     progress = Progress(cfg.rounds, exp.start_round, cfg.runtime.progress) if comm.is_server else None
     began = time.monotonic() - wall_s
+    # Rank 0 writes a round's row right after the next round's broadcast, while the workers train, instead
+    # of keeping them waiting for it; before a checkpoint, a stop or the end it is written at once.
+    pending = []
+
+    def flush():
+        while pending:
+            pending.pop()()
+
+    exp.after_broadcast = flush
     try:
         for t in range(exp.start_round, cfg.rounds):
             t0 = time.monotonic()
             record = exp.run_round(t)
             if record is not None:
-                metrics = record.metrics
-                wall_s = metrics["wall_s"] = time.monotonic() - began
-                with signals.deferred():
-                    log.append(metrics, record.clients, num_clients=exp.num_clients, timing=record.timing)
-                progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan),
-                                time.monotonic() - t0)
+                wall_s = record.metrics["wall_s"] = time.monotonic() - began
+                pending.append(functools.partial(_write_row, log, progress, exp, t, record, time.monotonic() - t0))
                 exp.stopping = exp.stop_votes > 0     # the next broadcast tells every rank to stop
                 if exp.nonfinite and cfg.runtime.on_nonfinite == "stop":
                     # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
                     # workers, waiting for the next round, end with the job (as on a failure).
+                    flush()
                     raise Diverged(f"diverged in round {t}: {exp.nonfinite}; the newest checkpoint holds the "
                                    f"last finite model (runtime.on_nonfinite: continue would go on)")
             if checkpoints and checkpoint.due(cfg, t + 1):
+                flush()     # a checkpoint never gets ahead of the log (--resume checks the rows)
                 checkpoint.save(exp, t + 1, wall_s)
+        flush()
     except StopRequested as stop:
+        flush()
         if checkpoints and not checkpoint.due(cfg, stop.round):     # else written at the end of the round
             checkpoint.save(exp, stop.round, wall_s)
         raise
+    except Exception:
+        try:        # a finished round's row is kept whatever ends the run (a full disk aside)
+            flush()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
+        raise
     finally:
+        exp.after_broadcast = None
         if progress:
             progress.close()
+
+
+def _write_row(log, progress, exp, t, record, seconds):
+    """Round t's row: the model's fingerprint (x is unchanged until the next round's update), the run log, and
+    the progress line."""
+    metrics = record.metrics
+    metrics["model_sha256"] = fingerprint(record.model)
+    with signals.deferred():
+        log.append(metrics, record.clients, num_clients=exp.num_clients, timing=record.timing)
+    progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan), seconds)
