@@ -27,6 +27,16 @@ from fedmpi.algorithms.base import BUFFER, GATHER, REDUCE, ROUTE
 from fedmpi.drift import ClientDrift
 
 
+def start_from_broadcast(exp):
+    """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`)."""
+    down = exp.wire.down()
+
+    def start(run):
+        exp.algo.client_start(run, down, exp.clients.flat)
+
+    return down, start
+
+
 class ReduceRound:
     def __init__(self, exp):
         self.exp = exp
@@ -38,10 +48,7 @@ class ReduceRound:
         exp.open_round(t)
         tally = exp.wire.new_tally()
         if clients.trains:
-            down = exp.wire.down()
-
-            def start(run):
-                algo.client_start(run, down, clients.flat)
+            down, start = start_from_broadcast(exp)
 
             with exp.timer.phase("train"):
                 for run in clients.train(t, clients.round_clients(plan.selected), plan.standard, down, start):
@@ -71,10 +78,7 @@ class GatherRound:
         tally = exp.wire.new_tally()
         mask, vectors = [], []
         if clients.mine:
-            down = exp.wire.down()
-
-            def start(run):
-                algo.client_start(run, down, clients.flat)
+            down, start = start_from_broadcast(exp)
 
             for cid in clients.hosted(selected):
                 with exp.timer.phase("train"):
@@ -186,10 +190,7 @@ class BufferRound:
         exp.open_round(t)
         tally = exp.wire.new_tally()
         if clients.mine:
-            down = exp.wire.down()
-
-            def start(run):
-                algo.client_start(run, down, clients.flat)
+            down, start = start_from_broadcast(exp)
 
             for cid in clients.hosted(plan.selected):
                 with exp.timer.phase("train"):
