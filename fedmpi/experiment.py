@@ -277,9 +277,9 @@ class Experiment:
         t, server = plan.round, self.server
         metrics, clients = server.figures(t, plan.selected, stats, self.wire.client_figures(), self.num_clients)
         if stats.weight > 0 and self.algo.protocol == REDUCE:
-            aggregate = sums[: self.flat.dim] / stats.weight
+            head = sums[: self.flat.dim]
             metrics["update_sq_norm"] = stats.update_sq / stats.weight
-            metrics["aggregate_sq_norm"] = float(torch.dot(aggregate, aggregate))
+            metrics["aggregate_sq_norm"] = float(torch.dot(head, head)) / stats.weight ** 2
             metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
         if evaluated is not None:
             metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
@@ -338,7 +338,9 @@ def _nonfinite(metrics, stats, x):
         found.append(f"train_loss {metrics['train_loss']}")
     if "test_loss" in metrics and not math.isfinite(metrics["test_loss"]):
         found.append(f"test_loss {metrics['test_loss']}")
-    if not bool(torch.isfinite(x).all()):
+    # The float64 sum of float32 values cannot overflow, so it is finite exactly when every entry is: one pass
+    # without a mask the size of the model.
+    if not math.isfinite(float(x.sum(dtype=torch.float64))):
         found.append(f"{int((~torch.isfinite(x)).sum())} non-finite entries in the global model")
     return ", ".join(found)
 

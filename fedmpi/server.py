@@ -19,7 +19,7 @@ from fedmpi.server_opt import build_optimizer
 class Server:
     def __init__(self, cfg, algo, flat, x0):
         self.cfg, self.algo, self.flat = cfg, algo, flat
-        self.x = x0.to(flat.device)
+        self.x = x0.to(flat.device, copy=True)     # its own memory: the server optimizer may update it in place
         self.optimizer = build_optimizer(cfg.server, flat.dim, flat.n_params)
 
     def start(self, server_trainer):

@@ -43,7 +43,8 @@ class ServerOptimizer(abc.ABC):
 
     @abc.abstractmethod
     def step(self, x: torch.Tensor, update: torch.Tensor, lr: float) -> torch.Tensor:
-        """The next global model (float32) from x and the float64 update."""
+        """The next global model (float32) from x and the float64 update; x may be updated in place (the
+        server holds x in memory of its own)."""
 
     def state(self) -> dict:
         return self.moments.state()
@@ -64,8 +65,17 @@ class ServerOptimizer(abc.ABC):
 class Sgd(ServerOptimizer):
     name = "sgd"
 
+    def __init__(self, server_cfg, dim, n_params):
+        super().__init__(server_cfg, dim, n_params)
+        self._step = None       # float32 scratch: the step, rounded as `x + (update * lr).to(x.dtype)` would
+
     def step(self, x, update, lr):
-        return x + (update * lr).to(x.dtype)
+        # x + float32(update * lr), in place: no model-sized temporaries on rank 0 between the reduction and
+        # the next broadcast, where every worker waits (fresh large allocations cost page faults each time).
+        if self._step is None or self._step.shape != x.shape or self._step.device != x.device:
+            self._step = torch.empty_like(x)
+        self._step.copy_(update if lr == 1.0 else update * lr)
+        return x.add_(self._step)
 
 
 @register_optimizer

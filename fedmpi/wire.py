@@ -93,11 +93,13 @@ class RoundBuffers:
         self.down_host = torch.zeros(self.header_len + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
         self.up_host = torch.zeros(self.timing_at + comm.size * len(PHASES), dtype=torch.float64, pin_memory=pin)
         self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
-        self.acc = torch.zeros(self.up_len, dtype=torch.float64, device=device)
         self.device_mpi = cuda_aware_mpi and (pin or bool(os.environ.get(DEVICE_MPI_TEST)))
         staged = pin or self.device_mpi
         self.down_dev = torch.zeros_like(self.down_host, device=device) if staged else None
         self.up_dev = torch.zeros_like(self.up_host, device=device) if staged else None
+        # The upload accumulator: on the CPU, the reduction buffer's own head (no copy before the reduction).
+        self.acc = (self.up_host[: self.up_len] if not staged and device.type == "cpu"
+                    else torch.zeros(self.up_len, dtype=torch.float64, device=device))
         self.sums_on_device = False     # the last reduction left the summed vectors in up_dev (device MPI)
 
     # -- broadcast -------------------------------------------------------------------------------------
@@ -143,7 +145,8 @@ class RoundBuffers:
     def new_tally(self) -> RoundTally:
         """Clears this rank's contribution to the round's reduction."""
         self.up_host.zero_()
-        self.acc.zero_()
+        if self.acc.data_ptr() != self.up_host.data_ptr():
+            self.acc.zero_()
         return RoundTally(self.acc, torch.zeros((), device=self.device), self.client_figures(self.up_host),
                           self.upload_bytes)
 
@@ -151,7 +154,9 @@ class RoundBuffers:
         """Writes this rank's totals and does the round's one reduction to rank 0. `sums=False` reduces
         only the statistics and per-client figures (FedSkip inside a period; gated SAFL, whose vectors
         travel by masked gather). With device MPI the sums travel from `up_dev` and stay there on rank 0."""
-        (self.up_dev if self.device_mpi else self.up_host)[: self.up_len].copy_(tally.acc)
+        target = (self.up_dev if self.device_mpi else self.up_host)[: self.up_len]
+        if target.data_ptr() != tally.acc.data_ptr():
+            target.copy_(tally.acc)
         stats = self.up_host[self.up_len: self.up_len + N_STATS]
         stats[WEIGHT], stats[LOSS], stats[SEEN] = tally.weight, float(tally.loss), tally.seen
         stats[UPLOADS], stats[BYTES_UP], stats[UPDATE_SQ] = tally.uploads, tally.bytes_up, tally.update_sq

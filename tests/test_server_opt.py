@@ -53,7 +53,8 @@ def test_sgd_by_hand():
 def test_sgd_with_lr_one_is_x_plus_the_update():
     opt = build_optimizer(ServerConfig(optimizer="sgd", lr=1.0), 3, 2)
     x, u = torch.tensor(X_START), torch.tensor(UPDATES[1])
-    assert torch.equal(opt.step(x, u, 1.0), x + u.float())
+    expected = x + u.float()
+    assert torch.equal(opt.step(x, u, 1.0), expected)
 
 
 def test_avgm_by_hand():

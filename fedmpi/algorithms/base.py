@@ -221,11 +221,15 @@ class Algorithm(abc.ABC):
                               f"keeps_client_state = True")
 
 
-def weighted_mean_update(up_sum, weight_sum, dim):
-    """FedAvg's aggregate: (sum_i w_i Delta_i) / (sum_i w_i), or None when nobody uploaded."""
+def weighted_mean_update(up_sum, weight_sum, dim, out=None):
+    """FedAvg's aggregate: (sum_i w_i Delta_i) / (sum_i w_i), or None when nobody uploaded. `out`, a float64
+    vector of `dim` entries on up_sum's device, is reused instead of allocating a model-sized vector (a new
+    one is returned when it does not fit)."""
     if weight_sum <= 0:
         return None
-    return up_sum[:dim] / weight_sum
+    if out is None or out.shape != (dim,) or out.device != up_sum.device or out.dtype != up_sum.dtype:
+        out = torch.empty(dim, dtype=up_sum.dtype, device=up_sum.device)
+    return torch.div(up_sum[:dim], weight_sum, out=out)
 
 
 class Reduce(Algorithm):

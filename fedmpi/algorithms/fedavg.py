@@ -22,10 +22,15 @@ class FedAvg(Reduce):
     Keys = FedAvgKeys
     vectorizable = True
 
+    def __init__(self, cfg, dim, n_params):
+        super().__init__(cfg, dim, n_params)
+        self._mean = None       # the aggregate's buffer, reused every round (server)
+
     def accumulate(self, run, down, model, acc):
         w = run.weight
         acc[: self.dim].add_(model.vec - down[: self.dim], alpha=w)
         return w
 
     def aggregate(self, x, up_sum, weight_sum, round_):
-        return weighted_mean_update(up_sum, weight_sum, self.dim)
+        self._mean = weighted_mean_update(up_sum, weight_sum, self.dim, out=self._mean)
+        return self._mean

@@ -101,7 +101,7 @@ class Fsl(FedAvg):
         return x0
 
     def aggregate(self, x, up_sum, weight_sum, round_):
-        mean_delta = weighted_mean_update(up_sum, weight_sum, self.dim)
+        mean_delta = self._mean = weighted_mean_update(up_sum, weight_sum, self.dim, out=self._mean)
         if self.keys.mode != "parallel":
             return mean_delta
         batch, steps, lr = self.server_schedule(self.sizes, round_)
