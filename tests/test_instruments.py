@@ -6,11 +6,13 @@ on tiny cases; the MPI cases check that the figures do not depend on the number 
 """
 
 import hashlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import read_metrics, run_many, small_config, write_config
+from conftest import ROOT, read_metrics, run_many, small_config, write_config
 from torch import nn
 
 import fedmpi
@@ -159,3 +161,7 @@ def test_instruments_and_rank0_hosting_do_not_depend_on_the_ranks(tmp_path):
         assert np.isfinite(cosines[selected]).all() and np.isnan(cosines[~selected]).all()
     with h5py.File(runs["n2_host"][2] / "run.h5", "r") as f:
         assert f["timing/train"].shape == (3, 2) and np.all(f["timing/train"][()] > 0)   # rank 0 trains too
+    # `fedmpi verify` across process counts: it says so and judges the differences against the tolerance.
+    proc = subprocess.run([sys.executable, "-m", "fedmpi", "verify", str(runs["n1"][2]), str(runs["n3"][2])],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and "world_size" in proc.stdout and "1e-05" in proc.stdout, proc.stdout
