@@ -224,6 +224,7 @@ class Experiment:
         """The round's broadcast (header only unless `full`); every rank leaves here on a stop. Rank 0 then
         trains the divergence shadow while the workers train their clients."""
         command = CMD_STOP if self.stopping else CMD_RUN
+        self.wire.start_round(self.plan(t).selected)
         fill = self.server.fill_down if self.server else None
         extra = self._header_extra() if self.server and self.wire.header_len > HEADER else ()
         received, round_ = self.wire.broadcast(t, command, fill, full, extra)
