@@ -155,13 +155,15 @@ def mpi_bytes_per_round(n, dim, cfg_map):
 
 # --- the reference loop -----------------------------------------------------------------------------
 
-def reference(cfg_map):
-    """The plain single-process loop; returns per-round seconds and the final accuracy."""
+def reference(cfg_map, device="cpu"):
+    """The plain single-process loop (on `device`: bench/gpu_check.py runs it on the GPU); returns per-round
+    seconds and the final accuracy."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
+    device = torch.device(device)
     from fedmpi import config, rng
     from fedmpi.data import load_dataset
     from fedmpi.data.server_set import split_dataset
@@ -172,9 +174,9 @@ def reference(cfg_map):
     split = split_dataset(cfg, ds)
     parts, server_idx = split.parts, split.server_idx
     rng.seed_torch(cfg.seed, rng.INIT)
-    model = build_model(cfg.model, ds.input_shape, ds.num_classes)
-    x_tr, y_tr = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train)
-    x_te, y_te = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
+    model = build_model(cfg.model, ds.input_shape, ds.num_classes).to(device)
+    x_tr, y_tr = torch.from_numpy(ds.x_train).to(device), torch.from_numpy(ds.y_train).to(device)
+    x_te, y_te = torch.from_numpy(ds.x_test).to(device), torch.from_numpy(ds.y_test).to(device)
     params = list(model.parameters())
     glob = [p.detach().clone() for p in params]
     c, sizes = cfg.client, np.array([len(p) for p in parts])
@@ -191,7 +193,7 @@ def reference(cfg_map):
         opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
         model.train()
         for pos in batches(g, len(indices), batch, count):
-            idx = indices[torch.from_numpy(pos)]
+            idx = indices[torch.from_numpy(pos).to(device)]
             opt.zero_grad()
             F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
             opt.step()
@@ -209,7 +211,7 @@ def reference(cfg_map):
         k0 = e0 * math.ceil(n0 / b0)
         k_c = c.steps or c.epochs * math.ceil(float(sizes.mean()) / c.batch_size)
         lr0 = k.gamma * (k.server_lr or math.sqrt(cfg.server.clients_per_round) * c.lr * k_c / k0)
-        d0 = torch.from_numpy(server_idx)
+        d0 = torch.from_numpy(server_idx).to(device)
 
     times, cpu, acc = [], [], float("nan")
     for t in range(cfg.rounds):
@@ -219,7 +221,7 @@ def reference(cfg_map):
         weight = 0.0
         for cid in chosen:
             load(glob)
-            sgd(torch.from_numpy(parts[cid]), rng.stream(cfg.seed, rng.CLIENT, t, cid), c.batch_size,
+            sgd(torch.from_numpy(parts[cid]).to(device), rng.stream(cfg.seed, rng.CLIENT, t, cid), c.batch_size,
                 steps(len(parts[cid])), c.lr, c.momentum, c.weight_decay)
             with torch.no_grad():
                 for s, p, v in zip(sums, params, glob):
@@ -242,7 +244,7 @@ def reference(cfg_map):
         times.append(time.monotonic() - t0)
         cpu.append(time.process_time() - c0)
     return {"rounds": times, "busy_rounds": cpu, "acc": acc,
-            "global": torch.cat([v.reshape(-1) for v in glob]).numpy()}
+            "global": torch.cat([v.reshape(-1) for v in glob]).cpu().numpy()}
 
 
 def run_reference(cfg_map, workdir, timeout=3600):

@@ -358,9 +358,12 @@ def _nonfinite(metrics, stats, x):
 
 def _inject_fault(rank, t):
     """Test aid: FEDMPI_INJECT_FAULT="RANK:ROUND" raises on that rank at the start of that round, so the
-    failure path (one rank fails, the whole job ends, run.h5 says failed) can be exercised for real."""
+    failure path (one rank fails, the whole job ends, run.h5 says failed) can be exercised for real;
+    "RANK:ROUND:memory" raises a MemoryError instead (a rank out of memory)."""
     spec = os.environ.get("FEDMPI_INJECT_FAULT")
-    if spec and spec == f"{rank}:{t}":
+    if spec and spec.startswith(f"{rank}:{t}") and spec[len(f"{rank}:{t}"):] in ("", ":memory"):
+        if spec.endswith(":memory"):
+            raise MemoryError(f"injected: unable to allocate (FEDMPI_INJECT_FAULT={spec})")
         raise RuntimeError(f"injected fault (FEDMPI_INJECT_FAULT={spec})")
     # Test aid: FEDMPI_ROUND_DELAY_S=SECONDS sleeps at the start of every round, so that a test can signal
     # or kill a rank mid-run without heavy training; results do not change (wall_s aside).

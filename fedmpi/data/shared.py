@@ -22,15 +22,29 @@ def load_shared(cfg, comm):
     if comm.size == 1 or not cfg.runtime.shared_data:
         return load_dataset(cfg)
     streamed = sources.STREAMED.get(cfg.data.name) if cfg.data.classes is None else None
+    if streamed is not None and not streamed[2](cfg):
+        streamed = None
     if streamed is not None:
-        specs, fill = streamed
-        arrays = comm.share_arrays(specs(cfg), lambda out, part, parts: fill(cfg, out, part, parts))
+        specs, fill, _ = streamed
+        arrays = comm.share_arrays(_specs_or_error(specs, cfg, comm),
+                                   lambda out, part, parts: fill(cfg, out, part, parts))
     else:
         arrays = comm.share_arrays(*_loaded_by_first_rank(cfg, comm))
     dataset = sources.from_arrays(cfg.data.name, arrays)
     if streamed is not None:
         check_loaded(cfg, dataset)
     return dataset
+
+
+def _specs_or_error(specs, cfg, comm):
+    """The node's first rank's specs, or its error (a missing or damaged file), which `share_arrays` raises on
+    every rank of the node alike."""
+    if not comm.node_leader:
+        return None
+    try:
+        return specs(cfg)
+    except Exception as e:  # noqa: BLE001 - the node's other ranks wait for the specs whatever went wrong
+        return e
 
 
 def _loaded_by_first_rank(cfg, comm):

@@ -209,8 +209,9 @@ def mnist5k(cfg) -> Dataset:
 
 
 # Sources that can write straight into a node's shared arrays, every rank its share (`fedmpi.data.shared`):
-# name -> (specs(cfg), fill(cfg, arrays, part, parts)).
-STREAMED = {"synthetic": (synthetic_specs, synthetic_fill)}
+# name -> (specs(cfg), fill(cfg, arrays, part, parts), usable(cfg): whether this config can stream).
+STREAMED = {"synthetic": (synthetic_specs, synthetic_fill, lambda cfg: True),
+            **{name: (tv.idx_specs, tv.idx_fill, tv.idx_streamable) for name in tv.IDX_FAMILY}}
 
 LOADERS = {"synthetic": synthetic, "mnist5k": mnist5k, "mnist": tv.mnist, "fashion_mnist": tv.fashion_mnist,
            "emnist": tv.emnist, "cifar10": tv.cifar10, "cifar100": tv.cifar100, "femnist": leaf.femnist,
