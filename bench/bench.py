@@ -27,6 +27,7 @@ which other processes inflate far less than wall time. The columns are explained
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import yaml
@@ -80,11 +82,16 @@ def _merge(base, extra):
 def workload_config(name, out, rounds=None, vectorize="auto", overrides=None):
     """The fedmpi config mapping of workload `name` writing to `out`; evaluation once, after the last round
     (`eval.every = rounds`: the per-round figures measure training rounds, in fedmpi and the reference)."""
-    cfg = _merge(_COMMON, WORKLOADS[name])
+    cfg = workload_config_from(_merge(_COMMON, WORKLOADS[name]), out, rounds, vectorize)
+    return _merge(cfg, overrides or {})
+
+
+def workload_config_from(mapping, out, rounds=None, vectorize="auto"):
+    """`workload_config` for a workload's mapping (W4's, bench/w4.py)."""
+    cfg = dict(mapping)
     if rounds:
         cfg["rounds"] = rounds
-    cfg = _merge(cfg, {"out": str(out), "eval": {"every": cfg["rounds"]}, "client": {"vectorize": vectorize}})
-    return _merge(cfg, overrides or {})
+    return _merge(cfg, {"out": str(out), "eval": {"every": cfg["rounds"]}, "client": {"vectorize": vectorize}})
 
 
 # --- fedmpi runs -------------------------------------------------------------------------------------
@@ -134,6 +141,8 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600):
         "device": device,
         "training_ranks": training,
         "peak_rss_mb": [s["peak_rss_mb"] for s in ranks],
+        "peak_pss_mb": [s.get("peak_pss_mb", float("nan")) for s in ranks],
+        "peak_uss_mb": [s.get("peak_uss_mb", float("nan")) for s in ranks],
         "cpu_s": sum(s["cpu_s"] for s in ranks),
         "server_cpu_s": ranks[0]["cpu_s"] if ranks and n > 1 else float("nan"),
         "fl_bytes": float(np.nansum(m["bytes_up"]) + np.nansum(m["bytes_down"])),
@@ -342,9 +351,18 @@ def print_table(rows, file=sys.stdout):
     file.flush()
 
 
+def _w4():
+    spec = importlib.util.spec_from_file_location("fedmpi_bench_w4", Path(__file__).resolve().parent / "w4.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "W4"], choices=[*WORKLOADS, "W4"],
+                   help="W1 W2 W3 (against the reference) and W4 (cross-device scale, bench/w4.py; at -n 2 "
+                        "and 3 of --ranks); default all")
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 3], help="fedmpi -n values (default 1 2 3)")
     p.add_argument("--loop-ranks", nargs="*", type=int, default=[2],
                    help="-n values also run with client.vectorize=off, the per-client loop (default 2)")
@@ -357,6 +375,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, -n 1 and 2, one repeat")
     p.add_argument("--out", default=None, help="folder for run files (default: a temporary folder)")
     p.add_argument("--json", help="also write every measurement to this JSON file")
+    p.add_argument("--w4-scale", type=float, default=1.0,
+                   help="W4's client counts times this (a smoke test of its plumbing; default 1)")
     p.add_argument("--reference-worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reference_worker:
@@ -371,7 +391,7 @@ def main(argv=None):
           f"repeats {args.repeats}, rounds {args.rounds or 'as defined'}, cores {os.cpu_count()}, "
           f"load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
     rows, record = [], {}
-    for wl in args.workloads:
+    for wl in [w for w in args.workloads if w != "W4"]:
         per_round = WORKLOADS[wl]["server"]["clients_per_round"]
         plan = [] if args.no_reference else [("ref", None, None)]
         plan += [(f"-n {n}", n, args.vectorize) for n in args.ranks]
@@ -392,8 +412,17 @@ def main(argv=None):
             ref = s if n is None else ref
             record[f"{wl} {label}"] = {"summary": s, "samples": samples[label]}
             rows.append(format_row(wl, label, s, ref))
-    print()
-    print_table(rows)
+    if rows:
+        print()
+        print_table(rows)
+    if "W4" in args.workloads:
+        w4 = _w4()
+        ranks = tuple(n for n in args.ranks if n >= 2) or w4.W4_RANKS
+        parts = types.SimpleNamespace(_merge=_merge, _COMMON=_COMMON, workload_config_from=workload_config_from,
+                                      run_fedmpi=run_fedmpi)
+        w4_rows, record["W4"] = w4.run(parts, base / "W4", args.rounds, ranks, scale=args.w4_scale)
+        print()
+        w4.print_table(w4_rows)
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1, default=float))
     if not args.out:

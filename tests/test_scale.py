@@ -46,7 +46,7 @@ def test_store_keeps_vectors_in_memory_up_to_its_budget_and_spills_the_rest():
     for cid, vec in vectors.items():
         assert np.array_equal(store.get(("c", cid)), vec)
     spill = store.files[(10, np.dtype(np.float32).str)]
-    assert len(spill.rows) == 128          # 64 rows, doubled once when the 65th arrived
+    assert os.fstat(spill.file.fileno()).st_size == 67 * 40
     freed = store.spilled[("c", 50)][1]
     store.drop(("c", 50))
     store.put(("c", 99), np.full(10, 7, dtype=np.float32))   # reuses the freed row
@@ -69,10 +69,13 @@ def test_a_spilled_vector_is_rewritten_in_place_and_a_memory_one_is_replaced():
 
 def test_spill_file_lives_in_the_folder_asked_for_and_leaves_no_name(tmp_path):
     spill = SpillFile(5, np.float64, tmp_path)
-    row = spill.take()
-    spill.rows[row] = np.arange(5)
+    rows = [spill.take(), spill.take()]
+    spill.write(rows[1], np.arange(5))
+    spill.write(rows[0], -np.arange(5))
     assert list(tmp_path.iterdir()) == []       # unlinked at creation: it goes with the process
-    assert spill.rows[row].tolist() == [0, 1, 2, 3, 4]
+    read = spill.read(rows[1])
+    assert read.tolist() == [0, 1, 2, 3, 4] and read.flags.writeable and read.dtype == np.float64
+    assert spill.read(rows[0]).tolist() == [0, -1, -2, -3, -4]
 
 
 def test_client_vectors_keep_the_rounds_vectors_on_the_device_until_end_round():
@@ -86,6 +89,14 @@ def test_client_vectors_keep_the_rounds_vectors_on_the_device_until_end_round():
     assert np.array_equal(store.get(("c_i", 3)), np.ones(4, np.float32)) and not vectors._round
     assert torch.equal(vectors[3], torch.ones(4)) and list(vectors) == [3]
     assert vectors.state(3)["c_i"].tolist() == [1.0] * 4
+    spilling = ClientVectors("z", ClientStateStore(budget=0))
+    spilling[1] = torch.arange(3.0)
+    spilling.end_round()
+    assert 1 in spilling and 2 not in spilling and not spilling._round
+    assert spilling.state(1)["z"].tolist() == [0, 1, 2] and not spilling._round   # a checkpoint keeps no copy
+    spilling.get(1).add_(1)                                  # changed in place during a round (as MOON does)
+    spilling.end_round()
+    assert spilling.state(1)["z"].tolist() == [1, 2, 3]
     other = ClientVectors("c_i")
     other.load(5, {"c_i": np.full(4, 2.0)})
     other.load(6, {})

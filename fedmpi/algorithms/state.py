@@ -7,8 +7,9 @@ base class's state hooks find every such attribute and save or load it under the
 stateful algorithm writes no checkpoint code. States travel as dicts of numpy arrays, never pickled.
 
 Where client vectors live (issue 14): a rank's vectors are kept in its `ClientStateStore`, in host memory
-up to `runtime.client_state_memory` bytes and in a file of the rank's beyond that (a numpy memmap in
-$TMPDIR, unlinked at creation, so it goes with the process). A round's clients meet their vectors on the
+up to `runtime.client_state_memory` bytes and in files of the rank's beyond that (in $TMPDIR, unlinked at
+creation, so they go with the process; read and written with pread/pwrite, so spilled state counts in the
+kernel's reclaimable page cache, not in the process's memory). A round's clients meet their vectors on the
 model's device: `on` copies a vector there for the round, `[cid] = vec` keeps the new one there, and
 `end_round` (the experiment calls it after every round) writes the changed ones back to the store and
 drops the device copies. Device memory thus holds the round's clients only, whatever N is.
@@ -16,13 +17,12 @@ drops the device copies. Device memory thus holds the round's clients only, what
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import MutableMapping
 
 import numpy as np
 import torch
-
-SPILL_FIRST_ROWS = 64      # rows of a spill file's first extent; it doubles as it fills
 
 
 class ClientStateStore:
@@ -44,7 +44,7 @@ class ClientStateStore:
         array = np.asarray(array)
         place = self.spilled.get(key)
         if place is not None and place[0].fits(array):
-            place[0].rows[place[1]] = array
+            place[0].write(place[1], array)
             return
         self.drop(key)
         if self.budget is None or self.memory_bytes + array.nbytes <= self.budget:
@@ -55,15 +55,15 @@ class ClientStateStore:
         if spill is None:
             spill = self.files[(array.size, array.dtype.str)] = SpillFile(array.size, array.dtype, self.folder)
         row = spill.take()
-        spill.rows[row] = array.reshape(-1)
+        spill.write(row, array)
         self.spilled[key] = (spill, row)
 
     def get(self, key):
-        """The stored array (in memory, or a row of its spill file), or None."""
+        """The stored array (in memory), a copy read from its spill file, or None."""
         if key in self.memory:
             return self.memory[key]
         place = self.spilled.get(key)
-        return None if place is None else place[0].rows[place[1]]
+        return None if place is None else place[0].read(place[1])
 
     def drop(self, key):
         old = self.memory.pop(key, None)
@@ -78,7 +78,7 @@ class ClientStateStore:
 
     @property
     def spilled_bytes(self):
-        return sum(f.rows.itemsize * f.rows.shape[1] for f, _ in self.spilled.values())
+        return sum(f.row_bytes for f, _ in self.spilled.values())
 
     def end_round(self):
         """After a round, on every rank: the round's changed vectors back to the store, device copies dropped."""
@@ -87,12 +87,14 @@ class ClientStateStore:
 
 
 class SpillFile:
-    """Rows of one length and dtype in an anonymous file (numpy memmap), grown by doubling; freed rows reused."""
+    """Rows of one length and dtype in an anonymous file, read and written with pread/pwrite: the rows pass
+    through the kernel's page cache, which it can reclaim, never through this process's own memory (a
+    memory map would count them in the process's resident set). Freed rows are reused."""
 
     def __init__(self, length, dtype, folder=None):
         self.length, self.dtype = int(length), np.dtype(dtype)
+        self.row_bytes = self.length * self.dtype.itemsize
         self.file = tempfile.TemporaryFile(dir=folder or None, prefix="fedmpi-client-state-")
-        self.rows = np.zeros((0, self.length), dtype=self.dtype)
         self.free, self.used = [], 0
 
     def fits(self, array):
@@ -101,15 +103,24 @@ class SpillFile:
     def take(self):
         if self.free:
             return self.free.pop()
-        if self.used == len(self.rows):
-            capacity = max(SPILL_FIRST_ROWS, 2 * len(self.rows))
-            self.file.truncate(capacity * self.length * self.dtype.itemsize)
-            self.rows = np.memmap(self.file, dtype=self.dtype, mode="r+", shape=(capacity, self.length))
         self.used += 1
         return self.used - 1
 
     def give_back(self, row):
         self.free.append(row)
+
+    def write(self, row, array):
+        data = np.ascontiguousarray(array, dtype=self.dtype).reshape(-1)
+        written = os.pwrite(self.file.fileno(), memoryview(data).cast("B"), row * self.row_bytes)
+        if written != self.row_bytes:
+            raise OSError(f"client-state spill file: wrote {written} of {self.row_bytes} bytes")
+
+    def read(self, row):
+        """A new writable array holding row `row`."""
+        out = np.empty(self.length, dtype=self.dtype)
+        if os.preadv(self.file.fileno(), [memoryview(out).cast("B")], row * self.row_bytes) != self.row_bytes:
+            raise OSError(f"client-state spill file: row {row} is shorter than {self.row_bytes} bytes")
+        return out
 
 
 class ClientVectors(MutableMapping):
@@ -118,9 +129,9 @@ class ClientVectors(MutableMapping):
 
     Vectors live in a ClientStateStore (their own until the experiment binds them to the rank's). `on(cid,
     device)` and `vectors[cid]` give the client's vector, on `device` for `on` (a copy kept for the round on
-    a GPU; on the CPU a view of the stored array); `vectors[cid] = tensor` sets it for the rest of the round;
-    `end_round` writes the round's new vectors to the store. Mapping methods (`get`, `in`, `len`, `pop`)
-    see both."""
+    a GPU or when read from a spill file; on the CPU otherwise a view of the stored array); `vectors[cid] =
+    tensor` sets it for the rest of the round; `end_round` writes the round's vectors (set, or copies that
+    may have been changed in place) to the store. Mapping methods (`get`, `in`, `len`, `pop`) see both."""
 
     def __init__(self, name, store=None):
         self.name = name
@@ -148,10 +159,17 @@ class ClientVectors(MutableMapping):
         vec = self._round.get(cid)
         if vec is not None:
             return vec
-        stored = self.store.get((self.name, cid))
+        key = (self.name, cid)
+        stored = self.store.get(key)
         if stored is None:
             raise KeyError(cid)
-        return torch.from_numpy(stored)
+        vec = torch.from_numpy(stored)
+        if key not in self.store.memory:
+            # A copy read from the spill file: kept for the round and written back at its end, so that a
+            # change made in place (MOON updates its previous model so) is kept as with a vector in memory.
+            self._round[cid] = vec
+            self._changed.add(cid)
+        return vec
 
     def __setitem__(self, cid, vec):
         self._round[cid] = vec
@@ -172,11 +190,13 @@ class ClientVectors(MutableMapping):
         return len(set(self._round) | set(self._stored_ids()))
 
     def on(self, cid, device):
-        """The client's vector on `device` (kept there until `end_round`), or None."""
+        """The client's vector on `device`, or None. A copy made for `device` is kept there for the round and
+        written back at its end (it may be changed in place)."""
         vec = self.get(cid)
         if vec is not None and vec.device != torch.device(device):
             vec = vec.to(device)
             self._round[cid] = vec
+            self._changed.add(cid)
         return vec
 
     def or_zeros(self, cid, length, device):
@@ -191,9 +211,16 @@ class ClientVectors(MutableMapping):
         self._round.clear()
         self._changed.clear()
 
+    def __contains__(self, cid):
+        return cid in self._round or (self.name, cid) in self.store.memory or (self.name, cid) in self.store.spilled
+
     def state(self, cid) -> dict:
-        vec = self.get(cid)
-        return {} if vec is None else {self.name: vec.detach().cpu().numpy().copy()}
+        """The client's vector for its checkpoint (read without keeping a copy: a checkpoint reads them all)."""
+        vec = self._round.get(cid)
+        if vec is not None:
+            return {self.name: vec.detach().cpu().numpy().copy()}
+        stored = self.store.get((self.name, cid))
+        return {} if stored is None else {self.name: np.array(stored)}
 
     def load(self, cid, state: dict):
         self._round.pop(cid, None)
