@@ -13,10 +13,11 @@ aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted
 A rank that runs out of memory where Python or torch can tell (a MemoryError, torch's OutOfMemoryError) fails
 like any other, with a message that says so, its peak memory and the node's (`fedmpi.memory`). A rank killed
 outright (kill -9, the kernel's OOM killer: Linux usually kills instead of failing an allocation) cannot
-report anything. mpiexec (MPICH hydra) then kills every other rank at once and prints "BAD TERMINATION ...
-KILLED BY SIGNAL: 9 (Killed)", so no watchdog runs here; under SLURM launch with `srun
---kill-on-bad-exit=1` for the same effect (the job's log then names the OOM kill). run.h5 keeps status
-`running` in that case, and the next --resume notes it in `resumes`.
+report anything. mpiexec (MPICH hydra) then kills every other rank at once and prints "BAD TERMINATION OF
+ONE OF YOUR APPLICATION PROCESSES ... EXIT CODE: 9" and "YOUR APPLICATION TERMINATED WITH THE EXIT STRING:
+Killed (signal 9)" (the kernel's log, `dmesg`, names the OOM kill), so no watchdog runs here; under SLURM
+launch with `srun --kill-on-bad-exit=1` for the same effect (SLURM reports an OOM kill in the job's state).
+run.h5 keeps status `running` in that case, and the next --resume notes it in `resumes`.
 
 Stop requests (fedmpi.signals) end the loop at a round boundary with a checkpoint; every rank returns 75.
 A non-finite loss or model stops the run at that round with status `diverged` and exit 1

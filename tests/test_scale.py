@@ -22,7 +22,7 @@ from fedmpi.data import load_dataset, sources
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.errors import ConfigError
 from fedmpi.runtime import parse_bytes
-from fedmpi.store import RunLog, client_row, client_table, read_clients
+from fedmpi.store import CORE_METRICS, RunLog, client_row, client_table, read_clients
 
 
 def synthetic_cfg(**sections):
@@ -344,3 +344,49 @@ def test_deterministic_mode_sets_torchs_switches():
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[3]
     assert np.array_equal(plain.model, fedmpi.simulate(synthetic_cfg(), rounds=2).model)
 
+
+
+# -- the W4 benchmark's parts (the full runs are `make bench`; their plumbing is checked here) -------------
+
+def load_w4():
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("fedmpi_bench_w4", ROOT / "bench" / "w4.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_w4_writes_femnist_shaped_data_that_fedmpi_reads(tmp_path):
+    w4 = load_w4()
+    root = w4.femnist_shape(tmp_path, clients=3)
+    cfg = config.from_dict({"data": {"name": "emnist", "split": "byclass", "root": root},
+                            "partition": {"clients": 3, "scheme": "iid"}, "server": {"clients_per_round": 3}})
+    ds = load_dataset(cfg)
+    assert ds.x_train.shape == (600, 1, 28, 28) and ds.x_test.shape == (60, 1, 28, 28) and ds.num_classes == 62
+    assert ds.y_train.max() < 62 and len(np.unique(ds.y_train)) > 40
+    assert w4.data_bytes({"data": cfg.to_dict()["data"], "partition": {"clients": 3, "scheme": "iid"},
+                          "server": {"clients_per_round": 3}}) == 660 * (784 * 4 + 8)
+    before = (tmp_path / "EMNIST" / "raw" / "emnist-byclass-train-images-idx3-ubyte").stat().st_mtime_ns
+    w4.femnist_shape(tmp_path, clients=3)                    # kept when already there
+    assert (tmp_path / "EMNIST" / "raw" / "emnist-byclass-train-images-idx3-ubyte").stat().st_mtime_ns == before
+
+
+def test_w4_plan_and_growth_figures(tmp_path):
+    w4 = load_w4()
+    rows = w4.plan((2, 3))
+    assert [(wl, label, n) for wl, label, n, _ in rows[:4]] == [("W4-lr", "fedavg", 2), ("W4-lr", "fedavg", 3),
+                                                               ("W4-lr", "scaffold", 2), ("W4-lr", "scaffold", 3)]
+    assert rows[-1][1:3] == ("scaffold, state <= 256MB", 3) and len(rows) == 9
+    small = w4.scaled(w4.WORKLOADS["W4-lr"], 0.0001)
+    assert small["partition"]["clients"] == 10 and small["server"]["clients_per_round"] == 10
+    path = tmp_path / "run.h5"
+    log = RunLog.create(str(path), synthetic_cfg(), 1, ["host"], {})
+    for t in range(3):
+        log.append({"round": t}, dense_rows(1000, [1, 5, 9]), num_clients=1000)
+    log.close()
+    per_round, size = w4.h5_growth(path)
+    metrics = len(CORE_METRICS) * 8
+    assert per_round == metrics + 4 * 3 * 4 and size == os.path.getsize(path)   # ids, selected, loss, arrived
