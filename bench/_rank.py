@@ -2,6 +2,10 @@
 seconds and CPU seconds of each round (`Experiment.run_round`, wrapped here) written at exit to
 $FEDMPI_BENCH_STATS/rank-<rank>.json (read by bench/bench.py).
 
+Peak memory is the kernel's peak resident set (`ru_maxrss`: every page the rank touched, its share of the
+node's shared data included), and, sampled every SAMPLE_S from /proc/self/smaps_rollup, the peak
+proportional set size (PSS: a page shared by k processes counts 1/k) and the peak private memory (USS).
+
 Launched as `mpiexec -n P python bench/_rank.py run CONFIG --overwrite`.
 """
 
@@ -10,9 +14,29 @@ import json
 import os
 import resource
 import sys
+import threading
 import time
 
 BEGAN = time.monotonic()
+SAMPLE_S = 0.05
+PEAKS = {"pss_kb": 0, "uss_kb": 0}
+
+
+def _sample_memory():
+    """Peak PSS and USS of this process, sampled until it exits (a daemon thread)."""
+    while True:
+        try:
+            with open("/proc/self/smaps_rollup") as fh:
+                info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line[:20])
+                        if v.split() and v.split()[0].isdigit()}
+        except OSError:
+            return
+        PEAKS["pss_kb"] = max(PEAKS["pss_kb"], info.get("Pss", 0))
+        PEAKS["uss_kb"] = max(PEAKS["uss_kb"], info.get("Private_Clean", 0) + info.get("Private_Dirty", 0))
+        time.sleep(SAMPLE_S)
+
+
+threading.Thread(target=_sample_memory, daemon=True).start()
 
 
 def _rank():
@@ -27,7 +51,8 @@ def _write_stats():
     if not folder:
         return
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    stats = {"rank": _rank(), "peak_rss_mb": usage.ru_maxrss / 1024.0, "cpu_s": usage.ru_utime + usage.ru_stime,
+    stats = {"rank": _rank(), "peak_rss_mb": usage.ru_maxrss / 1024.0, "peak_pss_mb": PEAKS["pss_kb"] / 1024.0,
+             "peak_uss_mb": PEAKS["uss_kb"] / 1024.0, "cpu_s": usage.ru_utime + usage.ru_stime,
              "wall_s": time.monotonic() - BEGAN, "round_cpu_s": [cpu for _, cpu in ROUNDS]}
     with open(os.path.join(folder, f"rank-{stats['rank']}.json"), "w") as fh:
         json.dump(stats, fh)

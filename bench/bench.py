@@ -27,6 +27,7 @@ which other processes inflate far less than wall time. The columns are explained
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import yaml
@@ -80,11 +82,16 @@ def _merge(base, extra):
 def workload_config(name, out, rounds=None, vectorize="auto", overrides=None):
     """The fedmpi config mapping of workload `name` writing to `out`; evaluation once, after the last round
     (`eval.every = rounds`: the per-round figures measure training rounds, in fedmpi and the reference)."""
-    cfg = _merge(_COMMON, WORKLOADS[name])
+    cfg = workload_config_from(_merge(_COMMON, WORKLOADS[name]), out, rounds, vectorize)
+    return _merge(cfg, overrides or {})
+
+
+def workload_config_from(mapping, out, rounds=None, vectorize="auto"):
+    """`workload_config` for a workload's mapping (W4's, bench/w4.py)."""
+    cfg = dict(mapping)
     if rounds:
         cfg["rounds"] = rounds
-    cfg = _merge(cfg, {"out": str(out), "eval": {"every": cfg["rounds"]}, "client": {"vectorize": vectorize}})
-    return _merge(cfg, overrides or {})
+    return _merge(cfg, {"out": str(out), "eval": {"every": cfg["rounds"]}, "client": {"vectorize": vectorize}})
 
 
 # --- fedmpi runs -------------------------------------------------------------------------------------
@@ -134,6 +141,8 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600):
         "device": device,
         "training_ranks": training,
         "peak_rss_mb": [s["peak_rss_mb"] for s in ranks],
+        "peak_pss_mb": [s.get("peak_pss_mb", float("nan")) for s in ranks],
+        "peak_uss_mb": [s.get("peak_uss_mb", float("nan")) for s in ranks],
         "cpu_s": sum(s["cpu_s"] for s in ranks),
         "server_cpu_s": ranks[0]["cpu_s"] if ranks and n > 1 else float("nan"),
         "fl_bytes": float(np.nansum(m["bytes_up"]) + np.nansum(m["bytes_down"])),
@@ -155,13 +164,15 @@ def mpi_bytes_per_round(n, dim, cfg_map):
 
 # --- the reference loop -----------------------------------------------------------------------------
 
-def reference(cfg_map):
-    """The plain single-process loop; returns per-round seconds and the final accuracy."""
+def reference(cfg_map, device="cpu"):
+    """The plain single-process loop (on `device`: bench/gpu_check.py runs it on the GPU); returns per-round
+    seconds and the final accuracy."""
     import numpy as np
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
+    device = torch.device(device)
     from fedmpi import config, rng
     from fedmpi.data import load_dataset
     from fedmpi.data.server_set import split_dataset
@@ -172,9 +183,9 @@ def reference(cfg_map):
     split = split_dataset(cfg, ds)
     parts, server_idx = split.parts, split.server_idx
     rng.seed_torch(cfg.seed, rng.INIT)
-    model = build_model(cfg.model, ds.input_shape, ds.num_classes)
-    x_tr, y_tr = torch.from_numpy(ds.x_train), torch.from_numpy(ds.y_train)
-    x_te, y_te = torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test)
+    model = build_model(cfg.model, ds.input_shape, ds.num_classes).to(device)
+    x_tr, y_tr = torch.from_numpy(ds.x_train).to(device), torch.from_numpy(ds.y_train).to(device)
+    x_te, y_te = torch.from_numpy(ds.x_test).to(device), torch.from_numpy(ds.y_test).to(device)
     params = list(model.parameters())
     glob = [p.detach().clone() for p in params]
     c, sizes = cfg.client, np.array([len(p) for p in parts])
@@ -191,7 +202,7 @@ def reference(cfg_map):
         opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
         model.train()
         for pos in batches(g, len(indices), batch, count):
-            idx = indices[torch.from_numpy(pos)]
+            idx = indices[torch.from_numpy(pos).to(device)]
             opt.zero_grad()
             F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
             opt.step()
@@ -209,7 +220,7 @@ def reference(cfg_map):
         k0 = e0 * math.ceil(n0 / b0)
         k_c = c.steps or c.epochs * math.ceil(float(sizes.mean()) / c.batch_size)
         lr0 = k.gamma * (k.server_lr or math.sqrt(cfg.server.clients_per_round) * c.lr * k_c / k0)
-        d0 = torch.from_numpy(server_idx)
+        d0 = torch.from_numpy(server_idx).to(device)
 
     times, cpu, acc = [], [], float("nan")
     for t in range(cfg.rounds):
@@ -219,7 +230,7 @@ def reference(cfg_map):
         weight = 0.0
         for cid in chosen:
             load(glob)
-            sgd(torch.from_numpy(parts[cid]), rng.stream(cfg.seed, rng.CLIENT, t, cid), c.batch_size,
+            sgd(torch.from_numpy(parts[cid]).to(device), rng.stream(cfg.seed, rng.CLIENT, t, cid), c.batch_size,
                 steps(len(parts[cid])), c.lr, c.momentum, c.weight_decay)
             with torch.no_grad():
                 for s, p, v in zip(sums, params, glob):
@@ -242,7 +253,7 @@ def reference(cfg_map):
         times.append(time.monotonic() - t0)
         cpu.append(time.process_time() - c0)
     return {"rounds": times, "busy_rounds": cpu, "acc": acc,
-            "global": torch.cat([v.reshape(-1) for v in glob]).numpy()}
+            "global": torch.cat([v.reshape(-1) for v in glob]).cpu().numpy()}
 
 
 def run_reference(cfg_map, workdir, timeout=3600):
@@ -340,9 +351,18 @@ def print_table(rows, file=sys.stdout):
     file.flush()
 
 
+def _w4():
+    spec = importlib.util.spec_from_file_location("fedmpi_bench_w4", Path(__file__).resolve().parent / "w4.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "W4"], choices=[*WORKLOADS, "W4"],
+                   help="W1 W2 W3 (against the reference) and W4 (cross-device scale, bench/w4.py; at -n 2 "
+                        "and 3 of --ranks); default all")
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 3], help="fedmpi -n values (default 1 2 3)")
     p.add_argument("--loop-ranks", nargs="*", type=int, default=[2],
                    help="-n values also run with client.vectorize=off, the per-client loop (default 2)")
@@ -355,6 +375,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, -n 1 and 2, one repeat")
     p.add_argument("--out", default=None, help="folder for run files (default: a temporary folder)")
     p.add_argument("--json", help="also write every measurement to this JSON file")
+    p.add_argument("--w4-scale", type=float, default=1.0,
+                   help="W4's client counts times this (a smoke test of its plumbing; default 1)")
     p.add_argument("--reference-worker", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reference_worker:
@@ -369,7 +391,7 @@ def main(argv=None):
           f"repeats {args.repeats}, rounds {args.rounds or 'as defined'}, cores {os.cpu_count()}, "
           f"load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
     rows, record = [], {}
-    for wl in args.workloads:
+    for wl in [w for w in args.workloads if w != "W4"]:
         per_round = WORKLOADS[wl]["server"]["clients_per_round"]
         plan = [] if args.no_reference else [("ref", None, None)]
         plan += [(f"-n {n}", n, args.vectorize) for n in args.ranks]
@@ -390,8 +412,17 @@ def main(argv=None):
             ref = s if n is None else ref
             record[f"{wl} {label}"] = {"summary": s, "samples": samples[label]}
             rows.append(format_row(wl, label, s, ref))
-    print()
-    print_table(rows)
+    if rows:
+        print()
+        print_table(rows)
+    if "W4" in args.workloads:
+        w4 = _w4()
+        ranks = tuple(n for n in args.ranks if n >= 2) or w4.W4_RANKS
+        parts = types.SimpleNamespace(_merge=_merge, _COMMON=_COMMON, workload_config_from=workload_config_from,
+                                      run_fedmpi=run_fedmpi)
+        w4_rows, record["W4"] = w4.run(parts, base / "W4", args.rounds, ranks, scale=args.w4_scale)
+        print()
+        w4.print_table(w4_rows)
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1, default=float))
     if not args.out:

@@ -143,6 +143,10 @@ def _dry_run(cfg):
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))
     print(server_summary(split.groups["partition/server"], cfg.server_data))
+    from fedmpi.memory import dry_run_lines as memory_lines
+
+    for line in memory_lines(cfg, dataset, algo.clients(split.parts, split.server_idx), flat, algo):
+        print(line)
     return 0
 
 

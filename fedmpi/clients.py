@@ -25,6 +25,22 @@ from fedmpi.runtime import place_clients
 from fedmpi.train import LocalTrainer, Schedule, evaluate, schedule, seed_torch_on
 
 
+class ClientIndex:
+    """client id -> its sample indices as a tensor on the device: made when first asked for, and kept only on
+    a GPU (on the CPU it is a view of the index array, and keeping 100,000 of them costs memory for nothing)."""
+
+    def __init__(self, parts, device):
+        self.parts, self.device, self.kept = parts, device, {}
+
+    def __getitem__(self, cid):
+        idx = self.kept.get(cid)
+        if idx is None:
+            idx = torch.from_numpy(self.parts[cid]).to(self.device)
+            if self.device.type != "cpu":
+                self.kept[cid] = idx
+        return idx
+
+
 class ClientHost:
     def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False):
         """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
@@ -41,8 +57,7 @@ class ClientHost:
         self.x_train = self.y_train = self.trainer = self.group_trainer = None
         if self.trains:
             self.x_train, self.y_train = data.train
-            trainable = range(len(parts)) if self.balanced else sorted(self.mine)
-            self.client_idx = {c: torch.from_numpy(parts[c]).to(flat.device) for c in trainable}
+            self.client_idx = ClientIndex(parts, flat.device)
             self.trainer = LocalTrainer(flat, cfg.client, self.x_train, self.y_train,
                                         transform=make_transform(cfg.data, data.dataset.input_shape), loss=loss)
         self._plan_vectorize(loss)

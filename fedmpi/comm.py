@@ -4,6 +4,11 @@ The only module that imports mpi4py. `MpiComm` moves flat numpy float32 buffers 
 (uppercase) calls; `LocalComm` is its single-process twin with the same methods, so every algorithm runs
 unchanged at `-n 1`.
 
+Node-local data: `share_arrays` gives the ranks of one node one copy of a set of arrays (the data set) in an
+MPI-3 shared-memory window; every rank of the node fills its own share of the rows, so each is charged
+(first touch) for about 1/ranks of it. `FEDMPI_TEST_NODES=K` (a test aid) splits the ranks into K pretend
+nodes, so that node-local device choice, threads and data sharing can be exercised on one machine.
+
 Waiting: a rank that waits for others (the server while workers train, a worker while the server
 evaluates) must not burn a core that a training rank needs. Each phase therefore starts with a tiny
 non-blocking collective polled with sleeps (`_sleep_wait`); once everyone has arrived, the large buffer
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedmpi.errors import ConfigError, FedmpiError
 from fedmpi.runtime import usable_cores
 from fedmpi.timing import Timer
 
@@ -29,6 +35,10 @@ SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
 SLEEP_FRACTION = 0.05     # of the time waited so far: a wait overshoots by at most ~5%
 # How long a failing worker waits for the server to record its error before aborting the job itself.
 FAILURE_GRACE_S = 10.0
+# Test aid: split the ranks into this many pretend nodes (contiguous blocks of ranks), see `node_count`.
+TEST_NODES = "FEDMPI_TEST_NODES"
+# Arrays in a shared window start on page boundaries: a rank filling one array touches no page of another.
+SHARED_ALIGN = 4096
 
 # gather_states: one client's state travels as [array count], [count x STATE_META] int64 rows (dtype code,
 # ndim, name length, shape padded to STATE_MAX_NDIM), the UTF-8 names as bytes, then each array's bytes.
@@ -41,19 +51,25 @@ STATE_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "float16", "int
 
 def encode_state(state):
     """(meta rows, name bytes, contiguous arrays) of a dict[str, np.ndarray]; numbers and bytes only."""
-    names, arrays = [], []
-    meta = np.zeros((len(state), STATE_META), dtype=np.int64)
-    for i, (name, value) in enumerate(state.items()):
-        a = np.asarray(value, order="C")
-        if a.dtype not in STATE_DTYPES or a.ndim > STATE_MAX_NDIM or not name or "/" in name:
-            raise TypeError(f"state entry {name!r} ({a.dtype}, {a.ndim}-d): a state is a dict of numeric arrays "
+    arrays = [np.asarray(value, order="C") for value in state.values()]
+    meta, names = encode_specs({name: (a.shape, a.dtype) for name, a in zip(state, arrays)})
+    return meta, names, arrays
+
+
+def encode_specs(specs):
+    """(meta rows, name bytes) describing {name: (shape, dtype)}, the form `decode_state_meta` reads."""
+    names = []
+    meta = np.zeros((len(specs), STATE_META), dtype=np.int64)
+    for i, (name, (shape, dtype)) in enumerate(specs.items()):
+        dtype, ndim = np.dtype(dtype), len(shape)
+        if dtype not in STATE_DTYPES or ndim > STATE_MAX_NDIM or not name or "/" in name:
+            raise TypeError(f"state entry {name!r} ({dtype}, {ndim}-d): a state is a dict of numeric arrays "
                             f"of at most {STATE_MAX_NDIM} dimensions under non-empty names without '/'")
         raw = name.encode()
-        meta[i, :3] = STATE_DTYPES.index(a.dtype), a.ndim, len(raw)
-        meta[i, 3:3 + a.ndim] = a.shape
+        meta[i, :3] = STATE_DTYPES.index(dtype), ndim, len(raw)
+        meta[i, 3:3 + ndim] = shape
         names.append(raw)
-        arrays.append(a)
-    return meta, np.frombuffer(b"".join(names), dtype=np.uint8), arrays
+    return meta, np.frombuffer(b"".join(names), dtype=np.uint8)
 
 
 def decode_state_meta(meta, name_bytes):
@@ -63,6 +79,64 @@ def decode_state_meta(meta, name_bytes):
         out.append((raw[pos:pos + length].decode(), STATE_DTYPES[code], tuple(shape[:ndim])))
         pos += length
     return out
+
+
+def node_count(size):
+    """Pretend nodes asked for by FEDMPI_TEST_NODES (1 when unset), at most one per rank."""
+    text = os.environ.get(TEST_NODES, "").strip()
+    if not text:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{TEST_NODES} = {text!r}: must be a positive integer (pretend nodes, a test aid)")
+    return min(int(text), size)
+
+
+def pretend_node(rank, size, nodes):
+    """The pretend node of `rank` when `size` ranks are split into `nodes` contiguous blocks (as a launcher
+    that fills one node after another places them)."""
+    return rank * nodes // size
+
+
+def share_of(n, part, parts):
+    """Rows [lo, hi) of `n` that part `part` of `parts` fills (contiguous, sizes within one of each other)."""
+    return n * part // parts, n * (part + 1) // parts
+
+
+def shared_layout(specs):
+    """({name: (offset, shape, dtype)}, total bytes): `specs` {name: (shape, dtype)} packed into one buffer,
+    each array on a SHARED_ALIGN boundary."""
+    layout, offset = {}, 0
+    for name, (shape, dtype) in specs.items():
+        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        layout[name] = (offset, shape, dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        offset += -(-nbytes // SHARED_ALIGN) * SHARED_ALIGN
+    return layout, offset
+
+
+def _views(buffer, layout):
+    return {name: np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset)
+            for name, (offset, shape, dtype) in layout.items()}
+
+
+def _read_only(arrays):
+    for a in arrays.values():
+        a.flags.writeable = False
+    return arrays
+
+
+class PeerFailed(FedmpiError):
+    """Raised on the ranks of a node whose shared data another rank of the node failed to produce; carries
+    that rank's message, so that whichever rank reports the failure says why."""
+
+    def __init__(self, code, local_rank, text):
+        super().__init__(f"node-local rank {local_rank} could not make the node's shared data: {text}")
+        self.exit_code = code
+
+
+def error_text(error):
+    """What a rank says about an error it raised: the message of a FedmpiError, else 'Type: message'."""
+    return str(error) if isinstance(error, FedmpiError) else f"{type(error).__name__}: {error}"
 
 
 class _AllOf:
@@ -83,6 +157,9 @@ class NodeInfo:
     server_node_ranks: int      # ranks on rank 0's node
     server_node_cores: int      # cores usable on rank 0's node
     server_node_gpus: int = 0   # GPUs rank 0 would train on (0 on a CPU node)
+    cores: int = 0              # cores usable on this rank's node (0: unknown)
+    node: int = 0               # this rank's node, 0..nodes-1 (pretend nodes under FEDMPI_TEST_NODES)
+    nodes: int = 1
 
     def server_spare_core(self):
         """Rank 0's node is a CPU node with a core beyond those of its other ranks, idle while they train (on
@@ -144,7 +221,19 @@ class LocalComm:
             put_state(cid, get_state(cid))
 
     def node_local(self, gpus=0):
-        return NodeInfo(0, 1, True, 1, usable_cores(), gpus)
+        return NodeInfo(0, 1, True, 1, usable_cores(), gpus, usable_cores())
+
+    @property
+    def node_leader(self):
+        return True
+
+    def share_arrays(self, specs, fill):
+        """`MpiComm.share_arrays` in one process: plain arrays, filled whole, returned read-only."""
+        if isinstance(specs, BaseException):
+            raise specs
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
+        fill(arrays, 0, 1)
+        return _read_only(arrays)
 
     def abort(self, code):
         os._exit(code)
@@ -169,6 +258,8 @@ class MpiComm:
                                              tag=FAILURE_TAG) if self.rank == 0 else None)
         self._status = MPI.Status()
         self._failure = None        # a reported failure not raised yet (see _check_failures)
+        self._node = None           # the node's communicator (pretend nodes under FEDMPI_TEST_NODES), made once
+        self._windows = []          # shared-memory windows of `share_arrays`, freed by `close`
 
     @property
     def is_server(self):
@@ -317,18 +408,103 @@ class MpiComm:
             return 0, -1
         return int(worst[0] // (self.size + 1)), int(self.size - worst[0] % (self.size + 1))
 
+    def _node_comm(self):
+        """The ranks sharing this rank's node (memory), made once: MPI's COMM_TYPE_SHARED split, further split
+        into contiguous blocks of ranks under FEDMPI_TEST_NODES."""
+        if self._node is None:
+            local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
+            nodes = node_count(self.size)
+            if nodes > 1:
+                pretend = local.Split(pretend_node(self.rank, self.size, nodes), key=self.rank)
+                local.Free()
+                local = pretend
+            self._node = local
+        return self._node
+
+    @property
+    def node_leader(self):
+        """This rank is the first of its node (collective the first time: see `_node_comm`)."""
+        return self._node_comm().Get_rank() == 0
+
     def node_local(self, gpus=0):
-        """Collective: this rank's NodeInfo (its place on its node, and rank 0's node: ranks, cores and the
-        `gpus` rank 0 counted there)."""
-        local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
+        """Collective: this rank's NodeInfo (its place on its node, its node's cores, and rank 0's node: ranks,
+        cores and the `gpus` rank 0 counted there)."""
+        local = self._node_comm()
+        lowest = np.zeros(1, dtype=np.int64)
+        local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)
+        leaders = np.zeros(self.size, dtype=np.int64)
+        self.comm.Allgather(np.array([int(local.Get_rank() == 0)], dtype=np.int64), leaders)
+        # Pretend nodes share their machine's cores in proportion to their ranks.
+        machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
+        cores = max(1, usable_cores() * local.Get_size() // machine.Get_size())
+        machine.Free()
+        server_node = np.array([local.Get_size(), cores, gpus], dtype=np.int64)
+        self.comm.Bcast(server_node, root=0)
+        return NodeInfo(local.Get_rank(), local.Get_size(), bool(lowest[0] == 0), *map(int, server_node), cores,
+                        int(leaders[: lowest[0]].sum()), int(leaders.sum()))
+
+    def share_arrays(self, specs, fill):
+        """Collective over the node: one copy of the arrays `specs` describes ({name: (shape, dtype)}, as the
+        node's first rank gives it; ignored elsewhere) for all the node's ranks, in an MPI-3 shared-memory
+        window. Every rank of the node calls `fill(arrays, part, parts)` with the writable arrays, `part` its
+        node-local rank of `parts`: each fills its share (e.g. `share_of` the rows), so each first-touches,
+        and is charged for, only that share. Returns the arrays, read-only, on every rank of the node; they
+        live until `close`.
+
+        The first rank passes an exception instead of `specs` when it could not make them: it re-raises it
+        and the node's other ranks raise PeerFailed with its exit code; so does a failure inside `fill` on
+        any rank. Waits sleep, as elsewhere (loading may take minutes on one rank while the others wait)."""
+        node = self._node_comm()
+        part, parts = node.Get_rank(), node.Get_size()
+        header = np.zeros(3, dtype=np.int64)            # [exit code, spec rows, name bytes]
+        if part == 0:
+            if isinstance(specs, BaseException):
+                header[0] = specs.exit_code if isinstance(specs, FedmpiError) else 1
+            else:
+                meta, names = encode_specs(specs)
+                header[1:] = len(meta), len(names)
+        self._sleep_wait(node.Ibcast(header, root=0))
+        if header[0]:
+            text = self._node_text(error_text(specs) if part == 0 else "", 0)
+            if part == 0:
+                raise specs
+            raise PeerFailed(int(header[0]), 0, text)
+        if part != 0:
+            meta = np.zeros((header[1], STATE_META), dtype=np.int64)
+            names = np.zeros(header[2], dtype=np.uint8)
+        node.Bcast(meta, root=0)
+        node.Bcast(names, root=0)
+        specs = {name: (shape, dtype) for name, dtype, shape in decode_state_meta(meta, names)}
+        layout, total = shared_layout(specs)
+        win = self.MPI.Win.Allocate_shared(total if part == 0 else 0, 1, comm=node)
+        buffer, _ = win.Shared_query(0)
+        arrays = _views(buffer, layout)
+        error, code = None, 0
         try:
-            lowest = np.zeros(1, dtype=np.int64)
-            local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)
-            server_node = np.array([local.Get_size(), usable_cores(), gpus], dtype=np.int64)
-            self.comm.Bcast(server_node, root=0)
-            return NodeInfo(local.Get_rank(), local.Get_size(), bool(lowest[0] == 0), *map(int, server_node))
-        finally:
-            local.Free()
+            fill(arrays, part, parts)
+        except Exception as e:  # noqa: BLE001 - every rank of the node must reach the agreement below
+            error, code = e, (e.exit_code if isinstance(e, FedmpiError) else 1)
+        value = np.array([code * (parts + 1) + (parts - part) if code else 0], dtype=np.int64)
+        worst = np.zeros(1, dtype=np.int64)
+        self._sleep_wait(node.Iallreduce(value, worst, op=self.MPI.MAX))
+        if worst[0]:
+            del arrays, buffer
+            win.Free()
+            speaker = int(parts - worst[0] % (parts + 1))
+            text = self._node_text(error_text(error) if part == speaker else "", speaker)
+            if error is not None:
+                raise error
+            raise PeerFailed(int(worst[0] // (parts + 1)), speaker, text)
+        self._windows.append(win)
+        return _read_only(arrays)
+
+    def _node_text(self, text, root):
+        """Node-local rank `root`'s `text` (at most FAILURE_BYTES) to every rank of the node."""
+        buf = bytearray(FAILURE_BYTES)
+        data = text.encode()[: FAILURE_BYTES - 1]
+        buf[: len(data)] = data
+        self._node_comm().Bcast([buf, self.MPI.BYTE], root=root)
+        return bytes(buf).rstrip(b"\0").decode(errors="replace")
 
     def report_failure(self, text):
         """Worker side: tell the server why this rank fails, give it time to record it, then abort."""
@@ -347,7 +523,15 @@ class MpiComm:
         self.comm.Abort(code)
 
     def close(self):
-        """Cancels the server's standing failure receive so MPI finalizes cleanly."""
+        """Frees the node's shared windows (collective: every rank closes at the same point; the arrays of
+        `share_arrays` are gone after this) and cancels the server's standing failure receive, so MPI
+        finalizes cleanly."""
+        for win in self._windows:
+            win.Free()
+        self._windows = []
+        if self._node is not None:
+            self._node.Free()
+            self._node = None
         if self._failure_req is not None and self._failure is None:     # (a received failure completed it)
             self._failure_req.Cancel()
             self._failure_req.Wait()

@@ -29,6 +29,7 @@ from fedmpi.config_checks import show as _show
 from fedmpi.deploy.keys import ClientsConfig, CompressConfig, DeadlineConfig
 from fedmpi.errors import ConfigError
 from fedmpi.privacy.keys import PrivacyConfig
+from fedmpi.runtime import parse_bytes
 from fedmpi.schedules import ScheduleConfig
 
 # runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
@@ -239,12 +240,29 @@ class RuntimeConfig:
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
     cuda_aware_mpi: bool = False
     on_nonfinite: Literal["stop", "continue"] = "stop"   # a NaN/inf loss or model: stop (status diverged) or go on
+    shared_data: bool = True         # the ranks of a node share one read-only copy of the data set (MPI-3 window)
+    # Per-client state (SCAFFOLD's c_i, compression residuals...) kept in host memory per rank, in bytes ("4GB",
+    # "512MiB" or a number); beyond it, state spills to a file of the rank's in $TMPDIR. null: no limit.
+    client_state_memory: str | int | None = None
+    # GPU: deterministic kernels (torch.use_deterministic_algorithms, cuDNN, cuBLAS workspace) so that -n
+    # invariance and resume hold on GPUs too; costs speed (docs/performance.md).
+    deterministic: bool = False
 
     def __post_init__(self):
         c = _Checks("runtime")
         c.require(self.threads is None or 1 <= self.threads <= MAX_THREADS, "threads", self.threads,
                   f"must be a positive integer up to {MAX_THREADS}, or null")
+        if self.client_state_memory is not None:
+            try:
+                parse_bytes(self.client_state_memory)
+            except ValueError as e:
+                c.require(False, "client_state_memory", self.client_state_memory, str(e))
         c.done()
+
+    @property
+    def client_state_bytes(self):
+        """`client_state_memory` in bytes (None: no limit)."""
+        return None if self.client_state_memory is None else parse_bytes(self.client_state_memory)
 
 
 @dataclass(frozen=True)
@@ -337,7 +355,7 @@ def _type_name(tp):
         return "one of " + ", ".join(map(str, typing.get_args(tp)))
     if origin in _UNIONS:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _type_name(inner[0]) + " or null"
+        return " or ".join(_type_name(a) for a in inner) + " or null"
     if origin is tuple:
         return f"a list of {len(typing.get_args(tp))} values, each {_type_name(typing.get_args(tp)[0])}"
     names = {int: "an integer", float: "a number (not NaN or infinity)", bool: "true or false", str: "a string"}
@@ -350,8 +368,11 @@ def _coerce(tp, value):
     if origin in _UNIONS:
         if value is None:
             return True, None
-        inner = [a for a in typing.get_args(tp) if a is not type(None)][0]
-        return _coerce(inner, value)
+        for inner in (a for a in typing.get_args(tp) if a is not type(None)):
+            ok, coerced = _coerce(inner, value)
+            if ok:
+                return True, coerced
+        return False, value
     if origin is Literal:
         return value in typing.get_args(tp), value
     if origin is tuple:

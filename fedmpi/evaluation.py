@@ -6,7 +6,8 @@ The figures are exactly those of one rank evaluating everything in order: a batc
 by the same kernel on whichever rank holds it, the reduction adds it to zeros (exact), and rank 0 adds the
 batch sums in batch order as a single evaluator would; correct counts are integers. So test_acc and
 test_loss do not depend on -n, and neither does `class_acc` [class] (per-class test accuracy, /metrics).
-Batch b goes to rank b mod P, so every rank (the server too) gets an equal share.
+Batch b goes to rank b mod P, so every rank (the server too) gets an equal share, and a rank holds (on its
+device) and reads only its own batches of the test set.
 """
 
 from __future__ import annotations
@@ -19,17 +20,20 @@ import torch.nn.functional as F
 
 
 class SplitEvaluation:
-    def __init__(self, comm, flat, x_test, y_test, batch_size, num_classes, loss=None):
+    def __init__(self, comm, flat, x_test, y_test, batch_size, num_classes, to_device, loss=None):
+        """`x_test`, `y_test`: the whole test set as numpy arrays (shared by the node's ranks); `to_device(a)`
+        turns a slice of them into a tensor on this rank's device (a view on the CPU)."""
         self.comm, self.flat, self.batch_size, self.loss = comm, flat, batch_size, loss
-        self.x, self.y = x_test, y_test
         self.n = len(y_test)
         self.batches = math.ceil(self.n / batch_size) if self.n else 0
         self.mine = [b for b in range(self.batches) if b % comm.size == comm.rank]
-        self.labelled = not y_test.is_floating_point()
+        self.my_batches = [(b, to_device(x_test[b * batch_size:(b + 1) * batch_size]),
+                            to_device(y_test[b * batch_size:(b + 1) * batch_size])) for b in self.mine]
+        self.labelled = y_test.dtype.kind != "f"
         self.classes = num_classes if self.labelled else 0
         # [batch loss sums | per-class correct counts], float64, reduced to rank 0
         self.buffer = np.zeros(self.batches + self.classes, dtype=np.float64)
-        self.class_counts = (np.bincount(y_test.cpu().numpy(), minlength=self.classes) if self.labelled
+        self.class_counts = (np.bincount(y_test, minlength=self.classes) if self.labelled
                              else np.zeros(0, dtype=np.int64))
 
     @torch.no_grad()
@@ -37,11 +41,9 @@ class SplitEvaluation:
         module, buf, nb = self.flat.module, self.buffer, self.batches
         module.eval()
         buf[:] = 0.0
-        correct = torch.zeros(self.classes, dtype=torch.int64, device=self.x.device)
+        correct = torch.zeros(self.classes, dtype=torch.int64, device=self.flat.device)
         scores = self.labelled
-        for b in self.mine:
-            xb, yb = self.x[b * self.batch_size:(b + 1) * self.batch_size], self.y[b * self.batch_size:
-                                                                               (b + 1) * self.batch_size]
+        for b, xb, yb in self.my_batches:
             out = module(xb)
             if self.loss is None:
                 buf[b] = float(F.cross_entropy(out, yb, reduction="sum").double())

@@ -17,6 +17,7 @@ import hashlib
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,17 +26,17 @@ import torch
 from fedmpi import rng, signals
 from fedmpi.algorithms.base import REDUCE, SetupContext
 from fedmpi.algorithms.registry import lookup
-from fedmpi.algorithms.state import as_numpy_state
+from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.clients import ClientHost
-from fedmpi.data import load_dataset
 from fedmpi.data.server_set import split_dataset
+from fedmpi.data.shared import load_shared
 from fedmpi.data.stats import partition_stats
 from fedmpi.evaluation import SplitEvaluation
 from fedmpi.flat import FlatModel
 from fedmpi.models import build_model
 from fedmpi.participation import build_participation
 from fedmpi.protocols import PROTOCOLS
-from fedmpi.runtime import pick_device, set_threads
+from fedmpi.runtime import pick_device, set_deterministic, set_threads
 from fedmpi.server import Server
 from fedmpi.shadow import Shadow
 from fedmpi.train import ServerTrainer
@@ -50,20 +51,28 @@ def build_partition(cfg, dataset, parts=None):
 
 
 class DeviceData:
-    """The data set's tensors on this rank's device, moved there only when a part first needs them."""
+    """The data set's tensors on this rank's device, made only when a part first needs them. On the CPU they
+    are views of the (node-shared, read-only) arrays: nothing is copied, and a rank's memory holds only the
+    pages it reads. On a GPU the training set is copied to each rank's device whole (any client may train
+    there); the test set only for the server's shadow model, the evaluation takes its own batches."""
 
     def __init__(self, dataset, device):
         self.dataset, self.device = dataset, device
 
+    def tensor(self, array):
+        """`array` (a numpy array or a slice of one) as a tensor on this rank's device."""
+        with warnings.catch_warnings():
+            # The node's shared arrays are read-only; fedmpi only ever reads the tensors made from them.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(array).to(self.device)
+
     @functools.cached_property
     def train(self):
-        ds = self.dataset
-        return torch.from_numpy(ds.x_train).to(self.device), torch.from_numpy(ds.y_train).to(self.device)
+        return self.tensor(self.dataset.x_train), self.tensor(self.dataset.y_train)
 
     @functools.cached_property
     def test(self):
-        ds = self.dataset
-        return torch.from_numpy(ds.x_test).to(self.device), torch.from_numpy(ds.y_test).to(self.device)
+        return self.tensor(self.dataset.x_test), self.tensor(self.dataset.y_test)
 
 
 class Experiment:
@@ -73,12 +82,15 @@ class Experiment:
         in-process API (`fedmpi.simulate`) passes them for custom experiments."""
         self.cfg, self.comm = cfg, comm
         gpus = torch.cuda.device_count() if cfg.runtime.device != "cpu" else 0
-        node = comm.node_local(gpus)      # the only collective of set-up
+        self.node = node = comm.node_local(gpus)      # with the data's sharing, the only collectives of set-up
+        # The node's ranks share one copy of the data set (collective over the node, before anything here
+        # can fail on one rank alone).
+        self.dataset = dataset if dataset is not None else load_shared(cfg, comm)
         self.workers = _workers(cfg, comm, node)
         computing = node.local_size - (1 if node.server_here and 0 not in self.workers else 0)
-        self.threads = set_threads(cfg.runtime.threads, computing)
+        self.threads = set_threads(cfg.runtime.threads, computing, node.cores)
+        set_deterministic(cfg.runtime.deterministic)      # before the device's first kernels
         self.device = pick_device(cfg.runtime.device, node.local_rank)
-        self.dataset = dataset if dataset is not None else load_dataset(cfg)
         self.split = build_partition(cfg, self.dataset, parts)
         if model is None:
             rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
@@ -95,14 +107,18 @@ class Experiment:
                                                                    self.dataset.num_classes)
         data = DeviceData(self.dataset, self.device)
         self.stages = build_stages(cfg, algo, self.flat.dim)
+        # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
+        self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
+        bind_client_state(self.client_store, algo, *self.stages)
         self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
                                   keeps_state=any(stage.keeps_client_state for stage in self.stages))
         header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
                                  header_extra, up_extra, extra_columns=drift_columns)
-        self.evaluation = SplitEvaluation(comm, self.flat, *data.test, cfg.eval.batch_size,
-                                          self.dataset.num_classes, loss=loss)
+        self.evaluation = SplitEvaluation(comm, self.flat, self.dataset.x_test, self.dataset.y_test,
+                                          cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
+        self.data = data
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe))
         algo.verify_declarations()
@@ -209,6 +225,7 @@ class Experiment:
         """The round's broadcast (header only unless `full`); every rank leaves here on a stop. Rank 0 then
         trains the divergence shadow while the workers train their clients."""
         command = CMD_STOP if self.stopping else CMD_RUN
+        self.wire.start_round(self.plan(t).selected)
         fill = self.server.fill_down if self.server else None
         extra = self._header_extra() if self.server and self.wire.header_len > HEADER else ()
         received, round_ = self.wire.broadcast(t, command, fill, full, extra)
@@ -250,6 +267,7 @@ class Experiment:
         with eval.client_drift the clients' cosines are measured; the server returns the round's record."""
         t, server = plan.round, self.server
         self.participation.done(plan)
+        self.client_store.end_round()       # the round's client vectors back to host memory (or the spill file)
         stats = sums = None
         if server:
             with self.timer.phase("server"):
@@ -288,8 +306,7 @@ class Experiment:
         if self.shadow is not None:
             metrics["weight_divergence"], metrics["weight_divergence_layers"] = self.shadow.divergence(server.x)
             if evaluated is not None:
-                metrics["shadow_acc"] = self.shadow.accuracy(self.evaluation.x, self.evaluation.y,
-                                                             self.cfg.eval.batch_size)
+                metrics["shadow_acc"] = self.shadow.accuracy(*self.data.test, self.cfg.eval.batch_size)
         metrics.update(self.algo.round_metrics())
         metrics.update(plan.metrics)
         for stage in self.stages:
@@ -347,9 +364,12 @@ def _nonfinite(metrics, stats, x):
 
 def _inject_fault(rank, t):
     """Test aid: FEDMPI_INJECT_FAULT="RANK:ROUND" raises on that rank at the start of that round, so the
-    failure path (one rank fails, the whole job ends, run.h5 says failed) can be exercised for real."""
+    failure path (one rank fails, the whole job ends, run.h5 says failed) can be exercised for real;
+    "RANK:ROUND:memory" raises a MemoryError instead (a rank out of memory)."""
     spec = os.environ.get("FEDMPI_INJECT_FAULT")
-    if spec and spec == f"{rank}:{t}":
+    if spec and spec.startswith(f"{rank}:{t}") and spec[len(f"{rank}:{t}"):] in ("", ":memory"):
+        if spec.endswith(":memory"):
+            raise MemoryError(f"injected: unable to allocate (FEDMPI_INJECT_FAULT={spec})")
         raise RuntimeError(f"injected fault (FEDMPI_INJECT_FAULT={spec})")
     # Test aid: FEDMPI_ROUND_DELAY_S=SECONDS sleeps at the start of every round, so that a test can signal
     # or kill a rank mid-run without heavy training; results do not change (wall_s aside).

@@ -28,7 +28,7 @@ import numpy as np
 from fedmpi import report
 from fedmpi.errors import InputError
 from fedmpi.output_paths import check_file, check_folder
-from fedmpi.store import CORE_METRICS, open_run
+from fedmpi.store import CLIENT_IDS, CORE_METRICS, client_table, open_run
 
 EVENT_FILES = "events.out.tfevents.*"
 HISTOGRAM_BINS = 30
@@ -63,18 +63,17 @@ def scalar_series(run):
 
 
 def read_clients(path, rows, notes):
-    """{name: [round, client]} of /clients, cut to the run's complete rows; a non-numeric one is noted."""
-    out = {}
+    """{name: [round, client] rows} of /clients (either layout, `store.client_table`: row i made when asked
+    for), cut to the run's complete rows; a dataset that is not a [round, client] array of numbers is noted."""
     with open_run(path) as f:
         group = f.get("clients")
         if not isinstance(group, h5py.Group):
-            return out
-        for name, item in group.items():
-            if isinstance(item, h5py.Dataset) and item.ndim == 2 and item.dtype.kind in "biuf":
-                out[name] = np.asarray(item[:rows], dtype=np.float64)
-            else:
+            return {}
+        table = client_table(f, rows)
+        for name in group:
+            if name not in table and name != CLIENT_IDS:
                 notes.append(f"/clients/{name} left out: not a [round, client] array of numbers")
-    return out
+    return {name: table[name] for name in table.names}
 
 
 def histogram(values, bins=HISTOGRAM_BINS):

@@ -10,9 +10,14 @@ message naming the rank and the error, and `run.h5` says `failed` with that mess
 error text to rank 0 (which records it and aborts the job); if rank 0 does not respond in time the worker
 aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted` and exit 130.
 
-A rank killed outright (kill -9, OOM killer) cannot report anything. mpiexec (MPICH hydra) then kills every
-other rank at once, so no watchdog runs here; under SLURM launch with `srun --kill-on-bad-exit=1` for the
-same effect. run.h5 keeps status `running` in that case, and the next --resume notes it in `resumes`.
+A rank that runs out of memory where Python or torch can tell (a MemoryError, torch's OutOfMemoryError) fails
+like any other, with a message that says so, its peak memory and the node's (`fedmpi.memory`). A rank killed
+outright (kill -9, the kernel's OOM killer: Linux usually kills instead of failing an allocation) cannot
+report anything. mpiexec (MPICH hydra) then kills every other rank at once and prints "BAD TERMINATION OF
+ONE OF YOUR APPLICATION PROCESSES ... EXIT CODE: 9" and "YOUR APPLICATION TERMINATED WITH THE EXIT STRING:
+Killed (signal 9)" (the kernel's log, `dmesg`, names the OOM kill), so no watchdog runs here; under SLURM
+launch with `srun --kill-on-bad-exit=1` for the same effect (SLURM reports an OOM kill in the job's state).
+run.h5 keeps status `running` in that case, and the next --resume notes it in `resumes`.
 
 Stop requests (fedmpi.signals) end the loop at a round boundary with a checkpoint; every rank returns 75.
 A non-finite loss or model stops the run at that round with status `diverged` and exit 1
@@ -35,6 +40,7 @@ from fedmpi import checkpoint, signals
 from fedmpi.comm import WorkerFailed
 from fedmpi.errors import EXIT_FAILED, EXIT_INTERRUPTED, Diverged, FedmpiError, Refused, StopRequested, report_lines
 from fedmpi.experiment import Experiment, fingerprint
+from fedmpi.memory import is_out_of_memory, out_of_memory_text
 from fedmpi.progress import Progress
 from fedmpi.store import RunLog
 
@@ -64,7 +70,10 @@ def set_up(cfg, comm, **parts) -> Experiment:
     if worst == 0:
         return exp
     if comm.rank == speaker:
-        for line in report_lines(error, comm.rank if comm.size > 1 else None):
+        lines = report_lines(error, comm.rank if comm.size > 1 else None)
+        if is_out_of_memory(error):
+            lines = [f"fedmpi: {out_of_memory_text(error, comm.rank if comm.size > 1 else None)}"]
+        for line in lines:
             print(line, file=sys.stderr, flush=True)
     comm.close()
     raise Refused(worst)
@@ -116,7 +125,8 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
             message = str(e) if comm.is_server else f"rank {comm.rank} failed: {e}"
             detail = message
         else:
-            message = f"rank {comm.rank} failed: {type(e).__name__}: {e}"
+            message = (out_of_memory_text(e, comm.rank) if is_out_of_memory(e)
+                       else f"rank {comm.rank} failed: {type(e).__name__}: {e}")
             detail = message + "\n" + traceback.format_exc()
         _fail(comm, log, message, detail, code)
 

@@ -1,5 +1,15 @@
 """The HDF5 run log `OUT/run.h5` (DESIGN §3, contract); the only module that writes HDF5 run logs.
 
+Per-client figures (issue 14) are stored as rows of the clients a round names, not as [round, client]
+matrices: /clients/ids [round, width] int32 (-1 pads a short row) and /clients/<name> [round, width]
+float32 beside it, where `width` grows to the longest row. A round names the clients where any figure
+differs from its `fill` (0 for the indicators selected / dropped / late / arrived, NaN for the rest): the
+selected ones, and e.g. FedBuff's arrivals. The group's attributes say `layout = "rows"` and
+`num_clients`; each dataset's `fill` attribute is what a client left out of a row reads as. So the file
+grows with the clients selected, not with N. `client_table` reads either this layout or the dense
+[round, client] datasets of older files as the same [round, client] view; a resumed or forked old file
+keeps its dense layout.
+
 Written by rank 0 only. `append` keeps the file open from one round to the next (reopening it each round
 cost ~1.5 ms, a tenth of a round of many tiny clients) and flushes it after every row; every other write
 closes that handle and opens, writes and closes the file as before. So between rounds the file is
@@ -53,6 +63,9 @@ from fedmpi.timing import PHASES
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
 READ_RETRIES = 5
 METRIC_CHUNK, CLIENT_CHUNK = 256, 64     # rows per chunk of /metrics and /clients datasets
+CLIENT_IDS, ROWS = "ids", "rows"          # /clients/ids and the /clients layout attribute of the rows layout
+# Per-client figures that are 0, not NaN, for a client a round does not name.
+ZERO_FILL = ("selected", "dropped", "late", "arrived")
 # Room reserved beyond a write's own data for HDF5's metadata. Measured: appending a row to a run with
 # 1,000 clients writes ~50 kB of metadata besides its chunks; attribute updates a few kB.
 SLACK_BYTES = 1 << 20
@@ -156,16 +169,20 @@ class RunLog:
         group = f["metrics"]
         n = group["round"].shape[0]
         new_metrics = {name: metrics[name] for name in set(metrics) - set(group)}
+        dense = _dense_layout(f["clients"])
+        if not dense:
+            ids, clients = client_row(clients or {}, num_clients or 0)
         new_clients = [name for name in clients or {} if name not in f["clients"]]
         new_timing = timing is not None and "timing" not in f
         grown = {"metrics": sum(_new_metric_chunk(v) for v in new_metrics.values()),
-                 "clients": len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4,
+                 "clients": len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4 if dense else 0,
                  "timing": len(PHASES) * METRIC_CHUNK * 8 * timing.shape[0] if new_timing else 0}
         # Row n starts a new chunk of every dataset of a group when n is a multiple of its chunk rows; new
         # datasets start theirs now. Checked before anything changes: a refused row leaves no trace.
         _ensure_room(self.path, sum(grown.values()) +
                      (self._chunk_bytes["metrics"] + self._chunk_bytes["timing"] if n % METRIC_CHUNK == 0 else 0) +
-                     (self._chunk_bytes["clients"] if n % CLIENT_CHUNK == 0 else 0))
+                     ((self._chunk_bytes["clients"] if n % CLIENT_CHUNK == 0 else 0) if dense else
+                      _rows_room(f["clients"], n, len(ids), len(new_clients))))
         for name, more in grown.items():
             self._chunk_bytes[name] += more
         try:
@@ -174,16 +191,10 @@ class RunLog:
             for name, ds in group.items():
                 ds.resize((n + 1,) + ds.shape[1:])
                 ds[n] = _cell(ds, metrics.get(name))
-            for name, row in (clients or {}).items():
-                ds = f["clients"].get(name)
-                if ds is None:
-                    ds = f["clients"].create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
-                                                     dtype="f4", fillvalue=np.nan, chunks=(CLIENT_CHUNK, num_clients))
-                ds.resize((n + 1, num_clients))
-                ds[n] = row
-            for ds in f["clients"].values():
-                if ds.shape[0] < n + 1:
-                    ds.resize((n + 1, ds.shape[1]))
+            if dense:
+                _append_dense(f["clients"], n, clients or {}, num_clients)
+            else:
+                _append_rows(f["clients"], n, ids, clients, num_clients)
             if timing is not None:
                 _append_timing(f.require_group("timing"), n, timing)
             f.flush()
@@ -250,10 +261,13 @@ class RunLog:
                     rows = ds[:rounds]
                     if path in f:
                         del f[path]
-                    f.create_dataset(path, data=rows, maxshape=(None,) + ds.shape[1:], chunks=ds.chunks or True,
-                                     fillvalue=ds.fillvalue)
+                    growable = path.startswith("clients/") and src["clients"].attrs.get("layout") == ROWS
+                    f.create_dataset(path, data=rows, maxshape=(None,) + ((None,) if growable else ds.shape[1:]),
+                                     chunks=ds.chunks or True, fillvalue=ds.fillvalue)
                     for key, value in ds.attrs.items():
                         f[path].attrs[key] = value
+                for key, value in src["clients"].attrs.items() if "clients" in src else ():
+                    f["clients"].attrs[key] = value
 
     def set_attrs(self, **attrs):
         """Root attributes, written in place after checking there is room for them (an attribute that grows
@@ -268,6 +282,152 @@ class RunLog:
     def finish(self, status, error=""):
         """The run's outcome (written into the room reserved for the last row if the disk is full now)."""
         self.set_attrs(status=status, error=error)
+
+
+def client_row(clients, num_clients):
+    """(ids, {name: values at ids}) of a round's per-client figures (name -> [num_clients] rows): the clients
+    where any figure differs from its fill, in increasing id. Nothing is lost: every other entry is its fill."""
+    keep = np.zeros(num_clients, dtype=bool)
+    rows = {name: np.asarray(row, dtype=np.float32) for name, row in clients.items()}
+    for name, row in rows.items():
+        keep |= ~np.isnan(row) if np.isnan(_fill(name)) else row != _fill(name)
+    ids = np.flatnonzero(keep).astype(np.int32)
+    return ids, {name: row[ids] for name, row in rows.items()}
+
+
+def _fill(name):
+    return 0.0 if name in ZERO_FILL else np.nan
+
+
+def _dense_layout(group):
+    """An older file's /clients: [round, client] datasets, no layout attribute (kept as it is when resumed)."""
+    return group.attrs.get("layout") != ROWS and len(group) > 0
+
+
+def _append_dense(group, n, clients, num_clients):
+    for name, row in clients.items():
+        ds = group.get(name)
+        if ds is None:
+            ds = group.create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
+                                      dtype="f4", fillvalue=np.nan, chunks=(CLIENT_CHUNK, num_clients))
+        ds.resize((n + 1, num_clients))
+        ds[n] = row
+    for ds in group.values():
+        if ds.shape[0] < n + 1:
+            ds.resize((n + 1, ds.shape[1]))
+
+
+def _rows_room(group, n, count, new):
+    """Bytes row n of the rows layout can add: a new chunk row of every dataset when it starts one (every
+    CLIENT_CHUNK rows, or when this row of `count` clients widens the datasets), and one for each of the
+    `new` datasets it creates (plus the ids on the first row)."""
+    now = group[CLIENT_IDS].shape[1] if CLIENT_IDS in group else 0
+    width = max(count, now, 1)
+    chunk = group[CLIENT_IDS].chunks[1] if CLIENT_IDS in group else width
+    per_dataset = CLIENT_CHUNK * 4 * -(-width // chunk) * chunk
+    fresh = n % CLIENT_CHUNK == 0 or count > now
+    return per_dataset * ((len(group) if fresh else 0) + new + (CLIENT_IDS not in group))
+
+
+def _append_rows(group, n, ids, values, num_clients):
+    """Row n of the rows layout: the ids, each figure at them, every other dataset's row at its fill. Whole
+    rows are written (a resumed run re-writes rows whose old contents a truncation may have kept)."""
+    if CLIENT_IDS not in group:
+        if not values:          # no per-client figures yet: nothing to lay out
+            return
+        group.attrs["layout"], group.attrs["num_clients"] = ROWS, int(num_clients)
+        width = max(len(ids), 1)
+        group.create_dataset(CLIENT_IDS, shape=(n, width), maxshape=(None, None), dtype="i4", fillvalue=-1,
+                             chunks=(CLIENT_CHUNK, width))
+    width = max(group[CLIENT_IDS].shape[1], len(ids))
+    for name in values:
+        if name not in group:
+            ds = group.create_dataset(name, shape=(n, width), maxshape=(None, None), dtype="f4", fillvalue=np.nan,
+                                      chunks=(CLIENT_CHUNK, group[CLIENT_IDS].chunks[1]))
+            ds.attrs["fill"] = _fill(name)
+    for name, ds in group.items():
+        ds.resize((n + 1, width))
+        row = np.full(width, -1 if name == CLIENT_IDS else np.nan, dtype=ds.dtype)
+        row[: len(ids)] = ids if name == CLIENT_IDS else values.get(name, ds.attrs.get("fill", np.nan))
+        ds[n] = row
+
+
+class ClientTable:
+    """/clients of an open run file as [round, client] rows, from the rows layout or an older file's dense
+    datasets alike: `names`, `table[name]` (a [round, client] view made row by row: `len`, `[i]`, `dense()`)."""
+
+    def __init__(self, group, rows=None):
+        self.rows = {}
+        if group is None:
+            self.num_clients, self.names = 0, []
+            return
+        if group.attrs.get("layout") == ROWS:
+            self.num_clients = int(group.attrs["num_clients"])
+            self.ids = group[CLIENT_IDS][:rows]
+            self.fills = {n: float(ds.attrs.get("fill", np.nan)) for n, ds in group.items() if n != CLIENT_IDS}
+            self.rows = {n: group[n][:rows] for n in self.fills}
+            self.dense_data = None
+        else:
+            self.dense_data = {n: ds[:rows] for n, ds in group.items()
+                               if isinstance(ds, h5py.Dataset) and ds.ndim == 2 and ds.dtype.kind in "biuf"}
+            self.num_clients = max((d.shape[1] for d in self.dense_data.values()), default=0)
+        self.names = sorted(self.dense_data if self.dense_data is not None else self.rows)
+
+    def __contains__(self, name):
+        return name in self.names
+
+    def __getitem__(self, name):
+        if name not in self.names:
+            raise KeyError(name)
+        return _ClientRows(self, name)
+
+    def row(self, name, i):
+        """Round i's [client] values of figure `name`."""
+        if self.dense_data is not None:
+            return self.dense_data[name][i]
+        out = np.full(self.num_clients, self.fills[name], dtype=np.float32)
+        ids = self.ids[i]
+        named = ids >= 0
+        out[ids[named]] = self.rows[name][i][named]
+        return out
+
+    def length(self, name):
+        return len(self.dense_data[name] if self.dense_data is not None else self.ids)
+
+    def dense(self, name):
+        """The whole [round, client] array of figure `name`."""
+        if self.dense_data is not None:
+            return self.dense_data[name]
+        out = np.full((len(self.ids), self.num_clients), self.fills[name], dtype=np.float32)
+        r, c = np.nonzero(self.ids >= 0)
+        out[r, self.ids[r, c]] = self.rows[name][r, c]
+        return out
+
+
+class _ClientRows:
+    def __init__(self, table, name):
+        self.table, self.name = table, name
+
+    def __len__(self):
+        return self.table.length(self.name)
+
+    def __getitem__(self, i):
+        return self.table.row(self.name, i)
+
+    def dense(self):
+        return self.table.dense(self.name)
+
+
+def client_table(f, rows=None) -> ClientTable:
+    """The per-client figures of open run file `f` (its first `rows` rounds), either layout (see above)."""
+    return ClientTable(f.get("clients"), rows)
+
+
+def read_clients(path, rows=None) -> dict:
+    """{name: [round, client] float32} of the run file at `path`, either layout."""
+    with open_run(path) as f:
+        table = client_table(f, rows)
+        return {name: table.dense(name) for name in table.names}
 
 
 def _new_metric_chunk(value):

@@ -64,6 +64,9 @@ class UploadStage:
     def client_state(self, cid) -> dict:
         return {}
 
+    def bind_client_state(self, store):
+        """Keeps the stage's per-client state (if any) in the rank's ClientStateStore (fedmpi.algorithms.state)."""
+
     def load_client_state(self, cid, state: dict):
         pass
 

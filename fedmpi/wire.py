@@ -3,10 +3,12 @@
 Broadcast (float32): [command, round] header, then the upload stages' header values (`header_extra`,
 e.g. the adaptive clip of differential privacy; none by default), then the algorithm's down payload
 (`down_vectors * dim`). Reduction (float64): the upload sums (`up_vectors * dim + up_scalars`, then the
-stages' sums, `up_extra`), the round's scalar statistics (STATS below), one block of length N per
-per-client figure (local loss, the algorithm's `client_columns`, the drift figures when asked for), each
-client's value at its id and zeros elsewhere, then one row of timing.PHASES per rank (fedmpi.timing),
-each rank's own row filled. Sums are float64 so that their
+stages' sums, `up_extra`), the round's scalar statistics (STATS below), one row of timing.PHASES per rank
+(fedmpi.timing), each rank's own row filled, then one block per per-client figure (local loss, the
+algorithm's `client_columns`, the drift figures when asked for) of the round's S selected clients in plan
+order: every rank knows the plan, so a client's value goes to its slot and the others stay zero. The
+reduction thus grows with the clients selected, not with N (it carried N-blocks before issue 14: at
+100,000 clients, 800 kB a figure from every rank each round). Sums are float64 so that their
 value does not depend on how clients are spread over ranks (float32 addition is not associative); what a
 real client would send is still float32, and bytes are counted as such.
 
@@ -77,6 +79,26 @@ class RoundStats:
     stop_votes: int
 
 
+class ClientSlots:
+    """One figure's block of the reduction: the round's selected clients in plan order."""
+
+    def __init__(self, block, slots, selected):
+        self.block, self.slots, self.selected = block, slots, selected
+
+    def __setitem__(self, cid, value):
+        slot = self.slots.get(int(cid))
+        if slot is None:
+            raise KeyError(f"client {cid} is not among the round's selected clients: its figures have no slot")
+        self.block[slot] = value
+
+    def __getitem__(self, cids):
+        """Values of the clients `cids` (the round's selected ones, or a subset)."""
+        cids = np.asarray(cids, dtype=np.int64)
+        if len(cids) == len(self.selected) and np.array_equal(cids, self.selected):
+            return self.block.copy()
+        return self.block[[self.slots[int(c)] for c in cids]]
+
+
 class RoundBuffers:
     def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi, header_extra=0, up_extra=0,
                  extra_columns=()):
@@ -89,9 +111,13 @@ class RoundBuffers:
         self.up_len = algo.up_vectors * dim + algo.up_scalars + up_extra
         self.upload_bytes = algo.up_vectors * dim * 4
         self.columns = ("loss",) + tuple(algo.client_columns) + tuple(extra_columns)
-        self.timing_at = self.up_len + N_STATS + len(self.columns) * num_clients
+        self.timing_at = self.up_len + N_STATS
+        self.blocks_at = self.timing_at + comm.size * len(PHASES)
+        self.selected, self.slots = np.zeros(0, dtype=np.int64), {}    # the round's clients and their slots
         self.down_host = torch.zeros(self.header_len + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
-        self.up_host = torch.zeros(self.timing_at + comm.size * len(PHASES), dtype=torch.float64, pin_memory=pin)
+        # Room for blocks of every client: a round may select up to N (Poisson sampling, central...).
+        self.up_host = torch.zeros(self.blocks_at + len(self.columns) * num_clients, dtype=torch.float64,
+                                   pin_memory=pin)
         self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
         self.device_mpi = cuda_aware_mpi and (pin or bool(os.environ.get(DEVICE_MPI_TEST)))
         staged = pin or self.device_mpi
@@ -142,13 +168,23 @@ class RoundBuffers:
         return self.down_dev[h:]
 
     # -- reduction -------------------------------------------------------------------------------------
+    def start_round(self, selected):
+        """Every rank, before the round's tally: the round's selected clients (the plan's, the same on every
+        rank), whose per-client figures the reduction carries in this order."""
+        self.selected = np.asarray(selected, dtype=np.int64)
+        self.slots = {int(c): i for i, c in enumerate(self.selected)}
+
+    @property
+    def up_end(self):
+        """Where this round's reduction buffer ends: after the S-blocks of its figures."""
+        return self.blocks_at + len(self.columns) * len(self.selected)
+
     def new_tally(self) -> RoundTally:
         """Clears this rank's contribution to the round's reduction."""
-        self.up_host.zero_()
+        self.up_host[: self.up_end].zero_()
         if self.acc.data_ptr() != self.up_host.data_ptr():
             self.acc.zero_()
-        return RoundTally(self.acc, torch.zeros((), device=self.device), self.client_figures(self.up_host),
-                          self.upload_bytes)
+        return RoundTally(self.acc, torch.zeros((), device=self.device), self.client_figures(), self.upload_bytes)
 
     def reduce(self, tally, stop_requested, sums=True):
         """Writes this rank's totals and does the round's one reduction to rank 0. `sums=False` reduces
@@ -163,14 +199,15 @@ class RoundBuffers:
         stats[STOP] = float(stop_requested)
         row = self.timing_at + self.comm.rank * len(PHASES)
         self.up_np[row: row + len(PHASES)] = self.comm.timer.take()
+        end = self.up_end
         if not self.device_mpi:
-            self.comm.reduce_sum(self.up_np if sums else self.up_np[self.up_len:])
+            self.comm.reduce_sum(self.up_np[:end] if sums else self.up_np[self.up_len:end])
             self.sums_on_device = False
             return
-        tail = slice(self.up_len, None)
+        tail = slice(self.up_len, end)
         self.up_dev[tail].copy_(self.up_host[tail])
         self._device_ready()
-        self.comm.reduce_sum(_wire(self.up_dev if sums else self.up_dev[tail]))
+        self.comm.reduce_sum(_wire(self.up_dev[:end] if sums else self.up_dev[tail]))
         if self.comm.is_server:
             self.up_host[tail].copy_(self.up_dev[tail])
         self.sums_on_device = sums
@@ -197,13 +234,15 @@ class RoundBuffers:
 
     def timing(self) -> np.ndarray:
         """Server: the reduced [rank, phase] seconds of the round (a copy)."""
-        return self.up_np[self.timing_at:].reshape(self.comm.size, len(PHASES)).copy()
+        return self.up_np[self.timing_at:self.blocks_at].reshape(self.comm.size, len(PHASES)).copy()
 
     def client_figures(self, buf=None):
-        """Views of the per-client blocks of the reduction buffer, by figure name."""
+        """The round's per-client blocks of the reduction buffer, by figure name: `column[cid] = value` puts a
+        selected client's value in its slot, `column[selected]` reads the values of the plan's clients."""
         buf = self.up_np if buf is None else buf
-        n, start = self.num_clients, self.up_len + N_STATS
-        return {name: buf[start + i * n: start + (i + 1) * n] for i, name in enumerate(self.columns)}
+        s, start = len(self.selected), self.blocks_at
+        return {name: ClientSlots(buf[start + i * s: start + (i + 1) * s], self.slots, self.selected)
+                for i, name in enumerate(self.columns)}
 
     def share(self, x):
         """Collective: rank 0's float32 vector `x` (`dim` entries, the global model) to every rank, through the

@@ -59,6 +59,13 @@ def same(a, b):
     return np.array_equal(a, b, equal_nan=a.dtype.kind == "f" and b.dtype.kind == "f")
 
 
+def read_clients(run_dir):
+    """{name: [round, client]} of a run's /clients, whichever layout the file has (fedmpi.store.client_table)."""
+    from fedmpi.store import read_clients as read
+
+    return read(str(Path(run_dir) / "run.h5"))
+
+
 def read_global(run_dir):
     with h5py.File(Path(run_dir) / "run.h5", "r", locking=False) as f:
         return np.asarray(f["model/global"][()])

@@ -13,10 +13,10 @@ from fedmpi.store import RunLog
 
 READER = """
 import sys, h5py
-from fedmpi.store import open_run
+from fedmpi.store import client_table, open_run
 with open_run(sys.argv[1]) as f:
     rounds = f["metrics/round"][()]
-    loss = f["clients/loss"][()]
+    loss = client_table(f).dense("loss")
 with h5py.File(sys.argv[1], "r") as f:          # a reader with HDF5's default file locking
     assert len(f["metrics/round"]) == len(rounds)
 print(len(rounds), ",".join(str(int(r)) for r in rounds), float(loss[-1, 1]))

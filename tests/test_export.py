@@ -13,6 +13,7 @@ import pytest
 from run_files import CLASSES, LAYERS, PHASES, write_run
 
 from fedmpi.cli import main as fedmpi_main
+from fedmpi.store import client_table
 
 
 def export(capsys, *args):
@@ -32,7 +33,8 @@ def load_events(folder):
 def metrics_of(path):
     with h5py.File(path, "r") as f:
         metrics = {k: ds[()] for k, ds in f["metrics"].items()}
-        clients = {k: ds[()] for k, ds in f["clients"].items()} if "clients" in f else {}
+        table = client_table(f)
+        clients = {k: table.dense(k) for k in table.names}
         timing = {k: ds[()] for k, ds in f["timing"].items()} if "timing" in f else {}
     return metrics, clients, timing
 

@@ -171,12 +171,14 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(where)], capture_output=True)
 
 
-def many_clients_config(path, out, clients, rounds, **sections):
-    """Synthetic data, one client per generating user: /clients rows of `clients` floats, so that run.h5
-    grows by 2 x 64 x clients x 4 bytes every 64 rounds."""
+def many_clients_config(path, out, clients, rounds, per_round, **sections):
+    """Synthetic data, one client per generating user, `per_round` of them a round: /clients rows (ids,
+    selected, loss) of `per_round` entries, so that run.h5 grows by 3 x 64 x per_round x 4 bytes every 64
+    rounds."""
     return write_config(path, small_config(out, data={"name": "synthetic"}, rounds=rounds,
                         partition={"clients": clients, "scheme": "natural", "samples_per_client": 20},
-                        checkpoint={"every": 0}, eval={"every": 50}, **sections))
+                        server={"clients_per_round": per_round}, checkpoint={"every": 0}, eval={"every": 50},
+                        **sections))
 
 
 def assert_clean_write_failure(proc, out, reason, rows):
@@ -191,15 +193,15 @@ def assert_clean_write_failure(proc, out, reason, rows):
         assert f.attrs["status"] == "failed" and reason in f.attrs["error"]
         assert f["metrics/round"][()].tolist() == list(range(rows))
         assert all(ds.shape[0] == rows for ds in f["metrics"].values())
-        assert f["clients/selected"].shape[0] == rows
+        assert all(ds.shape[0] == rows for ds in f["clients"].values())
 
 
 def test_full_disk_during_the_rounds_keeps_every_finished_round(tmp_path, small_disk):
-    # 4,000 clients: the first row allocates 2 MB of /clients chunks, row 64 would need 2 MB more. With
-    # 4 MB free, rows 0..63 fit and row 64 is refused (main: segfault, status left `running`).
+    # 2,666 clients a round: the first row allocates 2 MB of /clients chunks, row 64 would need 2 MB more.
+    # With 4 MB free, rows 0..63 fit and row 64 is refused (main: segfault, status left `running`).
     disk = small_disk(8192, 4000)
     out = disk / "run"
-    cfg = many_clients_config(tmp_path / "c.yaml", out, clients=4000, rounds=70)
+    cfg = many_clients_config(tmp_path / "c.yaml", out, clients=4000, rounds=70, per_round=2666)
     proc = fedmpi("run", cfg)
     assert_clean_write_failure(proc, out, "No space left on device", rows=64)
     assert not (out / "run.h5.model.tmp").exists()
@@ -220,7 +222,7 @@ def test_full_disk_at_the_final_model_keeps_the_run_readable(tmp_path, small_dis
 
 def test_file_size_limit_is_reported_like_a_full_disk(tmp_path):
     out = tmp_path / "run"
-    cfg = many_clients_config(tmp_path / "c.yaml", out, clients=4000, rounds=70)
+    cfg = many_clients_config(tmp_path / "c.yaml", out, clients=4000, rounds=70, per_round=2666)
     # The limit is set once MPI has started (MPI's shared-memory set-up needs bigger files than 3.7 MB).
     limited = ("import resource, sys; from mpi4py import MPI; "
                "resource.setrlimit(resource.RLIMIT_FSIZE, (3_700_000, 3_700_000)); "

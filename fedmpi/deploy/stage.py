@@ -42,6 +42,9 @@ class CompressionStage(UploadStage):
     def client_state(self, cid) -> dict:
         return self.compression.state(cid)
 
+    def bind_client_state(self, store):
+        self.compression.bind_client_state(store)
+
     def load_client_state(self, cid, state: dict):
         self.compression.load(cid, state)
 
