@@ -31,6 +31,8 @@ class ReduceRound:
         tally = exp.wire.new_tally()
         if clients.trains:
             down = exp.wire.down()
+            if algo.round_start is not None:
+                algo.round_start(t, down)
 
             def start(run):
                 algo.client_start(run, down, clients.flat)
@@ -60,6 +62,8 @@ class GatherRound:
         mask, vectors = [], []
         if clients.mine:
             down = exp.wire.down()
+            if algo.round_start is not None:
+                algo.round_start(t, down)
 
             def start(run):
                 algo.client_start(run, down, clients.flat)

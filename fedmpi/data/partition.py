@@ -152,8 +152,32 @@ def quantity(labels, cfg, g, pool):
                       f"fewer than partition.min_samples = {p.min_samples} samples; raise beta or lower min_samples")
 
 
+def groups(labels, cfg, g, pool):
+    """Client groups with fixed label sets (`partition.groups`, the SAFL paper's clients holding digits
+    {1,2,5,7,9} beside clients holding only {2}): client ids are dealt to the groups in order; each label's
+    samples are split evenly at random among every client whose group holds it. Labels no group holds are
+    left out."""
+    pool_labels = labels[pool]
+    present = set(np.unique(pool_labels).tolist())
+    holders, cid = {}, 0
+    for k, group_labels in cfg.partition.groups:
+        missing = [x for x in group_labels if x not in present]
+        if missing:
+            raise ConfigError(f"partition.groups: label {missing[0]} is not in the training pool (labels present: "
+                              f"{', '.join(map(str, sorted(present)))})")
+        for label in group_labels:
+            holders.setdefault(label, []).extend(range(cid, cid + k))
+        cid += k
+    parts = [[] for _ in range(cfg.partition.clients)]
+    for label in sorted(holders):
+        idx = g.permutation(pool[pool_labels == label])
+        for i, piece in zip(holders[label], np.array_split(idx, len(holders[label]))):
+            parts[i].append(piece)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
 SCHEMES = {"iid": iid, "dirichlet": dirichlet, "labels": label_subsets, "shards": shards, "classes": classes,
-           "quantity": quantity, "natural": natural}
+           "quantity": quantity, "natural": natural, "groups": groups}
 
 
 def partition(dataset, cfg, pool=None):
