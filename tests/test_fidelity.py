@@ -75,7 +75,7 @@ def simulate_regression(rounds, **overrides):
                            **overrides)
 
 
-def scaffold_reference(rounds, lr, steps, momentum, correction, c0=None, per_round=2, seed=3):
+def scaffold_reference(rounds, lr, steps, momentum, correction, c0=None, per_round=2, seed=3, wd=0.0):
     """SCAFFOLD option II in float64 over the rounds' draws of `per_round` of the 2 clients, with controls
     starting at c0 (zero if None)."""
     c0 = np.zeros(3) if c0 is None else c0
@@ -89,7 +89,7 @@ def scaffold_reference(rounds, lr, steps, momentum, correction, c0=None, per_rou
             corr = c - c_i[cid]
             w, buf = x.copy(), np.zeros(3)
             for _ in range(steps):
-                g = grad(w, cid) + (corr if correction == "gradient" else 0.0)
+                g = grad(w, cid) + (corr if correction == "gradient" else 0.0) + wd * w
                 buf = momentum * buf + g
                 w = w - lr * buf
                 if correction == "after_step":
@@ -232,10 +232,12 @@ def test_scaffold_correction_placements_against_the_reference(correction, moment
 
 def test_scaffold_placements_agree_without_momentum_and_differ_with_it():
     runs = {(m, p): simulate_regression(3, **{"algorithm.name": "scaffold", "algorithm.correction": p,
-                                               "client.momentum": m}).model
+                                               "client.momentum": m, "client.weight_decay": 0.05}).model
             for m in (0.0, 0.9) for p in ("gradient", "after_step")}
     np.testing.assert_allclose(runs[0.0, "gradient"], runs[0.0, "after_step"], rtol=1e-5, atol=1e-7)
     assert np.abs(runs[0.9, "gradient"] - runs[0.9, "after_step"]).max() > 1e-3
+    for (m, p), model in runs.items():       # weight decay as torch's SGD: g + wd w, before momentum
+        np.testing.assert_allclose(model, scaffold_reference(3, 0.1, 3, m, p, wd=0.05)[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("per_round", [1, 2])
@@ -590,6 +592,23 @@ def test_groups_partition_by_hand():
     assert len(everything) == len(set(everything.tolist())) == 300
 
 
+def test_groups_partition_with_samples_per_client_by_hand():
+    cfg = config.from_dict({"seed": 1, "partition": {"clients": 4, "scheme": "groups", "samples_per_client": 30,
+                                                     "groups": [[2, [0, 1, 2, 3]], [2, [2]]]},
+                            "server": {"clients_per_round": 4}})
+    ds = Labels()
+    parts = partition(ds, cfg)
+    assert [len(p) for p in parts] == [30] * 4
+    # 30 over 4 labels: 8, 8, 7, 7 (the first labels take the remainder); the second group 30 of label 2.
+    assert [np.bincount(ds.y_train[p], minlength=4).tolist() for p in parts] == [[8, 8, 7, 7]] * 2 + [[0, 0, 30, 0]] * 2
+    assert len(set(np.concatenate(parts).tolist())) == 120
+    short = config.from_dict({"partition": {"clients": 4, "scheme": "groups", "samples_per_client": 60,
+                                            "groups": [[2, [0, 1, 2, 3]], [2, [2]]]},
+                              "server": {"clients_per_round": 4}})
+    with pytest.raises(ConfigError, match="need 150 samples of label 2"):
+        partition(ds, short)
+
+
 def test_groups_partition_is_validated():
     with pytest.raises(ConfigError, match="add up to partition.clients"):
         config.PartitionConfig(clients=4, scheme="groups", groups=[{"clients": 3, "labels": [1]}])
@@ -599,3 +618,26 @@ def test_groups_partition_is_validated():
         partition(Labels(), config.from_dict({"partition": {"clients": 2, "scheme": "groups",
                                                             "groups": [[2, [12]]]},
                                               "server": {"clients_per_round": 2}}))
+
+
+# --- MOON on ResNet (FedSkip's CIFAR-100 comparison on one model family) ------------------------------------
+
+def test_resnet18_with_a_projection_head_serves_moon():
+    from fedmpi.algorithms import lookup
+    from fedmpi.models import build_model
+
+    cfg = config.from_dict({"algorithm": {"name": "moon"}, "model": {"name": "resnet18", "projection": 16}})
+    torch.manual_seed(0)
+    module = build_model(cfg.model, (3, 8, 8), 5)
+    module.eval()
+    x = torch.randn(2, 3, 8, 8)
+    z, logits = module.forward_rep(x)
+    assert z.shape == (2, 16) and logits.shape == (2, 5)
+    torch.testing.assert_close(module(x), logits)
+    torch.testing.assert_close(module.out(z), logits)
+    lookup("moon").check(cfg, FlatModel(module))
+    plain = build_model(config.ModelConfig(name="resnet18"), (3, 8, 8), 5)
+    assert not hasattr(plain, "forward_rep")
+    with pytest.raises(ConfigError, match="model.name = 'resnet18'"):
+        lookup("moon").check(config.from_dict({"algorithm": {"name": "moon"}, "model": {"name": "resnet18"}}),
+                             FlatModel(plain))

@@ -5,7 +5,8 @@ Local loss CE + mu * l_con with
 z the projection-head output of the model being trained, z_glob that of the round's global model x_t and
 z_prev that of the client's previous local model, sim the cosine similarity. The server rule is FedAvg's.
 
-Model convention: `module.forward_rep(x)` returns `(z, logits)` (simple_cnn with model.projection set).
+Model convention: `module.forward_rep(x)` returns `(z, logits)` (simple_cnn, or resnet18 with model.projection
+set).
 The global and previous models are two frozen copies of the rank's model, built once per rank and loaded
 in place per client (no deepcopy per client), in eval mode as in the reference code.
 
@@ -88,7 +89,7 @@ class Moon(FedAvg):
             c.require(False, "name", m.name,
                       f"algorithm.name = 'moon' needs a model with a projection head (forward_rep); "
                       f"model.name = {m.name!r} with model.projection = {m.projection!r} has none: use "
-                      f"model.name = simple_cnn with model.projection set (e.g. 256)")
+                      f"model.name = simple_cnn or resnet18 with model.projection set (e.g. 256)")
             c.done()
 
     def __init__(self, cfg, dim, n_params):
