@@ -268,9 +268,9 @@ def check_config(cfg):
     """The config of a three-round check: the config's own learning rates and their schedules, momentum, weight
     decay, drop_last, server step size and optimizer, and algorithm keys. Every client takes part: as many
     as the config's clients per round where the server's step size is not 1 (eta_g = sqrt(S) is only as
-    stable as S averaged updates make it), else CHECK_CLIENTS, on an IID split (the question is the step sizes,
-    not the skew); a few local steps (CHECK_STEPS) of at most CHECK_BATCH samples; pretraining and warm-up cut
-    to 2 epochs, the server's set to CHECK_SERVER_SET samples."""
+    stable as S averaged updates make it), else CHECK_CLIENTS, on an IID split with an IID server set (the
+    question is the step sizes, not the skew); a few local steps (CHECK_STEPS) of at most CHECK_BATCH samples;
+    pretraining and warm-up cut to 2 epochs, the server's set to CHECK_SERVER_SET samples."""
     d = cfg.to_dict()
     s = cfg.server.clients_per_round if cfg.server.lr != 1.0 else min(cfg.server.clients_per_round, CHECK_CLIENTS)
     d.update(rounds=3, out="runs/check")
@@ -282,7 +282,7 @@ def check_config(cfg):
     d["client"].update(batch_size=min(cfg.client.batch_size, CHECK_BATCH), epochs=1,
                        steps=CHECK_STEPS.get(cfg.model.name, 3), vectorize="off")
     if cfg.server_data.wanted:
-        d["server_data"].update(size=CHECK_SERVER_SET, fraction=None, holdout=0)
+        d["server_data"].update(size=CHECK_SERVER_SET, fraction=None, holdout=0, scheme="iid")
     for key in ("pretrain_epochs", "warmup_epochs"):
         if d["algorithm"].get(key):
             d["algorithm"][key] = 2

@@ -26,7 +26,7 @@ from fedmpi.algorithms import scaffold as scaffold_mod
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.partition import partition
-from fedmpi.data.server_set import HOLDOUT_KEY, resolved_size, split_dataset
+from fedmpi.data.server_set import resolved_size, split_dataset
 from fedmpi.errors import ConfigError
 from fedmpi.flat import FlatModel
 from fedmpi.train import LocalTrainer, Schedule, batch_order, schedule, steps_per_epoch
@@ -533,7 +533,8 @@ def test_resolved_size_by_hand():
 def test_a_beta_sweep_keeps_the_clients_data_fixed():
     ds = Labels()
     splits = {f: split_dataset(zhao_cfg(f), ds) for f in (0.05, 0.1, 0.2)}
-    holdout = np.sort(rng.stream(2, rng.SERVER, HOLDOUT_KEY).choice(1000, size=400, replace=False))
+    holdout = np.setdiff1d(np.arange(1000), np.concatenate(splits[0.05].parts))
+    assert len(holdout) == 400 and np.all(np.bincount(ds.y_train[holdout]) == 40)     # even over the classes
     first = splits[0.05].parts
     for f, split in splits.items():
         assert len(split.server_idx) == round(f * 600)           # |D| = 1000 - 400
@@ -542,6 +543,7 @@ def test_a_beta_sweep_keeps_the_clients_data_fixed():
         assert len(clients) == 600 and not np.intersect1d(clients, holdout).size
         for a, b in zip(split.parts, first):
             np.testing.assert_array_equal(a, b)
+            assert len(set(ds.y_train[a].tolist())) == 1          # D stays balanced: 1-class clients hold one class
         counts = np.bincount(ds.y_train[split.server_idx], minlength=10)
         assert counts.max() - counts.min() <= 1                  # uniform over the 10 classes
     assert len(splits[0.2].groups["partition/server"]["samples"]) == 1

@@ -8,7 +8,8 @@ first. Everything here is deterministic, so every rank computes the same split.
 
 Zhao et al.'s split: the training set is cut into the clients' part D and a holdout H (CIFAR-10: 40,000 and
 10,000), and every shared set G is drawn from H with |G| = beta * |D|. `server_data.holdout: |H|` reserves H
-(an IID draw from `(seed, SERVER, HOLDOUT_KEY)`, independent of G's size) and draws G from it;
+(drawn evenly over the classes from `(seed, SERVER, HOLDOUT_KEY)`, independent of G's size, so that D keeps
+the class balance) and draws G from it;
 `server_data.fraction: beta` sizes G relative to D. A sweep over `fraction` then keeps D, and so every
 client's data, fixed. H is not an evaluation set (the paper evaluates on the test set, as fedmpi does);
 the part of H outside G is unused.
@@ -59,16 +60,27 @@ def resolved_size(s, n_train) -> int:
     return int(round(s.fraction * clients))
 
 
-def draw_holdout(n_train, cfg) -> np.ndarray:
-    """Sorted indices of the holdout H (`server_data.holdout` samples, an IID draw), or None without one."""
+def draw_holdout(labels, cfg) -> np.ndarray:
+    """Sorted indices of the holdout H (`server_data.holdout` samples), or None without one. H is drawn evenly
+    over the classes (each class gives holdout / K samples, the first classes one more for the remainder),
+    so that the clients' part D keeps the training set's class balance: Zhao et al. split a balanced D into
+    1-class clients, each holding exactly one class."""
     s = cfg.server_data
     if not s.holdout:
         return None
-    if s.holdout >= n_train:
-        raise ConfigError(f"server_data.holdout = {s.holdout}: the training set has only {n_train} samples and "
-                          f"the clients need some")
+    if s.holdout >= len(labels):
+        raise ConfigError(f"server_data.holdout = {s.holdout}: the training set has only {len(labels)} samples "
+                          f"and the clients need some")
     g = rng.stream(cfg.seed, rng.SERVER, HOLDOUT_KEY)
-    return np.sort(g.choice(n_train, size=s.holdout, replace=False)).astype(np.int64)
+    present, counts = np.unique(labels, return_counts=True)
+    per_class = np.array([len(a) for a in np.array_split(np.arange(s.holdout), len(present))])
+    short = np.flatnonzero(per_class >= counts)
+    if len(short):
+        c = short[0]
+        raise ConfigError(f"server_data.holdout = {s.holdout}: class {present[c]} would give {per_class[c]} of its "
+                          f"{counts[c]} samples to the holdout and keep none for the clients; lower holdout")
+    chosen = [g.choice(np.flatnonzero(labels == c), size=n, replace=False) for c, n in zip(present, per_class)]
+    return np.sort(np.concatenate(chosen)).astype(np.int64)
 
 
 def draw_server_set(labels, cfg, candidates=None) -> np.ndarray:
@@ -137,7 +149,7 @@ def split_dataset(cfg, dataset, parts=None) -> Split:
     labels = dataset.y_train
     if labels.dtype.kind not in "iu":     # regression targets (a custom data set): no label statistics
         return Split(list(parts) if parts is not None else partition(dataset, cfg), np.zeros(0, np.int64), {})
-    holdout = draw_holdout(len(labels), cfg)
+    holdout = draw_holdout(labels, cfg)
     server_idx = draw_server_set(labels, cfg, holdout)
     if parts is None:
         pool = np.arange(len(labels), dtype=np.int64)
