@@ -18,6 +18,7 @@ the runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -25,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import h5py
@@ -38,14 +38,14 @@ CONFIGS = os.path.join(ROOT, "jobs", "configs", "repro")
 ORDER = ("zhao", "fsl", "fedskip", "safl")
 
 
-@dataclass
+@dataclasses.dataclass
 class Setting:
     config: str          # jobs/configs/repro/<paper>/<config>.yaml
     label: str
     paper: str           # the paper's own number or claim for this row
 
 
-@dataclass
+@dataclasses.dataclass
 class Paper:
     key: str
     title: str
@@ -54,7 +54,7 @@ class Paper:
     target: float                      # accuracy of the "rounds to target" column
     checks: object                     # callable(rows by config) -> [(holds: bool or None, claim, evidence)]
     figure: object                     # callable(groups, path)
-    notes: list = field(default_factory=list)   # markdown paragraphs after the claims
+    notes: list = dataclasses.field(default_factory=list)   # markdown paragraphs after the claims
     window: int = report.WINDOW        # evaluations in the final accuracy (and the rise time's rolling mean)
 
 
@@ -110,7 +110,9 @@ def fsl_checks(r):
         out.append((_f(fsl, "rise_round") < min(_f(fl, "rise_round"), _f(ds, "rise_round")),
                     f"C = {c}: FSL converges fastest (rise time)",
                     f"rise round FSL {_f(fsl, 'rise_round'):.0f}, DS {_f(ds, 'rise_round'):.0f}, "
-                    f"FL {_f(fl, 'rise_round'):.0f}"))
+                    f"FL {_f(fl, 'rise_round'):.0f} (each against its own final accuracy); rounds to "
+                    f"{_pct(PAPERS['fsl'].target)}: FSL {_f(fsl, 'target_round'):.0f}, "
+                    f"DS {_f(ds, 'target_round'):.0f}, FL {_f(fl, 'target_round'):.0f}"))
         out.append((_f(ds) > _f(fl), f"C = {c}: DS improves over FL",
                     f"DS {_mean_std(ds)} vs FL {_mean_std(fl)} ({_pts(_f(ds) - _f(fl))})"))
     gammas = {g: r[name] for g, name in ((0.5, "fsl_gamma05_c2"), (1.0, "fsl_c2"), (2.0, "fsl_gamma2_c2"))}
@@ -261,9 +263,7 @@ PAPERS = {p.key: p for p in [
            Setting("share_beta10", "1-class + sharing, beta 10%",
                    "CIFAR-10: 74.12% (alpha 100%), 73.12% (alpha 50%, warm-up)"),
            Setting("share_beta20", "1-class + sharing, beta 20%", "CIFAR-10: ~77-78%")],
-          0.8, zhao_checks, zhao_figure,
-          ["**Weight divergence** (the paper's ||w_FL - w_SGD|| / ||w_SGD|| per setting): not measured here. "
-           "fedmpi does not log /metrics/weight_divergence yet (the instruments issue adds it); this is a gap."]),
+          0.8, zhao_checks, zhao_figure),
     Paper("fsl", 'Mai, La, Zhang, "Federated Learning with Server Learning" (FSL)',
           "The paper's scenario 1 (CIFAR-10: N = 10 clients of 5,000 images with C classes each, a server set "
           "D0 of 500 IID images, 1%; T = 1,000 rounds): FSL against FedAvg (FL) and data sharing (DS: every "
@@ -271,7 +271,7 @@ PAPERS = {p.key: p for p in [
           "lr 0.01, 500 epochs), final accuracy (rolling mean of 20) and rise time (first round at 90% of it); "
           "gamma in {0.5, 1, 2}. Scaled here: mnist5k, N = 10 clients of 400 images with C in {1, 2, 5} "
           "classes, all 10 every round, D0 = 40 images (1%, uniform over classes), eta_g = sqrt(10), local lr "
-          "0.05, B = 10, E = 1, McMahan's 2NN.",
+          "0.05, B = 20, E = 1, McMahan's 2NN, 60 rounds.",
           [Setting(f"{m}_c{c}", f"{label}, C = {c}", claim)
            for c in (1, 2, 5)
            for m, label, claim in (("fedavg", "FL", "slowest, lowest at small C"),
@@ -350,6 +350,13 @@ def config_path(paper, name):
     return os.path.join(CONFIGS, paper, f"{name}.yaml")
 
 
+def divergence_available():
+    """Whether this fedmpi logs Zhao et al.'s weight divergence (`eval.divergence`, fedmpi.shadow)."""
+    from fedmpi import config
+
+    return "divergence" in {f.name for f in dataclasses.fields(config.EvalConfig)}
+
+
 def run_paper(args, paper):
     """All of a paper's configs and seeds in one MPI launch; returns the wall seconds it took."""
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
@@ -358,6 +365,8 @@ def run_paper(args, paper):
     configs = [config_path(paper.key, s.config) for s in paper.settings]
     overrides = [f"rounds={args.rounds}"] if args.rounds is not None else []
     overrides += [f"runtime.threads={args.threads}"] if args.threads else []
+    if paper.key == "zhao" and divergence_available():
+        overrides.append("eval.divergence=true")     # ||w_FL - w_SGD|| / ||w_SGD|| per round
     cmd = [mpiexec, "-n", str(args.np), sys.executable, os.path.join(ROOT, "tools", "run_batch.py"), *configs,
            "--seeds", *map(str, args.seeds), "--out-root", os.path.join(args.runs, paper.key), "--overwrite",
            *(["--skip-finished"] if args.reuse else []), *overrides]
@@ -366,7 +375,23 @@ def run_paper(args, paper):
     code = subprocess.call(cmd, cwd=ROOT)
     if code:
         raise SystemExit(f"reproduce.py: the {paper.key} runs failed (exit {code})")
-    return time.monotonic() - start
+    wall = time.monotonic() - start
+    with open(wall_file(args, paper), "w") as fh:     # --report-only reports it again
+        fh.write(f"{wall:.1f}\n")
+    return wall
+
+
+def wall_file(args, paper):
+    return os.path.join(args.runs, paper.key, "launch_wall_s.txt")
+
+
+def recorded_wall(args, paper):
+    """The wall seconds of the launch that made the runs, as recorded next to them (None if unknown)."""
+    try:
+        with open(wall_file(args, paper)) as fh:
+            return float(fh.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def load_groups(args, paper):
@@ -400,6 +425,10 @@ def table_rows(paper, groups):
             row["emd_shared"] = float(np.mean([shared_emd(r) for r in members]))
             warm = [r.metrics["warmup_epochs"][0] for r in members if "warmup_epochs" in r.metrics]
             row["warmup_epochs"] = float(np.mean(warm)) if warm else np.nan
+            if all("weight_divergence" in r.metrics for r in members):
+                last = np.array([r.metrics["weight_divergence"][-1] for r in members], dtype=np.float64)
+                row["divergence"] = float(last.mean())
+                row["divergence_std"] = float(last.std(ddof=1)) if len(last) > 1 else np.nan
         figures = np.array([report.accuracy_figures(r.metrics["round"], r.metrics["test_acc"], paper.window)
                             for r in members])          # (final, best, rise) with the paper's window
         for i, key in enumerate(("final_acc", "best_acc", "rise_round")):
@@ -408,6 +437,9 @@ def table_rows(paper, groups):
             row[key + "_std"] = float(values.std(ddof=1)) if len(values) > 1 else np.nan
         row["target_round"], row["target_round_std"] = summary["target_round"], summary["target_round_std"]
         row["reached"] = summary["reached"]
+        # runtime.on_nonfinite: continue keeps a diverged run going; say how many did
+        bad = sum(not np.isfinite(np.asarray(r.metrics["train_loss"], dtype=np.float64)).all() for r in members)
+        row["diverged"] = f"{bad}/{len(members)}"
         row["uploads"], row["uploads_std"] = summary["uploads"], summary["uploads_std"]
         row["wall_s"], row["wall_s_std"] = summary["wall_s"], summary["wall_s_std"]
         rows[s.config] = row
@@ -417,20 +449,27 @@ def table_rows(paper, groups):
 COLUMNS = {"setting": "setting", "paper": "paper's number or claim", "runs": "runs", "emd": "client EMD",
            "emd_shared": "EMD after sharing", "warmup_epochs": "warm-up epochs", "final_acc": "final acc",
            "best_acc": "best acc", "rise_round": "rise round", "reached": "reached target",
-           "target_round": "rounds to target", "uploads": "uploads", "wall_s": "wall s"}
+           "target_round": "rounds to target", "uploads": "uploads", "wall_s": "wall s",
+           "divergence": "weight divergence (last round)", "diverged": "diverged (non-finite loss)"}
 
 
 def markdown_table(rows):
     rows = list(rows.values())
     keys = [k for k in rows[0] if not k.endswith("_std")]
+    if all(r["diverged"].startswith("0/") for r in rows):
+        keys.remove("diverged")             # the column only where a run diverged
     head = [COLUMNS.get(k, k) for k in keys]
     align = [":--" if i < 2 else "--:" for i in range(len(keys))]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     for r in rows:
         cells = []
         for k in keys:
-            if k in ("warmup_epochs", "emd_shared"):
-                cells.append("-" if not np.isfinite(r[k]) else f"{r[k]:.1f}" if k == "warmup_epochs" else f"{r[k]:.3f}")
+            if k in ("warmup_epochs", "emd_shared", "divergence"):
+                digits = 1 if k == "warmup_epochs" else 3
+                text = "-" if not np.isfinite(r[k]) else f"{r[k]:.{digits}f}"
+                if np.isfinite(r.get(k + "_std", np.nan)):
+                    text += f" ± {r[k + '_std']:.{digits}f}"
+                cells.append(text)
             else:
                 cells.append(report._cell(r, k))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -468,6 +507,10 @@ def section(args, paper, rows, groups, wall):
     lines.append("")
     for note in paper.notes:
         lines += [note, ""]
+    if paper.key == "zhao" and "divergence" not in next(iter(rows.values())):
+        lines += ["**Gap: weight divergence.** The paper's `||w_FL - w_SGD|| / ||w_SGD||` per setting is not in this "
+                  "table: this fedmpi does not log `/metrics/weight_divergence`. Where it does (`eval.divergence`), "
+                  "`python tools/reproduce.py --paper zhao` turns it on and adds the column.", ""]
     lines += [f"![{paper.key}: test accuracy against rounds](reproduction_{paper.key}.png)", "",
               f"<!-- /paper:{paper.key} -->"]
     return "\n".join(lines)
@@ -512,7 +555,7 @@ def main(argv=None):
     sections = {}
     for key in args.papers:
         paper = PAPERS[key]
-        wall = None if args.report_only else run_paper(args, paper)
+        wall = recorded_wall(args, paper) if args.report_only else run_paper(args, paper)
         groups = load_groups(args, paper)
         rows = table_rows(paper, groups)
         paper.figure(groups, os.path.join(args.docs, f"reproduction_{key}.png"))
