@@ -277,8 +277,11 @@ def test_reproduce_one_paper_writes_its_section_figure_and_csv(tmp_path):
     rows = list(csv.DictReader(open(docs / "reproduction_safl.csv")))
     assert len(rows) == 6 and all(r["runs"] == "1" for r in rows)
     assert png_shape(docs / "reproduction_safl.png")[0] > 0
-    assert sorted(os.listdir(tmp_path / "runs" / "safl")) == sorted(f"{n}-seed0" for n in (
-        "fedavg_group_a", "fedavg", "safl", "safl_gated", "safl_gated_half", "safl_gated_half_eor"))
+    assert sorted(os.listdir(tmp_path / "runs" / "safl")) == sorted([f"{n}-seed0" for n in (
+        "fedavg_group_a", "fedavg", "safl", "safl_gated", "safl_gated_half", "safl_gated_half_eor")]
+        + ["launch_wall_s.txt"])
+    wall = float((tmp_path / "runs" / "safl" / "launch_wall_s.txt").read_text())
+    assert f"6 runs took {wall / 60:.1f} minutes of wall time" in safl
 
 
 def test_reproduce_knows_every_paper_config():
