@@ -112,7 +112,8 @@ class ClientHost:
         load_start(run)
         seed_torch_on(self.flat.device, cfg.seed, rng.CLIENT, t, cid, 1)
         loss_sum, seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid), sched,
-                                            lr=run.lr, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn)
+                                            lr=run.lr, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn,
+                                            step_hook=algo.step_hook)
         run.steps, run.loss_sum, run.seen = sched.steps, loss_sum, seen
         run.figures["loss"] = float(loss_sum) / max(seen, 1)
         return run

@@ -96,6 +96,9 @@ class PartitionConfig:
     classes_per_client: int = 2         # classes (FSL)
     samples_per_client: int | None = None  # classes (FSL); synthetic: fixed size instead of lognormal
     min_samples: int = 10               # dirichlet redraws until every client has this many
+    # groups: [{clients: K, labels: [..]}, ...], client ids dealt in this order (SAFL's client groups);
+    # kept as ((K, (label, ...)), ...)
+    groups: tuple = ()
 
     def __post_init__(self):
         c = _Checks("partition")
@@ -107,7 +110,36 @@ class PartitionConfig:
         c.require(self.samples_per_client is None or self.samples_per_client >= 1, "samples_per_client",
                   self.samples_per_client, "must be a positive integer or null")
         c.require(self.min_samples >= 0, "min_samples", self.min_samples, "must be >= 0")
+        groups = _label_groups(self.groups)
+        c.require(groups is not None, "groups", self.groups,
+                  "must be a list of {clients: K, labels: [label, ...]} (K >= 1, labels >= 0, at least one each)")
+        if groups is not None:
+            object.__setattr__(self, "groups", groups)
+            total = sum(k for k, _ in groups)
+            c.require(self.scheme != "groups" or (groups and total == self.clients), "groups", self.groups,
+                      f"partition.scheme = 'groups' needs groups whose clients add up to partition.clients "
+                      f"({self.clients}); they add up to {total}")
         c.done()
+
+
+def _label_groups(value):
+    """`partition.groups` as ((clients, (label, ...)), ...), from mappings or [clients, labels] pairs (the form
+    a stored config is read back in); None when malformed."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    groups = []
+    for item in value:
+        if isinstance(item, dict) and set(item) == {"clients", "labels"}:
+            k, labels = item["clients"], item["labels"]
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            k, labels = item
+        else:
+            return None
+        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1 and isinstance(labels, (list, tuple))
+                and labels and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in labels)):
+            return None
+        groups.append((k, tuple(sorted(set(labels)))))
+    return tuple(groups)
 
 
 @dataclass(frozen=True)
@@ -117,13 +149,33 @@ class ServerDataConfig:
     classes: int = 10                   # classes scheme: how many classes the server's set covers
     beta: float = 0.5                   # dirichlet scheme
     source: Literal["overlap", "holdout"] = "overlap"
+    # The set's size relative to the clients' data D, |G| = fraction * |D| (Zhao et al.'s beta), instead of
+    # `size` (fedmpi.data.server_set.resolved_size).
+    fraction: float | None = None
+    # source holdout: training samples reserved from the clients' pool (Zhao et al.'s H); the set is drawn
+    # from them, so the clients' data stays the same whatever the set's size. 0: only the set is removed.
+    holdout: int = 0
 
     def __post_init__(self):
         c = _Checks("server_data")
         c.require(self.size >= 0, "size", self.size, "must be >= 0")
         c.require(self.classes >= 1, "classes", self.classes, "must be a positive integer")
         c.require(self.beta > 0, "beta", self.beta, "must be > 0")
+        c.require(self.fraction is None or self.fraction >= 0, "fraction", self.fraction, "must be >= 0 or null")
+        c.require(self.fraction is None or self.size == 0, "fraction", self.fraction,
+                  f"set either server_data.size ({self.size}) or server_data.fraction, not both")
+        c.require(self.holdout >= 0, "holdout", self.holdout, "must be >= 0")
+        c.require(self.holdout == 0 or self.source == "holdout", "holdout", self.holdout,
+                  f"reserves samples from the clients' pool: needs server_data.source = 'holdout' "
+                  f"(is {self.source!r})")
+        c.require(self.holdout == 0 or self.size <= self.holdout, "size", self.size,
+                  f"must be <= server_data.holdout ({self.holdout}), the reserve the set is drawn from")
         c.done()
+
+    @property
+    def wanted(self) -> bool:
+        """Whether a non-empty server set is configured (by size or by fraction)."""
+        return self.size > 0 or bool(self.fraction)
 
 
 @dataclass(frozen=True)
@@ -153,6 +205,9 @@ class ClientConfig:
     vectorize: Literal["auto", "on", "off"] = "auto"
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_l per round
     compress: CompressConfig = field(default_factory=CompressConfig)     # upload compression (docs/deployment.md)
+    # Drop each epoch's short last batch, as a DataLoader with drop_last=True (FedSkip's CIFAR loaders);
+    # a client with fewer than batch_size samples keeps its one short batch (fedmpi.train.steps_per_epoch).
+    drop_last: bool = False
 
     def __post_init__(self):
         c = _Checks("client")

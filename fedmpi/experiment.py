@@ -144,7 +144,8 @@ class Experiment:
         if not (self.algo.uses_server_set and len(self.split.server_idx)):
             return None
         idx = torch.from_numpy(self.split.server_idx).to(self.device)
-        return ServerTrainer(self.flat, self.cfg.client, *data.train, idx, self.cfg.seed, loss=loss)
+        return ServerTrainer(self.flat, self.cfg.client, *data.train, idx, self.cfg.seed, loss=loss, test=data.test,
+                             eval_batch=self.cfg.eval.batch_size)
 
     # -- what the run loop and checkpoints see ---------------------------------------------------------
     @property

@@ -105,10 +105,30 @@ def _lstm(cfg, shape, classes):
     return CharLSTM(classes)
 
 
+class ResNetRep(nn.Module):
+    """A ResNet body with MOON's projection head (MOON's ModelFedCon for its ResNet-50): the 512 pooled
+    features - fc 512 - ReLU - fc `projection` give z, and the output layer reads z."""
+
+    def __init__(self, body, features, projection, classes):
+        super().__init__()
+        body.fc = nn.Identity()
+        self.body = body
+        self.head = nn.Sequential(nn.Linear(features, features), nn.ReLU(), nn.Linear(features, projection))
+        self.out = nn.Linear(projection, classes)
+
+    def forward_rep(self, x):
+        z = self.head(self.body(x))
+        return z, self.out(z)
+
+    def forward(self, x):
+        return self.forward_rep(x)[1]
+
+
 def _resnet18(cfg, shape, classes):
     # torchvision's ResNet-18 adapted to small images as usual for CIFAR: a 3x3 stride-1 stem and no max
     # pooling. GroupNorm (2 groups) is the default because BatchNorm statistics average badly across
     # non-IID clients (Hsieh et al. 2020); with `norm: batch` the running statistics travel in the flat vector.
+    # With `projection` set, MOON's projection head sits between the pooled features and the output layer.
     from torchvision.models import resnet18
 
     channels, _, _ = _image_shape(shape, "resnet18")
@@ -116,6 +136,8 @@ def _resnet18(cfg, shape, classes):
     net = resnet18(num_classes=classes, norm_layer=norm)
     net.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
     net.maxpool = nn.Identity()
+    if cfg.projection:
+        return ResNetRep(net, net.fc.in_features, cfg.projection, classes)
     return net
 
 
@@ -134,8 +156,8 @@ def build_model(cfg, input_shape, num_classes) -> nn.Module:
     if cfg.name not in BUILDERS:
         raise ConfigError(f"model.name = {cfg.name!r}: not available in this version; "
                           f"available: {', '.join(BUILDERS)}")
-    if cfg.projection is not None and cfg.name != "simple_cnn":
-        raise ConfigError(f"model.projection = {cfg.projection}: only simple_cnn has a projection head; "
-                          f"set it null for model.name = {cfg.name!r}")
+    if cfg.projection is not None and cfg.name not in ("simple_cnn", "resnet18"):
+        raise ConfigError(f"model.projection = {cfg.projection}: only simple_cnn and resnet18 have a projection "
+                          f"head; set it null for model.name = {cfg.name!r}")
     return BUILDERS[cfg.name](cfg, tuple(input_shape), num_classes)
 

@@ -27,9 +27,12 @@ from fedmpi.algorithms.base import BUFFER, GATHER, REDUCE, ROUTE
 from fedmpi.drift import ClientDrift
 
 
-def start_from_broadcast(exp):
-    """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`)."""
+def start_from_broadcast(exp, t):
+    """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`);
+    the algorithm's `round_start` hook sees the payload first."""
     down = exp.wire.down()
+    if exp.algo.round_start is not None:
+        exp.algo.round_start(t, down)
 
     def start(run):
         exp.algo.client_start(run, down, exp.clients.flat)
@@ -48,7 +51,7 @@ class ReduceRound:
         exp.open_round(t)
         tally = exp.wire.new_tally()
         if clients.trains:
-            down, start = start_from_broadcast(exp)
+            down, start = start_from_broadcast(exp, t)
 
             with exp.timer.phase("train"):
                 for run in clients.train(t, clients.round_clients(plan.selected), plan.standard, down, start):
@@ -78,7 +81,7 @@ class GatherRound:
         tally = exp.wire.new_tally()
         mask, vectors = [], []
         if clients.mine:
-            down, start = start_from_broadcast(exp)
+            down, start = start_from_broadcast(exp, t)
 
             for cid in clients.hosted(selected):
                 with exp.timer.phase("train"):
@@ -190,7 +193,7 @@ class BufferRound:
         exp.open_round(t)
         tally = exp.wire.new_tally()
         if clients.mine:
-            down, start = start_from_broadcast(exp)
+            down, start = start_from_broadcast(exp, t)
 
             for cid in clients.hosted(plan.selected):
                 with exp.timer.phase("train"):

@@ -17,25 +17,43 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Schedule:
-    """How much one client trains in a round: `steps` batches of `batch_size` (epochs already resolved)."""
+    """How much one client trains in a round: `steps` batches of `batch_size` (epochs already resolved).
+    `drop_last`: each epoch drops its short last batch (`client.drop_last`), as a DataLoader with
+    drop_last=True does, except that an epoch of fewer than `batch_size` samples keeps its one short batch."""
 
     batch_size: int
     steps: int
+    drop_last: bool = False
+
+
+def steps_per_epoch(n_samples, batch_size, drop_last=False) -> int:
+    """Batches in one pass over `n_samples`: ceil(n / B), or with `drop_last` floor(n / B) but at least one.
+
+    The "at least one" is fedmpi's: a DataLoader with drop_last=True gives a client with fewer than B
+    samples no batch at all (it would upload its start point unchanged, and SCAFFOLD's and FedNova's step
+    counts would be zero); here such a client trains on its one short batch."""
+    if drop_last:
+        return max(1, n_samples // batch_size)
+    return math.ceil(n_samples / batch_size)
 
 
 def schedule(client_cfg, n_samples, batch_size=None) -> Schedule:
     b = batch_size or client_cfg.batch_size
-    steps = client_cfg.steps or client_cfg.epochs * math.ceil(n_samples / b)
-    return Schedule(b, steps)
+    drop_last = bool(getattr(client_cfg, "drop_last", False))
+    steps = client_cfg.steps or client_cfg.epochs * steps_per_epoch(n_samples, b, drop_last)
+    return Schedule(b, steps, drop_last)
 
 
 def batch_order(g: np.random.Generator, n_samples, sched: Schedule) -> list:
     """Positions 0..n-1 in the order the batches visit them: fresh shuffles, one per epoch, cut into
-    `sched.steps` batches (the last batch of an epoch may be short, as with a DataLoader)."""
+    `sched.steps` batches (the last batch of an epoch may be short, as with a DataLoader; with
+    `sched.drop_last` it is dropped unless it is the epoch's only batch). The permutations drawn do not
+    depend on `drop_last`, so the full batches are the same either way."""
     batches, b = [], sched.batch_size
+    per_epoch = steps_per_epoch(n_samples, b, sched.drop_last)
     while len(batches) < sched.steps:
         perm = g.permutation(n_samples)
-        batches.extend(perm[i:i + b] for i in range(0, n_samples, b))
+        batches.extend(perm[i * b:(i + 1) * b] for i in range(per_epoch))
     return batches[: sched.steps]
 
 
@@ -69,9 +87,11 @@ class LocalTrainer:
         return self.criterion(self.flat.module(xb), yb)
 
     def train(self, indices: torch.Tensor, g: np.random.Generator, sched: Schedule, lr=None, grad_hook=None,
-              loss_fn=None):
+              loss_fn=None, step_hook=None):
         """Runs `sched.steps` SGD steps from the model's current vector. Returns (sum of sample losses,
-        samples seen) as a 0-d tensor and an int; the caller reads `flat.vec` for the result."""
+        samples seen) as a 0-d tensor and an int; the caller reads `flat.vec` for the result.
+        `grad_hook(params, grad)` corrects the flat gradient before each step; `step_hook(params)` changes
+        the parameters after each step (SCAFFOLD's `correction: after_step`)."""
         cfg, flat, module = self.cfg, self.flat, self.flat.module
         lr = cfg.lr if lr is None else lr
         params, grad = flat.params, flat.grad
@@ -92,6 +112,8 @@ class LocalTrainer:
             if grad_hook is not None:
                 grad_hook(params, grad)
             self._step(params, grad, lr)
+            if step_hook is not None:
+                step_hook(params)
             loss_sum += loss.detach() * len(positions)
             seen += len(positions)
         return loss_sum, seen
@@ -131,18 +153,48 @@ def evaluate(module, x, y, batch_size, loss=None):
 
 class ServerTrainer:
     """SGD on the server's own set, on rank 0: FSL's server learning, pretraining and data sharing's
-    warm-up. Plain SGD (no momentum), batches from the stream (seed, SERVER, round)."""
+    warm-up. Plain SGD (no momentum), batches from the stream (seed, SERVER, round); every epoch keeps its
+    short last batch (`client.drop_last` is the clients' key). `test` (inputs, labels) lets a warm-up
+    stop at a test accuracy (`train_until`)."""
 
-    def __init__(self, flat, client_cfg, x, y, indices, seed, loss=None):
+    def __init__(self, flat, client_cfg, x, y, indices, seed, loss=None, test=None, eval_batch=1000):
         import dataclasses
 
         self.flat, self.seed = flat, seed
         self.indices = indices
         self.n = len(indices)
+        self.test, self.eval_batch, self.loss = test, eval_batch, loss
         self.trainer = LocalTrainer(flat, dataclasses.replace(client_cfg, momentum=0.0), x, y, loss=loss)
 
     def steps_for(self, epochs, batch_size):
         return epochs * math.ceil(self.n / batch_size)
+
+    def test_accuracy(self):
+        """Accuracy of the model now in `flat` on the test set (NaN without one)."""
+        if self.test is None:
+            return float("nan")
+        return evaluate(self.flat.module, *self.test, self.eval_batch, loss=self.loss)[0]
+
+    def train_until(self, start, round_, max_epochs, batch_size, lr, target=None):
+        """Epochs of SGD from `start` until the test accuracy after an epoch reaches `target`, at most
+        `max_epochs` (None: all of them). Returns (vector, epochs run, test accuracy at the end). One stream
+        (seed, SERVER, round) across the epochs, so E epochs here are exactly `train(start, round_, E *
+        steps_for(1, B), B, lr)`."""
+        from fedmpi import rng
+
+        self.flat.load(start)
+        seed_torch_on(self.flat.device, self.seed, rng.SERVER, round_, 1)
+        g = rng.stream(self.seed, rng.SERVER, round_)
+        per_epoch = Schedule(batch_size, self.steps_for(1, batch_size))
+        epochs, acc = 0, float("nan")
+        while epochs < max_epochs:
+            self.trainer.train(self.indices, g, per_epoch, lr=lr)
+            epochs += 1
+            if target is not None:
+                acc = self.test_accuracy()
+                if acc >= target:
+                    break
+        return self.flat.vec.clone(), epochs, acc
 
     def train(self, start, round_, steps, batch_size, lr):
         """`steps` SGD steps from `start`; returns (new vector, mean training loss)."""

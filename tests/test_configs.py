@@ -26,16 +26,16 @@ from fedmpi.cli import main as fedmpi_main
 from fedmpi.data import sources
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.partition import SCHEMES
-from fedmpi.data.server_set import split_dataset
+from fedmpi.data.server_set import resolved_size, split_dataset
 from fedmpi.flat import FlatModel
 from fedmpi.models import BUILDERS, build_model
 
 CONFIGS = ROOT / "jobs" / "configs"
 ALL = sorted(CONFIGS.rglob("*.yaml"))
 SMALL = sorted((CONFIGS / "small").glob("*.yaml"))
-REPRO = sorted((CONFIGS / "repro").glob("*.yaml"))
+REPRO = sorted((CONFIGS / "repro").rglob("*.yaml"))
 LOCAL_DATA = ("mnist5k", "synthetic")          # need no files
-PAPER = [p for p in ALL if p.parent.name in ("fsl", "fedskip", "datashare", "safl")]
+PAPER = [p for p in ALL if p.relative_to(CONFIGS).parts[0] in ("fsl", "fedskip", "datashare", "safl")]
 VARIANT = re.compile(r"^# variant ([\w-]+): (.+)$")
 
 
@@ -59,8 +59,10 @@ def test_the_expected_configs_exist():
     expected = {"quickstart.yaml", "fsl/cifar10_s1.yaml", "fsl/emnist_s1.yaml", "fsl/cifar10_s2.yaml",
                 "fsl/emnist_s2.yaml", "datashare/cifar10_1class.yaml", "safl/mnist.yaml", "safl/mnist_gated.yaml"}
     expected |= {f"fedskip/{d}_p{n}.yaml" for d in ("cifar10", "cifar100") for n in (10, 50, 100)}
+    expected |= {f"fedskip/{d}.yaml" for d in ("femnist", "shakespeare", "synthetic")}
     assert expected <= names
-    assert len(SMALL) >= 8 and len(REPRO) == 7
+    assert len(SMALL) >= 8
+    assert {p.parent.name for p in REPRO} == {"zhao", "fsl", "fedskip", "safl"}
 
 
 @pytest.mark.parametrize("path", ALL, ids=rel)
@@ -122,11 +124,49 @@ def test_fedskip_configs_hold_the_papers_settings(data, n, rounds):
     assert (c.lr, c.batch_size, c.epochs, c.momentum, c.weight_decay) == (0.01, 64, 10, 0.9, 1e-5)
 
 
+@pytest.mark.parametrize("name, clients, rounds, prox, dyn", [("femnist", 180, 200, 0.001, 0.0001),
+                                                              ("shakespeare", 660, 200, 0.001, 0.0001),
+                                                              ("synthetic", 212, 1000, 0.001, 0.001)])
+def test_fedskip_real_world_configs_hold_the_papers_settings(name, clients, rounds, prox, dyn):
+    path = CONFIGS / "fedskip" / f"{name}.yaml"
+    cfg = config.load(path)
+    assert (cfg.data.name, cfg.partition.clients, cfg.partition.scheme) == (name, clients, "natural")
+    assert cfg.server.clients_per_round == 10 and cfg.rounds == rounds and cfg.algorithm.delta == 3
+    c = cfg.client
+    assert (c.lr, c.batch_size, c.epochs, c.momentum, c.weight_decay) == (0.01, 64, 10, 0.9, 1e-5)
+    found = {v: config.load(path, o).algorithm for v, o in variants(path).items()}
+    assert found["fedprox"].mu == prox and found["feddyn"].alpha == dyn
+    assert ("moon" in found) == (name == "femnist")      # the paper has no MOON on Shakespeare; no head on LR
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "fedskip").glob("*.yaml")), ids=rel)
+def test_fedskip_baselines_train_the_same_net_with_their_reference_rules(path):
+    """Every method of a FedSkip config trains one model (MOON's projection head for all, as the authors'
+    code builds them), SCAFFOLD and MOON with the rules of the code the paper's baselines come from."""
+    base = config.load(path)
+    for name, overrides in variants(path).items():
+        cfg = config.load(path, overrides)
+        assert cfg.model == base.model, name
+        if cfg.algorithm.name == "scaffold":
+            assert (cfg.algorithm.correction, cfg.algorithm.initial_controls) == ("after_step", "model_init")
+        if cfg.algorithm.name == "moon":
+            assert cfg.algorithm.first_round == "model_init" and cfg.model.projection == 256
+    assert base.client.drop_last == (base.data.name in ("cifar10", "cifar100"))   # the code's CIFAR loaders
+
+
 def test_data_sharing_config_holds_zhao_et_al_settings():
     cfg = load("datashare/cifar10_1class.yaml")
     assert (cfg.partition.clients, cfg.partition.scheme, cfg.partition.shards_per_client) == (10, "shards", 1)
-    assert cfg.server_data.source == "holdout" and cfg.server_data.size == 4000       # 10% of 40,000
+    s = cfg.server_data
+    assert (s.source, s.holdout, s.fraction, s.scheme, s.classes) == ("holdout", 10000, 0.1, "classes", 10)
+    assert resolved_size(s, 50000) == 4000                   # beta = 10% of D = 40,000
     assert cfg.algorithm.alpha == 0.5 and cfg.server.clients_per_round == 10 and cfg.client.lr == 0.1
+    assert (cfg.client.lr_schedule.name, cfg.client.lr_schedule.gamma) == ("exponential", 0.992)
+    assert cfg.algorithm.warmup_target_acc == 0.6
+    sweep = {v: config.load(CONFIGS / "datashare" / "cifar10_1class.yaml", o).server_data
+             for v, o in variants(CONFIGS / "datashare" / "cifar10_1class.yaml").items() if v.startswith("beta")}
+    assert {v: d.fraction for v, d in sweep.items()} == {"beta5": 0.05, "beta20": 0.2}
+    assert all(d.holdout == 10000 for d in sweep.values())    # the clients' data stays the same
 
 
 def test_safl_configs_run_safl_on_mnist():
@@ -149,38 +189,158 @@ FULL_SIZE = {
 }
 
 
+# LEAF sets with natural users: (users, training samples per user, test samples, input shape, classes, dtype);
+# the users are as many as the FedSkip paper keeps, their sizes a round stand-in.
+NATURAL = {"femnist": (180, 200, 4000, (1, 28, 28), 62, np.float32),
+           "shakespeare": (660, 100, 6600, (80,), 80, np.int64)}
+
+
 def stand_in(cfg):
     """The data set with its real class counts and input shape; the inputs are zeros that take no memory
     (the split needs only the labels). data.classes is applied as load_dataset would."""
+    zeros = lambda n, shape, dtype=np.float32: np.broadcast_to(np.zeros((1, *shape), dtype), (n, *shape))  # noqa: E731
+    g = np.random.default_rng(0)
+    if cfg.data.name in NATURAL:
+        users, per_user, n_test, shape, classes, dtype = NATURAL[cfg.data.name]
+        y_train = g.integers(0, classes, users * per_user)
+        y_test = g.integers(0, classes, n_test)
+        split = [np.arange(u * per_user, (u + 1) * per_user) for u in range(users)]
+        return Dataset(cfg.data.name, zeros(len(y_train), shape, dtype), y_train, zeros(n_test, shape, dtype), y_test,
+                       classes, users=split)
     train, test, shape = FULL_SIZE[cfg.data.name]
     classes = cfg.data.classes or len(train)
-    g = np.random.default_rng(0)
     y_train = g.permutation(np.repeat(np.arange(classes), train[:classes]))
     y_test = np.repeat(np.arange(classes), test[:classes])
-    zeros = lambda n: np.broadcast_to(np.zeros((1, *shape), np.float32), (n, *shape))  # noqa: E731
-    return Dataset(cfg.data.name, zeros(len(y_train)), y_train, zeros(len(y_test)), y_test, classes)
+    return Dataset(cfg.data.name, zeros(len(y_train), shape), y_train, zeros(len(y_test), shape), y_test, classes)
 
 
 @pytest.mark.parametrize("path", [p for p in ALL if config.load(p).data.name not in LOCAL_DATA], ids=rel)
 def test_big_config_splits_and_builds_on_its_full_size_data(path):
     cfg = config.load(path)
-    assert cfg.data.name in FULL_SIZE
+    assert cfg.data.name in FULL_SIZE or cfg.data.name in NATURAL
     ds = stand_in(cfg)
     split = split_dataset(cfg, ds)
     sizes = np.array([len(p) for p in split.parts])
     assert len(sizes) == cfg.partition.clients and sizes.min() >= 1
     if cfg.partition.samples_per_client:
         assert np.all(sizes == cfg.partition.samples_per_client)
-    assert len(split.server_idx) == cfg.server_data.size
+    assert len(split.server_idx) == resolved_size(cfg.server_data, len(ds.y_train))
     if cfg.server_data.source == "holdout":
         assert not np.intersect1d(np.concatenate(split.parts), split.server_idx).size
     module = build_model(cfg.model, ds.input_shape, ds.num_classes)
     module.eval()
     with torch.no_grad():
-        assert module(torch.zeros(2, *ds.input_shape)).shape == (2, ds.num_classes)
+        x = torch.zeros(2, *ds.input_shape, dtype=torch.from_numpy(ds.x_train[:1].copy()).dtype)
+        assert module(x).shape == (2, ds.num_classes)
     flat = FlatModel(module)
     lookup(cfg.algorithm.name).check(cfg, flat)
     build_algorithm(cfg, flat.dim, flat.n_params).setup(SetupContext(sizes, split.server_idx, flat.vec.clone()))
+
+
+# --- the papers' learning rates train (issue 13 item 4) ---------------------------------------------------
+
+def training_setups():
+    """Every paper config and each of its variants, once per distinct training setup: data set, model, client
+    and server settings, and the algorithm (by name: a variant that changes only its keys, a split or the
+    number of clients repeats a setup)."""
+    seen, params = set(), []
+    for path in PAPER:
+        for name, overrides in [("config", [])] + list(variants(path).items()):
+            cfg = check_config(config.load(path, overrides))
+            d = cfg.to_dict()
+            key = yaml.safe_dump({"data": d["data"]["name"], "model": d["model"], "client": d["client"],
+                                  "server": d["server"], "algorithm": d["algorithm"]["name"]}, sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                params.append(pytest.param(path, overrides, id=f"{rel(path)}:{name}"))
+    return params
+
+
+CHECK_CLIENTS, CHECK_BATCH, CHECK_SERVER_SET = 2, 16, 64
+# Inputs of the stand-in as small as the model allows (simple_cnn needs 16 x 16), so that a step is cheap, and
+# local steps per round: ResNet-18 (momentum 0.9 at lr 0.01) needs six to show progress, the others three.
+CHECK_SIDE = {"simple_cnn": 16, "cnn2": 12, "cnn_mnist": 12, "resnet18": 8}
+CHECK_STEPS = {"resnet18": 6}
+BLOW_UP = 1.25      # a test loss above this multiple of the untrained model's is divergence
+
+
+def check_config(cfg):
+    """The config of a three-round check: the config's own learning rates and their schedules, momentum, weight
+    decay, drop_last, server step size and optimizer, and algorithm keys. Every client takes part: as many
+    as the config's clients per round where the server's step size is not 1 (eta_g = sqrt(S) is only as
+    stable as S averaged updates make it), else CHECK_CLIENTS, on an IID split with an IID server set (the
+    question is the step sizes, not the skew); a few local steps (CHECK_STEPS) of at most CHECK_BATCH samples;
+    pretraining and warm-up cut to 2 epochs, the server's set to CHECK_SERVER_SET samples."""
+    d = cfg.to_dict()
+    s = cfg.server.clients_per_round if cfg.server.lr != 1.0 else min(cfg.server.clients_per_round, CHECK_CLIENTS)
+    d.update(rounds=3, out="runs/check")
+    d["runtime"] = {"threads": 1, "progress": "off"}
+    if cfg.partition.scheme != "natural":
+        d["partition"]["scheme"] = "iid"      # aligned updates: the harshest case for a server step size
+    d["partition"].update(clients=s, samples_per_client=None, min_samples=1)
+    d["server"]["clients_per_round"] = s
+    d["client"].update(batch_size=min(cfg.client.batch_size, CHECK_BATCH), epochs=1,
+                       steps=CHECK_STEPS.get(cfg.model.name, 3), vectorize="off")
+    if cfg.server_data.wanted:
+        d["server_data"].update(size=CHECK_SERVER_SET, fraction=None, holdout=0, scheme="iid")
+    for key in ("pretrain_epochs", "warmup_epochs"):
+        if d["algorithm"].get(key):
+            d["algorithm"][key] = 2
+    return config.from_dict(d)
+
+
+def learnable_stand_in(cfg, per_client):
+    """A small data set of the config's kind that a model can learn in a few steps: images (CHECK_SIDE[model]
+    square, the real channels, at most 10 classes) scattered around one random template per class; token
+    sequences whose label is their last token (Shakespeare); SYNTHETIC itself. Natural users: one per client."""
+    clients = cfg.partition.clients
+    if cfg.data.name == "synthetic":
+        return sources.synthetic(config.from_dict({**cfg.to_dict(), "partition": {
+            "clients": clients, "scheme": "natural", "samples_per_client": per_client}}))
+    g = np.random.default_rng(0)
+    n_train = clients * per_client + 2 * CHECK_SERVER_SET
+    n_test = 200
+    if cfg.data.name == "shakespeare":
+        classes = 80
+        x = g.integers(0, classes, (n_train + n_test, 80))
+        y = x[:, -1].copy()
+    else:
+        channels = {"cifar10": 3, "cifar100": 3}.get(cfg.data.name, 1)
+        classes = min(cfg.data.classes or 10, 10)    # a few steps cannot learn CIFAR-100's 100 classes
+        y = np.concatenate([g.permutation(np.arange(n) % classes) for n in (n_train, n_test)])   # balanced
+        side = CHECK_SIDE[cfg.model.name]
+        templates = g.normal(size=(classes, channels, side, side))
+        x = (templates[y] + 0.5 * g.normal(size=(len(y), channels, side, side))).astype(np.float32)
+    users = None
+    if cfg.partition.scheme == "natural":
+        users = [np.arange(u * per_client, (u + 1) * per_client) for u in range(clients)]
+    return Dataset(cfg.data.name, x[:n_train], y[:n_train].astype(np.int64), x[n_train:], y[n_train:].astype(np.int64),
+                   classes, users=users)
+
+
+@pytest.mark.parametrize("path, overrides", training_setups())
+def test_paper_learning_rates_train_in_the_first_rounds(path, overrides):
+    """Each paper setup, scaled down on a learnable stand-in, trains rather than diverges in its first three
+    rounds: every loss finite (a non-finite one ends the run as diverged), no test loss above BLOW_UP times
+    the untrained model's, and progress: the last round's training loss below the first round's, or the
+    final test loss below the untrained model's (a few small steps may show only one of the two)."""
+    import fedmpi
+    from fedmpi import rng
+    from fedmpi.train import evaluate
+
+    cfg = check_config(config.load(path, overrides))     # (training_setups already checked it loads)
+    ds = learnable_stand_in(cfg, per_client=3 * cfg.client.batch_size)
+    rng.seed_torch(cfg.seed, rng.INIT)
+    untrained = build_model(cfg.model, ds.input_shape, ds.num_classes)
+    _, before = evaluate(untrained, torch.from_numpy(ds.x_test), torch.from_numpy(ds.y_test), 1000)
+    result = fedmpi.simulate(cfg, dataset=ds)
+    m = result.metrics
+    assert np.isfinite(m["train_loss"]).all(), m["train_loss"]
+    measured = m["test_loss"][~np.isnan(m["test_loss"])]
+    assert len(measured) and np.isfinite(measured).all()
+    assert measured.max() < BLOW_UP * before, (before, m["test_loss"])
+    assert m["train_loss"][-1] < m["train_loss"][0] or measured[-1] < before, (before, m["test_loss"],
+                                                                                m["train_loss"])
 
 
 # --- the small configs: dry run and end to end -----------------------------------------------------------

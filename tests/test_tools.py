@@ -236,17 +236,18 @@ def test_run_files_are_found_in_folders_and_globs_and_bad_ones_are_skipped(runs,
 def load_tool(name):
     spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module      # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
 
 def test_run_batch_plans_every_config_and_seed_and_protects_existing_runs(tmp_path, capsys):
     batch = load_tool("run_batch")
-    configs = [str(ROOT / "jobs" / "configs" / "repro" / f"{n}.yaml") for n in ("fsl", "safl")]
+    configs = [str(ROOT / "jobs" / "configs" / "repro" / "safl" / f"{n}.yaml") for n in ("fedavg", "safl")]
     args = batch.parse([*configs, "--seeds", "0", "1", "--out-root", str(tmp_path), "rounds=3"])
     plan = batch.plan(args)
-    assert [name for name, _ in plan] == ["fsl-seed0", "fsl-seed1", "safl-seed0", "safl-seed1"]
-    assert [(c.seed, c.rounds, c.out) for _, c in plan][1] == (1, 3, str(tmp_path / "fsl-seed1"))
+    assert [name for name, _ in plan] == ["fedavg-seed0", "fedavg-seed1", "safl-seed0", "safl-seed1"]
+    assert [(c.seed, c.rounds, c.out) for _, c in plan][1] == (1, 3, str(tmp_path / "fedavg-seed1"))
     (tmp_path / "safl-seed1").mkdir()
     (tmp_path / "safl-seed1" / "run.h5").write_bytes(b"")
     assert batch.main([*configs, "--seeds", "0", "1", "--out-root", str(tmp_path)]) == 2
@@ -255,22 +256,40 @@ def test_run_batch_plans_every_config_and_seed_and_protects_existing_runs(tmp_pa
 
 
 @pytest.mark.mpi
-def test_reproduce_runs_and_writes_table_and_figure(tmp_path):
-    proc = subprocess.run([sys.executable, "tools/reproduce.py", "--rounds", "2", "--seeds", "0", "--threads", "1",
-                           "--runs", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs")], cwd=ROOT,
+def test_reproduce_one_paper_writes_its_section_figure_and_csv(tmp_path):
+    """tools/reproduce.py --paper safl end to end at 2 rounds and one seed: its section of reproduction.md
+    (table, claims checked, figure), the other papers' sections kept as they were."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "reproduction.md").write_text("# old\n<!-- paper:zhao -->\nZHAO KEPT\n<!-- /paper:zhao -->\n")
+    proc = subprocess.run([sys.executable, "tools/reproduce.py", "--paper", "safl", "--rounds", "2", "--seeds", "0",
+                           "--threads", "1", "--runs", str(tmp_path / "runs"), "--docs", str(docs)], cwd=ROOT,
                           capture_output=True, text=True, timeout=MPI_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    text = (tmp_path / "docs" / "reproduction.md").read_text()
-    assert "`python tools/reproduce.py --rounds 2 --seeds 0`" in text
-    table = [line for line in text.splitlines() if line.startswith("| ")]
-    assert len(table) == 2 + 7
-    for label in ("FedAvg, IID", "FedAvg, 2-class", "FedAvg, 1-class", "Data sharing", "FSL", "FedSkip", "SAFL"):
-        assert any(line.startswith(f"| {label}") for line in table), label
-    rows = list(csv.DictReader(open(tmp_path / "docs" / "reproduction.csv")))
-    assert len(rows) == 7 and all(r["runs"] == "1" for r in rows)
-    assert png_shape(tmp_path / "docs" / "reproduction.png")[:2] == (528, 1440)
-    assert sorted(os.listdir(tmp_path / "runs")) == sorted(f"{n}-seed0" for n in (
-        "fedavg_iid", "fedavg_2class", "fedavg_1class", "datashare", "fsl", "fedskip", "safl"))
+    text = (docs / "reproduction.md").read_text()
+    assert "ZHAO KEPT" in text and "Not run yet: `python tools/reproduce.py --paper fsl`" in text
+    safl = text[text.index("<!-- paper:safl -->"):text.index("<!-- /paper:safl -->")]
+    assert "`python tools/reproduce.py --paper safl --rounds 2 --seeds 0`" in safl
+    table = [line for line in safl.splitlines() if line.startswith("| ")]
+    assert len(table) == 2 + 6 and "paper's number or claim" in table[0]
+    assert sum(line.startswith(("- **holds**", "- **does not hold**", "- **measured**"))
+               for line in safl.splitlines()) == 5
+    rows = list(csv.DictReader(open(docs / "reproduction_safl.csv")))
+    assert len(rows) == 6 and all(r["runs"] == "1" for r in rows)
+    assert png_shape(docs / "reproduction_safl.png")[0] > 0
+    assert sorted(os.listdir(tmp_path / "runs" / "safl")) == sorted([f"{n}-seed0" for n in (
+        "fedavg_group_a", "fedavg", "safl", "safl_gated", "safl_gated_half", "safl_gated_half_eor")]
+        + ["launch_wall_s.txt"])
+    wall = float((tmp_path / "runs" / "safl" / "launch_wall_s.txt").read_text())
+    assert f"6 runs took {wall / 60:.1f} minutes of wall time" in safl
+
+
+def test_reproduce_knows_every_paper_config():
+    """Every config of jobs/configs/repro/<paper>/ is a row of that paper's section, and back."""
+    repro = load_tool("reproduce")
+    for key, paper in repro.PAPERS.items():
+        on_disk = {p.stem for p in (ROOT / "jobs" / "configs" / "repro" / key).glob("*.yaml")}
+        assert on_disk == {s.config for s in paper.settings}, key
 
 
 # --- the research instruments' views (files in the run log's layout, tests/run_files.py) -------------------

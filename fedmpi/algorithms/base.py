@@ -12,7 +12,8 @@ Declared capabilities (class attributes)
                          BUFFER (`BufferedUploads`: updates held until their simulated arrival, then one Reduce)
   keeps_client_state     clients keep vectors between rounds (`ClientVectors`): they train on their fixed host
   vectorizable           a round's clients may train as one batched computation: `client_start` only loads the
-                         broadcast vector, no `grad_hook`/`loss_fn`, `accumulate` reads only the trained vector
+                         broadcast vector, no `grad_hook`/`step_hook`/`loss_fn`, `accumulate` reads only the
+                         trained vector
   uses_server_set        needs the server's own set on rank 0 (FSL's D0, data sharing's G) for `initial_model`
                          and `after_step`; a non-empty `server_set_hint` makes server_data.size > 0 a requirement
   shares_data            `clients` merges shared data into the clients' sets (logged under /partition/shared)
@@ -31,8 +32,13 @@ Hooks, in the order of a round (rank 0 is the server; "host" is the rank that tr
   select(round, standard, sizes)         every round       every   pure: the clients that train
   schedule(cid, sizes, selected)         per client        host    pure: (batch, steps) or None
   down_payload(x, out)                   round start       0       writes `out`, the broadcast
+  round_start(round, down)               round start       host    every rank hosting clients, after the
+                                         (REDUCE, GATHER,          broadcast, before training: per-client
+                                         BUFFER)                   state (SAFL's end-of-round mix; None: none)
   client_start(run, down, model)         per client        host    loads the start point; per-client state
   grad_hook(params, grad)                each local step   host    the flat gradient, in place (None: none)
+  step_hook(params)                      after each step   host    the flat parameters, in place, after the
+                                                                   optimizer step (None: none)
   loss_fn(xb, yb)                        each local step   host    returns the loss (None: cross-entropy)
   accumulate(run, down, model, acc)      after training    host    adds the upload to `acc`, returns its
                                          (REDUCE)                  weight; per-client state
@@ -121,6 +127,8 @@ class Algorithm(abc.ABC):
     up_scalars: ClassVar[int] = 0
     client_columns: ClassVar[tuple] = ()
     grad_hook = None     # optional callable(params, grad): a correction added to the flat gradient
+    step_hook = None     # optional callable(params): a change to the parameters after each optimizer step
+    round_start = None   # optional callable(round, down): on hosting ranks after each round's broadcast
     loss_fn = None       # optional callable(xb, yb): replaces the plain cross-entropy (MOON)
 
     def __init__(self, cfg, dim, n_params):
@@ -139,8 +147,9 @@ class Algorithm(abc.ABC):
         written. Subclasses extend it with their own conditions and call super()."""
         c = Checks("")
         if cls.server_set_hint:
-            c.require(cfg.server_data.size > 0, "server_data.size", cfg.server_data.size,
+            c.require(cfg.server_data.wanted, "server_data.size", cfg.server_data.size,
                       f"algorithm.name = {cfg.algorithm.name!r} needs the server's set: set server_data.size > 0 "
+                      f"(or server_data.fraction > 0) "
                       f"({cls.server_set_hint})")
         if not cls.uses_server_optimizer:
             c.require(cfg.server.optimizer == "sgd", "server.optimizer", cfg.server.optimizer,

@@ -74,7 +74,9 @@ class Fsl(FedAvg):
     # -- the paper's default rules ----------------------------------------------------------------
     def client_steps(self, sizes):
         c = self.cfg.client
-        return c.steps or c.epochs * math.ceil(float(np.mean(sizes)) / c.batch_size)
+        mean = float(np.mean(sizes))
+        per_epoch = max(1, math.floor(mean / c.batch_size)) if c.drop_last else math.ceil(mean / c.batch_size)
+        return c.steps or c.epochs * per_epoch
 
     def server_schedule(self, sizes, round_=0):
         """(batch size B0, steps K0, learning rate gamma * eta0) of round `round_`'s server learning."""

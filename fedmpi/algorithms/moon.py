@@ -5,15 +5,27 @@ Local loss CE + mu * l_con with
 z the projection-head output of the model being trained, z_glob that of the round's global model x_t and
 z_prev that of the client's previous local model, sim the cosine similarity. The server rule is FedAvg's.
 
-Model convention: `module.forward_rep(x)` returns `(z, logits)` (simple_cnn with model.projection set).
+Model convention: `module.forward_rep(x)` returns `(z, logits)` (simple_cnn, or resnet18 with model.projection
+set).
 The global and previous models are two frozen copies of the rank's model, built once per rank and loaded
-in place per client (no deepcopy per client), in eval mode as in the reference code. A client that has
-not trained before has no previous model: z_prev = z_glob, which makes l_con the constant log 2 with zero
-gradient, the same training as the reference code's first round (no negatives).
+in place per client (no deepcopy per client), in eval mode as in the reference code.
+
+A client that has not trained before has no previous model (`first_round`):
+  zero_gradient  z_prev = z_glob: l_con is the constant log 2 with zero gradient, so the client trains on
+                 cross-entropy alone, as every client does in the reference codes' round 0 (no negative
+                 pair yet); fedmpi's default
+  x0             the previous model is x_0, the initial global model (NIID-Bench's MOON, where a client's
+                 net stays the initial model until it first trains)
+  model_init     from round 1 on, the previous model is the client's own never-trained network (MOON's own
+                 code, whose clients' nets each have their own random initialisation): a fresh draw of the
+                 model's initialisation from (seed, INIT, INIT_KEY, client) (fedmpi.algorithms.reinit);
+                 round 0 has no negative pair, as there.
+At full participation only round 0 has such clients, where all three train alike.
 """
 
 import copy
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,10 +33,12 @@ import torch.nn.functional as F
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import register
+from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.config_checks import Checks
 from fedmpi.flat import FlatModel
 
+INIT_KEY = 31     # (seed, INIT, INIT_KEY, client): a client's never-trained network (first_round: model_init)
 
 def contrastive_loss(z, z_glob, z_prev, tau):
     """l_con averaged over the batch: cross-entropy over the two similarities with z_glob as the positive."""
@@ -48,6 +62,9 @@ class MoonKeys(AlgorithmKeys):
     """Weight of the model-contrastive loss (>= 0; 0 is FedAvg)."""
     tau: float = 0.5
     """Temperature of the contrastive softmax (> 0)."""
+    first_round: Literal["zero_gradient", "x0", "model_init"] = "zero_gradient"
+    """The previous model of a client that has not trained yet: none (zero-gradient term), x_0 (NIID-Bench)
+    or the client's own never-trained network (MOON's code)."""
 
     def __post_init__(self):
         c = Checks("algorithm")
@@ -72,7 +89,7 @@ class Moon(FedAvg):
             c.require(False, "name", m.name,
                       f"algorithm.name = 'moon' needs a model with a projection head (forward_rep); "
                       f"model.name = {m.name!r} with model.projection = {m.projection!r} has none: use "
-                      f"model.name = simple_cnn with model.projection set (e.g. 256)")
+                      f"model.name = simple_cnn or resnet18 with model.projection set (e.g. 256)")
             c.done()
 
     def __init__(self, cfg, dim, n_params):
@@ -83,7 +100,11 @@ class Moon(FedAvg):
         self._prev_net = None
         self._model = None         # the FlatModel being trained
         self._has_prev = False
+        self.x0 = None             # first_round: x0
 
+    def setup(self, ctx):
+        super().setup(ctx)
+        self.x0 = ctx.x0
 
     def client_start(self, run, down, model):
         super().client_start(run, down, model)
@@ -92,9 +113,20 @@ class Moon(FedAvg):
         self._model = model
         self._global_net.load(down[: self.dim])
         prev = self._prev.on(run.cid, model.device)
+        if prev is None:
+            prev = self.first_previous(run, model)
         self._has_prev = prev is not None
         if self._has_prev:
             self._prev_net.load(prev)
+
+    def first_previous(self, run, model):
+        """The previous model of a client that has not trained yet (`first_round`), or None."""
+        mode = self.keys.first_round
+        if mode == "x0":
+            return self.x0.to(model.device)
+        if mode == "model_init" and run.round > 0:
+            return fresh_init(model, self.cfg.seed, INIT_KEY, run.cid)
+        return None
 
     def loss_fn(self, xb, yb):
         z, logits = self._model.module.forward_rep(xb)

@@ -7,6 +7,18 @@ the client's own stream; it trains from w to its new z_k and uploads it. The ser
 zbar_t = sum_k eta_k z_k over the uploaders, eta_k ∝ n_k (`fusion: samples`) or ∝ 1 / ||z_k - zbar_{t-1}||
 (`fusion: ida`). eps = 1 or p_t = 0 is FedAvg exactly.
 
+When the mix happens (`mix`):
+  on_selection  as above: when the client is next selected, with the latest global model x_t (default;
+                eps = 1 is FedAvg at any participation)
+  end_of_round  the paper's order (eq. 5-7): a client that trained in round t mixes its z_k with that
+                round's average x_{t+1} = zbar_t, with p_{t+1} and u drawn from (seed, CLIENT, t + 1, k), and
+                trains from the mixed w_k when next selected, however many rounds later. The hosting rank
+                does the mix at the start of round t + 1, when x_{t+1} arrives in the broadcast (the
+                `round_start` hook), so nothing more travels and the result does not depend on -n. A client
+                that has never trained starts from x_t (the model it receives when it first joins).
+At full participation both give the same numbers; under partial participation end_of_round restarts a
+client from the model of the round after it last trained, so eps = 1 is then not FedAvg.
+
 Upload gating (`gating: true`, §IV; the `GatedUploads` protocol): after training, the client measures the
 accuracy h of zbar_{t-1} and of z_k on a probe set (`probe: server`: the first `probe_size` samples of the
 server's set, or an IID draw of that size from the training set when the server has none; `probe: local`:
@@ -53,6 +65,9 @@ class SaflKeys(AlgorithmKeys):
     """Samples of the server probe set."""
     fusion: Literal["samples", "ida"] = "samples"
     """Server weights: by sample count, or inverse distance to the previous global model (IDA)."""
+    mix: Literal["on_selection", "end_of_round"] = "on_selection"
+    """When a client mixes z_k with the global model: at its next selection with the latest x_t, or at the
+    end of the round it trained in with that round's average (the paper's order)."""
 
     def __post_init__(self):
         c = Checks("algorithm")
@@ -77,8 +92,12 @@ class Safl(FedAvg):
 
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)
-        self.models = ClientVectors("z")   # z_k, on the rank hosting the client
+        # z_k, on the rank hosting the client (end_of_round: only until it is mixed at the next round start)
+        self.models = ClientVectors("z")
+        self.starts = ClientVectors("w")   # end_of_round: the mixed start point w_k of the next selection
         self.p_t = np.nan
+        if self.keys.mix == "end_of_round":
+            self.round_start = self._mix_last_round
 
     def setup(self, ctx):
         super().setup(ctx)
@@ -88,14 +107,31 @@ class Safl(FedAvg):
         return math.exp(-math.floor(round_ / self.keys.q) / self.keys.L)
 
     # -- client ---------------------------------------------------------------------------------
+    def mixed(self, zbar, z, round_, cid):
+        """w = u * (eps * zbar + (1 - eps) * z) + (1 - u) * zbar, u_j ~ Bernoulli(p_round) from the client's
+        stream (seed, CLIENT, round, cid, MASK_KEY)."""
+        eps, p = self.keys.eps, self.temperature(round_)
+        g = torch.Generator().manual_seed(rng.torch_seed(self.cfg.seed, rng.CLIENT, round_, cid, MASK_KEY))
+        u = (torch.rand(self.dim, generator=g) < p).to(zbar.device)
+        return torch.where(u, eps * zbar + (1 - eps) * z, zbar)
+
     def client_start(self, run, down, model):
         zbar = down[: self.dim]
+        if self.keys.mix == "end_of_round":
+            w = self.starts.on(run.cid, zbar.device)
+            model.load(zbar if w is None else w)
+            return
         z = self.models.on(run.cid, zbar.device)
         z = self.x0.to(zbar.device) if z is None else z
-        eps, p = self.keys.eps, self.temperature(run.round)
-        g = torch.Generator().manual_seed(rng.torch_seed(self.cfg.seed, rng.CLIENT, run.round, run.cid, MASK_KEY))
-        u = (torch.rand(self.dim, generator=g) < p).to(zbar.device)
-        model.load(torch.where(u, eps * zbar + (1 - eps) * z, zbar))
+        model.load(self.mixed(zbar, z, run.round, run.cid))
+
+    def _mix_last_round(self, round_, down):
+        """end_of_round, at the start of round t on a hosting rank: every z_k trained here in round t - 1
+        mixes with x_t (this broadcast), the average of that round, and becomes the client's start point."""
+        zbar = down[: self.dim]
+        for cid in sorted(self.models):
+            self.starts[cid] = self.mixed(zbar, self.models.on(cid, zbar.device), round_, cid)
+            del self.models[cid]
 
     def accumulate(self, run, down, model, acc):
         zbar = down[: self.dim]

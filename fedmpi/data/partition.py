@@ -152,8 +152,43 @@ def quantity(labels, cfg, g, pool):
                       f"fewer than partition.min_samples = {p.min_samples} samples; raise beta or lower min_samples")
 
 
+def groups(labels, cfg, g, pool):
+    """Client groups with fixed label sets (`partition.groups`, the SAFL paper's clients holding digits
+    {1,2,5,7,9} beside clients holding only {2}): client ids are dealt to the groups in order. With
+    `samples_per_client` n every client gets n samples, as evenly as possible over its group's labels
+    (the first labels take the remainder), drawn without replacement; without it each label's samples are
+    split evenly at random among every client whose group holds it. Labels no group holds are left out."""
+    pool_labels = labels[pool]
+    present = set(np.unique(pool_labels).tolist())
+    n = cfg.partition.samples_per_client
+    wants, cid = {}, 0           # label -> [(client, samples wanted or None)]
+    for k, group_labels in cfg.partition.groups:
+        missing = [x for x in group_labels if x not in present]
+        if missing:
+            raise ConfigError(f"partition.groups: label {missing[0]} is not in the training pool (labels present: "
+                              f"{', '.join(map(str, sorted(present)))})")
+        shares = [len(a) for a in np.array_split(np.arange(n), len(group_labels))] if n else [None] * len(group_labels)
+        for label, share in zip(group_labels, shares):
+            wants.setdefault(label, []).extend((c, share) for c in range(cid, cid + k))
+        cid += k
+    parts = [[] for _ in range(cfg.partition.clients)]
+    for label in sorted(wants):
+        idx = g.permutation(pool[pool_labels == label])
+        if n is None:
+            pieces = np.array_split(idx, len(wants[label]))
+        else:
+            need = sum(share for _, share in wants[label])
+            if need > len(idx):
+                raise ConfigError(f"partition.samples_per_client = {n}: the groups need {need} samples of label "
+                                  f"{label}, the training pool has {len(idx)}; lower samples_per_client")
+            pieces = np.split(idx[:need], np.cumsum([share for _, share in wants[label]])[:-1])
+        for (client, _), piece in zip(wants[label], pieces):
+            parts[client].append(piece)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
 SCHEMES = {"iid": iid, "dirichlet": dirichlet, "labels": label_subsets, "shards": shards, "classes": classes,
-           "quantity": quantity, "natural": natural}
+           "quantity": quantity, "natural": natural, "groups": groups}
 
 
 def partition(dataset, cfg, pool=None):

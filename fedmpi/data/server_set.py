@@ -4,7 +4,15 @@ One set serves three algorithms: D0 for FSL, the shared set G for data sharing, 
 It is drawn from the training set with `(seed, SERVER, SERVER_SET_KEY)`: IID, from `classes` random classes in equal
 shares, or with class proportions ~ Dir(beta). `source: overlap` draws it from the whole training set and
 the clients still partition everything (FSL paper); `source: holdout` removes it from the clients' pool
-first (Zhao et al.). Everything here is deterministic, so every rank computes the same split.
+first. Everything here is deterministic, so every rank computes the same split.
+
+Zhao et al.'s split: the training set is cut into the clients' part D and a holdout H (CIFAR-10: 40,000 and
+10,000), and every shared set G is drawn from H with |G| = beta * |D|. `server_data.holdout: |H|` reserves H
+(drawn evenly over the classes from `(seed, SERVER, HOLDOUT_KEY)`, independent of G's size, so that D keeps
+the class balance) and draws G from it;
+`server_data.fraction: beta` sizes G relative to D. A sweep over `fraction` then keeps D, and so every
+client's data, fixed. H is not an evaluation set (the paper evaluates on the test set, as fedmpi does);
+the part of H outside G is unused.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ MAX_DIRICHLET_ROUNDS = 100
 # Key of the server set's stream (seed, SERVER, SERVER_SET_KEY). Not (seed, SERVER) alone: SeedSequence pads
 # its entropy with zeros, so that would be the very stream (seed, SERVER, 0) of round 0's server batches.
 SERVER_SET_KEY = 2**32 - 1
+HOLDOUT_KEY = 2**32 - 2     # (seed, SERVER, HOLDOUT_KEY): the holdout H that the server set is drawn from
 
 
 @dataclass
@@ -36,48 +45,94 @@ class Split:
     groups: dict
 
 
-def draw_server_set(labels, cfg) -> np.ndarray:
-    """Sorted int64 indices of the server's set; empty when server_data.size is 0."""
+def resolved_size(s, n_train) -> int:
+    """The server set's size: `size`, or with `fraction` (beta) round(beta * |D|), D the clients' data: the
+    whole training set (`overlap`), the training set less the holdout H (`holdout` > 0), or the training
+    set less the set itself (`source: holdout` without H: |G| = round(n beta / (1 + beta)))."""
+    if s.fraction is None:
+        return int(s.size)
+    if s.source == "overlap":
+        clients = n_train
+    elif s.holdout:
+        clients = n_train - s.holdout
+    else:
+        return int(round(n_train * s.fraction / (1 + s.fraction)))
+    return int(round(s.fraction * clients))
+
+
+def draw_holdout(labels, cfg) -> np.ndarray:
+    """Sorted indices of the holdout H (`server_data.holdout` samples), or None without one. H is drawn evenly
+    over the classes (each class gives holdout / K samples, the first classes one more for the remainder),
+    so that the clients' part D keeps the training set's class balance: Zhao et al. split a balanced D into
+    1-class clients, each holding exactly one class."""
     s = cfg.server_data
-    if s.size == 0:
+    if not s.holdout:
+        return None
+    if s.holdout >= len(labels):
+        raise ConfigError(f"server_data.holdout = {s.holdout}: the training set has only {len(labels)} samples "
+                          f"and the clients need some")
+    g = rng.stream(cfg.seed, rng.SERVER, HOLDOUT_KEY)
+    present, counts = np.unique(labels, return_counts=True)
+    per_class = np.array([len(a) for a in np.array_split(np.arange(s.holdout), len(present))])
+    short = np.flatnonzero(per_class >= counts)
+    if len(short):
+        c = short[0]
+        raise ConfigError(f"server_data.holdout = {s.holdout}: class {present[c]} would give {per_class[c]} of its "
+                          f"{counts[c]} samples to the holdout and keep none for the clients; lower holdout")
+    chosen = [g.choice(np.flatnonzero(labels == c), size=n, replace=False) for c, n in zip(present, per_class)]
+    return np.sort(np.concatenate(chosen)).astype(np.int64)
+
+
+def draw_server_set(labels, cfg, candidates=None) -> np.ndarray:
+    """Sorted int64 indices of the server's set, drawn from `candidates` (indices into `labels`; None: the
+    whole training set); empty when its size is 0."""
+    s = cfg.server_data
+    size = resolved_size(s, len(labels))
+    if size == 0:
         return np.zeros(0, dtype=np.int64)
-    if s.size > len(labels):
-        raise ConfigError(f"server_data.size = {s.size}: the training set has only {len(labels)} samples")
+    where = "the training set" if candidates is None else f"server_data.holdout ({len(candidates)} samples)"
+    candidates = np.arange(len(labels), dtype=np.int64) if candidates is None else np.asarray(candidates)
+    labels = labels[candidates]
+    what = (f"server_data.size = {size}" if s.fraction is None
+            else f"server_data.fraction = {s.fraction} (a set of {size} samples)")
+    if size > len(labels):
+        raise ConfigError(f"{what}: {where} has only {len(labels)} samples")
     g = rng.stream(cfg.seed, rng.SERVER, SERVER_SET_KEY)
     if s.scheme == "iid":
-        chosen = g.choice(len(labels), size=s.size, replace=False)
+        chosen = g.choice(len(labels), size=size, replace=False)
     else:
         present, counts = np.unique(labels, return_counts=True)
         if s.scheme == "classes":
-            per_class = _class_subset_counts(s, present, counts, g)
+            per_class = _class_subset_counts(s, size, present, counts, g, what, where)
         else:
-            per_class = _dirichlet_counts(s, counts, g)
+            per_class = _dirichlet_counts(s, size, counts, g, what)
         chosen = np.concatenate([g.choice(np.flatnonzero(labels == c), size=n, replace=False)
                                  for c, n in zip(present, per_class) if n > 0])
-    return np.sort(chosen).astype(np.int64)
+    return np.sort(candidates[chosen]).astype(np.int64)
 
 
-def _class_subset_counts(s, present, counts, g):
-    """`s.classes` random classes sharing `s.size` samples as evenly as possible."""
+def _class_subset_counts(s, size, present, counts, g, what, where):
+    """`s.classes` random classes sharing `size` samples as evenly as possible."""
     if s.classes > len(present):
-        raise ConfigError(f"server_data.classes = {s.classes}: the training set has only {len(present)} classes")
+        raise ConfigError(f"server_data.classes = {s.classes}: {where} has only {len(present)} classes")
     chosen = np.sort(g.choice(len(present), size=s.classes, replace=False))
     per_class = np.zeros(len(present), dtype=np.int64)
-    per_class[chosen] = [len(a) for a in np.array_split(np.arange(s.size), s.classes)]
+    per_class[chosen] = [len(a) for a in np.array_split(np.arange(size), s.classes)]
     short = np.flatnonzero(per_class > counts)
     if len(short):
         c = short[0]
-        raise ConfigError(f"server_data.size = {s.size}: class {present[c]} would need {per_class[c]} samples "
-                          f"for the server's set but has {counts[c]}; lower size or raise server_data.classes")
+        raise ConfigError(f"{what}: class {present[c]} would need {per_class[c]} samples for the server's set "
+                          f"but {where} has {counts[c]}; lower the set's size, raise server_data.classes"
+                          + (" or server_data.holdout" if s.holdout else ""))
     return per_class
 
 
-def _dirichlet_counts(s, counts, g):
+def _dirichlet_counts(s, size, counts, g, what):
     """Class proportions ~ Dir(beta); a class that runs out passes its excess on to the others (by p)."""
     p = g.dirichlet(np.full(len(counts), s.beta))
     per_class = np.zeros(len(counts), dtype=np.int64)
     for _ in range(MAX_DIRICHLET_ROUNDS):
-        missing = s.size - per_class.sum()
+        missing = size - per_class.sum()
         room = counts - per_class
         if missing == 0:
             return per_class
@@ -85,7 +140,7 @@ def _dirichlet_counts(s, counts, g):
         if weights.sum() == 0:
             weights = (room > 0).astype(float)
         per_class += np.minimum(g.multinomial(missing, weights / weights.sum()), room)
-    raise ConfigError(f"server_data.beta = {s.beta}: could not fill {s.size} samples; lower server_data.size")
+    raise ConfigError(f"server_data.beta = {s.beta}: could not fill {size} samples ({what}); lower the set's size")
 
 
 def split_dataset(cfg, dataset, parts=None) -> Split:
@@ -94,11 +149,13 @@ def split_dataset(cfg, dataset, parts=None) -> Split:
     labels = dataset.y_train
     if labels.dtype.kind not in "iu":     # regression targets (a custom data set): no label statistics
         return Split(list(parts) if parts is not None else partition(dataset, cfg), np.zeros(0, np.int64), {})
-    server_idx = draw_server_set(labels, cfg)
+    holdout = draw_holdout(labels, cfg)
+    server_idx = draw_server_set(labels, cfg, holdout)
     if parts is None:
         pool = np.arange(len(labels), dtype=np.int64)
-        if cfg.server_data.source == "holdout" and len(server_idx):
-            pool = np.setdiff1d(pool, server_idx)
+        removed = holdout if holdout is not None else server_idx
+        if cfg.server_data.source == "holdout" and len(removed):
+            pool = np.setdiff1d(pool, removed)
         parts = partition(dataset, cfg, pool)
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
     server_stats = partition_stats(labels, [server_idx], dataset.num_classes)
