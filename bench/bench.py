@@ -340,11 +340,12 @@ def format_row(workload, label, s, ref):
             s["device"], f"{s['acc']:.4f}")
 
 
-def print_table(rows, file=sys.stdout):
-    widths = [max(len(str(r[i])) for r in [HEADER, *rows]) for i in range(len(HEADER))]
-    line = lambda r: "  ".join(str(v).rjust(w) if i > 1 else str(v).ljust(w)  # noqa: E731
+def print_table(rows, header=HEADER, left=2, file=sys.stdout):
+    """A fixed-width table: the first `left` columns left-aligned (names), the rest right-aligned (figures)."""
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(v).rjust(w) if i >= left else str(v).ljust(w)  # noqa: E731
                                for i, (v, w) in enumerate(zip(r, widths)))
-    print(line(HEADER), file=file)
+    print(line(header), file=file)
     print("  ".join("-" * w for w in widths), file=file)
     for r in rows:
         print(line(r), file=file)
@@ -422,7 +423,9 @@ def main(argv=None):
                                       run_fedmpi=run_fedmpi)
         w4_rows, record["W4"] = w4.run(parts, base / "W4", args.rounds, ranks, scale=args.w4_scale)
         print()
-        w4.print_table(w4_rows)
+        print_table(w4_rows, w4.HEADER, left=3)
+        print(f"W4: a rank's peak memory beyond its share of the data set (RSS - data/P) is at most "
+              f"{w4.expected_overhead_note(w4_rows)} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1, default=float))
     if not args.out:

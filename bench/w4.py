@@ -20,7 +20,6 @@ import math
 import os
 import statistics
 import struct
-import sys
 from pathlib import Path
 
 W4_RANKS = (2, 3)
@@ -161,17 +160,6 @@ def format_row(wl, label, s):
             f"{s['whole_s']:.1f}", f"{s['data_bytes'] / mb:.0f}", slash(s["peak_rss_mb"]),
             slash(s["peak_pss_mb"]), slash(s["peak_uss_mb"]), f"{over:.0f}",
             f"{100 * s['h5_round_bytes'] / mb:.3f}", f"{s['h5_bytes'] / mb:.2f}")
-
-
-def print_table(rows, file=sys.stdout):
-    widths = [max(len(str(r[i])) for r in [HEADER, *rows]) for i in range(len(HEADER))]
-    line = lambda r: "  ".join(str(v).rjust(w) if i > 2 else str(v).ljust(w)  # noqa: E731
-                               for i, (v, w) in enumerate(zip(r, widths)))
-    print(line(HEADER), file=file)
-    print("  ".join("-" * w for w in widths), file=file)
-    for r in rows:
-        print(line(r), file=file)
-    file.flush()
 
 
 def expected_overhead_note(rows):
