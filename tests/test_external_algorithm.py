@@ -97,7 +97,7 @@ def test_entry_point_and_module_path_name_the_same_class(external_package):
 
 
 @pytest.mark.parametrize("cls,problem", [
-    ("VectorizableWithHook", "declares vectorizable but has its own protocol, gradient hook or loss"),
+    ("VectorizableWithHook", "declares vectorizable but has its own protocol, gradient or step hook, or loss"),
     ("NoAccumulate", "leaves abstract hooks unimplemented: accumulate"),
 ])
 def test_a_class_that_breaks_its_contract_is_refused_with_exit_2(external_package, tmp_path, capsys, cls, problem):

@@ -153,9 +153,9 @@ def test_drop_last_vectorized_groups_follow_the_loop():
             "partition": {"clients": 10, "scheme": "iid"}, "model": {"name": "lr"},
             "client": {"lr": 0.05, "batch_size": 32, "epochs": 1, "drop_last": True},
             "server": {"clients_per_round": 8}, "runtime": {"threads": 1, "progress": "off"}}
-    loop = fedmpi.simulate(base, **{"client.vectorize": "'off'"})      # quoted: YAML reads off/on as booleans
-    batched = fedmpi.simulate(base, **{"client.vectorize": "'on'"})
-    kept = fedmpi.simulate(base, **{"client.vectorize": "'off'", "client.drop_last": False})
+    loop = fedmpi.simulate(base, **{"client.vectorize": "off"})
+    batched = fedmpi.simulate(base, **{"client.vectorize": "on"})
+    kept = fedmpi.simulate(base, **{"client.vectorize": "off", "client.drop_last": False})
     np.testing.assert_allclose(batched.model, loop.model, rtol=1e-5, atol=1e-6)
     assert not np.allclose(kept.model, loop.model)       # 400 samples, B 32: 12 full batches instead of 13
 

@@ -358,7 +358,8 @@ def divergence_available():
 
 
 def run_paper(args, paper):
-    """All of a paper's configs and seeds in one MPI launch; returns the wall seconds it took."""
+    """All of a paper's configs and seeds in one MPI launch; returns (the wall seconds it took, whether
+    finished runs were kept: --reuse)."""
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     if not mpiexec:
         raise SystemExit("reproduce.py: no mpiexec found (pip install mpich, or load your MPI)")
@@ -377,8 +378,8 @@ def run_paper(args, paper):
         raise SystemExit(f"reproduce.py: the {paper.key} runs failed (exit {code})")
     wall = time.monotonic() - start
     with open(wall_file(args, paper), "w") as fh:     # --report-only reports it again
-        fh.write(f"{wall:.1f}\n")
-    return wall
+        fh.write(f"{wall:.1f}{' reused' if args.reuse else ''}\n")
+    return wall, args.reuse
 
 
 def wall_file(args, paper):
@@ -386,12 +387,14 @@ def wall_file(args, paper):
 
 
 def recorded_wall(args, paper):
-    """The wall seconds of the launch that made the runs, as recorded next to them (None if unknown)."""
+    """(wall seconds of the launch that made the runs, whether it kept earlier runs: --reuse), as recorded
+    next to them; (None, False) if unknown."""
     try:
         with open(wall_file(args, paper)) as fh:
-            return float(fh.read().strip())
-    except (OSError, ValueError):
-        return None
+            words = fh.read().split()
+        return float(words[0]), words[1:] == ["reused"]
+    except (OSError, ValueError, IndexError):
+        return None, False
 
 
 def load_groups(args, paper):
@@ -476,13 +479,18 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
-def section(args, paper, rows, groups, wall):
+def section(args, paper, rows, groups, wall, reused=False):
     some = next(iter(groups.values()))[0]
     rounds = len(some.metrics["round"])
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     runs = len(paper.settings) * len(args.seeds)
-    timing = (f"{runs} runs took {wall / 60:.1f} minutes of wall time in one `mpiexec -n {args.np}` launch"
-              if wall is not None else f"{runs} runs (report rebuilt from existing runs)")
+    if wall is None:
+        timing = f"{runs} runs (report rebuilt from existing runs)"
+    elif reused:    # --reuse: the launch ran only the runs that were not finished
+        timing = (f"{runs} runs, of which the last `mpiexec -n {args.np}` launch ran the unfinished ones "
+                  f"(--reuse) in {wall / 60:.1f} minutes of wall time")
+    else:
+        timing = f"{runs} runs took {wall / 60:.1f} minutes of wall time in one `mpiexec -n {args.np}` launch"
     checks = paper.checks(rows)
     lines = [
         f"<!-- paper:{paper.key} -->",
@@ -555,12 +563,12 @@ def main(argv=None):
     sections = {}
     for key in args.papers:
         paper = PAPERS[key]
-        wall = recorded_wall(args, paper) if args.report_only else run_paper(args, paper)
+        wall, reused = recorded_wall(args, paper) if args.report_only else run_paper(args, paper)
         groups = load_groups(args, paper)
         rows = table_rows(paper, groups)
         paper.figure(groups, os.path.join(args.docs, f"reproduction_{key}.png"))
         report.write_csv(list(rows.values()), os.path.join(args.docs, f"reproduction_{key}.csv"))
-        sections[key] = section(args, paper, rows, groups, wall)
+        sections[key] = section(args, paper, rows, groups, wall, reused)
         print(sections[key], flush=True)
     existing = open(md_path).read() if os.path.exists(md_path) else ""
     with open(md_path, "w") as fh:
