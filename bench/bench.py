@@ -4,6 +4,10 @@ reference loop, one table.
     python bench/bench.py                      # every workload, -n 1 2 3, the loop at -n 2, the reference
     python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --repeats 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
+    python bench/bench.py --workloads QS --ranks 3 --repeats 2   # the quickstart at -n 3 against -n 1
+
+QS is the quickstart (jobs/configs/quickstart.yaml, evaluation every round) with one torch thread per rank;
+its ratios and limit are against fedmpi at -n 1, not against the reference loop.
 
 Every fedmpi row is a real `mpiexec -n P` launch of `fedmpi run` (through bench/_rank.py, which only
 adds each rank's peak memory, CPU seconds and CPU seconds per round) on a generated config. Seconds per
@@ -92,6 +96,15 @@ def workload_config_from(mapping, out, rounds=None, vectorize="auto"):
     if rounds:
         cfg["rounds"] = rounds
     return _merge(cfg, {"out": str(out), "eval": {"every": cfg["rounds"]}, "client": {"vectorize": vectorize}})
+
+
+def quickstart_config(out, rounds=None, vectorize="auto"):
+    """QS: jobs/configs/quickstart.yaml as `make run` runs it (evaluation every round), with the bench's
+    common settings (one torch thread per rank, no checkpoints)."""
+    mapping = yaml.safe_load((ROOT / "jobs" / "configs" / "quickstart.yaml").read_text())
+    mapping = _merge(mapping, {k: v for k, v in _COMMON.items() if k in ("checkpoint", "runtime")})
+    cfg = _merge(mapping, {"out": str(out), "client": {"vectorize": vectorize or "auto"}})
+    return {**cfg, "rounds": rounds} if rounds else cfg
 
 
 # --- fedmpi runs -------------------------------------------------------------------------------------
@@ -361,9 +374,10 @@ def _w4():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "W4"], choices=[*WORKLOADS, "W4"],
-                   help="W1 W2 W3 (against the reference) and W4 (cross-device scale, bench/w4.py; at -n 2 "
-                        "and 3 of --ranks); default all")
+    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "QS", "W4"], choices=[*WORKLOADS, "QS", "W4"],
+                   help="W1 W2 W3 (against the reference), QS (the quickstart, evaluation every round, against "
+                        "fedmpi at -n 1) and W4 (cross-device scale, bench/w4.py; at -n 2 and 3 of --ranks); "
+                        "default all")
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 3], help="fedmpi -n values (default 1 2 3)")
     p.add_argument("--loop-ranks", nargs="*", type=int, default=[2],
                    help="-n values also run with client.vectorize=off, the per-client loop (default 2)")
@@ -393,24 +407,30 @@ def main(argv=None):
           f"load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
     rows, record = [], {}
     for wl in [w for w in args.workloads if w != "W4"]:
-        per_round = WORKLOADS[wl]["server"]["clients_per_round"]
-        plan = [] if args.no_reference else [("ref", None, None)]
-        plan += [(f"-n {n}", n, args.vectorize) for n in args.ranks]
-        plan += [(f"-n {n} loop", n, "off") for n in args.loop_ranks
-                 if not (args.vectorize == "off" and n in args.ranks)]
-        samples = {label: [] for label, _, _ in plan}
+        # (label, -n or None for the reference loop, client.vectorize, is the baseline of the ratios)
+        if wl == "QS":      # against fedmpi itself at -n 1: evaluation every round is the point
+            plan = [("-n 1", 1, args.vectorize, True)] + [(f"-n {n}", n, args.vectorize, False)
+                                                           for n in args.ranks if n > 1]
+        else:
+            plan = [] if args.no_reference else [("ref", None, None, True)]
+            plan += [(f"-n {n}", n, args.vectorize, False) for n in args.ranks]
+            plan += [(f"-n {n} loop", n, "off", False) for n in args.loop_ranks
+                     if not (args.vectorize == "off" and n in args.ranks)]
+        per_round = (quickstart_config("-", None) if wl == "QS" else WORKLOADS[wl])["server"]["clients_per_round"]
+        samples = {label: [] for label, *_ in plan}
         for rep in range(args.repeats):      # interleaved, so that a change in the machine's load hits every row
-            for label, n, mode in plan:
+            for label, n, mode, _ in plan:
                 work = base / wl / label.replace(" ", "").replace("-", "") / f"r{rep}"
-                cfg = workload_config(wl, work / "out", args.rounds, mode or "auto")
+                cfg = (quickstart_config(work / "out", args.rounds, mode) if wl == "QS"
+                       else workload_config(wl, work / "out", args.rounds, mode or "auto"))
                 sample = run_reference(cfg, work) if n is None else run_fedmpi(cfg, n, work)
                 samples[label].append(sample)
                 print(f"  {wl} {label} #{rep + 1}: {statistics.median(sample['rounds'][1:] or sample['rounds']):.4f} "
                       f"s/round, whole {sample['whole_s']:.1f} s, acc {sample['acc']:.4f}", flush=True)
         ref = None
-        for label, n, _ in plan:
+        for label, _n, _, baseline in plan:
             s = summarize(samples[label], per_round)
-            ref = s if n is None else ref
+            ref = s if baseline else ref
             record[f"{wl} {label}"] = {"summary": s, "samples": samples[label]}
             rows.append(format_row(wl, label, s, ref))
     if rows:

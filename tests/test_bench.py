@@ -23,17 +23,20 @@ def load_bench():
 
 
 def test_quick_benchmark_prints_the_table(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--workloads", "W2", "--ranks", "1", "2",
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--workloads", "W2", "QS", "--ranks", "1", "2",
                            "--out", str(tmp_path), "--json", str(tmp_path / "bench.json")],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout[proc.stdout.index("\nworkload ") + 1:].splitlines()
     assert table[0].split()[:3] == ["workload", "run", "s/round"]
     rows = [line.split() for line in table[2:] if line.strip()]
-    assert [r[1:3] if r[1] == "-n" else r[1:2] for r in rows] == [["ref"], ["-n", "1"], ["-n", "2"], ["-n", "2"]]
-    assert all(r[0] == "W2" for r in rows)
-    assert len({r[-1] for r in rows}) == 1, "every row reaches the same accuracy"
-    assert rows[-1][3] == "loop"           # the per-client loop at -n 2 (--loop-ranks default)
+    w2, qs = [r for r in rows if r[0] == "W2"], [r for r in rows if r[0] == "QS"]
+    assert [r[1:3] if r[1] == "-n" else r[1:2] for r in w2] == [["ref"], ["-n", "1"], ["-n", "2"], ["-n", "2"]]
+    assert len({r[-1] for r in w2}) == 1, "every row reaches the same accuracy"
+    assert w2[-1][3] == "loop"           # the per-client loop at -n 2 (--loop-ranks default)
+    # The quickstart against fedmpi at -n 1 (its own baseline: ratio 1.00), the same accuracy at -n 2.
+    assert [r[1:3] for r in qs] == [["-n", "1"], ["-n", "2"]] and qs[0][4] == "1.00"
+    assert qs[0][-1] == qs[1][-1] and len(w2) + len(qs) == len(rows)
 
 
 # Shortened workloads: the same models, data and rules, fewer rounds and clients per round.
