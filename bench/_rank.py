@@ -3,8 +3,11 @@ seconds and CPU seconds of each round (`Experiment.run_round`, wrapped here) wri
 $FEDMPI_BENCH_STATS/rank-<rank>.json (read by bench/bench.py).
 
 Peak memory is the kernel's peak resident set (`ru_maxrss`: every page the rank touched, its share of the
-node's shared data included), and, sampled every SAMPLE_S from /proc/self/smaps_rollup, the peak
-proportional set size (PSS: a page shared by k processes counts 1/k) and the peak private memory (USS).
+node's shared data included), and, where $FEDMPI_BENCH_SAMPLE_MEMORY is set (W4), sampled every SAMPLE_S
+from /proc/self/smaps_rollup and once at exit, the peak proportional set size (PSS: a page shared by k
+processes counts 1/k) and the peak private memory (USS). Sampling is off for the speed workloads: reading
+smaps_rollup of a process with torch's mappings costs milliseconds of CPU, which the per-round CPU figures
+would count (W1 at -n 3 measured 1.06 s/round with 50 ms sampling, 0.72 without).
 
 Launched as `mpiexec -n P python bench/_rank.py run CONFIG --overwrite`.
 """
@@ -18,25 +21,32 @@ import threading
 import time
 
 BEGAN = time.monotonic()
-SAMPLE_S = 0.05
+SAMPLE_S = 0.25
+SAMPLING = bool(os.environ.get("FEDMPI_BENCH_SAMPLE_MEMORY"))
 PEAKS = {"pss_kb": 0, "uss_kb": 0}
+
+
+def _sample_once():
+    """Updates the peak PSS and USS from /proc/self/smaps_rollup; False where it cannot be read."""
+    try:
+        with open("/proc/self/smaps_rollup") as fh:
+            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line[:20])
+                    if v.split() and v.split()[0].isdigit()}
+    except OSError:
+        return False
+    PEAKS["pss_kb"] = max(PEAKS["pss_kb"], info.get("Pss", 0))
+    PEAKS["uss_kb"] = max(PEAKS["uss_kb"], info.get("Private_Clean", 0) + info.get("Private_Dirty", 0))
+    return True
 
 
 def _sample_memory():
     """Peak PSS and USS of this process, sampled until it exits (a daemon thread)."""
-    while True:
-        try:
-            with open("/proc/self/smaps_rollup") as fh:
-                info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line[:20])
-                        if v.split() and v.split()[0].isdigit()}
-        except OSError:
-            return
-        PEAKS["pss_kb"] = max(PEAKS["pss_kb"], info.get("Pss", 0))
-        PEAKS["uss_kb"] = max(PEAKS["uss_kb"], info.get("Private_Clean", 0) + info.get("Private_Dirty", 0))
+    while _sample_once():
         time.sleep(SAMPLE_S)
 
 
-threading.Thread(target=_sample_memory, daemon=True).start()
+if SAMPLING:
+    threading.Thread(target=_sample_memory, daemon=True).start()
 
 
 def _rank():
@@ -50,10 +60,13 @@ def _write_stats():
     folder = os.environ.get("FEDMPI_BENCH_STATS")
     if not folder:
         return
+    if SAMPLING:
+        _sample_once()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    stats = {"rank": _rank(), "peak_rss_mb": usage.ru_maxrss / 1024.0, "peak_pss_mb": PEAKS["pss_kb"] / 1024.0,
-             "peak_uss_mb": PEAKS["uss_kb"] / 1024.0, "cpu_s": usage.ru_utime + usage.ru_stime,
+    stats = {"rank": _rank(), "peak_rss_mb": usage.ru_maxrss / 1024.0, "cpu_s": usage.ru_utime + usage.ru_stime,
              "wall_s": time.monotonic() - BEGAN, "round_cpu_s": [cpu for _, cpu in ROUNDS]}
+    if SAMPLING:        # (bench.py reads missing peaks as NaN)
+        stats.update(peak_pss_mb=PEAKS["pss_kb"] / 1024.0, peak_uss_mb=PEAKS["uss_kb"] / 1024.0)
     with open(os.path.join(folder, f"rank-{stats['rank']}.json"), "w") as fh:
         json.dump(stats, fh)
 

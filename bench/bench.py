@@ -116,8 +116,9 @@ def mpiexec():
     return found
 
 
-def run_fedmpi(cfg_map, n, workdir, timeout=3600):
-    """One `mpiexec -n n fedmpi run` of `cfg_map`; returns the measured figures."""
+def run_fedmpi(cfg_map, n, workdir, timeout=3600, sample_memory=False):
+    """One `mpiexec -n n fedmpi run` of `cfg_map`; returns the measured figures. `sample_memory` adds each
+    rank's peak PSS and USS (sampled from /proc, at a CPU cost the speed workloads should not pay)."""
     import h5py
     import numpy as np
 
@@ -129,6 +130,8 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600):
     cfg_path.write_text(yaml.safe_dump(cfg_map, sort_keys=False))
     env = {**os.environ, "FEDMPI_BENCH_STATS": str(stats_dir), "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if sample_memory:
+        env["FEDMPI_BENCH_SAMPLE_MEMORY"] = "1"
     cmd = [mpiexec(), "-n", str(n), sys.executable, str(RANK_SCRIPT), "run", str(cfg_path), "--overwrite"]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)

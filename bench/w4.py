@@ -133,7 +133,7 @@ def run(bench, base, rounds=None, ranks=W4_RANKS, timeout=3600, scale=1.0):
         if wl == "W4-img":
             mapping = bench._merge(mapping, {"data": {"root": img_root}})
         cfg = bench.workload_config_from(mapping, work / "out", rounds)
-        sample = bench.run_fedmpi(cfg, n, work, timeout=timeout)
+        sample = bench.run_fedmpi(cfg, n, work, timeout=timeout, sample_memory=True)
         per_round, size = h5_growth(Path(cfg["out"]) / "run.h5")
         sample.update(data_bytes=data_bytes(cfg), h5_round_bytes=per_round, h5_bytes=size, n=n)
         records[f"{wl} {label} -n {n}"] = sample
