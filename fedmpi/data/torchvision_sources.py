@@ -92,29 +92,43 @@ MNIST_HOW = ("set data.download: true on a machine with network (torchvision fet
              "the uncompressed idx files there")
 
 
+def _idx_header(path, ndim):
+    """(shape, data offset) from an idx file's header alone, checked: the idx magic, unsigned bytes in `ndim`
+    dimensions, and a length that matches the header."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4 + 4 * ndim)
+            size = os.fstat(fh.fileno()).st_size
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    if len(head) < 4 or head[:2] != b"\0\0":
+        raise InputError(f"{path}: not an idx file (it must start with two zero bytes, a type code and the "
+                         f"number of dimensions); {MNIST_HOW}")
+    if head[2] != IDX_UBYTE or head[3] != ndim:
+        raise InputError(f"{path}: idx type 0x{head[2]:02x} with {head[3]} dimensions; expected unsigned bytes "
+                         f"(0x08) with {ndim} dimensions as in the official files")
+    if len(head) < 4 + 4 * ndim:
+        raise InputError(f"{path}: truncated idx header")
+    shape = struct.unpack(f">{ndim}I", head[4:])
+    expected = int(np.prod(shape, dtype=np.int64))
+    if size - len(head) != expected:
+        raise InputError(f"{path}: its header announces {shape} = {expected} bytes of data, the file holds "
+                         f"{size - len(head)}; the file is truncated or not an idx file")
+    return shape, len(head)
+
+
 def read_idx(path, ndim):
     """The uint8 array of an idx file with `ndim` dimensions; InputError naming the file otherwise."""
+    shape, offset = _idx_header(path, ndim)
     try:
         with open(path, "rb") as fh:
             data = bytearray(os.fstat(fh.fileno()).st_size)     # writable, so torch can take the array as is
             data = data[: fh.readinto(data)]
     except OSError as e:
         raise InputError(f"{path}: cannot be read ({e.strerror})") from None
-    if len(data) < 4 or data[:2] != b"\0\0":
-        raise InputError(f"{path}: not an idx file (it must start with two zero bytes, a type code and the "
-                         f"number of dimensions); {MNIST_HOW}")
-    if data[2] != IDX_UBYTE or data[3] != ndim:
-        raise InputError(f"{path}: idx type 0x{data[2]:02x} with {data[3]} dimensions; expected unsigned bytes "
-                         f"(0x08) with {ndim} dimensions as in the official files")
-    header = 4 + 4 * ndim
-    if len(data) < header:
-        raise InputError(f"{path}: truncated idx header")
-    shape = struct.unpack(f">{ndim}I", data[4:header])
-    expected = int(np.prod(shape, dtype=np.int64))
-    if len(data) - header != expected:
-        raise InputError(f"{path}: its header announces {shape} = {expected} bytes of data, the file holds "
-                         f"{len(data) - header}; the file is truncated or not an idx file")
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+    if len(data) - offset != int(np.prod(shape, dtype=np.int64)):
+        raise InputError(f"{path}: changed while it was read")
+    return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
 
 
 def _idx_pair(folder, images_name, labels_name):
@@ -192,30 +206,6 @@ IDX_FAMILY = {
     "emnist": lambda cfg: ("EMNIST", _emnist_names(cfg), True, EMNIST_SPLITS[cfg.data.split]),
 }
 IDX_CHUNK = 8192        # images normalised at a time while filling: a few MB of temporary memory
-
-
-def _idx_header(path, ndim):
-    """(shape, data offset) from an idx file's header alone, with read_idx's checks of type, size and length."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4 + 4 * ndim)
-            size = os.fstat(fh.fileno()).st_size
-    except OSError as e:
-        raise InputError(f"{path}: cannot be read ({e.strerror})") from None
-    if len(head) < 4 or head[:2] != b"\0\0":
-        raise InputError(f"{path}: not an idx file (it must start with two zero bytes, a type code and the "
-                         f"number of dimensions); {MNIST_HOW}")
-    if head[2] != IDX_UBYTE or head[3] != ndim:
-        raise InputError(f"{path}: idx type 0x{head[2]:02x} with {head[3]} dimensions; expected unsigned bytes "
-                         f"(0x08) with {ndim} dimensions as in the official files")
-    if len(head) < 4 + 4 * ndim:
-        raise InputError(f"{path}: truncated idx header")
-    shape = struct.unpack(f">{ndim}I", head[4:])
-    expected = int(np.prod(shape, dtype=np.int64))
-    if size - len(head) != expected:
-        raise InputError(f"{path}: its header announces {shape} = {expected} bytes of data, the file holds "
-                         f"{size - len(head)}; the file is truncated or not an idx file")
-    return shape, len(head)
 
 
 def _idx_files(cfg):
