@@ -447,7 +447,7 @@ def main(argv=None):
         w4_rows, record["W4"] = w4.run(parts, base / "W4", args.rounds, ranks, scale=args.w4_scale)
         print()
         print_table(w4_rows, w4.HEADER, left=3)
-        print(f"W4: a rank's peak memory beyond its share of the data set (RSS - data/P) is at most "
+        print(f"W4: a rank's peak memory beyond its share of the data set (PSS - data/P) is at most "
               f"{w4.expected_overhead_note(w4_rows)} MB")
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1, default=float))

@@ -9,7 +9,7 @@ and SCAFFOLD on W4-img once more with `runtime.client_state_memory: 256MB` at -n
 
 Reported per row: seconds per round (median of rounds 2..), the first round, the whole process; the data
 set's size; each rank's peak resident memory (RSS: every page it touched, its share of the node's shared
-data set included), peak PSS and USS (sampled by bench/_rank.py); the largest RSS minus the data set's
+data set included), peak PSS and USS (sampled by bench/_rank.py); the largest PSS minus the data set's
 share (data / P), the overhead of a rank; run.h5's growth per 100 rounds (bytes of one round's rows of
 /metrics, /clients and /timing, times 100) and the file's size at the end.
 """
@@ -148,13 +148,17 @@ def _median_later(rounds):
 
 
 HEADER = ("workload", "algorithm", "run", "s/round", "1st s", "whole s", "data MB", "peak RSS MB/rank",
-          "PSS MB/rank", "USS MB/rank", "RSS-data/P", "h5 MB/100r", "h5 MB")
+          "PSS MB/rank", "USS MB/rank", "PSS-data/P", "h5 MB/100r", "h5 MB")
 
 
 def format_row(wl, label, s):
+    """One W4 row. `PSS-data/P` is a rank's overhead beyond its share of the data set: the largest peak PSS
+    (a page shared by k ranks counts 1/k, so the node's one copy of the data set is divided among its ranks)
+    minus data / P. RSS would count every shared page a rank ever read in full: where clients move between
+    workers each round, a worker reads most of the data set over a run."""
     mb = 1e6
-    share = s["data_bytes"] / s["n"] / 2 ** 20     # RSS figures are MiB (ru_maxrss), as the rest of the bench
-    over = max(r - share for r in s["peak_rss_mb"])
+    share = s["data_bytes"] / s["n"] / 2 ** 20     # memory figures are MiB (ru_maxrss), as the rest of the bench
+    over = max(p - share for p in s["peak_pss_mb"])
     slash = lambda values: "/".join(f"{v:.0f}" for v in values)  # noqa: E731
     return (wl, label, f"-n {s['n']}", f"{_median_later(s['rounds']):.4f}", f"{s['rounds'][0]:.2f}",
             f"{s['whole_s']:.1f}", f"{s['data_bytes'] / mb:.0f}", slash(s["peak_rss_mb"]),
@@ -163,5 +167,5 @@ def format_row(wl, label, s):
 
 
 def expected_overhead_note(rows):
-    """Largest 'RSS - data/P' of the table (MB), the fixed overhead the issue asks to state."""
+    """Largest 'PSS - data/P' of the table (MB), the fixed overhead the issue asks to state."""
     return max(math.ceil(float(r[10])) for r in rows) if rows else 0
