@@ -20,7 +20,8 @@ run: $(STAMP)
 test: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
 
-# The benchmark of issue 8 (docs/performance.md): W1-W3 through fedmpi at -n 1 2 3 and the reference loop.
+# The benchmark (docs/performance.md): W1-W3 through fedmpi at -n 1 2 3 and the reference loop, QS (the
+# quickstart against -n 1) and W4 (cross-device scale: memory per rank, run.h5 growth).
 # Pass options with BENCH_ARGS, e.g. make bench BENCH_ARGS="--workloads W2 --repeats 3" or "--quick".
 BENCH_ARGS ?=
 bench: $(STAMP)
