@@ -35,7 +35,7 @@ def test_quick_benchmark_prints_the_table(tmp_path):
     assert len({r[-1] for r in w2}) == 1, "every row reaches the same accuracy"
     assert w2[-1][3] == "loop"           # the per-client loop at -n 2 (--loop-ranks default)
     # The quickstart against fedmpi at -n 1 (its own baseline: ratio 1.00), the same accuracy at -n 2.
-    assert [r[1:3] for r in qs] == [["-n", "1"], ["-n", "2"]] and qs[0][4] == "1.00"
+    assert [r[1:3] for r in qs] == [["-n", "1"], ["-n", "2"]] and qs[0][5] == "1.00"
     assert qs[0][-1] == qs[1][-1] and len(w2) + len(qs) == len(rows)
 
 
