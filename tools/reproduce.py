@@ -548,10 +548,11 @@ about the direction of each claim, and the section says where that does not hold
 
 Columns: final acc = mean of the last 20 evaluations (a section may say otherwise); rise round = first
 round whose rolling mean over as many evaluations reaches 90% of the final accuracy (the FSL paper's rise
-time); rounds to target = first round
-with test accuracy at the section's target (`reached target` counts the seeds that got there); client EMD =
-sample-weighted mean earth mover's distance of the clients' label distributions to the whole; uploads =
-client-to-server model uploads over the run; mean ± sample standard deviation over the seeds.
+time); rounds to target = first round with test accuracy at the section's target (`reached target` counts
+the seeds that got there); client EMD = sample-weighted mean earth mover's distance of the clients' label
+distributions to the whole; weight divergence = Zhao et al.'s ||w_FL - w_SGD|| / ||w_SGD|| against a
+centralized-SGD model trained in lockstep (`eval.divergence`) at the last round; uploads = client-to-server
+model uploads over the run; mean ± sample standard deviation over the seeds.
 Configs: `jobs/configs/repro/<paper>/`; regenerate one section with `python tools/reproduce.py --paper
 <paper>`, all with `--paper all`.
 """
