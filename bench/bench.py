@@ -110,7 +110,9 @@ def quickstart_config(out, rounds=None, vectorize="auto"):
 # --- fedmpi runs -------------------------------------------------------------------------------------
 
 def mpiexec():
-    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    from fedmpi.batch_report import find_mpiexec
+
+    found = find_mpiexec()
     if not found:
         sys.exit("bench: mpiexec not found (pip install mpich, or load your site's MPI)")
     return found

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,9 @@ MPI_TIMEOUT_S = 240
 
 
 def mpiexec():
-    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    from fedmpi.batch_report import find_mpiexec
+
+    found = find_mpiexec()
     if not found:
         pytest.skip("mpiexec not found (pip install mpich, or load your site's MPI)")
     return found

@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import shutil
-import subprocess
 import sys
 from datetime import datetime, timezone
 
 import numpy as np
 
-from fedmpi import __version__, analysis, report
+from fedmpi import __version__, analysis, batch_report, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "deploy")
@@ -47,57 +44,27 @@ FINAL_EVALS = 5
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="deploy_report.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, help="rounds per run (default: the configs' 50; FedBuff twice that)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds per config (default 0 1)")
-    p.add_argument("--np", type=int, default=3, help="MPI ranks (default 3)")
-    p.add_argument("--runs", default=os.path.join(ROOT, "runs", "deploy"), help="folder for the runs")
-    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="folder holding deployment.md")
+    batch_report.add_options(p, os.path.join(ROOT, "runs", "deploy"), "folder holding deployment.md",
+                             rounds_help="rounds per run (default: the configs' 50; FedBuff twice that)")
     p.add_argument("--target", type=float, default=0.8, help="accuracy for the time-to-target column")
-    p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
-    p.add_argument("--reuse", action="store_true", help="keep finished runs of the same length")
-    p.add_argument("--report-only", action="store_true", help="do not run, only rebuild the report")
     return p.parse_args(argv)
 
 
 def command_line(args):
-    parts = ["python", "tools/deploy_report.py"]
-    if args.rounds is not None:
-        parts += ["--rounds", str(args.rounds)]
-    if args.seeds != [0, 1]:
-        parts += ["--seeds", *map(str, args.seeds)]
-    if args.np != 3:
-        parts += ["--np", str(args.np)]
-    return shlex.join(parts)
+    return batch_report.command_line("deploy_report.py", args, [0, 1])
 
 
 def run_all(args):
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    if not mpiexec:
-        raise SystemExit("deploy_report.py: no mpiexec found (pip install mpich, or load your MPI)")
     launches = {}       # rounds override -> configs
     for name, _, scale in SETTINGS:
         rounds = None if args.rounds is None else args.rounds * scale
         launches.setdefault(rounds, []).append(os.path.join(CONFIGS, f"{name}.yaml"))
     for rounds, configs in launches.items():
-        overrides = ([f"rounds={rounds}"] if rounds is not None else []) + (
-            [f"runtime.threads={args.threads}"] if args.threads else [])
-        cmd = [mpiexec, "-n", str(args.np), sys.executable, os.path.join(ROOT, "tools", "run_batch.py"), *configs,
-               "--seeds", *map(str, args.seeds), "--out-root", args.runs, "--overwrite",
-               *(["--skip-finished"] if args.reuse else []), *overrides]
-        print("+", shlex.join(cmd), flush=True)
-        if subprocess.call(cmd, cwd=ROOT):
-            raise SystemExit("deploy_report.py: the runs failed")
+        batch_report.launch("deploy_report.py", args, configs, args.runs, rounds)
 
 
 def load_groups(args):
-    groups = {}
-    for name, _, _ in SETTINGS:
-        paths = [os.path.join(args.runs, f"{name}-seed{s}", "run.h5") for s in args.seeds]
-        missing = [p for p in paths if not os.path.exists(p)]
-        if missing:
-            raise SystemExit(f"deploy_report.py: missing runs: {', '.join(missing)}")
-        groups[name] = [report.read_run(p) for p in paths]
-    return groups
+    return batch_report.load_runs("deploy_report.py", args.runs, [name for name, _, _ in SETTINGS], args.seeds)
 
 
 # -- figures of one run -----------------------------------------------------------------------------------
@@ -238,14 +205,7 @@ def section(args, rows, budget, horizon, groups):
 def write_section(path, text):
     """Replaces the text between the markers in `path` (appends a results heading and the section if the
     markers are missing)."""
-    old = open(path).read() if os.path.exists(path) else ""
-    if RESULTS_START in old and RESULTS_END in old:
-        head, rest = old.split(RESULTS_START, 1)
-        new = head + text + rest.split(RESULTS_END, 1)[1]
-    else:
-        new = old.rstrip("\n") + "\n\n## Results\n\n" + text + "\n"
-    with open(path, "w") as fh:
-        fh.write(new)
+    batch_report.replace_section(path, RESULTS_START, RESULTS_END, text, "## Results")
 
 
 def main(argv=None):

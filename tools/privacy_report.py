@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
-import shutil
-import subprocess
 import sys
 from datetime import datetime, timezone
 
 import yaml
 
-from fedmpi import __version__, analysis, report
+from fedmpi import __version__, analysis, batch_report, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "privacy")
@@ -38,27 +35,14 @@ BEGIN, END = "<!-- privacy-report: begin -->", "<!-- privacy-report: end -->"
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="privacy_report.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, help="rounds per run (default: the configs' 100)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds per setting (default 0 1)")
-    p.add_argument("--np", type=int, default=3, help="MPI ranks (default 3)")
-    p.add_argument("--runs", default=os.path.join(ROOT, "runs", "privacy"), help="folder for the runs")
-    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="folder of privacy.md")
-    p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
-    p.add_argument("--reuse", action="store_true", help="keep finished runs of the same length")
-    p.add_argument("--report-only", action="store_true", help="do not run, only rebuild the report")
+    batch_report.add_options(p, os.path.join(ROOT, "runs", "privacy"), "folder of privacy.md",
+                             rounds_help="rounds per run (default: the configs' 100)")
     return p.parse_args(argv)
 
 
 def command_line(args):
     """The command that regenerates this report (defaults left out)."""
-    parts = ["python", "tools/privacy_report.py"]
-    if args.rounds is not None:
-        parts += ["--rounds", str(args.rounds)]
-    if args.seeds != [0, 1]:
-        parts += ["--seeds", *map(str, args.seeds)]
-    if args.np != 3:
-        parts += ["--np", str(args.np)]
-    return shlex.join(parts)
+    return batch_report.command_line("privacy_report.py", args, [0, 1])
 
 
 def eps_name(eps):
@@ -89,31 +73,14 @@ def write_configs(args):
 
 
 def run_all(args):
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    if not mpiexec:
-        raise SystemExit("privacy_report.py: no mpiexec found (pip install mpich, or load your MPI)")
-    overrides = [f"rounds={args.rounds}"] if args.rounds is not None else []
-    overrides += [f"runtime.threads={args.threads}"] if args.threads else []
-    cmd = [mpiexec, "-n", str(args.np), sys.executable, os.path.join(ROOT, "tools", "run_batch.py"),
-           *write_configs(args), "--seeds", *map(str, args.seeds), "--out-root", args.runs,
-           *(["--skip-finished"] if args.reuse else ["--overwrite"]), *overrides]
-    print("+", shlex.join(cmd), flush=True)
-    code = subprocess.call(cmd, cwd=ROOT)
-    if code:
-        raise SystemExit(f"privacy_report.py: the runs failed (exit {code})")
+    batch_report.launch("privacy_report.py", args, write_configs(args), args.runs, args.rounds)
 
 
 def load_groups(args):
     """{(method, epsilon): [runs over the seeds]}; a missing run is an error naming it."""
-    groups = {}
-    for method, _ in METHODS:
-        for eps in EPSILONS:
-            paths = [os.path.join(args.runs, f"{setting_name(method, eps)}-seed{s}", "run.h5") for s in args.seeds]
-            missing = [p for p in paths if not os.path.exists(p)]
-            if missing:
-                raise SystemExit(f"privacy_report.py: missing runs: {', '.join(missing)}")
-            groups[method, eps] = [report.read_run(p) for p in paths]
-    return groups
+    settings = {setting_name(method, eps): (method, eps) for method, _ in METHODS for eps in EPSILONS}
+    runs = batch_report.load_runs("privacy_report.py", args.runs, list(settings), args.seeds)
+    return {settings[name]: group for name, group in runs.items()}
 
 
 def table_rows(groups):
@@ -187,15 +154,7 @@ def section(args, rows, groups):
 
 def write_section(path, text):
     """Replaces the RESULTS markers' section of privacy.md (appends it under a heading the first time)."""
-    with open(path) as fh:
-        doc = fh.read()
-    if BEGIN in doc and END in doc:
-        head, rest = doc.split(BEGIN, 1)
-        doc = head + text + rest.split(END, 1)[1]
-    else:
-        doc = doc.rstrip("\n") + "\n\n## Results: accuracy under DP on mnist5k\n\n" + text + "\n"
-    with open(path, "w") as fh:
-        fh.write(doc)
+    batch_report.replace_section(path, BEGIN, END, text, "## Results: accuracy under DP on mnist5k")
 
 
 def main(argv=None):

@@ -21,17 +21,13 @@ import argparse
 import dataclasses
 import os
 import re
-import shlex
-import shutil
-import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 
 import h5py
 import numpy as np
 
-from fedmpi import __version__, analysis, report
+from fedmpi import __version__, analysis, batch_report, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "repro")
@@ -346,16 +342,12 @@ def parse(argv):
     env = os.environ
     p = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--paper", choices=(*ORDER, "all"), default="all", help="which paper's set (default all)")
-    p.add_argument("--rounds", type=int, default=int(env["ROUNDS"]) if env.get("ROUNDS") else None,
-                   help="rounds per run (default: the configs'; env ROUNDS)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[int(s) for s in env.get("SEEDS", "0 1 2").split()],
-                   help="seeds per config (default 0 1 2; env SEEDS)")
-    p.add_argument("--np", type=int, default=int(env.get("NP", 3)), help="MPI ranks (default 3; env NP)")
-    p.add_argument("--runs", default=os.path.join(ROOT, "runs", "repro"), help="folder for the runs")
-    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="folder for the report files")
-    p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
-    p.add_argument("--reuse", action="store_true", help="keep finished runs of the same length")
-    p.add_argument("--report-only", action="store_true", help="do not run, only rebuild the report")
+    batch_report.add_options(
+        p, os.path.join(ROOT, "runs", "repro"), "folder for the report files",
+        seeds=[int(s) for s in env.get("SEEDS", "0 1 2").split()],
+        rounds=int(env["ROUNDS"]) if env.get("ROUNDS") else None, np=int(env.get("NP", 3)),
+        rounds_help="rounds per run (default: the configs'; env ROUNDS)",
+        seeds_help="seeds per config (default 0 1 2; env SEEDS)", np_help="MPI ranks (default 3; env NP)")
     args = p.parse_args(argv)
     args.papers = ORDER if args.paper == "all" else (args.paper,)
     return args
@@ -363,14 +355,7 @@ def parse(argv):
 
 def command_line(args, paper):
     """The command that regenerates one paper's section (defaults left out)."""
-    parts = ["python", "tools/reproduce.py", "--paper", paper]
-    if args.rounds is not None:
-        parts += ["--rounds", str(args.rounds)]
-    if args.seeds != [0, 1, 2]:
-        parts += ["--seeds", *map(str, args.seeds)]
-    if args.np != 3:
-        parts += ["--np", str(args.np)]
-    return shlex.join(parts)
+    return batch_report.command_line("reproduce.py", args, [0, 1, 2], first=("--paper", paper))
 
 
 def config_path(paper, name):
@@ -380,21 +365,8 @@ def config_path(paper, name):
 def run_paper(args, paper):
     """All of a paper's configs and seeds in one MPI launch; returns (the wall seconds it took, whether
     finished runs were kept: --reuse)."""
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    if not mpiexec:
-        raise SystemExit("reproduce.py: no mpiexec found (pip install mpich, or load your MPI)")
     configs = [config_path(paper.key, s.config) for s in paper.settings]
-    overrides = [f"rounds={args.rounds}"] if args.rounds is not None else []
-    overrides += [f"runtime.threads={args.threads}"] if args.threads else []
-    cmd = [mpiexec, "-n", str(args.np), sys.executable, os.path.join(ROOT, "tools", "run_batch.py"), *configs,
-           "--seeds", *map(str, args.seeds), "--out-root", os.path.join(args.runs, paper.key), "--overwrite",
-           *(["--skip-finished"] if args.reuse else []), *overrides]
-    print("+", shlex.join(cmd), flush=True)
-    start = time.monotonic()
-    code = subprocess.call(cmd, cwd=ROOT)
-    if code:
-        raise SystemExit(f"reproduce.py: the {paper.key} runs failed (exit {code})")
-    wall = time.monotonic() - start
+    wall = batch_report.launch("reproduce.py", args, configs, os.path.join(args.runs, paper.key), args.rounds)
     with open(wall_file(args, paper), "w") as fh:     # --report-only reports it again
         fh.write(f"{wall:.1f}{' reused' if args.reuse else ''}\n")
     return wall, args.reuse
@@ -417,14 +389,8 @@ def recorded_wall(args, paper):
 
 def load_groups(args, paper):
     """{config name: [runs over the seeds]}; a missing run is an error naming it."""
-    groups = {}
-    for s in paper.settings:
-        paths = [os.path.join(args.runs, paper.key, f"{s.config}-seed{seed}", "run.h5") for seed in args.seeds]
-        missing = [p for p in paths if not os.path.exists(p)]
-        if missing:
-            raise SystemExit(f"reproduce.py: missing runs: {', '.join(missing)} (run without --report-only)")
-        groups[s.config] = [report.read_run(p) for p in paths]
-    return groups
+    return batch_report.load_runs("reproduce.py", os.path.join(args.runs, paper.key),
+                                  [s.config for s in paper.settings], args.seeds)
 
 
 def shared_emd(run):
