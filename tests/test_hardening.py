@@ -64,6 +64,19 @@ def write_malicious_batch(path, marker):
         pickle.dump({"data": _WritesMarker(marker), "labels": [0]}, fh, protocol=2)
 
 
+def malicious_cifar_run(tmp_path, batch_name, n_train):
+    """A CIFAR-10 folder whose `batch_name` would run code (writing the returned marker) if unpickled, and
+    the config of a one-round run on it: (config path, marker, batch path)."""
+    write_cifar(tmp_path / "data", "cifar10", n_train=n_train, n_test=10)
+    marker = tmp_path / "marker"
+    batch = tmp_path / "data" / "cifar-10-batches-py" / batch_name
+    write_malicious_batch(batch, marker)
+    cfg = write_config(tmp_path / "c.yaml", small_config(tmp_path / "out", data={"name": "cifar10",
+                       "root": str(tmp_path / "data")}, partition={"clients": 4, "scheme": "iid"},
+                       server={"clients_per_round": 2}, rounds=1))
+    return cfg, marker, batch
+
+
 @pytest.mark.parametrize("kind, batch", [("cifar10", "cifar-10-batches-py/data_batch_3"),
                                          ("cifar100", "cifar-100-python/train")])
 def test_malicious_cifar_batch_is_refused_without_running_code(tmp_path, kind, batch):
@@ -77,13 +90,7 @@ def test_malicious_cifar_batch_is_refused_without_running_code(tmp_path, kind, b
 
 
 def test_malicious_cifar_batch_exits_2_in_a_run_and_a_dry_run(tmp_path):
-    write_cifar(tmp_path / "data", "cifar10", n_train=50, n_test=10)
-    marker = tmp_path / "marker"
-    batch = tmp_path / "data" / "cifar-10-batches-py" / "data_batch_1"
-    write_malicious_batch(batch, marker)
-    cfg = write_config(tmp_path / "c.yaml", small_config(tmp_path / "out", data={"name": "cifar10",
-                       "root": str(tmp_path / "data")}, partition={"clients": 4, "scheme": "iid"},
-                       server={"clients_per_round": 2}, rounds=1))
+    cfg, marker, batch = malicious_cifar_run(tmp_path, "data_batch_1", n_train=50)
     for extra in (["--dry-run"], []):
         proc = fedmpi("run", cfg, *extra)
         assert not marker.exists(), extra

@@ -11,8 +11,7 @@ import time
 
 import pytest
 from conftest import MPI_TIMEOUT_S, ROOT, fedmpi_cmd, read_metrics, run_fedmpi, small_config, write_config
-from dataset_files import write_cifar
-from test_hardening import write_malicious_batch
+from test_hardening import malicious_cifar_run
 
 from fedmpi.errors import EXIT_USAGE
 
@@ -77,13 +76,7 @@ def test_input_errors_are_printed_once_under_mpi(tmp_path):
 
 
 def test_malicious_cifar_batch_runs_no_code_on_any_rank(tmp_path):
-    write_cifar(tmp_path / "data", "cifar10", n_train=60, n_test=10)
-    marker = tmp_path / "marker"
-    batch = tmp_path / "data" / "cifar-10-batches-py" / "data_batch_2"
-    write_malicious_batch(batch, marker)
-    cfg = write_config(tmp_path / "c.yaml", small_config(tmp_path / "out", data={"name": "cifar10",
-                       "root": str(tmp_path / "data")}, partition={"clients": 4, "scheme": "iid"},
-                       server={"clients_per_round": 2}, rounds=1))
+    cfg, marker, batch = malicious_cifar_run(tmp_path, "data_batch_2", n_train=60)
     proc = run_fedmpi(3, "run", cfg, check=False)
     assert not marker.exists()
     assert proc.returncode == EXIT_USAGE, proc.stderr
