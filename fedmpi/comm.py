@@ -17,12 +17,14 @@ moves with a blocking call at full speed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedmpi import signals
 from fedmpi.errors import ConfigError, FedmpiError
 from fedmpi.runtime import usable_cores
 from fedmpi.timing import Timer
@@ -298,21 +300,29 @@ class MpiComm:
         self._sleep_wait(self.comm.Ibarrier())
 
     # -- collectives on the round path ------------------------------------------------------------
+    def _whole(self):
+        """A worker takes part in the barrier and the blocking collective after it as one step: a Ctrl-C in
+        between would leave rank 0 blocked in the collective (signals.interrupt_after). Rank 0 acts on a
+        Ctrl-C at once: its failure aborts the job."""
+        return signals.interrupt_after() if self.rank != 0 else contextlib.nullcontext()
+
     def bcast(self, buf):
         """Rank 0's `buf` (a contiguous numpy array) is copied into every rank's `buf` in place."""
-        self.sync()
-        with self.timer.phase("bcast"):
-            self.comm.Bcast(buf, root=0)
+        with self._whole():
+            self.sync()
+            with self.timer.phase("bcast"):
+                self.comm.Bcast(buf, root=0)
         return buf
 
     def reduce_sum(self, buf):
         """Element-wise sum of every rank's `buf` into rank 0's `buf` (in place there)."""
-        self.sync()
-        with self.timer.phase("reduce"):
-            if self.rank == 0:
-                self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
-            else:
-                self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
+        with self._whole():
+            self.sync()
+            with self.timer.phase("reduce"):
+                if self.rank == 0:
+                    self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
+                else:
+                    self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
         return buf
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -373,13 +383,14 @@ class MpiComm:
         counts = [len(hosted_selected.get(r, [])) for r in range(self.size)]
         displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
         all_mask = np.zeros(sum(counts), dtype=np.int8) if self.rank == 0 else None
-        self.sync()
-        self.comm.Gatherv(np.ascontiguousarray(mask, dtype=np.int8),
-                          [all_mask, counts, displs, self.MPI.INT8_T] if self.rank == 0 else None, root=0)
         send = np.concatenate(vectors) if vectors else np.empty(0, dtype=np.float32)
-        if self.rank != 0:
-            self.comm.Gatherv(send, None, root=0)
-            return None
+        with self._whole():
+            self.sync()
+            self.comm.Gatherv(np.ascontiguousarray(mask, dtype=np.int8),
+                              [all_mask, counts, displs, self.MPI.INT8_T] if self.rank == 0 else None, root=0)
+            if self.rank != 0:
+                self.comm.Gatherv(send, None, root=0)
+                return None
         uploads = [int(all_mask[d:d + c].sum()) for d, c in zip(displs, counts)]
         vec_counts = [u * dim for u in uploads]
         received = np.empty(sum(vec_counts), dtype=np.float32)

@@ -49,6 +49,25 @@ def ignore_all():
 
 
 @contextlib.contextmanager
+def interrupt_after():
+    """Holds a SIGINT back until the block ends, then raises the KeyboardInterrupt: for a worker inside a
+    collective (fedmpi.comm). A worker that left a barrier rank 0 had already passed would leave rank 0
+    blocked in the collective that follows, where it cannot hear of the failure. Python runs signal
+    handlers in the main thread whichever thread the signal reached, so swapping the handler suffices."""
+    if signal.getsignal(signal.SIGINT) is not _interrupt:      # ignored already (the work is done)
+        yield
+        return
+    hit = []
+    signal.signal(signal.SIGINT, lambda signum, frame: hit.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN if hit else _interrupt)
+    if hit:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
 def deferred():
     """Holds SIGINT/SIGTERM/SIGUSR1 back while a run-log row is written, so that a Ctrl-C cannot leave a
     half-appended row; a signal that arrived meanwhile is delivered at the end."""

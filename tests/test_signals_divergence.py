@@ -140,3 +140,30 @@ def test_a_finished_run_ignores_late_signals(tmp_path):
     with h5py.File(tmp_path / "o" / "run.h5", "r", locking=False) as f:
         assert f.attrs["status"] == "finished"
     signals.reset()
+
+
+def test_a_worker_takes_part_in_a_whole_collective_before_a_ctrl_c_ends_it():
+    """A SIGINT inside a collective is held to its end (fedmpi.comm MpiComm._whole): leaving a barrier rank 0
+    had passed would leave rank 0 blocked in the collective after it. Then it raises, once; a second one
+    meanwhile changes nothing."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *signals.STOP_SIGNALS)}
+    signals.install()
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals.interrupt_after():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)            # the handler runs here, in the main thread: nothing is raised yet
+                done.append("collective")
+        assert done == ["collective"] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        with signals.interrupt_after():     # ignored already: nothing is held, nothing raised
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        signals.install()
+        with signals.interrupt_after():     # no signal: the block ends as it would, the handler restored
+            done.append("quiet")
+        assert signal.getsignal(signal.SIGINT) is signals._interrupt
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
