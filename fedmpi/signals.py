@@ -9,7 +9,8 @@ requeue itself. Rounds are never cut in the middle: a checkpoint is a round boun
 
 SIGINT (Ctrl-C, which mpiexec forwards to every rank, or a signal to one rank) interrupts at once: the first
 one raises KeyboardInterrupt, later ones are ignored so that the clean-up (status `interrupted`, one line,
-exit 130) is not itself interrupted into a traceback.
+exit 130) is not itself interrupted into a traceback. A worker inside a collective raises it when the
+collective ends (`interrupt_after`).
 """
 
 from __future__ import annotations
