@@ -68,3 +68,39 @@ def test_schedule_from_epochs_or_steps_and_batch_order_cover_each_epoch():
     assert sorted(np.concatenate(batches[:3])) == list(range(25))
     steps = batch_order(np.random.default_rng(0), 25, Schedule(10, 4))
     assert [len(b) for b in steps] == [10, 10, 5, 10]
+
+
+class WithUnused(nn.Module):
+    """A model with a parameter the forward pass never uses: it gets no gradient at all."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = small_module()
+        self.unused = nn.Parameter(torch.linspace(-1.0, 1.0, 5))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("momentum,wd", [(0.0, 0.0), (0.9, 0.0), (0.5, 1e-3)])
+@pytest.mark.parametrize("make", [small_module, WithUnused], ids=["all_used", "one_unused"])
+def test_step_inside_backward_equals_the_flat_step_bit_for_bit(momentum, wd, make):
+    """Without a grad_hook each parameter steps inside the backward pass; with one (here a no-op) the step
+    runs on the flat gradient. Both must leave the same bits, also for a parameter that got no gradient
+    (weight decay still moves it, as torch.optim.SGD with a zero gradient does)."""
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(40, 4, generator=g), torch.randint(0, 3, (40,), generator=g)
+    cfg = ClientConfig(lr=0.1, batch_size=8, epochs=2, momentum=momentum, weight_decay=wd)
+    results = []
+    for grad_hook in (None, lambda params, grad: None):
+        torch.manual_seed(0)
+        flat = FlatModel(make())
+        loss_sum, seen = LocalTrainer(flat, cfg, x, y).train(torch.arange(40), np.random.default_rng(3),
+                                                             schedule(cfg, 40), grad_hook=grad_hook)
+        results.append((flat.vec.clone(), float(loss_sum), seen))
+        assert flat.check_grads_bound()          # the views are bound again after the steps in backward
+        if make is WithUnused:  # weight decay moves it (momentum alone only carries a zero buffer)
+            unchanged = torch.equal(flat.module.unused.detach(), torch.linspace(-1.0, 1.0, 5))
+            assert unchanged == (wd == 0)
+    (fused, loss_a, seen_a), (flat_path, loss_b, seen_b) = results
+    assert torch.equal(fused, flat_path) and loss_a == loss_b and seen_a == seen_b == 80
