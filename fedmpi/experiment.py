@@ -13,7 +13,6 @@ error found here (e.g. `Algorithm.check`) ends every rank the same way before an
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import os
 import time
@@ -330,11 +329,6 @@ class RoundRecord:
     clients: dict
     timing: np.ndarray
     model: torch.Tensor = None      # the global model after the round; its fingerprint is taken when logged
-
-
-def fingerprint(x) -> str:
-    """SHA-256 of the little-endian float32 bytes of the global vector (/metrics/model_sha256)."""
-    return hashlib.sha256(np.ascontiguousarray(x.detach().cpu().numpy(), dtype="<f4").tobytes()).hexdigest()
 
 
 def _workers(cfg, comm, node):

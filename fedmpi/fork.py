@@ -15,19 +15,18 @@ find in the checkpoint starts as on a fresh run (e.g. SCAFFOLD's controls at zer
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
 
 import h5py
-import numpy as np
 
 from fedmpi import checkpoint
 from fedmpi import config as config_mod
 from fedmpi.config_checks import show
 from fedmpi.errors import ConfigError, InputError
 from fedmpi.rank0 import decide
+from fedmpi.verify import fingerprint
 
 SHAPE_KEYS = ("seed", "data", "partition", "server_data", "model")
 SPEC = re.compile(r"^(?P<out>.+)@(?P<round>\d+)$")
@@ -77,10 +76,10 @@ def choose(cfg, spec) -> ForkPoint:
     if not os.path.exists(log):
         raise InputError(f"--fork-from: {log} is missing; a fork copies the parent's rows up to round {round_}")
     with h5py.File(path, "r", locking=False) as f:
-        vec = np.ascontiguousarray(f["global"][()], dtype="<f4")
+        vec = f["global"][()]
     return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
                      parent_config_hash=str(attrs["config_hash"]),
-                     parent_fingerprint=hashlib.sha256(vec.tobytes()).hexdigest())
+                     parent_fingerprint=fingerprint(vec))
 
 
 def plan_fork(cfg, comm, spec):

@@ -39,10 +39,11 @@ import numpy as np
 from fedmpi import checkpoint, signals
 from fedmpi.comm import WorkerFailed
 from fedmpi.errors import EXIT_FAILED, EXIT_INTERRUPTED, Diverged, FedmpiError, Refused, StopRequested, report_lines
-from fedmpi.experiment import Experiment, fingerprint
+from fedmpi.experiment import Experiment
 from fedmpi.memory import is_out_of_memory, out_of_memory_text
 from fedmpi.progress import Progress
 from fedmpi.store import RunLog
+from fedmpi.verify import fingerprint
 
 INTERRUPTED = "interrupted (SIGINT)"
 
