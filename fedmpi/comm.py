@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi import signals
+from fedmpi import node_buffers, signals
 from fedmpi.errors import ConfigError, FedmpiError
 from fedmpi.runtime import usable_cores
 from fedmpi.timing import Timer
@@ -197,6 +197,10 @@ class LocalComm:
     def reduce_sum(self, buf):
         return buf
 
+    def round_buffers(self, down_len, up_len, host_buffers=True):
+        """One process needs no shared buffers (see MpiComm.round_buffers)."""
+        return None
+
     def sync(self):
         pass
 
@@ -262,6 +266,7 @@ class MpiComm:
         self._failure = None        # a reported failure not raised yet (see _check_failures)
         self._node = None           # the node's communicator (pretend nodes under FEDMPI_TEST_NODES), made once
         self._windows = []          # shared-memory windows of `share_arrays`, freed by `close`
+        self._round = None          # the round buffers' NodeBuffers (`round_buffers`), freed by `close`
 
     @property
     def is_server(self):
@@ -308,22 +313,57 @@ class MpiComm:
 
     def bcast(self, buf):
         """Rank 0's `buf` (a contiguous numpy array) is copied into every rank's `buf` in place."""
+        span = self._node_span(buf, "down")
         with self._whole():
-            self.sync()
+            self._arrive(span)
             with self.timer.phase("bcast"):
-                self.comm.Bcast(buf, root=0)
+                if span is None:
+                    self.comm.Bcast(buf, root=0)
+                elif self.rank != 0:
+                    self._round.copy_from_server(buf, span)
         return buf
 
     def reduce_sum(self, buf):
         """Element-wise sum of every rank's `buf` into rank 0's `buf` (in place there)."""
+        span = self._node_span(buf, "up")
         with self._whole():
-            self.sync()
+            self._arrive(span)
             with self.timer.phase("reduce"):
-                if self.rank == 0:
+                if span is not None:
+                    if self.rank == 0:
+                        self._round.sum_into_server(span)
+                elif self.rank == 0:
                     self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
                 else:
                     self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
         return buf
+
+    # -- the round's buffers in node-shared memory (fedmpi.node_buffers) ---------------------------
+    def round_buffers(self, down_len, up_len, host_buffers=True):
+        """Collective: (down float32[down_len], up float64[up_len]), this rank's slots of a node-shared window
+        through which `bcast` and `reduce_sum` of (slices of) them move without MPI's copies, where every
+        rank is on one node and passes `host_buffers` (it moves host memory, not device buffers); else None
+        (the caller allocates its own buffers and MPI moves them)."""
+        node = self._node_comm()
+        vote = np.array([int(host_buffers and node_buffers.wanted() and node.Get_size() == self.size)])
+        every = np.zeros(1, dtype=vote.dtype)
+        self.comm.Allreduce(vote, every, op=self.MPI.MIN)
+        if not every[0]:
+            return None
+        self._round = node_buffers.NodeBuffers(self.MPI, node, down_len, up_len)
+        return self._round.down[self.rank], self._round.up[self.rank]
+
+    def _node_span(self, buf, kind):
+        return self._round.span(buf, kind) if self._round is not None else None
+
+    def _arrive(self, span):
+        """Waits (asleep) until every rank has arrived; around that, with node buffers, the memory barriers
+        that make each rank's writes to its slot visible to the others."""
+        if span is not None:
+            self._round.sync_memory()
+        self.sync()
+        if span is not None:
+            self._round.sync_memory()
 
     # -- checkpoints ------------------------------------------------------------------------------
     def gather_states(self, host, get_state, put_state):
@@ -540,6 +580,9 @@ class MpiComm:
         for win in self._windows:
             win.Free()
         self._windows = []
+        if self._round is not None:
+            self._round.free()
+            self._round = None
         if self._node is not None:
             self._node.Free()
             self._node = None

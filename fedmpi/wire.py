@@ -114,13 +114,19 @@ class RoundBuffers:
         self.timing_at = self.up_len + N_STATS
         self.blocks_at = self.timing_at + comm.size * len(PHASES)
         self.selected, self.slots = np.zeros(0, dtype=np.int64), {}    # the round's clients and their slots
-        self.down_host = torch.zeros(self.header_len + algo.down_vectors * dim, dtype=torch.float32, pin_memory=pin)
-        # Room for blocks of every client: a round may select up to N (Poisson sampling, central...).
-        self.up_host = torch.zeros(self.blocks_at + len(self.columns) * num_clients, dtype=torch.float64,
-                                   pin_memory=pin)
-        self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
         self.device_mpi = cuda_aware_mpi and (pin or bool(os.environ.get(DEVICE_MPI_TEST)))
         staged = pin or self.device_mpi
+        down_len = self.header_len + algo.down_vectors * dim
+        # Room for blocks of every client: a round may select up to N (Poisson sampling, central...).
+        up_len = self.blocks_at + len(self.columns) * num_clients
+        # Host buffers in node-shared memory where every rank is on one node (fedmpi.node_buffers).
+        shared = comm.round_buffers(down_len, up_len, host_buffers=not staged)
+        if shared is not None:
+            self.down_host, self.up_host = (torch.from_numpy(a) for a in shared)
+        else:
+            self.down_host = torch.zeros(down_len, dtype=torch.float32, pin_memory=pin)
+            self.up_host = torch.zeros(up_len, dtype=torch.float64, pin_memory=pin)
+        self.down_np, self.up_np = self.down_host.numpy(), self.up_host.numpy()
         self.down_dev = torch.zeros_like(self.down_host, device=device) if staged else None
         self.up_dev = torch.zeros_like(self.up_host, device=device) if staged else None
         # The upload accumulator: on the CPU, the reduction buffer's own head (no copy before the reduction).
