@@ -12,7 +12,8 @@ nodes, so that node-local device choice, threads and data sharing can be exercis
 Waiting: a rank that waits for others (the server while workers train, a worker while the server
 evaluates) must not burn a core that a training rank needs. Each phase therefore starts with a tiny
 non-blocking collective polled with sleeps (`_sleep_wait`); once everyone has arrived, the large buffer
-moves with a blocking call at full speed.
+moves with a blocking call at full speed, or, for the round buffers of a job on one node, without MPI at
+all (`round_buffers`, fedmpi.node_buffers).
 """
 
 from __future__ import annotations
