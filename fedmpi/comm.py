@@ -345,6 +345,8 @@ class MpiComm:
         through which `bcast` and `reduce_sum` of (slices of) them move without MPI's copies, where every
         rank is on one node and passes `host_buffers` (it moves host memory, not device buffers); else None
         (the caller allocates its own buffers and MPI moves them)."""
+        if self._round is not None:     # its slots back another experiment's buffers until `close`
+            raise RuntimeError("MpiComm.round_buffers: called twice; one experiment per communicator")
         node = self._node_comm()
         vote = np.array([int(host_buffers and node_buffers.wanted() and node.Get_size() == self.size)])
         every = np.zeros(1, dtype=vote.dtype)
