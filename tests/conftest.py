@@ -88,14 +88,14 @@ def small_config(out, **sections):
     return cfg
 
 
-def run_many(n, config_paths, timeout=MPI_TIMEOUT_S):
+def run_many(n, config_paths, timeout=MPI_TIMEOUT_S, env=None):
     """Runs several configs sequentially inside one mpiexec launch (one torch import per rank), each into
-    its own `out`, with the project's batch runner tools/run_batch.py."""
+    its own `out`, with the project's batch runner tools/run_batch.py; `env` adds environment variables."""
     script = ROOT / "tools" / "run_batch.py"
     proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, str(script), *map(str, config_paths),
                            "--overwrite"],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if proc.returncode != 0:
         raise AssertionError(f"run_many -n {n} exited {proc.returncode}\nstderr:\n{proc.stderr[-4000:]}")
     return proc

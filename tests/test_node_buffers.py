@@ -4,26 +4,12 @@ protocol's use of the round buffers: FedAvg's whole buffers with evaluation (the
 it), gated SAFL's statistics-only reduction (a slice), FedSkip's header-only broadcasts and point-to-point
 slots, and rank 0 training clients as well (`server.trains_clients`, -n 2).
 
-One launch per setting runs every config (a small driver calls `fedmpi run` for each, as in
-test_baselines_mpi.py)."""
-
-import os
-import subprocess
-import sys
+One launch per setting and rank count runs every config (tools/run_batch.py)."""
 
 import pytest
-from conftest import ROOT, mpiexec, read_global, read_metrics, same, small_config, write_config
+from conftest import read_global, read_metrics, run_many, same, small_config, write_config
 
 pytestmark = pytest.mark.mpi
-
-DRIVER = """
-import sys
-from fedmpi.cli import main
-for command in sys.argv[1:]:
-    code = main(["run", *command.split("::")])
-    if code:
-        sys.exit(code)
-"""
 
 RUNS = {
     "fedavg_eval": {"eval": {"every": 1}},
@@ -34,12 +20,9 @@ N2 = {"fedavg_rank0_trains": {"server": {"clients_per_round": 6, "trains_clients
 
 
 def launch(n, base, setting, runs):
-    commands = [f"{write_config(base / f'{name}-{setting}.yaml', small_config(base / setting / name, **sections))}"
-                "::--overwrite" for name, sections in runs.items()]
-    proc = subprocess.run([mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, *commands], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "FEDMPI_NODE_BUFFERS": setting})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    paths = [write_config(base / f"{name}-{setting}.yaml", small_config(base / setting / name, **sections))
+             for name, sections in runs.items()]
+    run_many(n, paths, timeout=300, env={"FEDMPI_NODE_BUFFERS": setting})
 
 
 @pytest.fixture(scope="module")
