@@ -17,8 +17,13 @@ run: $(STAMP)
 	$(BIN)/mpiexec -n $(NP) $(BIN)/fedmpi run jobs/configs/quickstart.yaml --overwrite
 	$(BIN)/fedmpi report runs/quickstart/run.h5
 
+# The whole suite in two parts: the one-process tests spread over TEST_WORKERS pytest-xdist workers, then
+# the MPI tests (each launches up to three ranks) one at a time. Both parts run; either failing fails.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
+	PATH=$(abspath $(BIN)):$$PATH; export PATH; \
+	$(BIN)/python -m pytest -q -m "not mpi" -n $(TEST_WORKERS) --maxprocesses 8; first=$$?; \
+	$(BIN)/python -m pytest -q -m mpi && exit $$first
 
 # The benchmark (docs/performance.md): W1-W3 through fedmpi at -n 1 2 3 and the reference loop, QS (the
 # quickstart against -n 1) and W4 (cross-device scale: memory per rank, run.h5 growth).
