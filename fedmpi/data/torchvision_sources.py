@@ -93,41 +93,45 @@ MNIST_HOW = ("set data.download: true on a machine with network (torchvision fet
 
 
 def _idx_header(path, ndim):
-    """(shape, data offset) from an idx file's header alone, checked: the idx magic, unsigned bytes in `ndim`
-    dimensions, and a length that matches the header."""
+    """(shape, data offset) from an idx file's header alone (`_check_idx`)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(4 + 4 * ndim)
             size = os.fstat(fh.fileno()).st_size
     except OSError as e:
         raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    return _check_idx(path, head, size, ndim)
+
+
+def _check_idx(path, head, size, ndim):
+    """(shape, data offset) from the first bytes `head` of an idx file of `size` bytes, checked: the idx magic,
+    unsigned bytes in `ndim` dimensions, and a length that matches the header."""
     if len(head) < 4 or head[:2] != b"\0\0":
         raise InputError(f"{path}: not an idx file (it must start with two zero bytes, a type code and the "
                          f"number of dimensions); {MNIST_HOW}")
     if head[2] != IDX_UBYTE or head[3] != ndim:
         raise InputError(f"{path}: idx type 0x{head[2]:02x} with {head[3]} dimensions; expected unsigned bytes "
                          f"(0x08) with {ndim} dimensions as in the official files")
-    if len(head) < 4 + 4 * ndim:
+    header = 4 + 4 * ndim
+    if len(head) < header:
         raise InputError(f"{path}: truncated idx header")
-    shape = struct.unpack(f">{ndim}I", head[4:])
+    shape = struct.unpack(f">{ndim}I", head[4:header])
     expected = int(np.prod(shape, dtype=np.int64))
-    if size - len(head) != expected:
+    if size - header != expected:
         raise InputError(f"{path}: its header announces {shape} = {expected} bytes of data, the file holds "
-                         f"{size - len(head)}; the file is truncated or not an idx file")
-    return shape, len(head)
+                         f"{size - header}; the file is truncated or not an idx file")
+    return shape, header
 
 
 def read_idx(path, ndim):
     """The uint8 array of an idx file with `ndim` dimensions; InputError naming the file otherwise."""
-    shape, offset = _idx_header(path, ndim)
     try:
         with open(path, "rb") as fh:
             data = bytearray(os.fstat(fh.fileno()).st_size)     # writable, so torch can take the array as is
             data = data[: fh.readinto(data)]
     except OSError as e:
         raise InputError(f"{path}: cannot be read ({e.strerror})") from None
-    if len(data) - offset != int(np.prod(shape, dtype=np.int64)):
-        raise InputError(f"{path}: changed while it was read")
+    shape, offset = _check_idx(path, bytes(data[: 4 + 4 * ndim]), len(data), ndim)
     return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(shape)
 
 
