@@ -28,11 +28,13 @@ import numpy as np
 from fedmpi import node_buffers, signals
 from fedmpi.errors import ConfigError, FedmpiError
 from fedmpi.runtime import usable_cores
+from fedmpi.state_codec import STATE_META, decode_state_meta, encode_specs, encode_state
 from fedmpi.timing import Timer
 
 FAILURE_TAG = 77
 ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfers
 FAILURE_BYTES = 8192
+STATE_TAG = 78            # gather_states: one client's state (fedmpi.state_codec) to rank 0
 # Sleeps between polls while a rank waits for the others (`MpiComm._sleep_wait`).
 SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
 SLEEP_FRACTION = 0.05     # of the time waited so far: a wait overshoots by at most ~5%
@@ -42,47 +44,6 @@ FAILURE_GRACE_S = 10.0
 TEST_NODES = "FEDMPI_TEST_NODES"
 # Arrays in a shared window start on page boundaries: a rank filling one array touches no page of another.
 SHARED_ALIGN = 4096
-
-# gather_states: one client's state travels as [array count], [count x STATE_META] int64 rows (dtype code,
-# ndim, name length, shape padded to STATE_MAX_NDIM), the UTF-8 names as bytes, then each array's bytes.
-STATE_TAG = 78
-STATE_MAX_NDIM = 8
-STATE_META = 3 + STATE_MAX_NDIM
-STATE_DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "float16", "int64", "int32", "int16", "int8",
-                                           "uint64", "uint32", "uint16", "uint8", "bool"))
-
-
-def encode_state(state):
-    """(meta rows, name bytes, contiguous arrays) of a dict[str, np.ndarray]; numbers and bytes only."""
-    arrays = [np.asarray(value, order="C") for value in state.values()]
-    meta, names = encode_specs({name: (a.shape, a.dtype) for name, a in zip(state, arrays)})
-    return meta, names, arrays
-
-
-def encode_specs(specs):
-    """(meta rows, name bytes) describing {name: (shape, dtype)}, the form `decode_state_meta` reads."""
-    names = []
-    meta = np.zeros((len(specs), STATE_META), dtype=np.int64)
-    for i, (name, (shape, dtype)) in enumerate(specs.items()):
-        dtype, ndim = np.dtype(dtype), len(shape)
-        if dtype not in STATE_DTYPES or ndim > STATE_MAX_NDIM or not name or "/" in name:
-            raise TypeError(f"state entry {name!r} ({dtype}, {ndim}-d): a state is a dict of numeric arrays "
-                            f"of at most {STATE_MAX_NDIM} dimensions under non-empty names without '/'")
-        raw = name.encode()
-        meta[i, :3] = STATE_DTYPES.index(dtype), ndim, len(raw)
-        meta[i, 3:3 + ndim] = shape
-        names.append(raw)
-    return meta, np.frombuffer(b"".join(names), dtype=np.uint8)
-
-
-def decode_state_meta(meta, name_bytes):
-    """[(name, dtype, shape)] from the rows and name bytes made by `encode_state`."""
-    out, pos, raw = [], 0, bytes(name_bytes)
-    for code, ndim, length, *shape in meta.tolist():
-        out.append((raw[pos:pos + length].decode(), STATE_DTYPES[code], tuple(shape[:ndim])))
-        pos += length
-    return out
-
 
 def node_count(size):
     """Pretend nodes asked for by FEDMPI_TEST_NODES (1 when unset), at most one per rank."""

@@ -16,8 +16,9 @@ from conftest import ROOT, mpiexec, small_config
 
 import fedmpi
 from fedmpi import checkpoint, config, signals
-from fedmpi.comm import LocalComm, decode_state_meta, encode_state
+from fedmpi.comm import LocalComm
 from fedmpi.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError, InputError
+from fedmpi.state_codec import decode_state_meta, encode_state
 from fedmpi.store import RunLog
 
 
