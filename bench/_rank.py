@@ -73,8 +73,8 @@ def _write_stats():
 
 atexit.register(_write_stats)
 
-from fedmpi import experiment  # noqa: E402 - the clock above starts before the imports
 from fedmpi.cli import main  # noqa: E402
+from fedmpi.round import experiment  # noqa: E402 - the clock above starts before the imports
 
 ROUNDS = []     # (wall s, CPU s) of each Experiment.run_round on this rank
 _run_round = experiment.Experiment.run_round

@@ -110,7 +110,7 @@ def quickstart_config(out, rounds=None, vectorize="auto"):
 # --- fedmpi runs -------------------------------------------------------------------------------------
 
 def mpiexec():
-    from fedmpi.batch_report import find_mpiexec
+    from fedmpi.analysis.batch_report import find_mpiexec
 
     found = find_mpiexec()
     if not found:
@@ -191,10 +191,11 @@ def reference(cfg_map, device="cpu"):
 
     torch.set_num_threads(1)
     device = torch.device(device)
-    from fedmpi import config, rng
+    from fedmpi import config
+    from fedmpi.core import rng
+    from fedmpi.core.models import build_model
     from fedmpi.data import load_dataset
     from fedmpi.data.server_set import split_dataset
-    from fedmpi.models import build_model
 
     cfg = config.from_dict(cfg_map)
     ds = load_dataset(cfg)

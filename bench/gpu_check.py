@@ -117,7 +117,7 @@ def check(dry=False, work=None):
     code3, s3, err3 = launch(3, [step for wl in WORKLOADS for step in (
         [runs[(wl, "n3")][0], "--overwrite"], [runs[(wl, "half")][0], "--overwrite"],
         [runs[(wl, "half")][0], "--resume", f"rounds={rounds}"])], device)
-    # The device-buffer path on a CPU needs the test aid (fedmpi.wire.DEVICE_MPI_TEST); on a GPU it is real.
+    # The device-buffer path on a CPU needs the test aid (fedmpi.round.wire.DEVICE_MPI_TEST); on a GPU it is real.
     code_c, s_c, err_c = launch(2, [[runs[(wl, "cuda_aware")][0], "--overwrite"] for wl in WORKLOADS], device,
                                 env=None if gpu else {"FEDMPI_TEST_DEVICE_MPI": "1"})
     for wl in WORKLOADS:

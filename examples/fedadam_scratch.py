@@ -18,7 +18,7 @@ import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce, weighted_mean_update
 from fedmpi.algorithms.state import ServerVectors
-from fedmpi.config_checks import Checks
+from fedmpi.core.config_checks import Checks
 
 
 @dataclass(frozen=True)

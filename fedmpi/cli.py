@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from fedmpi.errors import ConfigError, FedmpiError, report_lines
+from fedmpi.core.errors import ConfigError, FedmpiError, report_lines
 
 
 def _parser():
@@ -93,38 +93,38 @@ def _run(args):
                           "continue a fork later with --resume")
     if args.dry_run:
         return _dry_run(cfg)
-    from fedmpi import signals
+    from fedmpi.mpi import signals
 
     signals.install()       # from here on SIGTERM/SIGUSR1 are stop requests, even during the slow imports
-    from fedmpi.comm import make_comm
-    from fedmpi.outdir import claim
+    from fedmpi.io.outdir import claim
+    from fedmpi.mpi.comm import make_comm
 
     comm = make_comm()
     # Rank 0 locks `out` and checks it before anything is loaded; a refusal exits 2 on every rank.
     claim(cfg, comm, overwrite=args.overwrite, resume=args.resume)
     resume = fork = None
     if args.resume:
-        from fedmpi.checkpoint import plan_resume
+        from fedmpi.io.checkpoint import plan_resume
 
         resume = plan_resume(cfg, comm)     # rank 0 checks; on refusal every rank exits 2, nothing touched
     elif args.fork_from:
-        from fedmpi.fork import plan_fork
+        from fedmpi.io.fork import plan_fork
 
         fork = plan_fork(cfg, comm, args.fork_from)
-    from fedmpi.launch import run_experiment
+    from fedmpi.run.launch import run_experiment
 
     return run_experiment(cfg, comm, overwrite=args.overwrite, resume=resume, fork=fork)
 
 
 def _dry_run(cfg):
-    from fedmpi import rng
     from fedmpi.algorithms.registry import lookup
+    from fedmpi.analysis.report import partition_summary, server_summary
+    from fedmpi.core import rng
+    from fedmpi.core.flat import FlatModel
+    from fedmpi.core.models import build_model
     from fedmpi.data import load_dataset
     from fedmpi.deploy.checks import check as deploy_check
-    from fedmpi.experiment import build_partition
-    from fedmpi.flat import FlatModel
-    from fedmpi.models import build_model
-    from fedmpi.report import partition_summary, server_summary
+    from fedmpi.round.experiment import build_partition
 
     print(cfg.to_yaml())
     dataset = load_dataset(cfg)
@@ -143,7 +143,7 @@ def _dry_run(cfg):
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))
     print(server_summary(split.groups["partition/server"], cfg.server_data))
-    from fedmpi.memory import dry_run_lines as memory_lines
+    from fedmpi.run.memory import dry_run_lines as memory_lines
 
     for line in memory_lines(cfg, dataset, algo.clients(split.parts, split.server_idx), flat, algo):
         print(line)
@@ -158,12 +158,12 @@ def _report(args):
 
 
 def _verify(args):
-    from fedmpi.verify_report import verify_command
+    from fedmpi.analysis.verify_report import verify_command
 
     return verify_command(args.run_a, args.run_b, sys.stdout)
 
 
 def _export(args):
-    from fedmpi.export import export_command
+    from fedmpi.analysis.export import export_command
 
     return export_command(args.run, tensorboard=args.tensorboard, csv_path=args.csv, overwrite=args.overwrite)

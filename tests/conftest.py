@@ -19,7 +19,7 @@ MPI_TIMEOUT_S = 240
 
 
 def mpiexec():
-    from fedmpi.batch_report import find_mpiexec
+    from fedmpi.analysis.batch_report import find_mpiexec
 
     found = find_mpiexec()
     if not found:
@@ -61,8 +61,8 @@ def same(a, b):
 
 
 def read_clients(run_dir):
-    """{name: [round, client]} of a run's /clients, whichever layout the file has (fedmpi.store.client_table)."""
-    from fedmpi.store import read_clients as read
+    """{name: [round, client]} of a run's /clients, whichever layout the file has (fedmpi.io.store.client_table)."""
+    from fedmpi.io.store import read_clients as read
 
     return read(str(Path(run_dir) / "run.h5"))
 

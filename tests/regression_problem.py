@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 import fedmpi
-from fedmpi import rng
+from fedmpi.core import rng
+from fedmpi.core.train import Schedule, batch_order
 from fedmpi.data.dataset import Dataset
-from fedmpi.train import Schedule, batch_order
 
 X = np.array([[1.0, 0.0], [0.5, 2.0], [-1.0, 1.0],
               [2.0, 1.0], [0.0, -1.0], [1.5, 0.5], [-0.5, -2.0], [1.0, 1.0],

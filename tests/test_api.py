@@ -7,8 +7,8 @@ import pytest
 from conftest import small_config, write_config
 
 from fedmpi import config
-from fedmpi.api import as_config
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
+from fedmpi.run.api import as_config
 
 OVERRIDES = {"runtime.progress": "off", "server.tau": 1e-5, "server.betas": [0.5, 0.75], "algorithm.name": "fedprox",
              "algorithm.mu": 0.5}

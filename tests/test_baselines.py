@@ -17,17 +17,18 @@ from conftest import VecModel, server_update
 from torch import nn
 
 import fedmpi
-from fedmpi import checkpoint, config
+from fedmpi import config
 from fedmpi.algorithms import ClientRun, build_algorithm, lookup
 from fedmpi.algorithms.fednova import normalizer
 from fedmpi.algorithms.moon import contrastive_loss
-from fedmpi.api import MemoryLog
-from fedmpi.comm import LocalComm
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.flat import FlatModel
 from fedmpi.data.dataset import Dataset
-from fedmpi.errors import ConfigError
-from fedmpi.experiment import Experiment
-from fedmpi.flat import FlatModel
-from fedmpi.launch import _loop
+from fedmpi.io import checkpoint
+from fedmpi.mpi.comm import LocalComm
+from fedmpi.round.experiment import Experiment
+from fedmpi.run.api import MemoryLog
+from fedmpi.run.launch import _loop
 
 # --- the hooks alone, on hand-computed cases ------------------------------------------------------------
 

@@ -9,11 +9,11 @@ import pytest
 from conftest import ROOT
 
 from fedmpi import config
-from fedmpi.store import RunLog
+from fedmpi.io.store import RunLog
 
 READER = """
 import sys, h5py
-from fedmpi.store import client_table, open_run
+from fedmpi.io.store import client_table, open_run
 with open_run(sys.argv[1]) as f:
     rounds = f["metrics/round"][()]
     loss = client_table(f).dense("loss")

@@ -15,11 +15,13 @@ import pytest
 from conftest import ROOT, mpiexec, small_config
 
 import fedmpi
-from fedmpi import checkpoint, config, signals
-from fedmpi.comm import LocalComm
-from fedmpi.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError, InputError
-from fedmpi.state_codec import decode_state_meta, encode_state
-from fedmpi.store import RunLog
+from fedmpi import config
+from fedmpi.core.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError, InputError
+from fedmpi.io import checkpoint
+from fedmpi.io.store import RunLog
+from fedmpi.mpi import signals
+from fedmpi.mpi.comm import LocalComm
+from fedmpi.mpi.state_codec import decode_state_meta, encode_state
 
 
 def make_cfg(out, **sections):
@@ -234,7 +236,7 @@ import sys, traceback
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from test_checkpoint import varied_state
-from fedmpi.comm import make_comm
+from fedmpi.mpi.comm import make_comm
 
 comm = make_comm()
 try:

@@ -1,7 +1,7 @@
 """FedAvg's round moves exactly one broadcast and one reduction, with buffer (uppercase) calls only; a
 round with evaluation adds one broadcast of the model and one reduction of the evaluation figures. With
 every rank on one node the round's own broadcast and reduction go through node-shared memory
-(fedmpi.node_buffers): MPI then only sees their barriers."""
+(fedmpi.mpi.node_buffers): MPI then only sees their barriers."""
 
 import json
 import os

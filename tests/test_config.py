@@ -6,7 +6,7 @@ import pytest
 
 from fedmpi import config
 from fedmpi.cli import main
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
 
 
 def errors_of(mapping):

@@ -23,12 +23,12 @@ from fedmpi import config
 from fedmpi.algorithms import SetupContext, build_algorithm, lookup
 from fedmpi.algorithms.registry import builtin_names
 from fedmpi.cli import main as fedmpi_main
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.models import BUILDERS, build_model
 from fedmpi.data import sources
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.partition import SCHEMES
 from fedmpi.data.server_set import resolved_size, split_dataset
-from fedmpi.flat import FlatModel
-from fedmpi.models import BUILDERS, build_model
 
 CONFIGS = ROOT / "jobs" / "configs"
 ALL = sorted(CONFIGS.rglob("*.yaml"))
@@ -325,8 +325,8 @@ def test_paper_learning_rates_train_in_the_first_rounds(path, overrides):
     the untrained model's, and progress: the last round's training loss below the first round's, or the
     final test loss below the untrained model's (a few small steps may show only one of the two)."""
     import fedmpi
-    from fedmpi import rng
-    from fedmpi.train import evaluate
+    from fedmpi.core import rng
+    from fedmpi.core.train import evaluate
 
     cfg = check_config(config.load(path, overrides))     # (training_setups already checked it loads)
     ds = learnable_stand_in(cfg, per_client=3 * cfg.client.batch_size)

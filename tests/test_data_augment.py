@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 
 from fedmpi.config import ClientConfig, DataConfig, ModelConfig
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.models import build_model
+from fedmpi.core.train import LocalTrainer, Schedule
 from fedmpi.data.augment import make_transform, pad_crop_flip
-from fedmpi.flat import FlatModel
-from fedmpi.models import build_model
-from fedmpi.train import LocalTrainer, Schedule
 
 
 def images(n=8, c=3, side=32, seed=0):

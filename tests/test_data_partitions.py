@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from fedmpi import config
+from fedmpi.core.errors import ConfigError
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.partition import partition
 from fedmpi.data.stats import partition_stats, weighted_mean_emd
-from fedmpi.errors import ConfigError
 
 
 def labelled(per_class, classes=10, seed=0):

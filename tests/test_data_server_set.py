@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from fedmpi import config
+from fedmpi.analysis.report import Run, format_table, mean_client_emd, server_summary, summarize
+from fedmpi.core.errors import ConfigError
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.server_set import draw_server_set, split_dataset
-from fedmpi.errors import ConfigError
-from fedmpi.report import Run, format_table, mean_client_emd, server_summary, summarize
 
 
 def labelled(per_class=100, classes=10):

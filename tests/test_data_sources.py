@@ -9,9 +9,9 @@ from conftest import ROOT, write_config
 from dataset_files import VOCAB, emnist_names, write_cifar, write_idx, write_leaf, write_mnist_family
 
 from fedmpi import config
+from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.data import load_dataset
 from fedmpi.data.leaf import encode_chars
-from fedmpi.errors import ConfigError, InputError
 
 
 def cfg_for(name, root, **data):

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedmpi import config, rng
+from fedmpi import config
+from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.deploy import availability as av
 from fedmpi.deploy import compress as cp
 from fedmpi.deploy.clock import Clock, client_rates, round_outcome
 from fedmpi.deploy.keys import BandwidthConfig, ClientsConfig, CompressConfig, DeadlineConfig, SpeedConfig
 from fedmpi.deploy.plan import Deployment
 from fedmpi.deploy.traces import AVAILABILITY_COLUMNS, SPEED_COLUMNS, AvailabilityTrace, load_rates
-from fedmpi.errors import ConfigError, InputError
 
 Z = 5.0
 

@@ -28,12 +28,12 @@ from conftest import (
 import fedmpi
 from fedmpi import config
 from fedmpi.algorithms.fedbuff import FedBuff, staleness_weight
+from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.deploy import compress as cp
 from fedmpi.deploy.buffered import BufferedParticipation
 from fedmpi.deploy.participation import DeployParticipation
 from fedmpi.deploy.stage import CompressionStage
-from fedmpi.errors import ConfigError, InputError
-from fedmpi.participation import Participation
+from fedmpi.plans.base import Participation
 
 ROUNDS = 4
 # A clock without any effect on who counts: the deployment provider runs, inert (every update counts).

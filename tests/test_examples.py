@@ -17,7 +17,7 @@ from conftest import ROOT, read_global, read_metrics
 
 from fedmpi import config
 from fedmpi.algorithms.registry import lookup
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
 
 SCRATCH = "examples.fedadam_scratch:FedAdamScratch"
 CONTROL = "examples.control_variates:ControlVariates"

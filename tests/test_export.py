@@ -13,7 +13,7 @@ import pytest
 from run_files import CLASSES, LAYERS, PHASES, write_run
 
 from fedmpi.cli import main as fedmpi_main
-from fedmpi.store import client_table
+from fedmpi.io.store import client_table
 
 
 def export(capsys, *args):

@@ -18,7 +18,7 @@ from conftest import read_global, read_metrics, run_fedmpi, small_config, write_
 import fedmpi
 from fedmpi.algorithms.registry import lookup
 from fedmpi.cli import main
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -18,18 +18,19 @@ from conftest import VecModel, setup_algo
 from torch import nn
 
 import fedmpi
-from fedmpi import config, rng
+from fedmpi import config
 from fedmpi.algorithms import ClientRun, build_algorithm
 from fedmpi.algorithms import moon as moon_mod
 from fedmpi.algorithms import safl as safl_mod
 from fedmpi.algorithms import scaffold as scaffold_mod
 from fedmpi.algorithms.reinit import fresh_init
+from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.train import LocalTrainer, Schedule, batch_order, schedule, steps_per_epoch
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.partition import partition
 from fedmpi.data.server_set import resolved_size, split_dataset
-from fedmpi.errors import ConfigError
-from fedmpi.flat import FlatModel
-from fedmpi.train import LocalTrainer, Schedule, batch_order, schedule, steps_per_epoch
 
 # --- a tiny regression, its data set and a float64 reference --------------------------------------------
 
@@ -626,7 +627,7 @@ def test_groups_partition_is_validated():
 
 def test_resnet18_with_a_projection_head_serves_moon():
     from fedmpi.algorithms import lookup
-    from fedmpi.models import build_model
+    from fedmpi.core.models import build_model
 
     cfg = config.from_dict({"algorithm": {"name": "moon"}, "model": {"name": "resnet18", "projection": 16}})
     torch.manual_seed(0)

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from fedmpi.config import ClientConfig
-from fedmpi.flat import FlatModel
-from fedmpi.train import LocalTrainer, Schedule, batch_order, schedule
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.train import LocalTrainer, Schedule, batch_order, schedule
 
 
 def small_module(seed=0):

@@ -22,11 +22,12 @@ import yaml
 from conftest import ROOT, fedmpi_cmd, small_config, write_config
 from dataset_files import write_cifar, write_leaf, write_mnist_family
 
-from fedmpi import checkpoint, config
+from fedmpi import config
 from fedmpi.cli import main
+from fedmpi.core.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, InputError
 from fedmpi.data import load_dataset
-from fedmpi.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, InputError
-from fedmpi.store import RunLog
+from fedmpi.io import checkpoint
+from fedmpi.io.store import RunLog
 
 SUBPROCESS_TIMEOUT_S = 240
 
@@ -245,7 +246,8 @@ def _run_log_script(disk, body):
     script = f"""
 import os, sys
 import numpy as np
-from fedmpi import config, store
+from fedmpi import config
+from fedmpi.io import store
 cfg = config.from_dict({{"out": {str(disk)!r}}})
 log = store.RunLog.create({str(disk / "run.h5")!r}, cfg, 1, ["h"], {{}})
 
@@ -423,7 +425,7 @@ def test_alias_bomb_as_out_is_refused_fast_with_a_short_message(tmp_path, capsys
 
 
 def test_aliases_within_the_limit_still_work():
-    from fedmpi import yamlio
+    from fedmpi.config import yamlio
 
     text = "base: &b {lr: 0.1, batch_size: 5}\nclient: {<<: *b, lr: 0.2}\n"
     assert yamlio.load(text, "t")["client"] == {"lr": 0.2, "batch_size": 5}
@@ -537,12 +539,12 @@ def test_checkpoint_names_fedmpi_never_writes_are_not_checkpoints(tmp_path):
 # -- finding 4 (single-process part): the lock -----------------------------------------------------------
 
 def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
-    from fedmpi.outdir import claim_here
+    from fedmpi.io.outdir import claim_here
 
     held = claim_here(str(tmp_path))
     assert (tmp_path / ".fedmpi.lock").read_text().startswith(f"host {socket.gethostname()} pid {os.getpid()} ")
     # Another process (flock locks belong to the open file) is refused while this one holds it...
-    probe = ("import sys; from fedmpi.outdir import claim_here; from fedmpi.errors import ConfigError\n"
+    probe = ("import sys; from fedmpi.io.outdir import claim_here; from fedmpi.core.errors import ConfigError\n"
              f"try:\n    claim_here({str(tmp_path)!r})\nexcept ConfigError as e:\n    print(e); sys.exit(2)")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and f"pid {os.getpid()}" in proc.stdout
@@ -590,7 +592,7 @@ def test_download_goes_through_torchvision_fetch_and_fedmpi_reads_the_files(tmp_
 
 def test_one_process_may_claim_the_same_out_again(tmp_path):
     """A script that runs a config and then resumes it through fedmpi.cli.main claims its out twice."""
-    from fedmpi.outdir import claim_here
+    from fedmpi.io.outdir import claim_here
 
     first = claim_here(str(tmp_path))
     (tmp_path / "run.h5").write_bytes(b"")
@@ -603,7 +605,7 @@ def test_one_process_may_claim_the_same_out_again(tmp_path):
 
 
 def test_run_batch_stops_at_an_out_another_job_holds(tmp_path):
-    from fedmpi.outdir import claim_here
+    from fedmpi.io.outdir import claim_here
 
     out = tmp_path / "busy"
     cfg = write_config(tmp_path / "c.yaml", small_config(out, rounds=1))

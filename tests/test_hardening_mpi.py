@@ -13,7 +13,7 @@ import pytest
 from conftest import MPI_TIMEOUT_S, ROOT, fedmpi_cmd, read_metrics, run_fedmpi, small_config, write_config
 from test_hardening import malicious_cifar_run
 
-from fedmpi.errors import EXIT_USAGE
+from fedmpi.core.errors import EXIT_USAGE
 
 pytestmark = pytest.mark.mpi
 

@@ -16,8 +16,8 @@ from conftest import ROOT, read_clients, read_metrics, run_many, small_config, w
 from torch import nn
 
 import fedmpi
+from fedmpi.core.timing import PHASES
 from fedmpi.data.dataset import Dataset
-from fedmpi.timing import PHASES
 
 
 def mnist5k(**sections):

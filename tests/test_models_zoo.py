@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from fedmpi.config import ClientConfig, ModelConfig
-from fedmpi.errors import ConfigError
-from fedmpi.flat import FlatModel
-from fedmpi.models import build_model
-from fedmpi.train import LocalTrainer, Schedule
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.models import build_model
+from fedmpi.core.train import LocalTrainer, Schedule
 
 CASES = [
     ("lr", {}, (1, 28, 28), 10),

@@ -1,4 +1,4 @@
-"""Node buffers (fedmpi.node_buffers): with every rank on one node the round's broadcast and reduction go
+"""Node buffers (fedmpi.mpi.node_buffers): with every rank on one node the round's broadcast and reduction go
 through node-shared memory instead of MPI's collectives. A run must be bit-identical either way, for each
 protocol's use of the round buffers: FedAvg's whole buffers with evaluation (the model shared again for
 it), gated SAFL's statistics-only reduction (a slice), FedSkip's header-only broadcasts and point-to-point

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from fedmpi import rng
-from fedmpi.runtime import place_clients
+from fedmpi.core import rng
+from fedmpi.mpi.runtime import place_clients
 
 
 def test_placement_balances_samples_largest_first():

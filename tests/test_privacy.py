@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedmpi import config, rng
+from fedmpi import config
 from fedmpi.algorithms.fedavg import FedAvgKeys
 from fedmpi.algorithms.fednova import FedNovaKeys
 from fedmpi.algorithms.fedprox import FedProxKeys
 from fedmpi.algorithms.safl import SaflKeys
 from fedmpi.algorithms.scaffold import ScaffoldKeys
-from fedmpi.errors import EXIT_USAGE, ConfigError, InputError
+from fedmpi.core import rng
+from fedmpi.core.errors import EXIT_USAGE, ConfigError, InputError
 from fedmpi.privacy import accounting, mechanism, plan
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.keys import PrivacyConfig

@@ -20,13 +20,14 @@ import yaml
 from conftest import ROOT, mpiexec, read_global, read_metrics, run_many, same, small_config, write_config
 
 import fedmpi
-from fedmpi import config, rng
+from fedmpi import config
 from fedmpi.cli import main
-from fedmpi.comm import LocalComm
-from fedmpi.experiment import Experiment
+from fedmpi.core import rng
+from fedmpi.mpi.comm import LocalComm
 from fedmpi.privacy import accounting, mechanism
 from fedmpi.privacy.accounting import Sampling
-from fedmpi.wire import DEVICE_MPI_TEST
+from fedmpi.round.experiment import Experiment
+from fedmpi.round.wire import DEVICE_MPI_TEST
 
 dpa = pytest.importorskip("dp_accounting", reason="needs dp-accounting (pip install 'fedmpi[privacy]')")
 

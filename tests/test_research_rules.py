@@ -7,8 +7,9 @@ import pytest
 import torch
 from conftest import VecModel, server_update, setup_algo
 
-from fedmpi import config, rng
+from fedmpi import config
 from fedmpi.algorithms import ClientRun, build_algorithm
+from fedmpi.core import rng
 
 
 def make(algorithm, **sections):

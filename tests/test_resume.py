@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, fedmpi_cmd, mpiexec, read_global, read_metrics, run_fedmpi, small_config, write_config
 
-from fedmpi import checkpoint, config
+from fedmpi import config
+from fedmpi.io import checkpoint
 
 pytestmark = pytest.mark.mpi
 

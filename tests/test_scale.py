@@ -17,12 +17,12 @@ from dataset_files import emnist_names, write_mnist_family
 import fedmpi
 from fedmpi import config
 from fedmpi.algorithms.state import ClientStateStore, ClientVectors, SpillFile
-from fedmpi.comm import SHARED_ALIGN, LocalComm, share_of, shared_layout
+from fedmpi.core.errors import ConfigError
 from fedmpi.data import load_dataset, sources
 from fedmpi.data import torchvision_sources as tv
-from fedmpi.errors import ConfigError
-from fedmpi.runtime import parse_bytes
-from fedmpi.store import CORE_METRICS, RunLog, client_row, client_table, read_clients
+from fedmpi.io.store import CORE_METRICS, RunLog, client_row, client_table, read_clients
+from fedmpi.mpi.comm import SHARED_ALIGN, LocalComm, share_of, shared_layout
+from fedmpi.mpi.runtime import parse_bytes
 
 
 def synthetic_cfg(**sections):
@@ -276,7 +276,7 @@ def test_a_part_touches_only_its_rows():
 
 
 def test_a_rank_evaluates_and_holds_only_its_test_batches():
-    from fedmpi.evaluation import SplitEvaluation
+    from fedmpi.round.evaluation import SplitEvaluation
 
     class Rank1of3:
         rank, size, is_server = 1, 3, False
@@ -312,7 +312,7 @@ def test_dry_run_prints_the_memory_estimate(capsys, tmp_path):
 
 
 def test_a_rank_out_of_memory_says_so_with_its_peak():
-    from fedmpi.memory import is_out_of_memory, out_of_memory_text
+    from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
 
     error = MemoryError("Unable to allocate 8.00 GiB for an array")
     assert is_out_of_memory(error) and not is_out_of_memory(RuntimeError("shape mismatch"))
@@ -323,7 +323,7 @@ def test_a_rank_out_of_memory_says_so_with_its_peak():
 
 
 def test_deterministic_mode_sets_torchs_switches():
-    from fedmpi.runtime import set_deterministic
+    from fedmpi.mpi.runtime import set_deterministic
 
     before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
               torch.backends.cudnn.benchmark, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))

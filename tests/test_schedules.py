@@ -1,4 +1,4 @@
-"""Learning-rate schedules (`client.lr_schedule`, `server.lr_schedule`, fedmpi/schedules.py): each schedule
+"""Learning-rate schedules (`client.lr_schedule`, `server.lr_schedule`, fedmpi/core/schedules.py): each schedule
 and the warm-up against hand values; the rates logged as /metrics/client_lr and /metrics/server_lr; a
 decaying client rate changes training exactly as the numpy reference says (SCAFFOLD's control update uses
 the round's rate); and --resume refuses a changed `rounds` when a cosine schedule takes its horizon from it.
@@ -14,9 +14,10 @@ import pytest
 import regression_problem as rp
 from conftest import read_metrics
 
-from fedmpi import checkpoint, config
-from fedmpi.errors import ConfigError
-from fedmpi.schedules import ScheduleConfig, client_lr, lr_at, server_lr
+from fedmpi import config
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.schedules import ScheduleConfig, client_lr, lr_at, server_lr
+from fedmpi.io import checkpoint
 
 
 def rates(base, n, run_rounds=10, **sched):

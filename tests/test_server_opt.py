@@ -1,4 +1,4 @@
-"""Server optimizers (`server.optimizer`, fedmpi/server_opt.py): hand-computed steps of sgd, avgm, adam,
+"""Server optimizers (`server.optimizer`, fedmpi/round/server_opt.py): hand-computed steps of sgd, avgm, adam,
 yogi and adagrad over three rounds on a 3-entry vector (two trainable entries and a buffer, which takes the
 plain average); whole runs through `fedmpi.simulate` against a float64 numpy reference; `adam` with fedavg,
 fedprox, scaffold and fsl; and the moments through a checkpoint under mpiexec -n 3 (the shared launch of
@@ -17,7 +17,7 @@ from conftest import read_global, read_metrics, small_config
 
 import fedmpi
 from fedmpi.config import ServerConfig
-from fedmpi.server_opt import OPTIMIZERS, build_optimizer
+from fedmpi.round.server_opt import OPTIMIZERS, build_optimizer
 
 # --- hand-computed steps ----------------------------------------------------------------------------------
 

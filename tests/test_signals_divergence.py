@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, fedmpi_cmd, run_fedmpi, small_config, write_config
 
 import fedmpi
-from fedmpi import signals
-from fedmpi.errors import EXIT_INTERRUPTED
+from fedmpi.core.errors import EXIT_INTERRUPTED
+from fedmpi.mpi import signals
 
 
 def rank_pids(cfg):
@@ -129,7 +129,7 @@ def test_a_finished_run_ignores_late_signals(tmp_path):
     ignore once the work is done, which Python leaves alone."""
     code = (
         "import signal, sys\n"
-        "from fedmpi import signals\n"
+        "from fedmpi.mpi import signals\n"
         "from fedmpi.cli import main\n"
         f"rc = main(['run', {str(write_config(tmp_path / 'c.yaml', small_config(tmp_path / 'o', rounds=1)))!r}])\n"
         "assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, signal.getsignal(signal.SIGTERM)\n"
@@ -143,7 +143,7 @@ def test_a_finished_run_ignores_late_signals(tmp_path):
 
 
 def test_a_worker_takes_part_in_a_whole_collective_before_a_ctrl_c_ends_it():
-    """A SIGINT inside a collective is held to its end (fedmpi.comm MpiComm._whole): leaving a barrier rank 0
+    """A SIGINT inside a collective is held to its end (fedmpi.mpi.comm MpiComm._whole): leaving a barrier rank 0
     had passed would leave rank 0 blocked in the collective after it. Then it raises, once; a second one
     meanwhile changes nothing."""
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *signals.STOP_SIGNALS)}

@@ -28,7 +28,8 @@ import pytest
 from conftest import MPI_TIMEOUT_S, ROOT, mpiexec, small_config, write_config
 from run_files import write_run
 
-from fedmpi import analysis, class_report, report, timing_report
+from fedmpi import analysis
+from fedmpi.analysis import class_report, report, timing_report
 from fedmpi.cli import main as fedmpi_main
 
 LIVE_ROUNDS = 40
@@ -504,8 +505,9 @@ def test_unwritable_places_exit_2_naming_the_path_before_any_output(tmp_path, ca
 
 def test_report_does_not_import_analysis():
     """analysis builds on report; report (the per-run figures) must not reach back, not even lazily."""
-    tree = ast.parse((ROOT / "fedmpi" / "report.py").read_text())
+    tree = ast.parse((ROOT / "fedmpi" / "analysis" / "report.py").read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert not {m for m in imported if m and m.startswith("fedmpi.analysis")}
+    # the cross-run analysis is the package's own module (fedmpi/analysis/__init__.py); its siblings are fine
+    assert "fedmpi.analysis" not in imported
     assert not hasattr(report, "plot_curves")

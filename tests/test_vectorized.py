@@ -1,4 +1,4 @@
-"""Batched client groups (`client.vectorize`, fedmpi.vectorized) give the per-client loop's results.
+"""Batched client groups (`client.vectorize`, fedmpi.core.vectorized) give the per-client loop's results.
 
 In process (LocalComm), then once end to end under mpiexec. Equality is to float tolerance: batched kernels
 may add in another order (for the linear model they happen to give identical bits).
@@ -11,13 +11,14 @@ from conftest import read_global, read_metrics, run_fedmpi, write_config
 from torch import nn
 
 import fedmpi
-from fedmpi import config, rng, vectorized
-from fedmpi.comm import LocalComm
+from fedmpi import config
+from fedmpi.core import rng, vectorized
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.train import LocalTrainer, Schedule
 from fedmpi.data.augment import pad_crop_flip
-from fedmpi.errors import ConfigError
-from fedmpi.experiment import Experiment
-from fedmpi.flat import FlatModel
-from fedmpi.train import LocalTrainer, Schedule
+from fedmpi.mpi.comm import LocalComm
+from fedmpi.round.experiment import Experiment
 
 RTOL, ATOL = 1e-5, 1e-6
 

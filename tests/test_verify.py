@@ -12,7 +12,7 @@ import pytest
 from conftest import run_many, small_config, write_config
 from run_files import base_config, figures, models, sha, write_run
 
-from fedmpi import verify
+from fedmpi.analysis import verify
 from fedmpi.cli import main as fedmpi_main
 
 

@@ -18,8 +18,8 @@ import argparse
 import sys
 
 from fedmpi import analysis
-from fedmpi.errors import InputError
-from fedmpi.output_paths import check_file
+from fedmpi.core.errors import InputError
+from fedmpi.io.output_paths import check_file
 
 
 def main(argv=None):

@@ -27,7 +27,8 @@ from datetime import datetime, timezone
 import h5py
 import numpy as np
 
-from fedmpi import __version__, analysis, batch_report, report
+from fedmpi import __version__, analysis
+from fedmpi.analysis import batch_report, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "repro")

@@ -10,7 +10,7 @@ do. With --out-root, run i goes to OUT_ROOT/<config name>[-seed<S>]; without it,
 `out` (plus -seed<S> when --seeds is given). All configs are validated before the first run starts;
 an existing run.h5 stops the batch before it starts unless --overwrite (replace it) or --skip-finished
 (keep finished runs of the same length, replace the others) is given. Each run holds the lock on its
-out while it runs (fedmpi.outdir): another job on that out stops the batch with exit 2. SIGTERM/SIGUSR1
+out while it runs (fedmpi.io.outdir): another job on that out stops the batch with exit 2. SIGTERM/SIGUSR1
 stop the current run with a checkpoint (exit 75), as for `fedmpi run`.
 """
 
@@ -21,8 +21,9 @@ import dataclasses
 import os
 import sys
 
-from fedmpi import config, signals
-from fedmpi.errors import EXIT_USAGE, FedmpiError
+from fedmpi import config
+from fedmpi.core.errors import EXIT_USAGE, FedmpiError
+from fedmpi.mpi import signals
 
 
 def parse(argv):
@@ -55,7 +56,7 @@ def plan(args):
 
 
 def finished(cfg):
-    from fedmpi.report import read_run
+    from fedmpi.analysis.report import read_run
 
     path = os.path.join(cfg.out, "run.h5")
     try:
@@ -81,9 +82,9 @@ def main(argv=None) -> int:
               f"--skip-finished", file=sys.stderr)
         return EXIT_USAGE
     signals.install()
-    from fedmpi.comm import make_comm
-    from fedmpi.launch import run_experiment
-    from fedmpi.outdir import claim
+    from fedmpi.io.outdir import claim
+    from fedmpi.mpi.comm import make_comm
+    from fedmpi.run.launch import run_experiment
 
     for i, (name, cfg) in enumerate(runs, 1):
         comm = make_comm()

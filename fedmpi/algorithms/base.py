@@ -3,7 +3,7 @@
 An algorithm is a small class of hooks in the spirit of pfl-research's FedAvg. It does tensor arithmetic
 only: no MPI, no files. It says what it is through declared capabilities (class attributes, checked when
 it is registered), never through which methods it happens to override; the round loop
-(`fedmpi.protocols`) owns all communication and calls the hooks below.
+(`fedmpi.round.protocols`) owns all communication and calls the hooks below.
 
 Declared capabilities (class attributes)
   name, Keys             `algorithm.name` and the frozen dataclass of its keys, beside the class (`@register`)
@@ -66,8 +66,8 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
-from fedmpi.config_checks import Checks
-from fedmpi.errors import ConfigError
+from fedmpi.core.config_checks import Checks
+from fedmpi.core.errors import ConfigError
 
 REDUCE, ROUTE, GATHER, BUFFER = "reduce", "route", "gather", "buffer"
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi import rng
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import register
-from fedmpi.config_checks import Checks
+from fedmpi.core import rng
+from fedmpi.core.config_checks import Checks
 
 WARMUP_ROUND = 10**9 + 1   # stream key for the warm-up, distinct from every real round
 SHARE_KEY = 7              # distinguishes the per-client share draw from other DATA streams

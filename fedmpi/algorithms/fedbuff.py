@@ -24,7 +24,7 @@ import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, BufferedUploads, weighted_mean_update
 from fedmpi.algorithms.registry import register
-from fedmpi.config_checks import Checks
+from fedmpi.core.config_checks import Checks
 
 PENDING = "pending_v"
 

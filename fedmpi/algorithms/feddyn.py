@@ -16,7 +16,7 @@ from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import register
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
-from fedmpi.config_checks import Checks
+from fedmpi.core.config_checks import Checks
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import register
-from fedmpi.config_checks import Checks
+from fedmpi.core.config_checks import Checks
 
 
 @dataclass(frozen=True)

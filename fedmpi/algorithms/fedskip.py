@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedmpi import rng
 from fedmpi.algorithms.base import AlgorithmKeys, SlotRouting, weighted_mean_update
 from fedmpi.algorithms.registry import register
-from fedmpi.config_checks import Checks
+from fedmpi.core import rng
+from fedmpi.core.config_checks import Checks
 
 ORDER_KEY = 1
 

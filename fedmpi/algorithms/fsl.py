@@ -19,11 +19,11 @@ from typing import Literal
 
 import numpy as np
 
-from fedmpi import schedules
 from fedmpi.algorithms.base import AlgorithmKeys, weighted_mean_update
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import register
-from fedmpi.config_checks import Checks
+from fedmpi.core import schedules
+from fedmpi.core.config_checks import Checks
 
 PRETRAIN_ROUND = 10**9    # stream key for pretraining, distinct from every real round
 

@@ -35,8 +35,8 @@ from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import register
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors
-from fedmpi.config_checks import Checks
-from fedmpi.flat import FlatModel
+from fedmpi.core.config_checks import Checks
+from fedmpi.core.flat import FlatModel
 
 INIT_KEY = 31     # (seed, INIT, INIT_KEY, client): a client's never-trained network (first_round: model_init)
 

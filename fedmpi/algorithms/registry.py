@@ -16,8 +16,8 @@ import importlib
 from importlib.metadata import entry_points
 
 from fedmpi.algorithms.base import BUFFER, GATHER, REDUCE, ROUTE, Algorithm, AlgorithmKeys
-from fedmpi.config_checks import show
-from fedmpi.errors import ConfigError
+from fedmpi.core.config_checks import show
+from fedmpi.core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "fedmpi.algorithms"
 _REGISTRY: dict = {}

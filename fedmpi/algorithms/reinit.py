@@ -18,8 +18,8 @@ import copy
 
 import torch
 
-from fedmpi import rng
-from fedmpi.flat import FlatModel
+from fedmpi.core import rng
+from fedmpi.core.flat import FlatModel
 
 
 def fresh_init(model, seed, *keys) -> torch.Tensor:

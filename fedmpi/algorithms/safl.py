@@ -35,12 +35,12 @@ from typing import Literal
 import numpy as np
 import torch
 
-from fedmpi import rng
 from fedmpi.algorithms.base import AlgorithmKeys, GatedUploads
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import check_declarations, register
 from fedmpi.algorithms.state import ClientVectors
-from fedmpi.config_checks import Checks
+from fedmpi.core import rng
+from fedmpi.core.config_checks import Checks
 
 PROBE_KEY, MASK_KEY, UPLOAD_KEY = 11, 12, 13   # distinguish SAFL's streams from the batch stream
 LOCAL_PROBE_FRACTION = 0.1

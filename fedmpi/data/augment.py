@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
 
 PAD = 4
 

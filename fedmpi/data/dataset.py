@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
 
 
 @dataclass

@@ -14,9 +14,9 @@ import os
 
 import numpy as np
 
-from fedmpi.config_checks import show
+from fedmpi.core.config_checks import show
+from fedmpi.core.errors import InputError
 from fedmpi.data.dataset import Dataset
-from fedmpi.errors import InputError
 
 # LEAF's 80-character vocabulary (leaf/models/utils/language_utils.py); a character's id is its position.
 SHAKESPEARE_VOCAB = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"

@@ -6,9 +6,9 @@ imports it back.
 
 from __future__ import annotations
 
+from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.data import sources
 from fedmpi.data.dataset import Dataset, keep_first_classes
-from fedmpi.errors import ConfigError, InputError
 
 
 def load_dataset(cfg) -> Dataset:

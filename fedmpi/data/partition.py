@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmpi import rng
-from fedmpi.errors import ConfigError
+from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
 
 MAX_DIRICHLET_DRAWS = 1000
 

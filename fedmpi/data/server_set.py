@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi import rng
+from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
 from fedmpi.data.partition import partition
 from fedmpi.data.stats import partition_stats
-from fedmpi.errors import ConfigError
 
 MAX_DIRICHLET_ROUNDS = 100
 # Key of the server set's stream (seed, SERVER, SERVER_SET_KEY). Not (seed, SERVER) alone: SeedSequence pads

@@ -9,13 +9,13 @@ import os
 
 import numpy as np
 
-from fedmpi import rng
-from fedmpi.comm import share_of
-from fedmpi.config_checks import show
+from fedmpi.core import rng
+from fedmpi.core.config_checks import show
+from fedmpi.core.errors import InputError
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.dataset import Dataset
-from fedmpi.errors import InputError
+from fedmpi.mpi.comm import share_of
 
 SYNTHETIC_DIM, SYNTHETIC_CLASSES = 60, 10
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081

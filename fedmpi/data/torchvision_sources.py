@@ -26,9 +26,9 @@ import struct
 
 import numpy as np
 
-from fedmpi.config_checks import show
+from fedmpi.core.config_checks import show
+from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.data.dataset import Dataset
-from fedmpi.errors import ConfigError, InputError
 
 # Per-channel mean and standard deviation of each training set (pixel values scaled to [0, 1]).
 NORMALISATION = {
@@ -253,7 +253,7 @@ def idx_fill(cfg, arrays, part, parts):
     chunk, with `_normalise`'s operations (so every value equals the whole-file loader's)."""
     import torch
 
-    from fedmpi.comm import share_of
+    from fedmpi.mpi.comm import share_of
 
     folder, names, transposed, classes = _idx_files(cfg)
     mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in NORMALISATION[cfg.data.name])

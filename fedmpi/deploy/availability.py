@@ -2,7 +2,7 @@
 
 Every draw comes from a stream keyed by (seed, purpose, round, client) or (seed, SELECT, round), so every
 rank computes the same answer for any `-n`; with everyone available the selection is bit-identical to
-`fedmpi.rng.select_clients`.
+`fedmpi.core.rng.select_clients`.
 """
 
 import functools
@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from fedmpi import rng
+from fedmpi.core import rng
 from fedmpi.deploy.traces import AvailabilityTrace
 
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedmpi import rng
+from fedmpi.core import rng
+from fedmpi.core.train import schedule
 from fedmpi.deploy import availability as av
 from fedmpi.deploy.clock import Clock
-from fedmpi.deploy.participation import check_digests, trace_digests
+from fedmpi.deploy.digests import check_digests, trace_digests
 from fedmpi.deploy.traces import AvailabilityTrace
-from fedmpi.participation import Participation, RoundPlan
-from fedmpi.train import schedule
+from fedmpi.plans.base import Participation, RoundPlan
 
 START_KEY = 2       # (seed, SELECT, event, START_KEY): the client drawn at start event `event`
 FIELDS = ("cid", "version", "start", "finish", "returns")

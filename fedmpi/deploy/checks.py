@@ -9,7 +9,7 @@ clients every round; FedBuff has no rounds to set a deadline on and starts clien
 import dataclasses
 
 from fedmpi.algorithms.base import BUFFER, GATHER, REDUCE, ROUTE
-from fedmpi.config_checks import Checks
+from fedmpi.core.config_checks import Checks
 from fedmpi.deploy.keys import ClientsConfig
 
 # What each protocol is, for the messages.

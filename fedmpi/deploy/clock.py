@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi import rng
+from fedmpi.core import rng
 from fedmpi.deploy.traces import BANDWIDTH_COLUMNS, SPEED_COLUMNS, load_rates
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedmpi import rng
 from fedmpi.algorithms.state import ClientVectors
+from fedmpi.core import rng
 
 
 def kept_count(fraction, d):

@@ -1,7 +1,7 @@
 """Config sections of the deployment model (docs/deployment.md): `clients:` (availability, dropout,
 speeds, bandwidths), `client.compress` and the server's deadline / over-selection keys.
 
-Frozen dataclasses like the sections of fedmpi/config.py: one docstring per field, range checks in
+Frozen dataclasses like the sections of fedmpi/config/__init__.py: one docstring per field, range checks in
 `__post_init__` that report every problem of the section at once. Annotations are evaluated objects (no
 `from __future__ import annotations`), so config.py's builder can read them from another module. The
 optional numbers also check their own type: a string where a number belongs is a ConfigError, not a
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fedmpi.config_checks import Checks
+from fedmpi.core.config_checks import Checks
 
 RATE_KINDS = ("fixed", "lognormal", "trace")
 AVAILABILITY = ("always", "bernoulli", "trace")

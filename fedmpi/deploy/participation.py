@@ -1,4 +1,4 @@
-"""The deployment's participation provider (fedmpi.participation): round plans under availability,
+"""The deployment's participation provider (fedmpi.plans.base): round plans under availability,
 dropout, stragglers on the simulated clock, deadlines and over-selection (docs/deployment.md, section 6).
 
 Every rank computes the same plan from the config, the seed, the round and the simulated time at which
@@ -10,18 +10,18 @@ uploads nothing and is done earlier: once the server has gathered who uploaded, 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedmpi.algorithms.base import BUFFER, GATHER
+from fedmpi.core.train import schedule
+from fedmpi.deploy.buffered import BufferedParticipation
 from fedmpi.deploy.checks import check, configured
+from fedmpi.deploy.digests import check_digests, trace_digests
 from fedmpi.deploy.plan import Deployment
 from fedmpi.deploy.stage import upload_bytes
-from fedmpi.errors import InputError
-from fedmpi.participation import Participation, RoundPlan
-from fedmpi.train import schedule
+from fedmpi.plans.base import Participation, RoundPlan
 
 
 @dataclass
@@ -29,33 +29,6 @@ class DeployedPlan(RoundPlan):
     start: float = 0.0              # simulated seconds at which the round starts (after waiting for clients)
     end: float = 0.0                # when the server moves on: the next round's start, /metrics/sim_time_s
     returned: np.ndarray | None = None   # bool per `selected`: False if the client dropped out
-
-
-def trace_files(clients):
-    """{name: path} of the trace files a ClientsConfig reads."""
-    named = {"availability": clients.trace if clients.availability == "trace" else None,
-             "speed": clients.speed.trace if clients.speed.kind == "trace" else None,
-             "bandwidth": clients.bandwidth.trace if clients.bandwidth.kind == "trace" else None}
-    return {name: path for name, path in named.items() if path}
-
-
-def trace_digests(clients) -> dict:
-    """{"trace_sha256_<name>": 32 uint8} per trace file: the config hash covers the paths, these the
-    contents, so a resume finds a trace that changed since the checkpoint."""
-    out = {}
-    for name, path in trace_files(clients).items():
-        with open(path, "rb") as fh:
-            out[f"trace_sha256_{name}"] = np.frombuffer(hashlib.sha256(fh.read()).digest(), dtype=np.uint8).copy()
-    return out
-
-
-def check_digests(clients, saved: dict):
-    for key, now in trace_digests(clients).items():
-        if key in saved and not np.array_equal(np.asarray(saved[key], dtype=np.uint8), now):
-            name = key.removeprefix("trace_sha256_")
-            path = trace_files(clients)[name]
-            raise InputError(f"--resume: the {name} trace {path!r} changed since the checkpoint was written "
-                             f"(its SHA-256 differs); restore the file, or start a new run")
 
 
 class DeployParticipation(Participation):
@@ -126,8 +99,6 @@ def participation_for(cfg, algo, part_sizes):
     (today's plans, untouched). Refuses what `algo` cannot run first (ConfigError)."""
     check(cfg, algo, len(part_sizes))
     if algo.protocol == BUFFER:
-        from fedmpi.deploy.buffered import BufferedParticipation
-
         return BufferedParticipation(cfg, algo, part_sizes)
     if configured(cfg):
         return DeployParticipation(cfg, algo, part_sizes)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi.errors import InputError
+from fedmpi.core.errors import InputError
 
 AVAILABILITY_COLUMNS = ("client", "start", "end")
 SPEED_COLUMNS = ("client", "steps_per_s")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
 
 PIP_COMMAND = "pip install 'fedmpi[privacy]'   (or: pip install dp-accounting==0.6.0)"
 # PLD per-round curves are evaluated exactly on rounds 1, ceil(r), ceil(r^2), ... and the last round.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fedmpi.config_checks import Checks
+from fedmpi.core.config_checks import Checks
 
 
 def _number(value):

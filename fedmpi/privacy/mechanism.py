@@ -21,8 +21,8 @@ import math
 import numpy as np
 import torch
 
-from fedmpi import rng
-from fedmpi.errors import ConfigError, InputError
+from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError, InputError
 
 # Extra key of the Poisson draw under (seed, SELECT, round): keeps it apart from the fixed-size draw
 # (seed, SELECT, round) and from FedSkip's slot order (seed, SELECT, round, 1).

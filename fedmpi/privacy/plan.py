@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedmpi.errors import ConfigError
+from fedmpi.core.errors import ConfigError
 from fedmpi.privacy import accounting
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import AdaptiveClip, adjusted_noise_multiplier, default_count_stddev

@@ -9,8 +9,8 @@ still runs (under privacy, rank 0 still adds the round's noise, which the accoun
 from __future__ import annotations
 
 from fedmpi.algorithms.base import ROUTE
-from fedmpi.errors import ConfigError
-from fedmpi.participation import Participation
+from fedmpi.core.errors import ConfigError
+from fedmpi.plans.base import Participation
 from fedmpi.privacy.mechanism import poisson_rate, poisson_select
 
 # Algorithms whose rounds need the fixed-size draw (beyond the protocol check below).

@@ -19,11 +19,12 @@ import math
 import numpy as np
 
 from fedmpi.algorithms.base import REDUCE
-from fedmpi.errors import ConfigError, InputError
+from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.privacy import accounting, plan
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
-from fedmpi.uploads import UploadStage
+from fedmpi.privacy.sampling import PoissonSampling
+from fedmpi.uploads.base import UploadStage
 
 CLIPPED, COUNT = 0, 1      # the stage's sums in the reduction: updates clipped, updates counted
 
@@ -144,8 +145,6 @@ def dry_run_lines(cfg, algo_cls) -> list:
     and the epsilon the configured run will reach (nothing when both are off)."""
     lines = []
     if cfg.server.sampling == "poisson":
-        from fedmpi.privacy.sampling import PoissonSampling
-
         PoissonSampling.check(cfg, algo_cls)
         if not cfg.privacy.enabled:
             lines.append(f"sampling: Poisson, q = {sampling_of(cfg).rate:.4g}")

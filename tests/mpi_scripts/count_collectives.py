@@ -9,8 +9,8 @@ import json
 import sys
 
 from fedmpi import config
-from fedmpi.comm import make_comm
-from fedmpi.experiment import Experiment
+from fedmpi.mpi.comm import make_comm
+from fedmpi.round.experiment import Experiment
 
 
 class Recorder:

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from fedmpi import config
-from fedmpi.comm import make_comm, share_of
 from fedmpi.data import load_dataset
 from fedmpi.data.shared import load_shared
-from fedmpi.runtime import pick_device, set_threads
+from fedmpi.mpi.comm import make_comm, share_of
+from fedmpi.mpi.runtime import pick_device, set_threads
 
 cfg = config.load(sys.argv[1])
 comm = make_comm()

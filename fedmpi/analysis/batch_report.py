@@ -1,0 +1,93 @@
+"""The harness shared by the report scripts of tools/ (reproduce.py, deploy_report.py, privacy_report.py):
+their common options, one `mpiexec -n NP tools/run_batch.py` launch of a set of configs times seeds, the
+runs read back per setting, and a document's marked section replaced in place."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_BATCH = os.path.join(ROOT, "tools", "run_batch.py")
+
+
+def find_mpiexec():
+    """mpiexec beside this Python first (a virtual environment's mpich), then on PATH; None if there is none."""
+    return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+def add_options(p, runs, docs_help, seeds=(0, 1), rounds=None, np=3,
+                rounds_help="rounds per run (default: the configs')", seeds_help=None, np_help=None):
+    """The options every report script has: --rounds --seeds --np --runs --docs --threads --reuse --report-only."""
+    p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
+    p.add_argument("--seeds", type=int, nargs="+", default=list(seeds),
+                   help=seeds_help or f"seeds per setting (default {' '.join(map(str, seeds))})")
+    p.add_argument("--np", type=int, default=np, help=np_help or f"MPI ranks (default {np})")
+    p.add_argument("--runs", default=runs, help="folder for the runs")
+    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help=docs_help)
+    p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
+    p.add_argument("--reuse", action="store_true", help="keep finished runs of the same length")
+    p.add_argument("--report-only", action="store_true", help="do not run, only rebuild the report")
+
+
+def command_line(script, args, default_seeds, first=()):
+    """The command that regenerates a report: `python tools/SCRIPT FIRST...` plus the options that differ
+    from their defaults."""
+    parts = ["python", f"tools/{script}", *first]
+    if args.rounds is not None:
+        parts += ["--rounds", str(args.rounds)]
+    if args.seeds != list(default_seeds):
+        parts += ["--seeds", *map(str, args.seeds)]
+    if args.np != 3:
+        parts += ["--np", str(args.np)]
+    return shlex.join(parts)
+
+
+def launch(script, args, configs, out_root, rounds=None):
+    """Every config once per seed of `args.seeds` in one `mpiexec -n args.np` launch of tools/run_batch.py
+    into OUT_ROOT/<config>-seed<S> (finished runs kept with --reuse); `rounds` overrides the configs' and
+    `args.threads` the torch threads. Returns the launch's wall seconds; SystemExit naming SCRIPT if it fails."""
+    mpiexec = find_mpiexec()
+    if not mpiexec:
+        raise SystemExit(f"{script}: no mpiexec found (pip install mpich, or load your MPI)")
+    overrides = ([f"rounds={rounds}"] if rounds is not None else []) + (
+        [f"runtime.threads={args.threads}"] if args.threads else [])
+    cmd = [mpiexec, "-n", str(args.np), sys.executable, RUN_BATCH, *configs, "--seeds", *map(str, args.seeds),
+           "--out-root", out_root, "--overwrite", *(["--skip-finished"] if args.reuse else []), *overrides]
+    print("+", shlex.join(cmd), flush=True)
+    start = time.monotonic()
+    code = subprocess.call(cmd, cwd=ROOT)
+    if code:
+        raise SystemExit(f"{script}: the runs failed (exit {code})")
+    return time.monotonic() - start
+
+
+def load_runs(script, out_root, names, seeds):
+    """{name: [the run of each seed]} from OUT_ROOT/<name>-seed<S>/run.h5; a missing run is an error naming it."""
+    from fedmpi.analysis import report
+
+    groups = {}
+    for name in names:
+        paths = [os.path.join(out_root, f"{name}-seed{s}", "run.h5") for s in seeds]
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing:
+            raise SystemExit(f"{script}: missing runs: {', '.join(missing)} (run without --report-only)")
+        groups[name] = [report.read_run(p) for p in paths]
+    return groups
+
+
+def replace_section(path, begin, end, text, heading):
+    """Replaces the text from marker `begin` to marker `end` in the document at `path` by `text` (which
+    carries the markers); the first time, appends `heading` and `text` to it (or starts the document)."""
+    doc = open(path).read() if os.path.exists(path) else ""
+    if begin in doc and end in doc:
+        head, rest = doc.split(begin, 1)
+        doc = head + text + rest.split(end, 1)[1]
+    else:
+        doc = doc.rstrip("\n") + f"\n\n{heading}\n\n" + text + "\n"
+    with open(path, "w") as fh:
+        fh.write(doc)

@@ -1,0 +1,215 @@
+"""`fedmpi export RUN --tensorboard DIR` and `--csv FILE`: a run's figures for other tools (HDF5 stays the
+record; an export can be made again at any time, also from a running job's file).
+
+What goes out, under the same names in both:
+- every per-round figure under /metrics by its name (`test_acc`, `weight_divergence`, ...), its round
+  as the step; a [round, k] figure as NAME/LABEL per column (`class_acc/3`, the layer names of
+  `weight_divergence_layers`);
+- the phase times `/timing/<phase>` [round, rank] as `timing/PHASE/rankR`;
+- TensorBoard only: each per-client figure `/clients/<name>` [round, client] as a histogram per round
+  (`clients/NAME`) over the clients measured that round.
+Rounds where a figure was not measured (NaN) are left out of TensorBoard and empty in the CSV.
+TensorBoard's own event writer and protocol buffers are used (the `tensorboard` package, an optional
+extra: pip install 'fedmpi[tensorboard]'); torch is not imported.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import os
+import sys
+import time
+from datetime import datetime
+
+import h5py
+import numpy as np
+
+from fedmpi.analysis import report
+from fedmpi.core.errors import InputError
+from fedmpi.io.output_paths import check_file, check_folder
+from fedmpi.io.store import CLIENT_IDS, CORE_METRICS, client_table, open_run
+
+EVENT_FILES = "events.out.tfevents.*"
+HISTOGRAM_BINS = 30
+
+
+# --- what a run holds, as named series --------------------------------------------------------------------
+
+def column_labels(run, name, columns):
+    """Labels of the columns of a [round, k] figure: its `layers` attribute where there is one (layer
+    names), otherwise the column index (classes of class_acc)."""
+    names = run.metric_attrs.get(name, {}).get("layers")
+    if names is not None and len(names) == columns:
+        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
+    return [str(j) for j in range(columns)]
+
+
+def scalar_series(run):
+    """[(tag, [row] values)] of every per-round number, in a stable order: the core figures, the other
+    1-D figures by name, the [round, k] figures per column, the phase times per rank."""
+    m = run.metrics
+    one_d = [k for k in CORE_METRICS if k in m and k != "round"]
+    one_d += sorted(k for k in m if k not in CORE_METRICS and k not in report.TEXT_METRICS and np.ndim(m[k]) == 1)
+    series = [(k, np.asarray(m[k], dtype=np.float64)) for k in one_d]
+    for name in sorted(k for k in m if np.ndim(m[k]) == 2):
+        values = np.asarray(m[name], dtype=np.float64)
+        labels = column_labels(run, name, values.shape[1])
+        series += [(f"{name}/{label}", values[:, j]) for j, label in enumerate(labels)]
+    for phase in sorted(run.timing):
+        values = np.asarray(run.timing[phase], dtype=np.float64)
+        series += [(f"timing/{phase}/rank{r}", values[:, r]) for r in range(values.shape[1])]
+    return series
+
+
+def read_clients(path, rows, notes):
+    """{name: [round, client] rows} of /clients (either layout, `store.client_table`: row i made when asked
+    for), cut to the run's complete rows; a dataset that is not a [round, client] array of numbers is noted."""
+    with open_run(path) as f:
+        group = f.get("clients")
+        if not isinstance(group, h5py.Group):
+            return {}
+        table = client_table(f, rows)
+        for name in group:
+            if name not in table and name != CLIENT_IDS:
+                notes.append(f"/clients/{name} left out: not a [round, client] array of numbers")
+    return {name: table[name] for name in table.names}
+
+
+def histogram(values, bins=HISTOGRAM_BINS):
+    """TensorBoard's histogram of finite `values` as (min, max, num, sum, sum_squares, limits, counts).
+    TensorBoard's bucket i holds the values in (limits[i-1], limits[i]] (numpy's bins are closed on the
+    other side), so the counts are taken with that rule: the minimum alone fills the first bucket."""
+    limits = np.histogram_bin_edges(values, bins=min(bins, max(1, len(np.unique(values)))))
+    counts = np.bincount(np.searchsorted(limits, values, side="left"), minlength=len(limits))
+    return (float(values.min()), float(values.max()), float(len(values)), float(values.sum()),
+            float(np.square(values).sum()), [float(x) for x in limits], [float(c) for c in counts])
+
+
+def _wall_times(run):
+    """Each row's wall-clock time: the run's start plus its wall_s (TensorBoard's relative time axis then
+    shows training time); now where the run does not say."""
+    try:
+        started = datetime.fromisoformat(str(run.attrs["started"])).timestamp()
+    except (KeyError, ValueError):
+        started = time.time()
+    wall = np.asarray(run.metrics.get("wall_s", np.zeros(len(run.metrics["round"]))), dtype=np.float64)
+    return started + np.nan_to_num(wall)
+
+
+# --- TensorBoard ------------------------------------------------------------------------------------------
+
+def _tensorboard():
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    except ImportError:
+        raise InputError("--tensorboard needs the tensorboard package: pip install 'fedmpi[tensorboard]' "
+                         "(or pip install tensorboard)") from None
+    return Event, HistogramProto, Summary, EventFileWriter
+
+
+def prepare_folder(folder, overwrite):
+    """A folder for one run's event files: earlier event files there are refused (TensorBoard would show
+    both exports mixed), or removed with `overwrite`."""
+    check_folder(folder, "--tensorboard")
+    old = sorted(glob.glob(os.path.join(folder, EVENT_FILES)))
+    if old and not overwrite:
+        raise InputError(f"--tensorboard {folder}: already holds {len(old)} TensorBoard event file(s) (an earlier "
+                         f"export?); choose another folder, or replace them with --overwrite")
+    for path in old:
+        os.remove(path)
+
+
+def write_tensorboard(run, clients, folder):
+    """Writes the event file; returns (scalar points, histograms) written."""
+    Event, HistogramProto, Summary, EventFileWriter = _tensorboard()
+    steps = np.asarray(run.metrics["round"], dtype=np.float64)
+    walls = _wall_times(run)
+    series = scalar_series(run)
+    writer = EventFileWriter(folder)
+    points = hists = 0
+    try:
+        for i, step in enumerate(steps):
+            if not np.isfinite(step):
+                continue
+            values = [Summary.Value(tag=tag, simple_value=float(v[i]))
+                      for tag, v in series if i < len(v) and np.isfinite(v[i])]
+            for name, table in sorted(clients.items()):
+                row = table[i] if i < len(table) else np.zeros(0)
+                row = row[np.isfinite(row)]
+                if len(row):
+                    lo, hi, num, total, squares, limits, counts = histogram(row)
+                    values.append(Summary.Value(tag=f"clients/{name}", histo=HistogramProto(
+                        min=lo, max=hi, num=num, sum=total, sum_squares=squares, bucket_limit=limits, bucket=counts)))
+                    hists += 1
+            points += sum(1 for v in values if not v.HasField("histo"))
+            if values:
+                writer.add_event(Event(wall_time=float(walls[i]), step=int(step), summary=Summary(value=values)))
+    finally:
+        writer.close()
+    return points, hists
+
+
+# --- CSV --------------------------------------------------------------------------------------------------
+
+def _cell(value):
+    if isinstance(value, bytes):
+        return value.decode("ascii", errors="replace")
+    value = float(value)
+    return "" if np.isnan(value) else repr(value)
+
+
+def write_csv(run, path):
+    """One row per round: `round`, every per-round figure (NAME/LABEL columns for [round, k] ones, the
+    fingerprint as text), the phase times per rank. Returns the number of rows."""
+    series = scalar_series(run)
+    text = [(k, run.metrics[k]) for k in report.TEXT_METRICS if k in run.metrics]
+    rounds = np.asarray(run.metrics["round"])
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["round"] + [tag for tag, _ in series] + [k for k, _ in text])
+        for i, r in enumerate(rounds):
+            writer.writerow([_cell(r) if not float(r).is_integer() else str(int(r))]
+                            + [_cell(v[i]) if i < len(v) else "" for _, v in series]
+                            + [_cell(v[i]) for _, v in text])
+    return len(rounds)
+
+
+# --- the command ------------------------------------------------------------------------------------------
+
+def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=None, err=None) -> int:
+    """Exports the run at `path` (a run.h5 or its folder); InputError (exit 2) for bad inputs or places."""
+    out, err = out or sys.stdout, err or sys.stderr
+    if not tensorboard and not csv_path:
+        raise InputError("nothing to export: name --tensorboard DIR and/or --csv FILE")
+    file = os.path.join(path, "run.h5") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+        raise InputError(f"{path}: no run file there (expected a run.h5 or a run folder holding one)")
+    if tensorboard:
+        _tensorboard()                  # a missing package is exit 2 before anything is written
+        prepare_folder(tensorboard, overwrite)
+    if csv_path:
+        check_file(csv_path, "--csv")
+    try:
+        run = report.read_run(file)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is a bad input here, named with its reason
+        raise InputError(f"{file}: cannot read it as a run file: {report.one_line(e)}") from None
+    rows = len(run.metrics["round"])
+    status = f"{rows} rounds, status {run.attrs.get('status', '?')}"
+    try:
+        if tensorboard:
+            notes = []
+            clients = read_clients(file, rows, notes)
+            for note in notes:
+                print(f"fedmpi: note: {note}", file=err)
+            points, hists = write_tensorboard(run, clients, tensorboard)
+            print(f"{file} ({status}): {points} scalar points and {hists} client histograms written to "
+                  f"{tensorboard} (tensorboard --logdir {tensorboard})", file=out)
+        if csv_path:
+            write_csv(run, csv_path)
+            print(f"{file} ({status}): {rows} rows written to {csv_path}", file=out)
+    except OSError as e:
+        raise InputError(f"cannot write {e.filename or tensorboard or csv_path}: {e.strerror or e}") from None
+    return 0

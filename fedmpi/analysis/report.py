@@ -1,0 +1,289 @@
+"""Reading run files and summarising them: the table of `fedmpi report` (and of tools/)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import h5py
+import numpy as np
+
+from fedmpi.config import yamlio
+from fedmpi.core.errors import ConfigError
+from fedmpi.io.store import CORE_METRICS, open_run
+
+WINDOW = 20          # evaluations in the rolling mean that defines "final accuracy" (FSL paper)
+RISE_FRACTION = 0.9  # rise time: first round whose rolling accuracy reaches 90% of the final value
+READ_RETRIES = 5
+
+
+@dataclass
+class Run:
+    path: str
+    attrs: dict
+    metrics: dict
+    partition: dict = field(default_factory=dict)
+    server_partition: dict = field(default_factory=dict)
+    metric_attrs: dict = field(default_factory=dict)    # {metric: its dataset's attributes}, e.g. class_counts
+    timing: dict = field(default_factory=dict)          # {phase: [round, rank] seconds} from /timing
+
+    @property
+    def name(self):
+        return os.path.basename(os.path.dirname(os.path.abspath(self.path))) or self.path
+
+    @cached_property
+    def config(self):
+        return parse_config(self.attrs.get("config", ""))
+
+
+class MalformedRun(ValueError):
+    """A readable HDF5 file that is not a run log as DESIGN §3 describes it; never retried."""
+
+
+def parse_config(text):
+    """The resolved config stored in a run file, as a mapping ({} when absent); MalformedRun otherwise."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise MalformedRun(f"config attribute is a {type(text).__name__}, not YAML text")
+    try:
+        # fedmpi's own loader: YAML 1.2 core as written, with the limits on size, depth and aliases.
+        config = yamlio.load(text, "config attribute")
+    except ConfigError as e:
+        raise MalformedRun(one_line(e)) from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise MalformedRun(f"config attribute is YAML but not a mapping of keys (a {type(config).__name__})")
+    return config
+
+
+def one_line(error, limit=200):
+    """An exception's text on one line, cut to `limit` characters (warnings and errors are one line)."""
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_run(path, retries=READ_RETRIES) -> Run:
+    """One run file, also while its job is still appending to it (a read that meets a half-written round
+    is retried). A file that is not HDF5 at all raises OSError at once; a malformed one MalformedRun."""
+    if os.path.isfile(path) and not h5py.is_hdf5(path):
+        raise OSError(f"{path} is not an HDF5 file")
+    for attempt in range(retries):
+        try:
+            return _read_run(path)
+        except MalformedRun:
+            raise
+        except (OSError, KeyError, ValueError):
+            if attempt == retries - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+
+
+# Numbers (and booleans); the fingerprints of /metrics/model_sha256 are the one text column.
+_NUMERIC_KINDS = "biuf"
+TEXT_METRICS = ("model_sha256",)
+
+
+def _read_run(path) -> Run:
+    with open_run(path) as f:
+        attrs = {k: (v.decode(errors="replace") if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        if not isinstance(f.get("metrics"), h5py.Group):
+            raise MalformedRun("no /metrics group" if "metrics" not in f else "/metrics is not a group")
+        metrics = {k: _dataset(f["metrics"], k, k in TEXT_METRICS) for k in f["metrics"]}
+        if "round" not in metrics:
+            raise MalformedRun("no /metrics/round")
+        metric_attrs = {k: dict(f["metrics"][k].attrs) for k in metrics if len(f["metrics"][k].attrs)}
+        n = min(len(v) for v in metrics.values())
+        metrics = {k: v[:n] for k, v in metrics.items()}   # a row may be mid-append
+        part = _numeric_group(f, "partition")
+        server = _numeric_group(f, "partition/server")
+        timing = {k: v[:n] for k, v in _numeric_group(f, "timing").items() if v.ndim == 2}
+    run = Run(path, attrs, metrics, part, server, metric_attrs, timing)
+    _ = run.config  # parsed (and checked) now, so a malformed file is skipped here, not half-way through a table
+    return run
+
+
+def _dataset(group, name, text=False):
+    item = group[name]
+    if not isinstance(item, h5py.Dataset):
+        raise MalformedRun(f"{group.name}/{name} is a group, not a dataset")
+    kinds = "S" if text else _NUMERIC_KINDS
+    if item.dtype.kind not in kinds or item.ndim not in (1, 2):
+        what = "text" if text else "numbers"
+        raise MalformedRun(f"{group.name}/{name} holds {item.ndim}-D {item.dtype} data, not per-round {what}")
+    if item.ndim != 1 and name in CORE_METRICS:
+        raise MalformedRun(f"{group.name}/{name} is {item.ndim}-D; a core figure has one value per round")
+    return item[()]
+
+
+def _numeric_group(f, name):
+    """The datasets of an optional group ({} if absent); a non-numeric one makes the file malformed."""
+    group = f.get(name)
+    if group is None:
+        return {}
+    if not isinstance(group, h5py.Group):
+        raise MalformedRun(f"/{name} is not a group")
+    out = {}
+    for k, item in group.items():
+        if isinstance(item, h5py.Dataset):
+            if item.dtype.kind not in _NUMERIC_KINDS:
+                raise MalformedRun(f"/{name}/{k} holds {item.dtype} data, not numbers")
+            out[k] = item[()]
+    return out
+
+
+def rolling_mean(values, window=WINDOW):
+    values = np.asarray(values, dtype=np.float64)
+    csum = np.concatenate([[0.0], np.cumsum(values)])
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(0, idx - window)
+    return (csum[idx] - csum[lo]) / (idx - lo)
+
+
+def accuracy_figures(rounds, acc, window=WINDOW):
+    """(final, best, rise round): final = mean of the last `window` evaluations; rise = first round whose
+    rolling mean reaches RISE_FRACTION of final."""
+    mask = ~np.isnan(acc)
+    r, a = np.asarray(rounds)[mask], np.asarray(acc)[mask]
+    if len(a) == 0:
+        return np.nan, np.nan, np.nan
+    final = float(a[-window:].mean())
+    rolling = rolling_mean(a, window)
+    reached = np.flatnonzero(rolling >= RISE_FRACTION * final)
+    rise = float(r[reached[0]] + 1) if len(reached) else np.nan
+    return final, float(a.max()), rise
+
+
+def bytes_moved(metrics):
+    """Cumulative bytes moved (up + down) at the end of each round."""
+    up, down = (np.nan_to_num(np.asarray(metrics.get(k, []), dtype=np.float64)) for k in ("bytes_up", "bytes_down"))
+    return np.cumsum(up + down)
+
+
+def target_figures(metrics, target):
+    """(rounds, bytes) until the first evaluation whose test accuracy reaches `target` (NaN if none did)."""
+    acc = np.asarray(metrics.get("test_acc", []), dtype=np.float64)
+    reached = np.flatnonzero(np.nan_to_num(acc, nan=-np.inf) >= target)
+    if not len(reached):
+        return np.nan, np.nan
+    i = reached[0]
+    return float(metrics["round"][i] + 1), float(bytes_moved(metrics)[i])
+
+
+def summarize(runs, target=None):
+    """One row per run (the table of `fedmpi report` and tools/); with `target`, also the rounds and the
+    bytes moved until the test accuracy first reached it."""
+    rows = []
+    for run in runs:
+        m = run.metrics
+        final, best, rise = accuracy_figures(m.get("round", []), m.get("test_acc", []))
+        row = {
+            "run": run.name,
+            "algorithm": str(run.attrs.get("algorithm", algorithm_name(run.config))),
+            "status": str(run.attrs.get("status", "?")),
+            "rounds": int(len(m.get("round", []))),
+            "emd": mean_client_emd(run.partition),
+            "final_acc": final,
+            "best_acc": best,
+            "rise_round": rise,
+        }
+        if target is not None:
+            row["target_round"], row["target_bytes"] = target_figures(m, target)
+        row.update({
+            "uploads": float(np.nansum(m.get("uploads", []))),
+            "bytes_moved": float(np.nansum(m.get("bytes_up", [])) + np.nansum(m.get("bytes_down", []))),
+            "wall_s": float(m["wall_s"][-1]) if len(m.get("wall_s", [])) else np.nan,
+        })
+        rows.append(row)
+    return rows
+
+
+def algorithm_name(config):
+    algorithm = config.get("algorithm")
+    return str(algorithm.get("name", "?") if isinstance(algorithm, dict) else algorithm or "?")
+
+
+def _fmt(key, v):
+    if isinstance(v, str):
+        return v
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "-"
+    if key.endswith("acc"):
+        return f"{v:.4f}"
+    if key == "emd":
+        return f"{v:.3f}"
+    if key in ("bytes_moved", "target_bytes"):
+        return human_bytes(v)
+    if key == "wall_s":
+        return f"{v:.1f}"
+    return f"{v:.0f}"
+
+
+def human_bytes(n):
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+
+
+def _cell(row, key):
+    """A formatted value; a column KEY with a KEY_std companion (sweeps) shows as "mean ± std"."""
+    text = _fmt(key, row[key])
+    spread = row.get(key + "_std")
+    if spread is not None and not (isinstance(spread, float) and np.isnan(spread)) and text != "-":
+        text += " ± " + _fmt(key, spread)
+    return text
+
+
+def format_table(rows, fmt="text", left=3):
+    """Aligned plain text (`fmt="text"`, the first `left` columns left-aligned) or a markdown table."""
+    if not rows:
+        return "(no runs)"
+    keys = [k for k in rows[0] if not (k.endswith("_std") and k[:-4] in rows[0])]
+    cells = [[_cell(r, k) for k in keys] for r in rows]
+    if fmt == "markdown":
+        lines = [keys, [":--" if i < left else "--:" for i in range(len(keys))]] + cells
+        return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines)
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    line = lambda vals: "  ".join(v.ljust(w) if i < left else v.rjust(w)  # noqa: E731
+                                  for i, (v, w) in enumerate(zip(vals, widths)))
+    return "\n".join([line(keys), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+
+def write_csv(rows, path):
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def mean_client_emd(stats):
+    """Sample-weighted mean of the clients' EMD to the whole training set (NaN without partition data)."""
+    if "emd" not in stats or "samples" not in stats or np.shape(stats["emd"]) != np.shape(stats["samples"]):
+        return np.nan
+    samples = np.asarray(stats["samples"], dtype=np.float64)
+    return float((np.asarray(stats["emd"]) * samples).sum() / max(samples.sum(), 1))
+
+
+def partition_summary(stats, title="clients"):
+    samples = np.asarray(stats["samples"])
+    labels = np.asarray(stats["labels"])
+    classes_held = (labels > 0).sum(axis=1)
+    return (f"{title}: {len(samples)}, samples per client min {samples.min()} / median "
+            f"{int(np.median(samples))} / max {samples.max()}, classes per client min {classes_held.min()} / "
+            f"max {classes_held.max()}, EMD mean {np.mean(stats['emd']):.3f} "
+            f"(sample-weighted {mean_client_emd(stats):.3f})")
+
+
+def server_summary(stats, server_cfg):
+    """One line on the server's set (`/partition/server`)."""
+    samples = int(np.asarray(stats["samples"]).sum())
+    if samples == 0:
+        return "server set: none (server_data.size = 0)"
+    held = int((np.asarray(stats["labels"]) > 0).sum())
+    return (f"server set: {samples} samples ({server_cfg.scheme}, {server_cfg.source}), {held} classes, "
+            f"EMD {float(np.asarray(stats['emd'])[0]):.3f}")

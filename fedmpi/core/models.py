@@ -1,0 +1,163 @@
+"""The model zoo. Each builder takes the model config, the input shape and the class count (both from the
+data set) and returns an nn.Module that FlatModel can lay onto one flat vector.
+
+Convention for contrastive methods (MOON): a module with `forward_rep(x)` returns `(z, logits)`, where
+`z` is the representation (the projection head's output when `model.projection` is set) and the logits
+are computed from `z`; `forward(x)` returns the logits only.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from fedmpi.core.errors import ConfigError
+
+
+def _lr(cfg, shape, classes):
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), classes))
+
+
+def _mlp(cfg, shape, classes):
+    # McMahan et al.'s "2NN": two hidden layers of `hidden` units with ReLU.
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), cfg.hidden), nn.ReLU(),
+                         nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, classes))
+
+
+def _cnn_mnist(cfg, shape, classes):
+    # McMahan et al.'s MNIST CNN: two 5x5 convolutions (32, 64 channels) each with 2x2 max pooling,
+    # a dense layer of 512 units, softmax output.
+    channels, height, width = _image_shape(shape, "cnn_mnist")
+    flat = 64 * (height // 4) * (width // 4)
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, classes))
+
+
+def _cnn2(cfg, shape, classes):
+    # The FSL paper's network: two convolutional and two dense hidden layers. The paper's appendix with the
+    # exact sizes is not available here; this is the shape of McMahan et al.'s CIFAR model (TensorFlow's
+    # CIFAR-10 tutorial, which that paper and Zhao et al. use): 5x5 convolutions of 64 channels with 2x2 max
+    # pooling, dense layers of 384 and 192 units.
+    channels, height, width = _image_shape(shape, "cnn2")
+    flat = 64 * (height // 4) * (width // 4)
+    return nn.Sequential(
+        nn.Conv2d(channels, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(flat, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU(), nn.Linear(192, classes))
+
+
+class SimpleCNN(nn.Module):
+    """NIID-Bench's / FedSkip's LeNet-style "simple-cnn": conv 6 (5x5) - pool - conv 16 (5x5) - pool - fc 120
+    - fc 84 - out. With `projection` set, MOON's head (ModelFedCon): fc 84 - ReLU - fc `projection` gives z,
+    and the output layer reads z. Without it, z is the 84-unit feature vector."""
+
+    def __init__(self, shape, classes, projection=None):
+        super().__init__()
+        channels, height, width = shape
+        side = lambda n: ((n - 4) // 2 - 4) // 2    # noqa: E731 - two 5x5 valid convolutions, each pooled
+        flat = 16 * side(height) * side(width)
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
+        self.head = (nn.Sequential(nn.Linear(84, 84), nn.ReLU(), nn.Linear(84, projection))
+                     if projection else nn.Identity())
+        self.out = nn.Linear(projection or 84, classes)
+
+    def forward_rep(self, x):
+        z = self.head(self.features(x))
+        return z, self.out(z)
+
+    def forward(self, x):
+        return self.forward_rep(x)[1]
+
+
+def _simple_cnn(cfg, shape, classes):
+    _, height, width = _image_shape(shape, "simple_cnn")
+    if min(height, width) < 16:
+        raise ConfigError(f"model.name = 'simple_cnn': needs images of at least 16x16, got {height}x{width}")
+    return SimpleCNN(shape, classes, cfg.projection)
+
+
+class CharLSTM(nn.Module):
+    """LEAF's Shakespeare model: embedding of 8, two LSTM layers of 256, a linear layer to the vocabulary,
+    predicting the next character from the last step's output."""
+
+    def __init__(self, vocab, embed=8, hidden=256, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embed)
+        self.lstm = nn.LSTM(embed, hidden, num_layers=layers, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens):
+        states, _ = self.lstm(self.embed(tokens))
+        return self.out(states[:, -1])
+
+
+def _lstm(cfg, shape, classes):
+    if len(shape) != 1:
+        raise ConfigError(f"model.name = 'lstm': needs token sequences (data.name: shakespeare), but the "
+                          f"dataset's inputs have shape {tuple(shape)}")
+    # Next-character prediction: the classes are the vocabulary.
+    return CharLSTM(classes)
+
+
+class ResNetRep(nn.Module):
+    """A ResNet body with MOON's projection head (MOON's ModelFedCon for its ResNet-50): the 512 pooled
+    features - fc 512 - ReLU - fc `projection` give z, and the output layer reads z."""
+
+    def __init__(self, body, features, projection, classes):
+        super().__init__()
+        body.fc = nn.Identity()
+        self.body = body
+        self.head = nn.Sequential(nn.Linear(features, features), nn.ReLU(), nn.Linear(features, projection))
+        self.out = nn.Linear(projection, classes)
+
+    def forward_rep(self, x):
+        z = self.head(self.body(x))
+        return z, self.out(z)
+
+    def forward(self, x):
+        return self.forward_rep(x)[1]
+
+
+def _resnet18(cfg, shape, classes):
+    # torchvision's ResNet-18 adapted to small images as usual for CIFAR: a 3x3 stride-1 stem and no max
+    # pooling. GroupNorm (2 groups) is the default because BatchNorm statistics average badly across
+    # non-IID clients (Hsieh et al. 2020); with `norm: batch` the running statistics travel in the flat vector.
+    # With `projection` set, MOON's projection head sits between the pooled features and the output layer.
+    from torchvision.models import resnet18
+
+    channels, _, _ = _image_shape(shape, "resnet18")
+    norm = (lambda c: nn.GroupNorm(2, c)) if cfg.norm == "group" else nn.BatchNorm2d
+    net = resnet18(num_classes=classes, norm_layer=norm)
+    net.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
+    net.maxpool = nn.Identity()
+    if cfg.projection:
+        return ResNetRep(net, net.fc.in_features, cfg.projection, classes)
+    return net
+
+
+def _image_shape(shape, model):
+    if len(shape) != 3:
+        raise ConfigError(f"model.name = {model!r}: needs image data (channels, height, width), "
+                          f"but the dataset's inputs have shape {tuple(shape)}; use lr or mlp")
+    return shape
+
+
+BUILDERS = {"lr": _lr, "mlp": _mlp, "cnn_mnist": _cnn_mnist, "cnn2": _cnn2, "simple_cnn": _simple_cnn,
+            "lstm": _lstm, "resnet18": _resnet18}
+
+
+def build_model(cfg, input_shape, num_classes) -> nn.Module:
+    if cfg.name not in BUILDERS:
+        raise ConfigError(f"model.name = {cfg.name!r}: not available in this version; "
+                          f"available: {', '.join(BUILDERS)}")
+    if cfg.projection is not None and cfg.name not in ("simple_cnn", "resnet18"):
+        raise ConfigError(f"model.projection = {cfg.projection}: only simple_cnn and resnet18 have a projection "
+                          f"head; set it null for model.name = {cfg.name!r}")
+    return BUILDERS[cfg.name](cfg, tuple(input_shape), num_classes)
+

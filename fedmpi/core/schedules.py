@@ -1,0 +1,80 @@
+"""Learning-rate schedules: pure functions of the round, so that resume and -n invariance hold by construction.
+
+`client.lr_schedule` scales `client.lr` (eta_l) and `server.lr_schedule` scales `server.lr` (eta_g):
+
+    constant      lr
+    exponential   lr * gamma^t                         (Zhao et al. decay eta_l by 0.992 per round)
+    step          lr * gamma^floor(t / step_rounds)
+    cosine        min_lr + (lr - min_lr) * (1 + cos(pi * t / T)) / 2,   T = `rounds` or the run's rounds
+and, with any of them, a linear warm-up over the first `warmup_rounds` rounds: factor (t + 1) / warmup_rounds.
+The values are logged every round as /metrics/client_lr and /metrics/server_lr.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedmpi.core.config_checks import Checks
+
+SCHEDULES = ("constant", "exponential", "step", "cosine")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """A learning-rate schedule (`client.lr_schedule`, `server.lr_schedule`); a bare name is accepted too."""
+
+    name: str = "constant"
+    """constant | exponential | step | cosine."""
+    gamma: float = 1.0
+    """exponential: factor per round; step: factor per step of `step_rounds` rounds."""
+    step_rounds: int = 1
+    """step: rounds between two decays."""
+    rounds: int | None = None
+    """cosine: the horizon T in rounds; null = the run's `rounds` (then `rounds` may not change on --resume)."""
+    min_lr: float = 0.0
+    """cosine: the learning rate reached at round T."""
+    warmup_rounds: int = 0
+    """Linear warm-up: the first rounds scale the rate by (t + 1) / warmup_rounds; 0 = none."""
+
+    def __post_init__(self):
+        c = Checks("lr_schedule")
+        c.require(self.name in SCHEDULES, "name", self.name, f"must be one of {', '.join(SCHEDULES)}")
+        c.require(0 < self.gamma <= 1, "gamma", self.gamma, "must be in (0, 1]")
+        c.require(self.step_rounds >= 1, "step_rounds", self.step_rounds, "must be a positive integer")
+        c.require(self.rounds is None or self.rounds >= 1, "rounds", self.rounds, "must be a positive integer or null")
+        c.require(self.min_lr >= 0, "min_lr", self.min_lr, "must be >= 0")
+        c.require(self.warmup_rounds >= 0, "warmup_rounds", self.warmup_rounds, "must be >= 0")
+        c.done()
+
+    @property
+    def depends_on_run_length(self) -> bool:
+        return self.name == "cosine" and self.rounds is None
+
+
+def lr_at(base_lr: float, sched: ScheduleConfig, round_: int, run_rounds: int) -> float:
+    """The learning rate of round `round_` (0-based)."""
+    t = round_
+    if sched.name == "exponential":
+        lr = base_lr * sched.gamma ** t
+    elif sched.name == "step":
+        lr = base_lr * sched.gamma ** (t // sched.step_rounds)
+    elif sched.name == "cosine":
+        horizon = sched.rounds or max(run_rounds, 1)
+        lo = min(sched.min_lr, base_lr)
+        lr = lo + (base_lr - lo) * (1 + math.cos(math.pi * min(t, horizon) / horizon)) / 2
+    else:
+        lr = base_lr
+    if sched.warmup_rounds and t < sched.warmup_rounds:
+        lr *= (t + 1) / sched.warmup_rounds
+    return float(lr)
+
+
+def client_lr(cfg, round_) -> float:
+    """eta_l of round `round_` under `client.lr_schedule`."""
+    return lr_at(cfg.client.lr, cfg.client.lr_schedule, round_, cfg.rounds)
+
+
+def server_lr(cfg, round_) -> float:
+    """eta_g of round `round_` under `server.lr_schedule`."""
+    return lr_at(cfg.server.lr, cfg.server.lr_schedule, round_, cfg.rounds)

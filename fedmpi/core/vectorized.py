@@ -1,0 +1,144 @@
+"""Many small clients trained at once (`client.vectorize`; DESIGN §4 `train`).
+
+A group of selected clients that start from the same vector and share the batch pattern (the same batch
+size at every step: same sample count and schedule) trains as one batched computation. Their parameters
+are rows of one [G, n_params] matrix; `torch.func.vmap(grad(functional_call(module, ...)))` computes every
+client's gradient in one pass, and the SGD step updates all rows with a few fused `_foreach` operations.
+Each client still draws its batches from its own stream (seed, CLIENT, round, client), so the clients see
+exactly the samples of the per-client loop (`fedmpi.core.train.LocalTrainer`); the loss of a batch is its mean
+over the batch's actual size (last partial batches included), and weight decay and momentum follow
+`LocalTrainer._step`. Results equal the loop's to float tolerance (batched kernels add in another order).
+
+What may vectorize: the algorithm (`Algorithm.vectorize_blocker`: client start = load the broadcast vector,
+no gradient hook, no loss of its own, uploads added after training) and the model (`unsupported`: layers
+that are pure functions of parameters and input, no float buffers such as batch-norm statistics, no
+dropout, whose per-client randomness vmap cannot reproduce bit for bit). `auto` vectorizes groups of at
+least MIN_GROUP clients on a rank when that wins (`worthwhile`): on a GPU always, on a CPU for dense models
+(linear layers) only. Convolutions under vmap become grouped convolutions, which on a CPU run no faster
+than the loop's per-client convolutions (measured: 0.7x for cnn2, cnn_mnist), because there the
+arithmetic, not the per-client overhead, bounds a step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedmpi.core.train import batch_order
+
+# Layers that are pure functions of (parameters, input), which vmap batches over clients.
+PURE_LAYERS = (nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.Tanh,
+               nn.Sigmoid, nn.Softplus, nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.Flatten,
+               nn.Identity)
+# Layers whose batched form is a batched matrix product: the per-client loop pays overhead, not arithmetic.
+DENSE_LAYERS = (nn.Linear, nn.Bilinear, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.Tanh, nn.Sigmoid,
+                nn.Softplus, nn.Flatten, nn.Identity)
+MIN_GROUP = 8              # auto: fewer clients of one batch pattern on a rank train in the loop
+MAX_STACK_FLOATS = 1 << 26  # at most this many stacked parameters (256 MB of float32) per batched group
+
+
+def _leaves(module):
+    return [m for m in module.modules() if not list(m.children())]
+
+
+def unsupported(flat):
+    """Why this FlatModel cannot train as a batched group, or None when it can."""
+    if flat.dim != flat.n_params:
+        return ("the model has float buffers (e.g. batch-norm statistics) that training updates in place; "
+                "only models whose flat vector is all parameters vectorize")
+    for m in _leaves(flat.module):
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            return ("the model has dropout, whose per-client randomness under vmap would not match the "
+                    "per-client loop bit for bit")
+        if not isinstance(m, PURE_LAYERS):
+            return f"layer {type(m).__name__} is not one that vmap batches over clients here"
+    return None
+
+
+def worthwhile(flat):
+    """`auto`: does batching clients beat the loop for this model on its device?"""
+    if flat.device.type == "cuda":
+        return True
+    return all(isinstance(m, DENSE_LAYERS) for m in _leaves(flat.module))
+
+
+def group_key(n_samples, sched):
+    """Clients with equal keys have the same batch size at every step."""
+    return n_samples, sched.batch_size, sched.steps
+
+
+def chunks(items, size):
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+class GroupTrainer:
+    """Trains groups of clients from one start vector, on the rank's device-resident training data."""
+
+    def __init__(self, flat, client_cfg, x, y, transform=None):
+        self.flat, self.cfg, self.x, self.y, self.transform = flat, client_cfg, x, y, transform
+        module = flat.module
+        names, self.shapes, self.spans = [], [], []
+        offset = 0
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            names.append(name)
+            self.shapes.append(tuple(p.shape))
+            self.spans.append((offset, offset + p.numel()))
+            offset += p.numel()
+        assert offset == flat.n_params
+        self.max_group = max(1, MAX_STACK_FLOATS // max(flat.n_params, 1))
+
+        def loss(params, xb, yb):
+            out = torch.func.functional_call(module, dict(zip(names, params)), (xb,))
+            value = F.cross_entropy(out, yb)
+            return value, value.detach()
+
+        self._grads = torch.func.vmap(torch.func.grad(loss, has_aux=True))
+
+    def _views(self, matrix):
+        g = matrix.shape[0]
+        return [matrix[:, a:b].view(g, *shape) for (a, b), shape in zip(self.spans, self.shapes)]
+
+    def train(self, start, clients, sched, lr=None):
+        """`sched.steps` SGD steps for every client of `clients` ([(sample indices as numpy, generator)], all
+        with the same sample count) from `start` (the flat vector). Returns (parameters [G, n_params],
+        per-client sums of sample losses [G] float32, samples seen per client)."""
+        cfg, module = self.cfg, self.flat.module
+        lr = cfg.lr if lr is None else lr
+        g_count, n = len(clients), self.flat.n_params
+        weights = start[:n].unsqueeze(0).repeat(g_count, 1)
+        params = self._views(weights)
+        momentum = torch.zeros_like(weights) if cfg.momentum > 0 else None
+        bufs = self._views(momentum) if momentum is not None else None
+        orders = [batch_order(g, len(part), sched) for part, g in clients]
+        sizes = [len(b) for b in orders[0]]
+        rows = np.stack([part[np.concatenate(order)] for (part, _), order in zip(clients, orders)])
+        index = torch.from_numpy(rows).to(self.x.device, non_blocking=True)
+        loss_sums = torch.zeros(g_count, device=weights.device)
+        module.train()
+        col = 0
+        for b in sizes:
+            idx = index[:, col:col + b]
+            col += b
+            xb, yb = self.x[idx], self.y[idx]
+            if self.transform is not None:
+                xb = torch.stack([self.transform(xb[i], g) for i, (_, g) in enumerate(clients)])
+            grads, losses = self._grads(tuple(params), xb, yb)
+            self._step(params, list(grads), bufs, lr)
+            loss_sums += losses * b
+        return weights, loss_sums, col
+
+    @torch.no_grad()
+    def _step(self, params, grads, bufs, lr):
+        # LocalTrainer._step (torch.optim.SGD's rule) on every client's row: g += wd * w; buf = m * buf + g;
+        # w -= lr * buf.
+        if self.cfg.weight_decay:
+            torch._foreach_add_(grads, params, alpha=self.cfg.weight_decay)
+        if bufs is not None:
+            torch._foreach_mul_(bufs, self.cfg.momentum)
+            torch._foreach_add_(bufs, grads)
+            grads = bufs
+        torch._foreach_add_(params, grads, alpha=-lr)

@@ -1,0 +1,89 @@
+"""Forkable runs: `fedmpi run CONFIG --fork-from OLD_OUT@ROUND [key=value ...]`.
+
+A new run starts in `out` from OLD_OUT's checkpoint after ROUND rounds, with the keys it changes (the
+algorithm and its keys, rounds, learning rates, schedules, ...): an ablation such as "switch FedAvg to FSL
+at round 200" costs the rounds after the fork only. The new run.h5 starts with the parent's rows up to
+ROUND (so curves are whole) and records the parent in root attributes `parent_out`, `parent_round`,
+`parent_config_hash` and `parent_fingerprint` (SHA-256 of the model at the fork, as /metrics/model_sha256).
+
+Every random stream is keyed by (seed, round, client), so a fork that changes nothing reproduces its
+parent exactly from ROUND on (`fedmpi verify` says "identical"). What decides the data and the model
+(`seed`, `data`, `partition`, `server_data`, `model`) must stay as in the parent: client states and the
+global vector only make sense for the same clients and the same model. State the new algorithm does not
+find in the checkpoint starts as on a fresh run (e.g. SCAFFOLD's controls at zero).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import h5py
+
+from fedmpi import config as config_mod
+from fedmpi.core.config_checks import show
+from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.fingerprint import fingerprint
+from fedmpi.io import checkpoint
+from fedmpi.io.rank0 import decide
+
+SHAPE_KEYS = ("seed", "data", "partition", "server_data", "model")
+SPEC = re.compile(r"^(?P<out>.+)@(?P<round>\d+)$")
+
+
+@dataclass
+class ForkPoint(checkpoint.ResumePoint):
+    parent_out: str = ""
+    parent_config_hash: str = ""
+    parent_fingerprint: str = ""
+
+    def record(self, log):
+        """The parent's rows up to the fork and the parent's identity, into the new run's log."""
+        log.adopt_rows(os.path.join(self.parent_out, "run.h5"), self.round)
+        log.set_attrs(parent_out=os.path.abspath(self.parent_out), parent_round=self.round,
+                      parent_config_hash=self.parent_config_hash, parent_fingerprint=self.parent_fingerprint)
+
+
+def parse(spec):
+    """(parent out, round) from OLD_OUT@ROUND."""
+    m = SPEC.match(spec or "")
+    if not m:
+        raise ConfigError(f"--fork-from {show(spec)}: expected OLD_OUT@ROUND, e.g. runs/fedavg@200")
+    return m.group("out"), int(m.group("round"))
+
+
+def choose(cfg, spec) -> ForkPoint:
+    """Rank 0: the parent's checkpoint at ROUND, checked (InputError/ConfigError, exit 2, nothing touched)."""
+    parent, round_ = parse(spec)
+    path = checkpoint.ckpt_path(parent, round_)
+    if not os.path.exists(path):
+        have = ", ".join(str(r) for r, _ in sorted(checkpoint.list_checkpoints(parent))) or "none"
+        raise InputError(f"--fork-from {show(spec)}: no checkpoint after round {round_} in "
+                         f"{checkpoint.ckpt_dir(parent)} (checkpoints there: {have})")
+    try:
+        attrs = checkpoint.verify(path)
+    except checkpoint.DamagedCheckpoint as e:
+        raise InputError(f"--fork-from: checkpoint {path} is damaged ({e})") from None
+    parent_cfg = config_mod.from_yaml(attrs["config"])
+    differ = [k for k in config_mod.differing_keys(parent_cfg, cfg) if k.split(".")[0] in SHAPE_KEYS]
+    if differ:
+        raise ConfigError(f"--fork-from {show(spec)}: {', '.join(differ)} differ from the parent's; a fork keeps "
+                          f"the parent's {', '.join(SHAPE_KEYS)} (its clients and its model)")
+    if round_ > cfg.rounds:
+        raise ConfigError(f"rounds = {cfg.rounds}: below the fork's round {round_}")
+    log = os.path.join(parent, "run.h5")
+    if not os.path.exists(log):
+        raise InputError(f"--fork-from: {log} is missing; a fork copies the parent's rows up to round {round_}")
+    with h5py.File(path, "r", locking=False) as f:
+        vec = f["global"][()]
+    return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
+                     parent_config_hash=str(attrs["config_hash"]),
+                     parent_fingerprint=fingerprint(vec))
+
+
+def plan_fork(cfg, comm, spec):
+    """Collective: rank 0 chooses and checks the parent's checkpoint; every rank learns where it is."""
+    point, round_ = decide(comm, lambda: (lambda p: (p, p.round))(choose(cfg, spec)))
+    parent, _ = parse(spec)
+    return point or checkpoint.ResumePoint(int(round_), checkpoint.ckpt_path(parent, int(round_)))

@@ -1,0 +1,565 @@
+"""Communication between the server (rank 0) and the workers (ranks >= 1).
+
+The only module that imports mpi4py. `MpiComm` moves flat numpy float32 buffers with buffer-based
+(uppercase) calls; `LocalComm` is its single-process twin with the same methods, so every algorithm runs
+unchanged at `-n 1`.
+
+Node-local data: `share_arrays` gives the ranks of one node one copy of a set of arrays (the data set) in an
+MPI-3 shared-memory window; every rank of the node fills its own share of the rows, so each is charged
+(first touch) for about 1/ranks of it. `FEDMPI_TEST_NODES=K` (a test aid) splits the ranks into K pretend
+nodes, so that node-local device choice, threads and data sharing can be exercised on one machine.
+
+Waiting: a rank that waits for others (the server while workers train, a worker while the server
+evaluates) must not burn a core that a training rank needs. Each phase therefore starts with a tiny
+non-blocking collective polled with sleeps (`_sleep_wait`); once everyone has arrived, the large buffer
+moves with a blocking call at full speed, or, for the round buffers of a job on one node, without MPI at
+all (`round_buffers`, fedmpi.mpi.node_buffers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedmpi.core.errors import ConfigError, FedmpiError
+from fedmpi.core.timing import Timer
+from fedmpi.mpi import node_buffers, signals
+from fedmpi.mpi.runtime import usable_cores
+from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, encode_state
+
+FAILURE_TAG = 77
+ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfers
+FAILURE_BYTES = 8192
+STATE_TAG = 78            # gather_states: one client's state (fedmpi.mpi.state_codec) to rank 0
+# Sleeps between polls while a rank waits for the others (`MpiComm._sleep_wait`).
+SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
+SLEEP_FRACTION = 0.05     # of the time waited so far: a wait overshoots by at most ~5%
+# How long a failing worker waits for the server to record its error before aborting the job itself.
+FAILURE_GRACE_S = 10.0
+# Test aid: split the ranks into this many pretend nodes (contiguous blocks of ranks), see `node_count`.
+TEST_NODES = "FEDMPI_TEST_NODES"
+# Arrays in a shared window start on page boundaries: a rank filling one array touches no page of another.
+SHARED_ALIGN = 4096
+
+def node_count(size):
+    """Pretend nodes asked for by FEDMPI_TEST_NODES (1 when unset), at most one per rank."""
+    text = os.environ.get(TEST_NODES, "").strip()
+    if not text:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{TEST_NODES} = {text!r}: must be a positive integer (pretend nodes, a test aid)")
+    return min(int(text), size)
+
+
+def pretend_node(rank, size, nodes):
+    """The pretend node of `rank` when `size` ranks are split into `nodes` contiguous blocks (as a launcher
+    that fills one node after another places them)."""
+    return rank * nodes // size
+
+
+def share_of(n, part, parts):
+    """Rows [lo, hi) of `n` that part `part` of `parts` fills (contiguous, sizes within one of each other)."""
+    return n * part // parts, n * (part + 1) // parts
+
+
+def shared_layout(specs):
+    """({name: (offset, shape, dtype)}, total bytes): `specs` {name: (shape, dtype)} packed into one buffer,
+    each array on a SHARED_ALIGN boundary."""
+    layout, offset = {}, 0
+    for name, (shape, dtype) in specs.items():
+        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
+        layout[name] = (offset, shape, dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        offset += -(-nbytes // SHARED_ALIGN) * SHARED_ALIGN
+    return layout, offset
+
+
+def _views(buffer, layout):
+    return {name: np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset)
+            for name, (offset, shape, dtype) in layout.items()}
+
+
+def _read_only(arrays):
+    for a in arrays.values():
+        a.flags.writeable = False
+    return arrays
+
+
+class PeerFailed(FedmpiError):
+    """Raised on the ranks of a node whose shared data another rank of the node failed to produce; carries
+    that rank's message, so that whichever rank reports the failure says why."""
+
+    def __init__(self, code, local_rank, text):
+        super().__init__(f"node-local rank {local_rank} could not make the node's shared data: {text}")
+        self.exit_code = code
+
+
+def error_text(error):
+    """What a rank says about an error it raised: the message of a FedmpiError, else 'Type: message'."""
+    return str(error) if isinstance(error, FedmpiError) else f"{type(error).__name__}: {error}"
+
+
+class _AllOf:
+    """Adapts a list of requests to the single-request `Test()` that `_sleep_wait` polls."""
+
+    def __init__(self, mpi, requests):
+        self.mpi, self.requests = mpi, requests
+
+    def Test(self):  # noqa: N802 - mirrors mpi4py's Request.Test
+        return self.mpi.Request.Testall(self.requests)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    local_rank: int             # this rank's index among the ranks on its node
+    local_size: int             # ranks on this node
+    server_here: bool           # rank 0 is on this node
+    server_node_ranks: int      # ranks on rank 0's node
+    server_node_cores: int      # cores usable on rank 0's node
+    server_node_gpus: int = 0   # GPUs rank 0 would train on (0 on a CPU node)
+    cores: int = 0              # cores usable on this rank's node (0: unknown)
+    node: int = 0               # this rank's node, 0..nodes-1 (pretend nodes under FEDMPI_TEST_NODES)
+    nodes: int = 1
+
+    def server_spare_core(self):
+        """Rank 0's node is a CPU node with a core beyond those of its other ranks, idle while they train (on
+        a GPU node rank 0 would share a GPU with a worker instead)."""
+        return self.server_node_gpus == 0 and self.server_node_cores > self.server_node_ranks - 1
+
+
+class WorkerFailed(Exception):
+    """Raised on the server when a worker reports an exception; the job is then aborted."""
+
+    def __init__(self, rank, text):
+        self.rank, self.text = rank, text
+        super().__init__(f"rank {rank}: {text}")
+
+
+class LocalComm:
+    """Everything in one process: rank 0 is server and the only worker."""
+
+    rank = 0
+    size = 1
+    workers = (0,)
+
+    def __init__(self):
+        self.timer = Timer()
+
+    @property
+    def is_server(self):
+        return True
+
+    def bcast(self, buf):
+        return buf
+
+    def reduce_sum(self, buf):
+        return buf
+
+    def round_buffers(self, down_len, up_len, host_buffers=True):
+        """One process needs no shared buffers (see MpiComm.round_buffers)."""
+        return None
+
+    def sync(self):
+        pass
+
+    def route(self, sends, receives):
+        """Point-to-point moves between ranks; with one rank there is nowhere to move to."""
+        if sends or receives:
+            raise RuntimeError("LocalComm.route: a single process has no other rank to route to")
+
+    def masked_gather(self, mask, vectors, hosted_selected, dim):
+        """{client id: vector} of the uploaders among the selected clients (all hosted here)."""
+        uploaders = [c for c, m in zip(hosted_selected.get(0, []), mask) if m]
+        return dict(zip(uploaders, vectors))
+
+    def report_failure(self, text):
+        pass
+
+    def agree(self, code):
+        """(the worst exit code over the ranks, the lowest rank that has it): see MpiComm.agree."""
+        return code, 0
+
+    def gather_states(self, host, get_state, put_state):
+        """Every client's state to `put_state` in client order (see MpiComm.gather_states)."""
+        for cid in range(len(host)):
+            put_state(cid, get_state(cid))
+
+    def node_local(self, gpus=0):
+        return NodeInfo(0, 1, True, 1, usable_cores(), gpus, usable_cores())
+
+    @property
+    def node_leader(self):
+        return True
+
+    def share_arrays(self, specs, fill):
+        """`MpiComm.share_arrays` in one process: plain arrays, filled whole, returned read-only."""
+        if isinstance(specs, BaseException):
+            raise specs
+        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
+        fill(arrays, 0, 1)
+        return _read_only(arrays)
+
+    def abort(self, code):
+        os._exit(code)
+
+    def close(self):
+        pass
+
+
+class MpiComm:
+    """Rank 0 is the server and hosts no clients; ranks 1..P-1 are workers."""
+
+    def __init__(self, mpi_comm=None):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = mpi_comm or MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.workers = tuple(range(1, self.size))
+        self.timer = Timer()     # `wait` (sleeping until others arrive), `bcast`, `reduce` (the transfers)
+        self._failure_buf = bytearray(FAILURE_BYTES)
+        self._failure_req = (self.comm.Irecv([self._failure_buf, MPI.BYTE], source=MPI.ANY_SOURCE,
+                                             tag=FAILURE_TAG) if self.rank == 0 else None)
+        self._status = MPI.Status()
+        self._failure = None        # a reported failure not raised yet (see _check_failures)
+        self._node = None           # the node's communicator (pretend nodes under FEDMPI_TEST_NODES), made once
+        self._windows = []          # shared-memory windows of `share_arrays`, freed by `close`
+        self._round = None          # the round buffers' NodeBuffers (`round_buffers`), freed by `close`
+
+    @property
+    def is_server(self):
+        return self.rank == 0
+
+    # -- waiting -------------------------------------------------------------------------------
+    def _sleep_wait(self, request):
+        """Polls `request`, sleeping SLEEP_FRACTION of the time waited so far between polls (SLEEP_MIN_S ..
+        SLEEP_MAX_S): a short wait (W2's rounds take tens of ms) overshoots by at most ~5%, a long one
+        wakes ~500 times a second, ~1% of a core. The server also watches for failures.
+
+        MPICH's blocking calls spin (MPIR_CVAR_POLLS_BEFORE_YIELD / ENABLE_HEAVY_YIELD only add
+        sched_yield calls to the spin); Open MPI's spin too unless mpi_yield_when_idle is set, which
+        likewise yields without sleeping. Polling a non-blocking call with sleeps frees the core for the
+        ranks that train with any MPI (docs/performance.md has the measurements)."""
+        if not request.Test():
+            began = time.monotonic()
+            while not request.Test():
+                self._check_failures(request)
+                time.sleep(min(SLEEP_MAX_S, max(SLEEP_MIN_S, SLEEP_FRACTION * (time.monotonic() - began))))
+            self.timer.add("wait", time.monotonic() - began)
+        # No check once the collective has completed: every rank took part in it, so a failure reported
+        # since then is raised at the next wait, after this round's work (its log row) is done.
+
+    def _check_failures(self, request):
+        """Raises WorkerFailed for a failure a worker reported, unless `request` (the collective waited for)
+        has completed meanwhile: the failing rank took part in it, so the failure waits for the next wait."""
+        if self._failure is None and self._failure_req is not None and self._failure_req.Test(self._status):
+            text = bytes(self._failure_buf).rstrip(b"\0").decode(errors="replace")
+            self._failure = WorkerFailed(self._status.Get_source(), text)
+        if self._failure is not None and not request.Test():
+            raise self._failure
+
+    def sync(self):
+        """Blocks until every rank has arrived, sleeping instead of spinning."""
+        self._sleep_wait(self.comm.Ibarrier())
+
+    # -- collectives on the round path ------------------------------------------------------------
+    def _whole(self):
+        """A worker takes part in the barrier and the blocking collective after it as one step: a Ctrl-C in
+        between would leave rank 0 blocked in the collective (signals.interrupt_after). Rank 0 acts on a
+        Ctrl-C at once: its failure aborts the job."""
+        return signals.interrupt_after() if self.rank != 0 else contextlib.nullcontext()
+
+    def bcast(self, buf):
+        """Rank 0's `buf` (a contiguous numpy array) is copied into every rank's `buf` in place."""
+        span = self._node_span(buf, "down")
+        with self._whole():
+            self._arrive(span)
+            with self.timer.phase("bcast"):
+                if span is None:
+                    self.comm.Bcast(buf, root=0)
+                elif self.rank != 0:
+                    self._round.copy_from_server(buf, span)
+        return buf
+
+    def reduce_sum(self, buf):
+        """Element-wise sum of every rank's `buf` into rank 0's `buf` (in place there)."""
+        span = self._node_span(buf, "up")
+        with self._whole():
+            self._arrive(span)
+            with self.timer.phase("reduce"):
+                if span is not None:
+                    if self.rank == 0:
+                        self._round.sum_into_server(span)
+                elif self.rank == 0:
+                    self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
+                else:
+                    self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
+        return buf
+
+    # -- the round's buffers in node-shared memory (fedmpi.mpi.node_buffers) ---------------------------
+    def round_buffers(self, down_len, up_len, host_buffers=True):
+        """Collective: (down float32[down_len], up float64[up_len]), this rank's slots of a node-shared window
+        through which `bcast` and `reduce_sum` of (slices of) them move without MPI's copies, where every
+        rank is on one node and passes `host_buffers` (it moves host memory, not device buffers); else None
+        (the caller allocates its own buffers and MPI moves them)."""
+        if self._round is not None:     # its slots back another experiment's buffers until `close`
+            raise RuntimeError("MpiComm.round_buffers: called twice; one experiment per communicator")
+        node = self._node_comm()
+        vote = np.array([int(host_buffers and node_buffers.wanted() and node.Get_size() == self.size)])
+        every = np.zeros(1, dtype=vote.dtype)
+        self.comm.Allreduce(vote, every, op=self.MPI.MIN)
+        if not every[0]:
+            return None
+        self._round = node_buffers.NodeBuffers(self.MPI, node, down_len, up_len)
+        return self._round.down[self.rank], self._round.up[self.rank]
+
+    def _node_span(self, buf, kind):
+        return self._round.span(buf, kind) if self._round is not None else None
+
+    def _arrive(self, span):
+        """Waits (asleep) until every rank has arrived; around that, with node buffers, the memory barriers
+        that make each rank's writes to its slot visible to the others."""
+        if span is not None:
+            self._round.sync_memory()
+        self.sync()
+        if span is not None:
+            self._round.sync_memory()
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def gather_states(self, host, get_state, put_state):
+        """Streams every client's state to rank 0, one client at a time, in client order.
+
+        `host[c]` is the rank hosting client c (the same array on every rank). The host calls
+        `get_state(c)` (a dict of numpy arrays) and sends it as plain buffers (no pickle); rank 0 calls
+        `put_state(c, state)` and may drop the arrays afterwards, so it never holds more than one client's
+        state. Every host sends its clients in increasing order, which is the order rank 0 receives them
+        in, so the exchange cannot deadlock. Waits sleep instead of spinning, as elsewhere.
+        """
+        for cid in range(len(host)):
+            owner = int(host[cid])
+            if owner == self.rank == 0:
+                put_state(cid, get_state(cid))
+            elif self.rank == owner:
+                meta, names, arrays = encode_state(get_state(cid))
+                self._send_state_part(np.array([len(arrays)], dtype=np.int64))
+                if arrays:
+                    self._send_state_part(meta)
+                    self._send_state_part(names)
+                    for a in arrays:
+                        self._send_state_part(a)
+            elif self.rank == 0:
+                put_state(cid, self._recv_state(owner))
+
+    def _send_state_part(self, a):
+        self._sleep_wait(self.comm.Isend([a.reshape(-1).view(np.uint8), self.MPI.BYTE], dest=0, tag=STATE_TAG))
+
+    def _recv_state_part(self, a, source):
+        self._sleep_wait(self.comm.Irecv([a.reshape(-1).view(np.uint8), self.MPI.BYTE], source=source,
+                                         tag=STATE_TAG))
+        return a
+
+    def _recv_state(self, source):
+        count = self._recv_state_part(np.zeros(1, dtype=np.int64), source)[0]
+        if count == 0:
+            return {}
+        meta = self._recv_state_part(np.zeros((count, STATE_META), dtype=np.int64), source)
+        names = self._recv_state_part(np.zeros(int(meta[:, 2].sum()), dtype=np.uint8), source)
+        return {name: self._recv_state_part(np.empty(shape, dtype=dtype), source)
+                for name, dtype, shape in decode_state_meta(meta, names)}
+
+    def route(self, sends, receives):
+        """Point-to-point transfers of flat float32 buffers: `sends` are (dest, key, buffer), `receives`
+        (source, key, buffer); `key` (e.g. a FedSkip slot) tells concurrent transfers apart."""
+        requests = [self.comm.Isend(buf, dest=dest, tag=ROUTE_TAG + key) for dest, key, buf in sends]
+        requests += [self.comm.Irecv(buf, source=src, tag=ROUTE_TAG + key) for src, key, buf in receives]
+        self._sleep_wait(_AllOf(self.MPI, requests))
+
+    def masked_gather(self, mask, vectors, hosted_selected, dim):
+        """Gated uploads: first every worker's upload mask for its selected clients, then only the
+        uploaders' vectors, both by Gatherv to rank 0. Returns {client id: vector} there, None elsewhere.
+
+        `hosted_selected[r]` lists the selected clients rank r hosts (every rank knows it), in the order
+        that rank's `mask` and `vectors` follow."""
+        counts = [len(hosted_selected.get(r, [])) for r in range(self.size)]
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+        all_mask = np.zeros(sum(counts), dtype=np.int8) if self.rank == 0 else None
+        send = np.concatenate(vectors) if vectors else np.empty(0, dtype=np.float32)
+        with self._whole():
+            self.sync()
+            self.comm.Gatherv(np.ascontiguousarray(mask, dtype=np.int8),
+                              [all_mask, counts, displs, self.MPI.INT8_T] if self.rank == 0 else None, root=0)
+            if self.rank != 0:
+                self.comm.Gatherv(send, None, root=0)
+                return None
+        uploads = [int(all_mask[d:d + c].sum()) for d, c in zip(displs, counts)]
+        vec_counts = [u * dim for u in uploads]
+        received = np.empty(sum(vec_counts), dtype=np.float32)
+        vec_displs = np.concatenate([[0], np.cumsum(vec_counts)[:-1]]).astype(int)
+        self.comm.Gatherv(send, [received, vec_counts, vec_displs, self.MPI.FLOAT], root=0)
+        out, row = {}, 0
+        for r in range(self.size):
+            for cid, m in zip(hosted_selected.get(r, []), all_mask[displs[r]:displs[r] + counts[r]]):
+                if m:
+                    out[cid] = received[row * dim:(row + 1) * dim]
+                    row += 1
+        return out
+
+    # -- setup and failure handling ---------------------------------------------------------------
+    def agree(self, code):
+        """Collective: every rank's exit code (0 = fine) -> (worst code, lowest rank with that code).
+
+        Set-up ends with this vote so that an error on any rank (a bad config, a missing file on one node)
+        ends every rank with the same code and one message, before anything is written and without MPI_Abort.
+        One MAX reduction of code * (size + 1) + (size - rank) gives both; waiting sleeps, as elsewhere (rank 0
+        may spend minutes pretraining while the workers wait here)."""
+        value = np.array([code * (self.size + 1) + (self.size - self.rank) if code else 0], dtype=np.int64)
+        worst = np.zeros(1, dtype=np.int64)
+        self._sleep_wait(self.comm.Iallreduce(value, worst, op=self.MPI.MAX))
+        if worst[0] == 0:
+            return 0, -1
+        return int(worst[0] // (self.size + 1)), int(self.size - worst[0] % (self.size + 1))
+
+    def _node_comm(self):
+        """The ranks sharing this rank's node (memory), made once: MPI's COMM_TYPE_SHARED split, further split
+        into contiguous blocks of ranks under FEDMPI_TEST_NODES."""
+        if self._node is None:
+            local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
+            nodes = node_count(self.size)
+            if nodes > 1:
+                pretend = local.Split(pretend_node(self.rank, self.size, nodes), key=self.rank)
+                local.Free()
+                local = pretend
+            self._node = local
+        return self._node
+
+    @property
+    def node_leader(self):
+        """This rank is the first of its node (collective the first time: see `_node_comm`)."""
+        return self._node_comm().Get_rank() == 0
+
+    def node_local(self, gpus=0):
+        """Collective: this rank's NodeInfo (its place on its node, its node's cores, and rank 0's node: ranks,
+        cores and the `gpus` rank 0 counted there)."""
+        local = self._node_comm()
+        lowest = np.zeros(1, dtype=np.int64)
+        local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)
+        leaders = np.zeros(self.size, dtype=np.int64)
+        self.comm.Allgather(np.array([int(local.Get_rank() == 0)], dtype=np.int64), leaders)
+        # Pretend nodes share their machine's cores in proportion to their ranks.
+        machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
+        cores = max(1, usable_cores() * local.Get_size() // machine.Get_size())
+        machine.Free()
+        server_node = np.array([local.Get_size(), cores, gpus], dtype=np.int64)
+        self.comm.Bcast(server_node, root=0)
+        return NodeInfo(local.Get_rank(), local.Get_size(), bool(lowest[0] == 0), *map(int, server_node), cores,
+                        int(leaders[: lowest[0]].sum()), int(leaders.sum()))
+
+    def share_arrays(self, specs, fill):
+        """Collective over the node: one copy of the arrays `specs` describes ({name: (shape, dtype)}, as the
+        node's first rank gives it; ignored elsewhere) for all the node's ranks, in an MPI-3 shared-memory
+        window. Every rank of the node calls `fill(arrays, part, parts)` with the writable arrays, `part` its
+        node-local rank of `parts`: each fills its share (e.g. `share_of` the rows), so each first-touches,
+        and is charged for, only that share. Returns the arrays, read-only, on every rank of the node; they
+        live until `close`.
+
+        The first rank passes an exception instead of `specs` when it could not make them: it re-raises it
+        and the node's other ranks raise PeerFailed with its exit code; so does a failure inside `fill` on
+        any rank. Waits sleep, as elsewhere (loading may take minutes on one rank while the others wait)."""
+        node = self._node_comm()
+        part, parts = node.Get_rank(), node.Get_size()
+        header = np.zeros(3, dtype=np.int64)            # [exit code, spec rows, name bytes]
+        if part == 0:
+            if isinstance(specs, BaseException):
+                header[0] = specs.exit_code if isinstance(specs, FedmpiError) else 1
+            else:
+                meta, names = encode_specs(specs)
+                header[1:] = len(meta), len(names)
+        self._sleep_wait(node.Ibcast(header, root=0))
+        if header[0]:
+            text = self._node_text(error_text(specs) if part == 0 else "", 0)
+            if part == 0:
+                raise specs
+            raise PeerFailed(int(header[0]), 0, text)
+        if part != 0:
+            meta = np.zeros((header[1], STATE_META), dtype=np.int64)
+            names = np.zeros(header[2], dtype=np.uint8)
+        node.Bcast(meta, root=0)
+        node.Bcast(names, root=0)
+        specs = {name: (shape, dtype) for name, dtype, shape in decode_state_meta(meta, names)}
+        layout, total = shared_layout(specs)
+        win = self.MPI.Win.Allocate_shared(total if part == 0 else 0, 1, comm=node)
+        buffer, _ = win.Shared_query(0)
+        arrays = _views(buffer, layout)
+        error, code = None, 0
+        try:
+            fill(arrays, part, parts)
+        except Exception as e:  # noqa: BLE001 - every rank of the node must reach the agreement below
+            error, code = e, (e.exit_code if isinstance(e, FedmpiError) else 1)
+        value = np.array([code * (parts + 1) + (parts - part) if code else 0], dtype=np.int64)
+        worst = np.zeros(1, dtype=np.int64)
+        self._sleep_wait(node.Iallreduce(value, worst, op=self.MPI.MAX))
+        if worst[0]:
+            del arrays, buffer
+            win.Free()
+            speaker = int(parts - worst[0] % (parts + 1))
+            text = self._node_text(error_text(error) if part == speaker else "", speaker)
+            if error is not None:
+                raise error
+            raise PeerFailed(int(worst[0] // (parts + 1)), speaker, text)
+        self._windows.append(win)
+        return _read_only(arrays)
+
+    def _node_text(self, text, root):
+        """Node-local rank `root`'s `text` (at most FAILURE_BYTES) to every rank of the node."""
+        buf = bytearray(FAILURE_BYTES)
+        data = text.encode()[: FAILURE_BYTES - 1]
+        buf[: len(data)] = data
+        self._node_comm().Bcast([buf, self.MPI.BYTE], root=root)
+        return bytes(buf).rstrip(b"\0").decode(errors="replace")
+
+    def report_failure(self, text):
+        """Worker side: tell the server why this rank fails, give it time to record it, then abort."""
+        if self.rank == 0:
+            return
+        data = text.encode()[: FAILURE_BYTES - 1]
+        req = self.comm.Issend([data, self.MPI.BYTE], dest=0, tag=FAILURE_TAG)
+        deadline = time.monotonic() + FAILURE_GRACE_S
+        while not req.Test() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # The server aborts the job once it has written the error; wait for that, within reason.
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def abort(self, code):
+        self.comm.Abort(code)
+
+    def close(self):
+        """Frees the node's shared windows (collective: every rank closes at the same point; the arrays of
+        `share_arrays` are gone after this) and cancels the server's standing failure receive, so MPI
+        finalizes cleanly."""
+        for win in self._windows:
+            win.Free()
+        self._windows = []
+        if self._round is not None:
+            self._round.free()
+            self._round = None
+        if self._node is not None:
+            self._node.Free()
+            self._node = None
+        if self._failure_req is not None and self._failure is None:     # (a received failure completed it)
+            self._failure_req.Cancel()
+            self._failure_req.Wait()
+        self._failure_req = None
+
+
+def make_comm():
+    """MpiComm when launched under an MPI launcher with more than one rank, else LocalComm."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return LocalComm()
+    return MpiComm()

@@ -1,0 +1,165 @@
+"""The clients a rank trains: where each client lives, its data on the rank's device, and local training.
+
+Placement: clients go to worker ranks largest first onto the least-loaded worker (`runtime.place_clients`),
+the same on every rank. Clients that keep nothing between rounds (the REDUCE protocol, no client state)
+need not train on their host: each round the selected clients are dealt to the workers by the same
+largest-first rule, so every worker gets an equal share of every draw (a fixed placement splits W1's 10
+of 50 clients 6/4 on average).
+
+Training: a client copies the start point into the rank's one FlatModel, trains with its own stream
+(seed, CLIENT, round, client) and leaves its result in `flat.vec`; where the algorithm and the model allow
+(`client.vectorize`), a round's clients of one batch pattern train as one batched computation instead
+(fedmpi.core.vectorized), with the same batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedmpi.algorithms.base import REDUCE, ClientRun
+from fedmpi.core import rng, schedules, vectorized
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.train import LocalTrainer, Schedule, evaluate, schedule, seed_torch_on
+from fedmpi.data.augment import make_transform
+from fedmpi.mpi.runtime import place_clients
+
+
+class ClientIndex:
+    """client id -> its sample indices as a tensor on the device: made when first asked for, and kept only on
+    a GPU (on the CPU it is a view of the index array, and keeping 100,000 of them costs memory for nothing)."""
+
+    def __init__(self, parts, device):
+        self.parts, self.device, self.kept = parts, device, {}
+
+    def __getitem__(self, cid):
+        idx = self.kept.get(cid)
+        if idx is None:
+            idx = torch.from_numpy(self.parts[cid]).to(self.device)
+            if self.device.type != "cpu":
+                self.kept[cid] = idx
+        return idx
+
+
+class ClientHost:
+    def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False):
+        """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
+        device on first use (DeviceData); `keeps_state`: an upload stage keeps per-client state (clients
+        then train on their host)."""
+        self.cfg, self.comm, self.workers, self.algo, self.flat = cfg, comm, workers, algo, flat
+        self.parts = parts
+        self.sizes = np.array([len(p) for p in parts])
+        self.host = place_clients(self.sizes, workers)
+        self.mine = set(np.flatnonzero(self.host == comm.rank).tolist())
+        self.balanced = (len(workers) > 1 and algo.protocol == REDUCE and not algo.keeps_client_state
+                         and not keeps_state)
+        self.trains = bool(self.mine) or (self.balanced and comm.rank in workers)
+        self.x_train = self.y_train = self.trainer = self.group_trainer = None
+        if self.trains:
+            self.x_train, self.y_train = data.train
+            self.client_idx = ClientIndex(parts, flat.device)
+            self.trainer = LocalTrainer(flat, cfg.client, self.x_train, self.y_train,
+                                        transform=make_transform(cfg.data, data.dataset.input_shape), loss=loss)
+        self._plan_vectorize(loss)
+
+    def _plan_vectorize(self, loss):
+        """`client.vectorize`: off, or auto/on when the algorithm and the model allow batched groups; `on`
+        with an algorithm or model that cannot fails here, on every rank."""
+        mode = self.cfg.client.vectorize
+        if mode == "off":
+            return
+        blocker = vectorized.unsupported(self.flat)
+        if not self.algo.vectorizable:
+            blocker = f"algorithm.name = {self.algo.name!r} does not declare its clients vectorizable"
+        elif loss is not None:
+            blocker = "a custom loss trains client by client"
+        if blocker:
+            if mode == "on":
+                raise ConfigError(f"client.vectorize = 'on': {blocker}; use auto (batch clients where possible) "
+                                  f"or off")
+            return
+        if self.trains and (mode == "on" or vectorized.worthwhile(self.flat)):
+            self.group_trainer = vectorized.GroupTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
+                                                         transform=self.trainer.transform)
+
+    # -- which clients train here --------------------------------------------------------------------
+    def round_clients(self, selected):
+        """This rank's clients among the round's `selected`, in increasing id: its hosted ones, or with
+        `balanced` its share of a largest-first deal of the selected clients (the same on every rank)."""
+        if not self.balanced:
+            return [int(c) for c in selected if int(c) in self.mine]
+        share = place_clients([len(self.parts[c]) for c in selected], self.workers)
+        return [int(c) for c, rank in zip(selected, share) if rank == self.comm.rank]
+
+    def hosted(self, clients):
+        """The clients of `clients` this rank hosts, in the given order."""
+        return [int(c) for c in clients if int(c) in self.mine]
+
+    # -- training -------------------------------------------------------------------------------------
+    def new_run(self, t, cid):
+        return ClientRun(cid, t, len(self.parts[cid]), lr=schedules.client_lr(self.cfg, t))
+
+    def schedule_of(self, run, standard):
+        custom = self.algo.schedule(run.cid, self.algo.sizes, standard)
+        return Schedule(*custom) if custom else schedule(self.cfg.client, run.n_samples)
+
+    def train_one(self, t, cid, standard, load_start):
+        """Trains client `cid` from the start point that `load_start(run)` puts into the model. The result is
+        in `self.flat.vec`; returns its ClientRun."""
+        cfg, algo = self.cfg, self.algo
+        run = self.new_run(t, cid)
+        sched = self.schedule_of(run, standard)
+        load_start(run)
+        seed_torch_on(self.flat.device, cfg.seed, rng.CLIENT, t, cid, 1)
+        loss_sum, seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid), sched,
+                                            lr=run.lr, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn,
+                                            step_hook=algo.step_hook)
+        run.steps, run.loss_sum, run.seen = sched.steps, loss_sum, seen
+        run.figures["loss"] = float(loss_sum) / max(seen, 1)
+        return run
+
+    def train(self, t, cids, standard, down, load_start):
+        """Trains the clients `cids` of round t, batched groups first (`client.vectorize`), then the rest one by
+        one; yields each client's ClientRun with its result in `self.flat.vec`."""
+        groups, rest = self._vector_groups(t, cids, standard)
+        for runs, sched in groups:
+            yield from self._train_group(runs, sched, down)
+        for cid in rest:
+            yield self.train_one(t, cid, standard, load_start)
+
+    def _vector_groups(self, t, cids, standard):
+        """([(runs, schedule)] trained as batched groups, [client ids] for the per-client loop)."""
+        auto = self.cfg.client.vectorize == "auto"
+        if self.group_trainer is None or (auto and len(cids) < vectorized.MIN_GROUP):
+            return [], list(cids)
+        by_key = {}
+        for cid in cids:
+            run = self.new_run(t, cid)
+            sched = self.schedule_of(run, standard)
+            by_key.setdefault(vectorized.group_key(run.n_samples, sched), (sched, []))[1].append(run)
+        groups, rest = [], []
+        for sched, runs in by_key.values():
+            if auto and len(runs) < vectorized.MIN_GROUP:
+                rest.extend(run.cid for run in runs)
+                continue
+            groups.extend((chunk, sched) for chunk in vectorized.chunks(runs, self.group_trainer.max_group))
+        return groups, sorted(rest)
+
+    def _train_group(self, runs, sched, down):
+        """One batched group from the broadcast vector (`vectorizable`: the start point is the broadcast)."""
+        seed = self.cfg.seed
+        clients = [(self.parts[run.cid], rng.stream(seed, rng.CLIENT, run.round, run.cid)) for run in runs]
+        weights, loss_sums, seen = self.group_trainer.train(down, clients, sched, lr=runs[0].lr)
+        losses = loss_sums.tolist()
+        for i, run in enumerate(runs):
+            run.steps, run.loss_sum, run.seen = sched.steps, loss_sums[i], seen
+            run.figures["loss"] = losses[i] / max(seen, 1)
+            self.flat.vec.copy_(weights[i])
+            yield run
+
+    def probe_accuracy(self, vec, indices):
+        """Accuracy of model `vec` on training samples `indices` (SAFL's probe sets); loads `vec`."""
+        self.flat.load(vec)
+        idx = torch.from_numpy(np.asarray(indices)).to(self.flat.device)
+        acc, _ = evaluate(self.flat.module, self.x_train[idx], self.y_train[idx], self.cfg.eval.batch_size)
+        return acc

@@ -1,0 +1,71 @@
+"""Rank 0's part of a round: the global model, the server optimizer, evaluation and the round's figures.
+
+After the reduction the server asks the algorithm for the round's update (`aggregate`), lets the server
+optimizer apply it (`server.optimizer` under `server.lr_schedule`; algorithms that declare
+`uses_server_optimizer = False` are applied as x + update), gives the algorithm its `after_step` (FSL's
+server learning) and assembles the row of /metrics and /clients. (Evaluation is split across every rank:
+fedmpi.round.evaluation.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedmpi.core import schedules
+from fedmpi.round.server_opt import build_optimizer
+
+
+class Server:
+    def __init__(self, cfg, algo, flat, x0):
+        self.cfg, self.algo, self.flat = cfg, algo, flat
+        self.x = x0.to(flat.device, copy=True)     # its own memory: the server optimizer may update it in place
+        self.optimizer = build_optimizer(cfg.server, flat.dim, flat.n_params)
+
+    def start(self, server_trainer):
+        """x_0: the algorithm's pretraining or warm-up on the server's set where it has one."""
+        if server_trainer is not None:
+            self.x = self.algo.initial_model(self.x, server_trainer)
+
+    def fill_down(self, out):
+        self.algo.down_payload(self.x, out)
+
+    def apply(self, t, sums, weight):
+        """The server update of round t from the reduced upload sums and their total weight."""
+        update = self.algo.aggregate(self.x, sums, weight, t)
+        if update is not None:
+            if self.algo.uses_server_optimizer:
+                self.x = self.optimizer.step(self.x, update, schedules.server_lr(self.cfg, t))
+            else:
+                self.x = self.x + update.to(self.x.dtype)
+        self.x = self.algo.after_step(self.x, t)
+
+    def figures(self, t, selected, stats, client_figures, num_clients):
+        """The round's /metrics row (without evaluation) and /clients rows."""
+        clients = {"selected": np.isin(np.arange(num_clients), selected).astype(np.float32)}
+        for name, column in client_figures.items():
+            clients[name] = np.full(num_clients, np.nan, dtype=np.float32)
+            clients[name][selected] = column[selected]
+        dim_bytes = 4 * self.flat.dim
+        metrics = {
+            "round": t,
+            "train_loss": stats.loss / stats.seen if stats.seen else np.nan,
+            "uploads": stats.uploads,
+            "bytes_up": stats.bytes_up,
+            "bytes_down": len(selected) * self.algo.down_vectors * dim_bytes,
+            "client_lr": schedules.client_lr(self.cfg, t),
+            "server_lr": schedules.server_lr(self.cfg, t),
+        }
+        return metrics, clients
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything rank 0 holds that a resumed run needs: the global model, the algorithm's server state
+        and the optimizer's moments."""
+        return {"global": self.x.detach().cpu().numpy(), "server": self.algo.server_state(),
+                "optimizer": self.optimizer.state()}
+
+    def load_state_dict(self, state: dict):
+        self.x = torch.from_numpy(np.asarray(state["global"], dtype=np.float32)).to(self.flat.device)
+        self.algo.load_server_state(state.get("server", {}))
+        self.optimizer.load_state(state.get("optimizer", {}))

@@ -1,0 +1,244 @@
+"""Runs an experiment to the end on every rank: set-up vote, the round loop, run log, checkpoints, and what
+happens when a rank fails, is interrupted or the model diverges.
+
+Set-up: every rank builds its Experiment, then all vote (`comm.agree`); if any rank failed (a bad config,
+`Algorithm.check`, a missing file on one node) every rank ends with the worst exit code and one message,
+before run.h5 exists and before --overwrite removes anything.
+
+Failure contract (DESIGN §5): an exception on any rank during the rounds ends the whole job at once with one
+message naming the rank and the error, and `run.h5` says `failed` with that message. A worker sends its
+error text to rank 0 (which records it and aborts the job); if rank 0 does not respond in time the worker
+aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted` and exit 130.
+
+A rank that runs out of memory where Python or torch can tell (a MemoryError, torch's OutOfMemoryError) fails
+like any other, with a message that says so, its peak memory and the node's (`fedmpi.run.memory`). A rank killed
+outright (kill -9, the kernel's OOM killer: Linux usually kills instead of failing an allocation) cannot
+report anything. mpiexec (MPICH hydra) then kills every other rank at once and prints "BAD TERMINATION OF
+ONE OF YOUR APPLICATION PROCESSES ... EXIT CODE: 9" and "YOUR APPLICATION TERMINATED WITH THE EXIT STRING:
+Killed (signal 9)" (the kernel's log, `dmesg`, names the OOM kill), so no watchdog runs here; under SLURM
+launch with `srun --kill-on-bad-exit=1` for the same effect (SLURM reports an OOM kill in the job's state).
+run.h5 keeps status `running` in that case, and the next --resume notes it in `resumes`.
+
+Stop requests (fedmpi.mpi.signals) end the loop at a round boundary with a checkpoint; every rank returns 75.
+A non-finite loss or model stops the run at that round with status `diverged` and exit 1
+(`runtime.on_nonfinite: continue` logs it and goes on); no checkpoint holding the non-finite model is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import socket
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from fedmpi.core.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    Diverged,
+    FedmpiError,
+    Refused,
+    StopRequested,
+    report_lines,
+)
+from fedmpi.core.fingerprint import fingerprint
+from fedmpi.io import checkpoint
+from fedmpi.io.store import RunLog
+from fedmpi.mpi import signals
+from fedmpi.mpi.comm import WorkerFailed
+from fedmpi.round.experiment import Experiment
+from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
+from fedmpi.run.progress import Progress
+
+INTERRUPTED = "interrupted (SIGINT)"
+
+
+def run_path(cfg):
+    return os.path.join(cfg.out, "run.h5")
+
+
+def _say(text):
+    print(f"fedmpi: {text}", file=sys.stderr, flush=True)
+
+
+def set_up(cfg, comm, **parts) -> Experiment:
+    """Builds the Experiment on every rank and agrees on the outcome (see the module docstring). Raises
+    Refused (its message already printed once) on every rank if any rank failed."""
+    exp = error = None
+    try:
+        exp = Experiment(cfg, comm, **parts)
+    except Exception as e:  # noqa: BLE001 - every rank must reach the vote whatever went wrong
+        error = e
+        if os.environ.get("FEDMPI_DEBUG") and not isinstance(e, FedmpiError):
+            traceback.print_exc()
+    code = 0 if error is None else (error.exit_code if isinstance(error, FedmpiError) else EXIT_FAILED)
+    worst, speaker = comm.agree(code)
+    if worst == 0:
+        return exp
+    if comm.rank == speaker:
+        lines = report_lines(error, comm.rank if comm.size > 1 else None)
+        if is_out_of_memory(error):
+            lines = [f"fedmpi: {out_of_memory_text(error, comm.rank if comm.size > 1 else None)}"]
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
+    comm.close()
+    raise Refused(worst)
+
+
+def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
+    """Runs on every rank; `resume` is the checkpoint.ResumePoint that `plan_resume` chose (--resume),
+    `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint)."""
+    exp = set_up(cfg, comm)
+    log = None
+    start = resume or fork
+    try:
+        if start:
+            checkpoint.load_into(exp, start)
+        if comm.is_server:
+            log = _open_log(cfg, comm, exp, overwrite, resume)
+            log.metric_attrs = exp.metric_attrs
+            if fork:
+                fork.record(log)
+        _loop(cfg, comm, exp, log, start.wall_s if start else 0.0)
+        if log:
+            log.write_model(exp.global_model())
+            log.finish("finished")
+        signals.ignore_all()
+        comm.close()
+        return 0
+    except StopRequested as stop:
+        # Every rank is here after the same round, with the checkpoint written (`_loop`): exit 75 everywhere.
+        if log:
+            log.write_model(exp.global_model())
+            log.finish("preempted", str(stop))
+            _say(str(stop))
+        signals.ignore_all()
+        comm.close()
+        return stop.exit_code
+    except Diverged as e:
+        _fail(comm, log, str(e), str(e), e.exit_code, status="diverged")
+    except KeyboardInterrupt:
+        where = f" on rank {comm.rank}" if comm.size > 1 else ""
+        _fail(comm, log, f"interrupted (SIGINT{where})", INTERRUPTED, EXIT_INTERRUPTED, status="interrupted")
+    except WorkerFailed as e:
+        first = e.text.splitlines()[0] if e.text else f"rank {e.rank} failed: unknown error"
+        interrupted = first.startswith("interrupted")
+        _fail(comm, log, first, e.text, EXIT_INTERRUPTED if interrupted else EXIT_FAILED,
+              status="interrupted" if interrupted else "failed")
+    except Exception as e:  # noqa: BLE001 - every error must end the whole job, not just this rank
+        code = e.exit_code if isinstance(e, FedmpiError) else EXIT_FAILED
+        if isinstance(e, FedmpiError):     # says itself what failed (e.g. "cannot write OUT/run.h5: ...")
+            message = str(e) if comm.is_server else f"rank {comm.rank} failed: {e}"
+            detail = message
+        else:
+            message = (out_of_memory_text(e, comm.rank) if is_out_of_memory(e)
+                       else f"rank {comm.rank} failed: {type(e).__name__}: {e}")
+            detail = message + "\n" + traceback.format_exc()
+        _fail(comm, log, message, detail, code)
+
+
+def _fail(comm, log, message, detail, code, status="failed"):
+    signals.ignore_all()
+    if comm.is_server or comm.size == 1:
+        _say(message)
+    if os.environ.get("FEDMPI_DEBUG") and detail != message:
+        print(detail, file=sys.stderr, flush=True)
+    if log:
+        try:
+            log.finish(status, message)
+            log.set_attrs(error_detail=detail)
+        except Exception as e:  # noqa: BLE001 - the job must still end
+            _say(f"could not record the failure in {log.path}: {e}")
+    if comm.size > 1:
+        if not comm.is_server:
+            comm.report_failure(detail if status == "failed" else message)
+        comm.abort(code)
+    sys.exit(code)
+
+
+def _create_log(cfg, comm, exp, overwrite):
+    path = run_path(cfg)
+    if overwrite:
+        shutil.rmtree(os.path.join(cfg.out, "ckpt"), ignore_errors=True)
+    return RunLog.create(path, cfg, comm.size, [socket.gethostname()], exp.partition_groups,
+                         extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim,
+                                      "device": str(exp.device), "threads": exp.threads,
+                                      "training_ranks": len(exp.workers), **exp.run_attrs()})
+
+
+def _open_log(cfg, comm, exp, overwrite, resume):
+    if resume is None:
+        return _create_log(cfg, comm, exp, overwrite)
+    checkpoint.set_aside(resume)
+    _say(f"resuming from {resume.path}: round {resume.round} of {cfg.rounds}, at -n {comm.size}")
+    # Rows after the checkpoint are dropped: this run recomputes them.
+    return RunLog.reopen(run_path(cfg), resume.round, config=cfg.to_yaml(), world_size=comm.size,
+                         device=str(exp.device), threads=exp.threads, **exp.run_attrs())
+
+
+def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):
+    """The rounds, in order; on the server each round's row goes to `log` (a RunLog, or the in-memory
+    recorder of `fedmpi.simulate`). A checkpoint is written at every due round boundary and, on a stop
+    request, at the next one (`checkpoints=False`: never).
+
+    `wall_s` (training seconds before this process started: a resumed run's checkpoint value) keeps the
+    wall_s metric counting from the run's beginning across resumes.
+    """
+    progress = Progress(cfg.rounds, exp.start_round, cfg.runtime.progress) if comm.is_server else None
+    began = time.monotonic() - wall_s
+    # Rank 0 writes a round's row right after the next round's broadcast, while the workers train, instead
+    # of keeping them waiting for it; before a checkpoint, a stop or the end it is written at once.
+    pending = []
+
+    def flush():
+        while pending:
+            pending.pop()()
+
+    exp.after_broadcast = flush
+    try:
+        for t in range(exp.start_round, cfg.rounds):
+            t0 = time.monotonic()
+            record = exp.run_round(t)
+            if record is not None:
+                wall_s = record.metrics["wall_s"] = time.monotonic() - began
+                pending.append(functools.partial(_write_row, log, progress, exp, t, record, time.monotonic() - t0))
+                exp.stopping = exp.stop_votes > 0     # the next broadcast tells every rank to stop
+                if exp.nonfinite and cfg.runtime.on_nonfinite == "stop":
+                    # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
+                    # workers, waiting for the next round, end with the job (as on a failure).
+                    flush()
+                    raise Diverged(f"diverged in round {t}: {exp.nonfinite}; the newest checkpoint holds the "
+                                   f"last finite model (runtime.on_nonfinite: continue would go on)")
+            if checkpoints and checkpoint.due(cfg, t + 1):
+                flush()     # a checkpoint never gets ahead of the log (--resume checks the rows)
+                checkpoint.save(exp, t + 1, wall_s)
+        flush()
+    except StopRequested as stop:
+        flush()
+        if checkpoints and not checkpoint.due(cfg, stop.round):     # else written at the end of the round
+            checkpoint.save(exp, stop.round, wall_s)
+        raise
+    except Exception:
+        try:        # a finished round's row is kept whatever ends the run (a full disk aside)
+            flush()
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            pass
+        raise
+    finally:
+        exp.after_broadcast = None
+        if progress:
+            progress.close()
+
+
+def _write_row(log, progress, exp, t, record, seconds):
+    """Round t's row: the model's fingerprint (x is unchanged until the next round's update), the run log, and
+    the progress line."""
+    metrics = record.metrics
+    metrics["model_sha256"] = fingerprint(record.model)
+    with signals.deferred():
+        log.append(metrics, record.clients, num_clients=exp.num_clients, timing=record.timing)
+    progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan), seconds)

@@ -1,0 +1,122 @@
+"""Memory, ahead and after the fact: the size estimate `fedmpi run --dry-run` prints (data, model, client
+state and log bytes per rank and per node), and the message when a rank runs out of memory.
+
+The estimate follows what a run holds (issue 14): the data set once per node in a shared window, each rank
+charged its share of it (`runtime.shared_data`; the whole set per rank when off); every rank's index
+arrays of the partition; the flat model with its gradient and the wire's buffers on every rank, plus the
+server's state on rank 0; per-client vectors on the hosting ranks, in memory up to
+`runtime.client_state_memory` and on disk beyond; run.h5 growing by the rows of the clients each round
+names. Python, torch and MPI themselves add about 0.4 GB per rank on top (measured: docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+
+import numpy as np
+
+from fedmpi.algorithms.state import ClientVectors
+from fedmpi.mpi.runtime import place_clients
+
+GB = 1e9
+MB = 1e6
+IN_MEMORY = ("data", "partition index", "model and buffers", "client state in memory")
+PHASES_ESTIMATE = 8         # /timing phases per rank (fedmpi.core.timing.PHASES, about)
+METRICS_ESTIMATE = 24       # /metrics figures per round (the core ones, lrs, drift figures, fingerprint...)
+
+
+def client_vector_count(algo, cfg):
+    """Vectors an algorithm keeps per client (its ClientVectors, plus compression residuals with error
+    feedback, one per compressed upload)."""
+    count = sum(isinstance(v, ClientVectors) for v in vars(algo).values())
+    compress = cfg.client.compress
+    return count + int(compress.name != "none" and compress.error_feedback)
+
+
+def estimate(cfg, dataset, parts, flat, algo, ranks):
+    """Bytes by kind for a run of `ranks` ranks on one node: {kind: (per rank, per node)} (per rank: the
+    largest rank's share)."""
+    data = sum(a.nbytes for a in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
+    index = sum(len(p) for p in parts) * 8
+    shared = cfg.runtime.shared_data and ranks > 1
+    dim, n_params = flat.dim, flat.n_params
+    # flat vector + gradient (+ momentum), the broadcast (float32) and reduction (float64) buffers, the accumulator
+    model = 4 * dim * (1 + algo.down_vectors) + 4 * n_params * (1 + (cfg.client.momentum > 0)) \
+        + 8 * dim * 2 * algo.up_vectors
+    server = 4 * dim * 2 + 8 * dim * 2      # the global model, the optimizer's moments (float64), the update
+    workers = list(range(1, ranks)) or [0]
+    sizes = np.array([len(p) for p in parts])
+    hosted = np.bincount(place_clients(sizes, workers), minlength=ranks).max()
+    state = int(hosted) * client_vector_count(algo, cfg) * 4 * dim
+    bound = cfg.runtime.client_state_bytes
+    in_memory = state if bound is None else min(state, bound)
+    columns = 2 + len(algo.client_columns) + 1          # selected, loss, the algorithm's, the ids
+    log = 100 * (cfg.server.clients_per_round * 4 * columns + 8 * (METRICS_ESTIMATE + dataset.num_classes)
+                 + 8 * PHASES_ESTIMATE * ranks)
+    data_rank = math.ceil(data / ranks) if shared else data
+    return {
+        "data": (data_rank, data if shared else data * ranks),
+        "partition index": (index, index * ranks),
+        "model and buffers": (model + server, model * ranks + server),
+        "client state in memory": (in_memory, in_memory * len(workers)),
+        "client state spilled to disk": (state - in_memory, (state - in_memory) * len(workers)),
+        "run.h5 per 100 rounds": (log, log),
+    }
+
+
+def launcher_size():
+    """The world size a launcher announced in the environment (MPICH/hydra, Open MPI, SLURM), or None."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def dry_run_lines(cfg, dataset, parts, flat, algo):
+    """The size table `--dry-run` prints: each kind's bytes per rank and per node, for 2, 4 and 8 ranks on a
+    node (and the launcher's count, when run under one)."""
+    counts = sorted({2, 4, 8} | ({launcher_size()} - {None}))
+    lines = [f"memory estimate (MB; ranks on one node; per rank = the largest rank; plus ~400 MB per rank for "
+             f"Python, torch and MPI; data {'shared by the node' if cfg.runtime.shared_data else 'per rank'}):"]
+    rows = {n: estimate(cfg, dataset, parts, flat, algo, n) for n in counts}
+    head = "  " + "kind".ljust(30) + "".join(f"{f'-n {n} rank':>12}{f'-n {n} node':>12}" for n in counts)
+    lines.append(head)
+    for kind in rows[counts[0]]:
+        cells = "".join(f"{rows[n][kind][0] / MB:12.1f}{rows[n][kind][1] / MB:12.1f}" for n in counts)
+        lines.append("  " + kind.ljust(30) + cells)
+    held = {n: [v for k, v in rows[n].items() if k in IN_MEMORY] for n in counts}
+    totals = "".join(f"{sum(v[0] for v in held[n]) / MB:12.1f}{sum(v[1] for v in held[n]) / MB:12.1f}" for n in counts)
+    lines.append("  " + "total in memory".ljust(30) + totals)
+    return lines
+
+
+# -- out of memory ---------------------------------------------------------------------------------------
+
+def is_out_of_memory(error):
+    """A host MemoryError (numpy's allocation failures are MemoryErrors) or torch's out-of-memory error."""
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError" or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower())
+
+
+def out_of_memory_text(error, rank):
+    """One line for a rank that ran out of memory: the error, this rank's peak memory, the node's memory now,
+    and where to look (the estimate, the state bound)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    where = f"rank {rank} " if rank is not None else ""
+    detail = f"{type(error).__name__}: {error}".rstrip(": ")
+    return (f"{where}ran out of memory ({detail}); its peak resident memory was {peak / GB:.2f} GB{_node_memory()}. "
+            f"`fedmpi run CONFIG --dry-run` estimates the memory per rank and per node; per-client state can be "
+            f"bounded with runtime.client_state_memory")
+
+
+def _node_memory():
+    try:
+        with open("/proc/meminfo") as fh:
+            info = dict(line.split(":", 1) for line in fh)
+        total, free = (int(info[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable"))
+    except (OSError, KeyError, ValueError):
+        return ""
+    return f", and the node has {free / GB:.2f} GB of {total / GB:.2f} GB available now"
