@@ -25,7 +25,7 @@ from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 from fedmpi.data.dataset import Dataset
 from fedmpi.io import checkpoint
-from fedmpi.mpi.comm import LocalComm
+from fedmpi.mpi.local import LocalComm
 from fedmpi.round.experiment import Experiment
 from fedmpi.run.api import MemoryLog
 from fedmpi.run.launch import _loop

@@ -20,7 +20,7 @@ from fedmpi.core.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError, InputErr
 from fedmpi.io import checkpoint
 from fedmpi.io.store import RunLog
 from fedmpi.mpi import signals
-from fedmpi.mpi.comm import LocalComm
+from fedmpi.mpi.local import LocalComm
 from fedmpi.mpi.state_codec import decode_state_meta, encode_state
 
 

@@ -23,7 +23,7 @@ import fedmpi
 from fedmpi import config
 from fedmpi.cli import main
 from fedmpi.core import rng
-from fedmpi.mpi.comm import LocalComm
+from fedmpi.mpi.local import LocalComm
 from fedmpi.privacy import accounting, mechanism
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.round.experiment import Experiment

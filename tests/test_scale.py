@@ -21,8 +21,10 @@ from fedmpi.core.errors import ConfigError
 from fedmpi.data import load_dataset, sources
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.io.store import CORE_METRICS, RunLog, client_row, client_table, read_clients
-from fedmpi.mpi.comm import SHARED_ALIGN, LocalComm, share_of, shared_layout
+from fedmpi.mpi.local import LocalComm
 from fedmpi.mpi.runtime import parse_bytes
+from fedmpi.mpi.shared_arrays import SHARED_ALIGN, shared_layout
+from fedmpi.mpi.topology import share_of
 
 
 def synthetic_cfg(**sections):

@@ -17,7 +17,7 @@ from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 from fedmpi.core.train import LocalTrainer, Schedule
 from fedmpi.data.augment import pad_crop_flip
-from fedmpi.mpi.comm import LocalComm
+from fedmpi.mpi.local import LocalComm
 from fedmpi.round.experiment import Experiment
 
 RTOL, ATOL = 1e-5, 1e-6

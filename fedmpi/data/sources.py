@@ -15,7 +15,7 @@ from fedmpi.core.errors import InputError
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.dataset import Dataset
-from fedmpi.mpi.comm import share_of
+from fedmpi.mpi.topology import share_of
 
 SYNTHETIC_DIM, SYNTHETIC_CLASSES = 60, 10
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081

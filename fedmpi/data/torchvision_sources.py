@@ -253,7 +253,7 @@ def idx_fill(cfg, arrays, part, parts):
     chunk, with `_normalise`'s operations (so every value equals the whole-file loader's)."""
     import torch
 
-    from fedmpi.mpi.comm import share_of
+    from fedmpi.mpi.topology import share_of
 
     folder, names, transposed, classes = _idx_files(cfg)
     mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in NORMALISATION[cfg.data.name])

@@ -4,10 +4,7 @@ The only module that imports mpi4py. `MpiComm` moves flat numpy float32 buffers 
 (uppercase) calls; `LocalComm` is its single-process twin with the same methods, so every algorithm runs
 unchanged at `-n 1`.
 
-Node-local data: `share_arrays` gives the ranks of one node one copy of a set of arrays (the data set) in an
-MPI-3 shared-memory window; every rank of the node fills its own share of the rows, so each is charged
-(first touch) for about 1/ranks of it. `FEDMPI_TEST_NODES=K` (a test aid) splits the ranks into K pretend
-nodes, so that node-local device choice, threads and data sharing can be exercised on one machine.
+Node-local data: `share_arrays` (fedmpi.mpi.shared_arrays); pretend nodes: fedmpi.mpi.topology.
 
 Waiting: a rank that waits for others (the server while workers train, a worker while the server
 evaluates) must not burn a core that a training rank needs. Each phase therefore starts with a tiny
@@ -19,17 +16,18 @@ all (`round_buffers`, fedmpi.mpi.node_buffers).
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi.core.errors import ConfigError, FedmpiError
 from fedmpi.core.timing import Timer
 from fedmpi.mpi import node_buffers, signals
+from fedmpi.mpi.base import WorkerFailed, error_text, exit_code_of
+from fedmpi.mpi.local import LocalComm
 from fedmpi.mpi.runtime import usable_cores
-from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, encode_state
+from fedmpi.mpi.shared_arrays import PeerFailed, read_only, shared_layout, views
+from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, recv_state, send_state
+from fedmpi.mpi.topology import NodeInfo, node_count, pretend_node
 
 FAILURE_TAG = 77
 ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfers
@@ -41,67 +39,6 @@ SLEEP_FRACTION = 0.05     # of the time waited so far: a wait overshoots by at m
 # How long a failing worker waits for the server to record its error before aborting the job itself.
 FAILURE_GRACE_S = 10.0
 # Test aid: split the ranks into this many pretend nodes (contiguous blocks of ranks), see `node_count`.
-TEST_NODES = "FEDMPI_TEST_NODES"
-# Arrays in a shared window start on page boundaries: a rank filling one array touches no page of another.
-SHARED_ALIGN = 4096
-
-def node_count(size):
-    """Pretend nodes asked for by FEDMPI_TEST_NODES (1 when unset), at most one per rank."""
-    text = os.environ.get(TEST_NODES, "").strip()
-    if not text:
-        return 1
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"{TEST_NODES} = {text!r}: must be a positive integer (pretend nodes, a test aid)")
-    return min(int(text), size)
-
-
-def pretend_node(rank, size, nodes):
-    """The pretend node of `rank` when `size` ranks are split into `nodes` contiguous blocks (as a launcher
-    that fills one node after another places them)."""
-    return rank * nodes // size
-
-
-def share_of(n, part, parts):
-    """Rows [lo, hi) of `n` that part `part` of `parts` fills (contiguous, sizes within one of each other)."""
-    return n * part // parts, n * (part + 1) // parts
-
-
-def shared_layout(specs):
-    """({name: (offset, shape, dtype)}, total bytes): `specs` {name: (shape, dtype)} packed into one buffer,
-    each array on a SHARED_ALIGN boundary."""
-    layout, offset = {}, 0
-    for name, (shape, dtype) in specs.items():
-        dtype, shape = np.dtype(dtype), tuple(int(d) for d in shape)
-        layout[name] = (offset, shape, dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        offset += -(-nbytes // SHARED_ALIGN) * SHARED_ALIGN
-    return layout, offset
-
-
-def _views(buffer, layout):
-    return {name: np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset)
-            for name, (offset, shape, dtype) in layout.items()}
-
-
-def _read_only(arrays):
-    for a in arrays.values():
-        a.flags.writeable = False
-    return arrays
-
-
-class PeerFailed(FedmpiError):
-    """Raised on the ranks of a node whose shared data another rank of the node failed to produce; carries
-    that rank's message, so that whichever rank reports the failure says why."""
-
-    def __init__(self, code, local_rank, text):
-        super().__init__(f"node-local rank {local_rank} could not make the node's shared data: {text}")
-        self.exit_code = code
-
-
-def error_text(error):
-    """What a rank says about an error it raised: the message of a FedmpiError, else 'Type: message'."""
-    return str(error) if isinstance(error, FedmpiError) else f"{type(error).__name__}: {error}"
-
 
 class _AllOf:
     """Adapts a list of requests to the single-request `Test()` that `_sleep_wait` polls."""
@@ -111,103 +48,6 @@ class _AllOf:
 
     def Test(self):  # noqa: N802 - mirrors mpi4py's Request.Test
         return self.mpi.Request.Testall(self.requests)
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    local_rank: int             # this rank's index among the ranks on its node
-    local_size: int             # ranks on this node
-    server_here: bool           # rank 0 is on this node
-    server_node_ranks: int      # ranks on rank 0's node
-    server_node_cores: int      # cores usable on rank 0's node
-    server_node_gpus: int = 0   # GPUs rank 0 would train on (0 on a CPU node)
-    cores: int = 0              # cores usable on this rank's node (0: unknown)
-    node: int = 0               # this rank's node, 0..nodes-1 (pretend nodes under FEDMPI_TEST_NODES)
-    nodes: int = 1
-
-    def server_spare_core(self):
-        """Rank 0's node is a CPU node with a core beyond those of its other ranks, idle while they train (on
-        a GPU node rank 0 would share a GPU with a worker instead)."""
-        return self.server_node_gpus == 0 and self.server_node_cores > self.server_node_ranks - 1
-
-
-class WorkerFailed(Exception):
-    """Raised on the server when a worker reports an exception; the job is then aborted."""
-
-    def __init__(self, rank, text):
-        self.rank, self.text = rank, text
-        super().__init__(f"rank {rank}: {text}")
-
-
-class LocalComm:
-    """Everything in one process: rank 0 is server and the only worker."""
-
-    rank = 0
-    size = 1
-    workers = (0,)
-
-    def __init__(self):
-        self.timer = Timer()
-
-    @property
-    def is_server(self):
-        return True
-
-    def bcast(self, buf):
-        return buf
-
-    def reduce_sum(self, buf):
-        return buf
-
-    def round_buffers(self, down_len, up_len, host_buffers=True):
-        """One process needs no shared buffers (see MpiComm.round_buffers)."""
-        return None
-
-    def sync(self):
-        pass
-
-    def route(self, sends, receives):
-        """Point-to-point moves between ranks; with one rank there is nowhere to move to."""
-        if sends or receives:
-            raise RuntimeError("LocalComm.route: a single process has no other rank to route to")
-
-    def masked_gather(self, mask, vectors, hosted_selected, dim):
-        """{client id: vector} of the uploaders among the selected clients (all hosted here)."""
-        uploaders = [c for c, m in zip(hosted_selected.get(0, []), mask) if m]
-        return dict(zip(uploaders, vectors))
-
-    def report_failure(self, text):
-        pass
-
-    def agree(self, code):
-        """(the worst exit code over the ranks, the lowest rank that has it): see MpiComm.agree."""
-        return code, 0
-
-    def gather_states(self, host, get_state, put_state):
-        """Every client's state to `put_state` in client order (see MpiComm.gather_states)."""
-        for cid in range(len(host)):
-            put_state(cid, get_state(cid))
-
-    def node_local(self, gpus=0):
-        return NodeInfo(0, 1, True, 1, usable_cores(), gpus, usable_cores())
-
-    @property
-    def node_leader(self):
-        return True
-
-    def share_arrays(self, specs, fill):
-        """`MpiComm.share_arrays` in one process: plain arrays, filled whole, returned read-only."""
-        if isinstance(specs, BaseException):
-            raise specs
-        arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
-        fill(arrays, 0, 1)
-        return _read_only(arrays)
-
-    def abort(self, code):
-        os._exit(code)
-
-    def close(self):
-        pass
 
 
 class MpiComm:
@@ -344,15 +184,9 @@ class MpiComm:
             if owner == self.rank == 0:
                 put_state(cid, get_state(cid))
             elif self.rank == owner:
-                meta, names, arrays = encode_state(get_state(cid))
-                self._send_state_part(np.array([len(arrays)], dtype=np.int64))
-                if arrays:
-                    self._send_state_part(meta)
-                    self._send_state_part(names)
-                    for a in arrays:
-                        self._send_state_part(a)
+                send_state(self._send_state_part, get_state(cid))
             elif self.rank == 0:
-                put_state(cid, self._recv_state(owner))
+                put_state(cid, recv_state(lambda a, src=owner: self._recv_state_part(a, src)))
 
     def _send_state_part(self, a):
         self._sleep_wait(self.comm.Isend([a.reshape(-1).view(np.uint8), self.MPI.BYTE], dest=0, tag=STATE_TAG))
@@ -361,15 +195,6 @@ class MpiComm:
         self._sleep_wait(self.comm.Irecv([a.reshape(-1).view(np.uint8), self.MPI.BYTE], source=source,
                                          tag=STATE_TAG))
         return a
-
-    def _recv_state(self, source):
-        count = self._recv_state_part(np.zeros(1, dtype=np.int64), source)[0]
-        if count == 0:
-            return {}
-        meta = self._recv_state_part(np.zeros((count, STATE_META), dtype=np.int64), source)
-        names = self._recv_state_part(np.zeros(int(meta[:, 2].sum()), dtype=np.uint8), source)
-        return {name: self._recv_state_part(np.empty(shape, dtype=dtype), source)
-                for name, dtype, shape in decode_state_meta(meta, names)}
 
     def route(self, sends, receives):
         """Point-to-point transfers of flat float32 buffers: `sends` are (dest, key, buffer), `receives`
@@ -474,7 +299,7 @@ class MpiComm:
         header = np.zeros(3, dtype=np.int64)            # [exit code, spec rows, name bytes]
         if part == 0:
             if isinstance(specs, BaseException):
-                header[0] = specs.exit_code if isinstance(specs, FedmpiError) else 1
+                header[0] = exit_code_of(specs)
             else:
                 meta, names = encode_specs(specs)
                 header[1:] = len(meta), len(names)
@@ -493,12 +318,12 @@ class MpiComm:
         layout, total = shared_layout(specs)
         win = self.MPI.Win.Allocate_shared(total if part == 0 else 0, 1, comm=node)
         buffer, _ = win.Shared_query(0)
-        arrays = _views(buffer, layout)
+        arrays = views(buffer, layout)
         error, code = None, 0
         try:
             fill(arrays, part, parts)
         except Exception as e:  # noqa: BLE001 - every rank of the node must reach the agreement below
-            error, code = e, (e.exit_code if isinstance(e, FedmpiError) else 1)
+            error, code = e, exit_code_of(e)
         value = np.array([code * (parts + 1) + (parts - part) if code else 0], dtype=np.int64)
         worst = np.zeros(1, dtype=np.int64)
         self._sleep_wait(node.Iallreduce(value, worst, op=self.MPI.MAX))
@@ -511,7 +336,7 @@ class MpiComm:
                 raise error
             raise PeerFailed(int(worst[0] // (parts + 1)), speaker, text)
         self._windows.append(win)
-        return _read_only(arrays)
+        return read_only(arrays)
 
     def _node_text(self, text, root):
         """Node-local rank `root`'s `text` (at most FAILURE_BYTES) to every rank of the node."""

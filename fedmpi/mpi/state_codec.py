@@ -44,3 +44,25 @@ def decode_state_meta(meta, name_bytes):
         out.append((raw[pos:pos + length].decode(), STATE_DTYPES[code], tuple(shape[:ndim])))
         pos += length
     return out
+
+
+def send_state(send, state: dict):
+    """Sends one client's `state` as plain buffers through `send(array)`: its array count, then (if any) the
+    metadata, the names and the arrays themselves, in that order (what `recv_state` reads)."""
+    meta, names, arrays = encode_state(state)
+    send(np.array([len(arrays)], dtype=np.int64))
+    if arrays:
+        send(meta)
+        send(names)
+        for a in arrays:
+            send(a)
+
+
+def recv_state(recv) -> dict:
+    """One client's state from `recv(buffer)`, which fills and returns the buffer it is given."""
+    count = recv(np.zeros(1, dtype=np.int64))[0]
+    if count == 0:
+        return {}
+    meta = recv(np.zeros((count, STATE_META), dtype=np.int64))
+    names = recv(np.zeros(int(meta[:, 2].sum()), dtype=np.uint8))
+    return {name: recv(np.empty(shape, dtype=dtype)) for name, dtype, shape in decode_state_meta(meta, names)}

@@ -1,5 +1,5 @@
 """The factories that pick a round's participation provider and upload stages from the config. They live
-above fedmpi.deploy and fedmpi.privacy (which build on the bases in fedmpi.plans and fedmpi.uploads), so the
+above fedmpi.deploy and fedmpi.privacy (which build on the bases in fedmpi.plans and fedmpi.uploads.base), so the
 bases import nothing back."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def _override_text(key, value):
 def simulate(cfg, *, dataset=None, model=None, parts=None, loss=None, rounds=None, **overrides):
     """Runs the experiment of `cfg` (Config, mapping or YAML path; `rounds` and dotted overrides such as
     `**{"client.lr": 0.1}` applied) in this process and returns a SimulationResult."""
-    from fedmpi.mpi.comm import LocalComm
+    from fedmpi.mpi.local import LocalComm
     from fedmpi.round.experiment import Experiment
     from fedmpi.run.launch import _loop
 

@@ -49,7 +49,7 @@ from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io import checkpoint
 from fedmpi.io.store import RunLog
 from fedmpi.mpi import signals
-from fedmpi.mpi.comm import WorkerFailed
+from fedmpi.mpi.base import WorkerFailed
 from fedmpi.round.experiment import Experiment
 from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
 from fedmpi.run.progress import Progress

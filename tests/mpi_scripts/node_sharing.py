@@ -15,8 +15,9 @@ import torch
 from fedmpi import config
 from fedmpi.data import load_dataset
 from fedmpi.data.shared import load_shared
-from fedmpi.mpi.comm import make_comm, share_of
+from fedmpi.mpi.comm import make_comm
 from fedmpi.mpi.runtime import pick_device, set_threads
+from fedmpi.mpi.topology import share_of
 
 cfg = config.load(sys.argv[1])
 comm = make_comm()

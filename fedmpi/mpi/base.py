@@ -1,0 +1,87 @@
+"""What a communicator is (`Comm`, a typing.Protocol that `MpiComm` and `LocalComm` both implement and that
+the round engine is written against), and the errors that travel between ranks."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from fedmpi.core.errors import FedmpiError
+from fedmpi.core.timing import Timer
+from fedmpi.mpi.topology import NodeInfo
+
+
+def error_text(error):
+    """What a rank says about an error it raised: the message of a FedmpiError, else 'Type: message'."""
+    return str(error) if isinstance(error, FedmpiError) else f"{type(error).__name__}: {error}"
+
+
+def exit_code_of(error):
+    """The exit code a rank ends with for `error`: a FedmpiError's own, else 1."""
+    return error.exit_code if isinstance(error, FedmpiError) else 1
+
+
+class WorkerFailed(Exception):
+    """Raised on the server when a worker reports an exception; the job is then aborted."""
+
+    def __init__(self, rank, text):
+        self.rank, self.text = rank, text
+        super().__init__(f"rank {rank}: {text}")
+
+
+@runtime_checkable
+class Comm(Protocol):
+    """The communicator the round engine, the data loader and the checkpoints use. Rank 0 is the server;
+    `workers` are the ranks that may host clients. Buffers are numpy arrays (or device arrays with
+    CUDA-aware MPI); every collective is entered by every rank."""
+
+    rank: int
+    size: int
+    workers: tuple
+    timer: Timer
+
+    @property
+    def is_server(self) -> bool: ...
+
+    @property
+    def node_leader(self) -> bool: ...
+
+    def bcast(self, buf: np.ndarray) -> np.ndarray:
+        """Rank 0's `buf` on every rank (in place)."""
+
+    def reduce_sum(self, buf: np.ndarray) -> np.ndarray:
+        """The sum of every rank's `buf` on rank 0 (in place there)."""
+
+    def round_buffers(self, down_len: int, up_len: int, host_buffers: bool = True):
+        """Node-shared round buffers (fedmpi.mpi.node_buffers) or None where MPI moves them."""
+
+    def sync(self) -> None:
+        """A sleeping barrier."""
+
+    def route(self, sends: list, receives: list) -> None:
+        """Point-to-point moves: `sends` [(dst, slot, array)], `receives` [(src, slot, buffer)]."""
+
+    def masked_gather(self, mask: np.ndarray, vectors: list, hosted_selected: dict, dim: int) -> dict:
+        """Rank 0: {client id: vector} of the selected clients whose mask entry is set."""
+
+    def report_failure(self, text: str) -> None:
+        """A worker tells rank 0 why it fails (rank 0 records it and ends the job)."""
+
+    def agree(self, code: int) -> tuple:
+        """(the worst exit code over the ranks, the lowest rank that has it)."""
+
+    def gather_states(self, host, get_state, put_state) -> None:
+        """Every client's state, from the rank hosting it, to `put_state` on rank 0 in client order."""
+
+    def node_local(self, gpus: int = 0) -> NodeInfo:
+        """This rank's node: its local rank and size, cores, GPUs, whether rank 0 is on it."""
+
+    def share_arrays(self, specs, fill) -> dict:
+        """One read-only copy of the arrays `specs` for all the node's ranks, each filling its share."""
+
+    def abort(self, code: int) -> None:
+        """Ends every rank of the job at once with `code`."""
+
+    def close(self) -> None:
+        """Frees what the communicator holds (windows, requests)."""
