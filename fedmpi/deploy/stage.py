@@ -1,4 +1,4 @@
-"""`client.compress` as an upload stage (fedmpi.uploads.base.base): a client's update is compressed, with error
+"""`client.compress` as an upload stage (fedmpi.uploads.base): a client's update is compressed, with error
 feedback where configured, and replaced by what the server decodes before the algorithm's `accumulate`.
 
 The compressed vector is the update of the first uploaded vector, delta = y_i - x_t (the trained model
@@ -13,7 +13,7 @@ or late client's residual stays as it was.
 from __future__ import annotations
 
 from fedmpi.deploy.compress import UpdateCompression
-from fedmpi.uploads.base.base import UploadStage
+from fedmpi.uploads.base import UploadStage
 
 
 def upload_bytes(cfg, algo) -> int:

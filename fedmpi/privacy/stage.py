@@ -24,7 +24,7 @@ from fedmpi.privacy import accounting, plan
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
 from fedmpi.privacy.sampling import PoissonSampling
-from fedmpi.uploads.base.base import UploadStage
+from fedmpi.uploads.base import UploadStage
 
 CLIPPED, COUNT = 0, 1      # the stage's sums in the reduction: updates clipped, updates counted
 

@@ -41,7 +41,7 @@ from fedmpi.round.providers import build_participation, build_stages
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
-from fedmpi.uploads.base.base import layout
+from fedmpi.uploads.base import layout
 
 
 def build_partition(cfg, dataset, parts=None):

@@ -103,7 +103,7 @@ class RoundBuffers:
     def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi, header_extra=0, up_extra=0,
                  extra_columns=()):
         """`header_extra` floats ride in the broadcast header after [command, round] and `up_extra` float64
-        sums after the algorithm's upload sums (the upload stages' room, fedmpi.uploads.base.base.layout);
+        sums after the algorithm's upload sums (the upload stages' room, fedmpi.uploads.base.layout);
         `extra_columns` are per-client figures beyond the loss and the algorithm's."""
         self.comm, self.dim, self.num_clients, self.device = comm, dim, num_clients, device
         pin = device.type == "cuda"

@@ -1,0 +1,303 @@
+"""The config's sections as frozen dataclasses, one per top-level key (data, partition, server_data, model,
+client, server, eval, checkpoint, runtime; the deployment's and privacy's sections are beside their code in
+fedmpi.deploy.keys and fedmpi.privacy.keys). Every field has a type and a default; each section range-checks
+its own values in `__post_init__`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fedmpi.core.config_checks import Checks as _Checks
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.schedules import ScheduleConfig
+from fedmpi.deploy.keys import CompressConfig, DeadlineConfig
+from fedmpi.mpi.runtime import parse_bytes
+
+# runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
+# invalid alike on a login node and on the compute nodes; 4096 is above the hardware threads of any single
+# node built so far, and torch.set_num_threads(100000) dies with MemoryError.
+MAX_THREADS = 4096
+
+
+# The names a section may take come from the registries that implement them, so that a new data source,
+# partition scheme, model, algorithm or server optimizer is one registration, not an edit here too. They are
+# imported when a config is checked, not when this module is: reading a stored config (`fedmpi report`,
+# `fedmpi verify`) then needs no torch.
+def _datasets():
+    from fedmpi.data.sources import LOADERS
+
+    return tuple(LOADERS)
+
+
+def _schemes():
+    from fedmpi.data.partition import SCHEMES
+
+    return tuple(SCHEMES)
+
+
+def _models():
+    from fedmpi.core.models import BUILDERS
+
+    return tuple(BUILDERS)
+
+
+def _server_optimizers():
+    from fedmpi.round.server_opt import OPTIMIZERS
+
+    return tuple(OPTIMIZERS)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "synthetic"
+    root: str | None = None          # folder with the dataset's official files
+    download: bool = False              # let torchvision fetch where a network exists
+    alpha: float = 1.0                  # SYNTHETIC(alpha, beta): spread of the client models
+    beta: float = 1.0                   # SYNTHETIC(alpha, beta): spread of the client inputs
+    iid: bool = False                   # SYNTHETIC's IID variant: one shared model and input law
+    split: str = "balanced"             # EMNIST split
+    classes: int | None = None       # keep only the first `classes` classes (FSL trains on 45 EMNIST classes)
+    augment: bool = False               # CIFAR pad-crop-flip on tensors
+
+    def __post_init__(self):
+        c = _Checks("data")
+        c.choice("name", self.name, _datasets())
+        c.require(self.alpha >= 0, "alpha", self.alpha, "must be >= 0")
+        c.require(self.beta >= 0, "beta", self.beta, "must be >= 0")
+        c.require(self.classes is None or self.classes >= 2, "classes", self.classes, "must be >= 2 or null")
+        c.done()
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    clients: int = 30
+    scheme: str = "dirichlet"
+    beta: float = 0.5                   # dirichlet, quantity concentration
+    labels_per_client: int = 2          # labels (#C=k)
+    shards_per_client: int = 2          # shards
+    classes_per_client: int = 2         # classes (FSL)
+    samples_per_client: int | None = None  # classes (FSL); synthetic: fixed size instead of lognormal
+    min_samples: int = 10               # dirichlet redraws until every client has this many
+    # groups: [{clients: K, labels: [..]}, ...], client ids dealt in this order (SAFL's client groups);
+    # kept as ((K, (label, ...)), ...)
+    groups: tuple = ()
+
+    def __post_init__(self):
+        c = _Checks("partition")
+        c.choice("scheme", self.scheme, _schemes())
+        c.require(self.clients >= 1, "clients", self.clients, "must be a positive integer")
+        c.require(self.beta > 0, "beta", self.beta, "must be > 0")
+        for key in ("labels_per_client", "shards_per_client", "classes_per_client"):
+            c.require(getattr(self, key) >= 1, key, getattr(self, key), "must be a positive integer")
+        c.require(self.samples_per_client is None or self.samples_per_client >= 1, "samples_per_client",
+                  self.samples_per_client, "must be a positive integer or null")
+        c.require(self.min_samples >= 0, "min_samples", self.min_samples, "must be >= 0")
+        groups = _label_groups(self.groups)
+        c.require(groups is not None, "groups", self.groups,
+                  "must be a list of {clients: K, labels: [label, ...]} (K >= 1, labels >= 0, at least one each)")
+        if groups is not None:
+            object.__setattr__(self, "groups", groups)
+            total = sum(k for k, _ in groups)
+            c.require(self.scheme != "groups" or (groups and total == self.clients), "groups", self.groups,
+                      f"partition.scheme = 'groups' needs groups whose clients add up to partition.clients "
+                      f"({self.clients}); they add up to {total}")
+        c.done()
+
+
+def _label_groups(value):
+    """`partition.groups` as ((clients, (label, ...)), ...), from mappings or [clients, labels] pairs (the form
+    a stored config is read back in); None when malformed."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    groups = []
+    for item in value:
+        if isinstance(item, dict) and set(item) == {"clients", "labels"}:
+            k, labels = item["clients"], item["labels"]
+        elif isinstance(item, (list, tuple)) and len(item) == 2:
+            k, labels = item
+        else:
+            return None
+        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1 and isinstance(labels, (list, tuple))
+                and labels and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in labels)):
+            return None
+        groups.append((k, tuple(sorted(set(labels)))))
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class ServerDataConfig:
+    size: int = 0                       # 0 = the server holds no data
+    scheme: Literal["iid", "classes", "dirichlet"] = "iid"
+    classes: int = 10                   # classes scheme: how many classes the server's set covers
+    beta: float = 0.5                   # dirichlet scheme
+    source: Literal["overlap", "holdout"] = "overlap"
+    # The set's size relative to the clients' data D, |G| = fraction * |D| (Zhao et al.'s beta), instead of
+    # `size` (fedmpi.data.server_set.resolved_size).
+    fraction: float | None = None
+    # source holdout: training samples reserved from the clients' pool (Zhao et al.'s H); the set is drawn
+    # from them, so the clients' data stays the same whatever the set's size. 0: only the set is removed.
+    holdout: int = 0
+
+    def __post_init__(self):
+        c = _Checks("server_data")
+        c.require(self.size >= 0, "size", self.size, "must be >= 0")
+        c.require(self.classes >= 1, "classes", self.classes, "must be a positive integer")
+        c.require(self.beta > 0, "beta", self.beta, "must be > 0")
+        c.require(self.fraction is None or self.fraction >= 0, "fraction", self.fraction, "must be >= 0 or null")
+        c.require(self.fraction is None or self.size == 0, "fraction", self.fraction,
+                  f"set either server_data.size ({self.size}) or server_data.fraction, not both")
+        c.require(self.holdout >= 0, "holdout", self.holdout, "must be >= 0")
+        c.require(self.holdout == 0 or self.source == "holdout", "holdout", self.holdout,
+                  f"reserves samples from the clients' pool: needs server_data.source = 'holdout' "
+                  f"(is {self.source!r})")
+        c.require(self.holdout == 0 or self.size <= self.holdout, "size", self.size,
+                  f"must be <= server_data.holdout ({self.holdout}), the reserve the set is drawn from")
+        c.done()
+
+    @property
+    def wanted(self) -> bool:
+        """Whether a non-empty server set is configured (by size or by fraction)."""
+        return self.size > 0 or bool(self.fraction)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "lr"
+    hidden: int = 200                   # mlp width
+    norm: Literal["batch", "group"] = "group"   # resnet18 normalisation
+    projection: int | None = None    # simple_cnn projection head size (MOON)
+
+    def __post_init__(self):
+        c = _Checks("model")
+        c.choice("name", self.name, _models())
+        c.require(self.hidden >= 1, "hidden", self.hidden, "must be a positive integer")
+        c.require(self.projection is None or self.projection >= 1, "projection", self.projection,
+                  "must be a positive integer or null")
+        c.done()
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    lr: float = 0.05
+    batch_size: int = 10
+    epochs: int = 1                     # local epochs, used when `steps` is null
+    steps: int | None = None         # local SGD steps; overrides epochs
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    vectorize: Literal["auto", "on", "off"] = "auto"
+    lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_l per round
+    compress: CompressConfig = field(default_factory=CompressConfig)     # upload compression (docs/deployment.md)
+    # Drop each epoch's short last batch, as a DataLoader with drop_last=True (FedSkip's CIFAR loaders);
+    # a client with fewer than batch_size samples keeps its one short batch (fedmpi.core.train.steps_per_epoch).
+    drop_last: bool = False
+
+    def __post_init__(self):
+        c = _Checks("client")
+        c.require(self.lr > 0, "lr", self.lr, "must be > 0")
+        c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
+        c.require(self.epochs >= 1, "epochs", self.epochs, "must be a positive integer")
+        c.require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be a positive integer or null")
+        c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        c.require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        c.done()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    clients_per_round: int = 10
+    lr: float = 1.0                     # eta_g; 1.0 with sgd = plain averaging
+    optimizer: str = "sgd"              # how the aggregated update is applied (fedmpi.round.server_opt)
+    momentum: float = 0.9               # avgm: beta
+    betas: tuple[float, float] = (0.9, 0.99)   # adam, yogi, adagrad: (b1, b2)
+    tau: float = 1e-3                   # adam, yogi, adagrad: adaptivity (Reddi et al.)
+    lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_g per round
+    # Rank 0 hosts clients too; null: when its node has a core the other ranks leave idle. Results do not
+    # depend on it (a run-time key: not hashed, may change on --resume).
+    trains_clients: bool | None = None
+    deadline: float | None = None       # simulated seconds after which updates do not count (docs/deployment.md)
+    over_select: float | None = None    # extra clients selected, keeping the first clients_per_round to arrive
+    # fixed: exactly clients_per_round clients per round; poisson: each client joins independently with
+    # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/privacy.md)
+    sampling: Literal["fixed", "poisson"] = "fixed"
+
+    def __post_init__(self):
+        c = _Checks("server")
+        c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
+                  "must be a positive integer")
+        c.require(self.lr > 0, "lr", self.lr, "must be > 0")
+        c.choice("optimizer", self.optimizer, _server_optimizers())
+        c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
+        c.require(all(0 <= b < 1 for b in self.betas), "betas", list(self.betas), "must be two numbers in [0, 1)")
+        c.require(self.tau > 0, "tau", self.tau, "must be > 0")
+        try:
+            self.straggler_policy()
+        except ConfigError as e:
+            c.errors.extend(e.messages)
+        c.done()
+
+    def straggler_policy(self) -> DeadlineConfig:
+        """`deadline` and `over_select` as the deployment model's DeadlineConfig (checked there)."""
+        return DeadlineConfig(self.deadline, self.over_select)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1
+    # Test batches are the unit of evaluation shared among the ranks (batch b on rank b mod P): 100 gives a
+    # 1,000-image test set ten units to spread, and stays large enough for the kernels to be efficient.
+    batch_size: int = 100
+    divergence: bool = False            # weight divergence from a centralized-SGD shadow (fedmpi.round.shadow)
+    client_drift: bool = False          # per-client update norms and cosines with the aggregate (fedmpi.round.drift)
+
+    def __post_init__(self):
+        c = _Checks("eval")
+        c.require(self.every >= 1, "every", self.every, "must be a positive integer")
+        c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10                     # rounds between checkpoints; 0 = only on a stop request
+    keep: int = 2
+
+    def __post_init__(self):
+        c = _Checks("checkpoint")
+        c.require(self.every >= 0, "every", self.every, "must be >= 0")
+        c.require(self.keep >= 1, "keep", self.keep, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How this job runs, not what it computes: may change on --resume."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = None       # torch threads per rank; null = node cores / ranks on the node
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    cuda_aware_mpi: bool = False
+    on_nonfinite: Literal["stop", "continue"] = "stop"   # a NaN/inf loss or model: stop (status diverged) or go on
+    shared_data: bool = True         # the ranks of a node share one read-only copy of the data set (MPI-3 window)
+    # Per-client state (SCAFFOLD's c_i, compression residuals...) kept in host memory per rank, in bytes ("4GB",
+    # "512MiB" or a number); beyond it, state spills to a file of the rank's in $TMPDIR. null: no limit.
+    client_state_memory: str | int | None = None
+    # GPU: deterministic kernels (torch.use_deterministic_algorithms, cuDNN, cuBLAS workspace) so that -n
+    # invariance and resume hold on GPUs too; costs speed (docs/performance.md).
+    deterministic: bool = False
+
+    def __post_init__(self):
+        c = _Checks("runtime")
+        c.require(self.threads is None or 1 <= self.threads <= MAX_THREADS, "threads", self.threads,
+                  f"must be a positive integer up to {MAX_THREADS}, or null")
+        if self.client_state_memory is not None:
+            try:
+                parse_bytes(self.client_state_memory)
+            except ValueError as e:
+                c.require(False, "client_state_memory", self.client_state_memory, str(e))
+        c.done()
+
+    @property
+    def client_state_bytes(self):
+        """`client_state_memory` in bytes (None: no limit)."""
+        return None if self.client_state_memory is None else parse_bytes(self.client_state_memory)
