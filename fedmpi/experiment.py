@@ -32,7 +32,7 @@ from fedmpi.data.shared import load_shared
 from fedmpi.data.stats import partition_stats
 from fedmpi.evaluation import SplitEvaluation
 from fedmpi.flat import FlatModel
-from fedmpi.models import build_model
+from fedmpi.models import build_model, check_takes
 from fedmpi.participation import build_participation
 from fedmpi.protocols import PROTOCOLS
 from fedmpi.runtime import pick_device, set_deterministic, set_threads
@@ -94,6 +94,7 @@ class Experiment:
         if model is None:
             rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
             model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes)
+            check_takes(model, cfg, self.dataset.x_train, self.dataset.num_classes)   # before any file is written
         self.flat = FlatModel(model, self.device)
         algo_cls = lookup(cfg.algorithm.name)
         algo_cls.check(cfg, self.flat)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import socket
 import sys
 import time
@@ -41,6 +40,7 @@ from fedmpi.comm import WorkerFailed
 from fedmpi.errors import EXIT_FAILED, EXIT_INTERRUPTED, Diverged, FedmpiError, Refused, StopRequested, report_lines
 from fedmpi.experiment import Experiment
 from fedmpi.memory import is_out_of_memory, out_of_memory_text
+from fedmpi.outdir import replacing
 from fedmpi.progress import Progress
 from fedmpi.store import RunLog
 from fedmpi.verify import fingerprint
@@ -152,13 +152,11 @@ def _fail(comm, log, message, detail, code, status="failed"):
 
 
 def _create_log(cfg, comm, exp, overwrite):
-    path = run_path(cfg)
-    if overwrite:
-        shutil.rmtree(os.path.join(cfg.out, "ckpt"), ignore_errors=True)
-    return RunLog.create(path, cfg, comm.size, [socket.gethostname()], exp.partition_groups,
-                         extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim,
-                                      "device": str(exp.device), "threads": exp.threads,
-                                      "training_ranks": len(exp.workers), **exp.run_attrs()})
+    """The new run.h5; with --overwrite the old run is removed only once it exists (`outdir.replacing`)."""
+    return replacing(cfg.out, overwrite, functools.partial(
+        RunLog.create, run_path(cfg), cfg, comm.size, [socket.gethostname()], exp.partition_groups,
+        extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim, "device": str(exp.device),
+                     "threads": exp.threads, "training_ranks": len(exp.workers), **exp.run_attrs()}))
 
 
 def _open_log(cfg, comm, exp, overwrite, resume):
