@@ -141,6 +141,16 @@ def test_overwrite_removes_the_old_run_only_after_the_new_run_file_exists(tmp_pa
     assert snapshot(out) == {"run.h5": hashlib.sha256(b"new run").hexdigest()}
 
 
+def test_a_run_left_aside_by_a_killed_overwrite_is_kept_and_named(tmp_path, capsys):
+    out = tmp_path / "out"
+    left = out / (ASIDE_PREFIX + "abcd")
+    left.mkdir(parents=True)
+    (left / "run.h5").write_bytes(b"old run")
+    claim_here(str(out)).release()
+    assert f"{left} holds a run moved aside" in capsys.readouterr().err
+    assert (left / "run.h5").read_bytes() == b"old run"
+
+
 def test_a_model_that_cannot_take_the_data_is_refused_naming_both():
     cfg = config.Config(data=config.DataConfig(name="synthetic"), model=config.ModelConfig(name="lstm"))
     model = build_model(cfg.model, (60,), 10)
