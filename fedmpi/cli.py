@@ -44,8 +44,10 @@ def _parser():
     exp = sub.add_parser("export", help="a run's figures as TensorBoard event files and/or CSV")
     exp.add_argument("run", help="run.h5 or run folder")
     exp.add_argument("--tensorboard", metavar="DIR", help="write a TensorBoard event file into this folder")
-    exp.add_argument("--csv", metavar="FILE.csv", help="write one row per round")
+    exp.add_argument("--csv", metavar="FILE.csv",
+                     help="write one row per round (an existing FILE is kept unless --force; never the run file)")
     exp.add_argument("--overwrite", action="store_true", help="replace earlier event files in DIR")
+    exp.add_argument("--force", action="store_true", help="replace an existing --csv FILE")
     return p
 
 
@@ -166,4 +168,5 @@ def _verify(args):
 def _export(args):
     from fedmpi.analysis.export import export_command
 
-    return export_command(args.run, tensorboard=args.tensorboard, csv_path=args.csv, overwrite=args.overwrite)
+    return export_command(args.run, tensorboard=args.tensorboard, csv_path=args.csv, overwrite=args.overwrite,
+                          force=args.force)

@@ -19,7 +19,7 @@ import sys
 
 from fedmpi import analysis
 from fedmpi.core.errors import InputError
-from fedmpi.io.output_paths import check_file
+from fedmpi.core.output_paths import check_file
 
 
 def main(argv=None):

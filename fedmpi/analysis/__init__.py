@@ -18,11 +18,11 @@ import numpy as np
 
 from fedmpi.analysis import report
 from fedmpi.analysis.class_report import class_section
-from fedmpi.analysis.plotting import pyplot
+from fedmpi.analysis.plotting import pyplot, save_figure
 from fedmpi.analysis.run_figure import has_instruments, plot_run
 from fedmpi.analysis.timing_report import plot_timing, timing_section
 from fedmpi.core.errors import EXIT_USAGE, InputError
-from fedmpi.io.output_paths import check_file, sibling
+from fedmpi.core.output_paths import check_file, check_not_input, sibling
 
 X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
           "sim_time": "simulated time (s)"}
@@ -195,7 +195,7 @@ def _save(plt, fig, axes, path):
     if handles:
         axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -263,6 +263,13 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     files, unmatched = find_run_files(paths)
     if unmatched:
         print(f"fedmpi: error: no run file at {', '.join(unmatched)}", file=err)
+        return EXIT_USAGE
+    try:
+        for path, option in ((csv_path, "--csv"), (plot, "--plot")):
+            if path:
+                check_not_input(path, option, files)    # `report RUN/run.h5 --csv RUN/run.h5` keeps the run
+    except InputError as e:
+        print(f"fedmpi: error: {e}", file=err)
         return EXIT_USAGE
     runs = load_runs(files, err=err)
     if not runs:

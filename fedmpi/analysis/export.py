@@ -27,7 +27,7 @@ import numpy as np
 
 from fedmpi.analysis import report
 from fedmpi.core.errors import InputError
-from fedmpi.io.output_paths import check_file, check_folder
+from fedmpi.core.output_paths import check_file, check_folder, replace_with
 from fedmpi.io.store import CLIENT_IDS, CORE_METRICS, client_table, open_run
 
 EVENT_FILES = "events.out.tfevents.*"
@@ -167,20 +167,25 @@ def write_csv(run, path):
     series = scalar_series(run)
     text = [(k, run.metrics[k]) for k in report.TEXT_METRICS if k in run.metrics]
     rounds = np.asarray(run.metrics["round"])
-    with open(path, "w", newline="") as fh:
+
+    def write(fh):
         writer = csv.writer(fh)
         writer.writerow(["round"] + [tag for tag, _ in series] + [k for k, _ in text])
         for i, r in enumerate(rounds):
             writer.writerow([_cell(r) if not float(r).is_integer() else str(int(r))]
                             + [_cell(v[i]) if i < len(v) else "" for _, v in series]
                             + [_cell(v[i]) for _, v in text])
+
+    # A temporary file renamed into place: a link at `path` is replaced, never written through.
+    replace_with(path, write, newline="")
     return len(rounds)
 
 
 # --- the command ------------------------------------------------------------------------------------------
 
-def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=None, err=None) -> int:
-    """Exports the run at `path` (a run.h5 or its folder); InputError (exit 2) for bad inputs or places."""
+def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=None, err=None, force=False) -> int:
+    """Exports the run at `path` (a run.h5 or its folder); InputError (exit 2) for bad inputs or places.
+    An existing file at `csv_path` is replaced only with `force`, and never when it is the run file itself."""
     out, err = out or sys.stdout, err or sys.stderr
     if not tensorboard and not csv_path:
         raise InputError("nothing to export: name --tensorboard DIR and/or --csv FILE")
@@ -191,7 +196,7 @@ def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=N
         _tensorboard()                  # a missing package is exit 2 before anything is written
         prepare_folder(tensorboard, overwrite)
     if csv_path:
-        check_file(csv_path, "--csv")
+        check_file(csv_path, "--csv", inputs=[file], replace=force, force_flag="--force")
     try:
         run = report.read_run(file)
     except Exception as e:  # noqa: BLE001 - any unreadable file is a bad input here, named with its reason

@@ -3,6 +3,8 @@ message instead of an ImportError where matplotlib is not installed."""
 
 from __future__ import annotations
 
+import os
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend."""
@@ -18,5 +20,13 @@ def pyplot():
 
 def save(plt, fig, path):
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
     plt.close(fig)
+
+
+def save_figure(fig, path):
+    """`fig` as a file at `path`, written to a temporary file renamed into place (never through a link)."""
+    from fedmpi.core.output_paths import replace_with
+
+    fmt = os.path.splitext(path)[1][1:].lower() or "png"
+    replace_with(path, lambda fh: fig.savefig(fh, dpi=120, format=fmt), mode="wb")

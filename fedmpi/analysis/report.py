@@ -255,10 +255,15 @@ def format_table(rows, fmt="text", left=3):
 
 
 def write_csv(rows, path):
-    with open(path, "w", newline="") as fh:
+    """The table as CSV, through a temporary file renamed into place (a link at `path` is not followed)."""
+    from fedmpi.core.output_paths import replace_with
+
+    def write(fh):
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+
+    replace_with(path, write, newline="")
 
 
 def mean_client_emd(stats):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+import torch
 from torch import nn
 
 from fedmpi.core.errors import ConfigError
@@ -161,3 +163,31 @@ def build_model(cfg, input_shape, num_classes) -> nn.Module:
                           f"head; set it null for model.name = {cfg.name!r}")
     return BUILDERS[cfg.name](cfg, tuple(input_shape), num_classes)
 
+
+
+def check_takes(model, cfg, x_train, num_classes):
+    """ConfigError (exit 2) unless the model built for `model.name` takes the data set's inputs: one training
+    sample through a forward pass must give [1, num_classes] outputs. Run at set-up, before any file is
+    written, so that a model that cannot take the data (an lstm on images or on synthetic features) is
+    refused there and never fails in round 0 after --overwrite replaced the old run. In eval mode and
+    without gradients, so nothing of the model (BatchNorm's running statistics) and no random stream moves."""
+    if len(x_train) == 0:
+        return
+    sample = torch.from_numpy(np.array(x_train[:1]))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(sample)
+    except Exception as e:  # noqa: BLE001 - whatever the forward raises, the pair is what is wrong
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise ConfigError(f"model.name = {cfg.model.name!r} cannot take data.name = {cfg.data.name!r}'s inputs "
+                          f"(one sample of shape {tuple(sample.shape[1:])}, dtype {sample.dtype}): {reason}; "
+                          f"choose a model for this data (lstm takes shakespeare's token sequences; "
+                          f"lr, mlp and the CNNs float features or images)") from None
+    finally:
+        model.train(was_training)
+    if tuple(getattr(out, "shape", ())) != (1, num_classes):
+        raise ConfigError(f"model.name = {cfg.model.name!r} on data.name = {cfg.data.name!r}: one sample gives "
+                          f"outputs of shape {tuple(getattr(out, 'shape', ()))}, not (1, {num_classes}) for "
+                          f"its {num_classes} classes")

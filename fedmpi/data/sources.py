@@ -12,6 +12,7 @@ import numpy as np
 from fedmpi.core import rng
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import InputError
+from fedmpi.core.output_paths import replace_with
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.dataset import Dataset
@@ -165,18 +166,13 @@ def _cached_parse(path, parse):
     except (OSError, ValueError):
         pass
     table = parse(path)
-    tmp = f"{cached}.{os.getpid()}.tmp"
     try:
         os.makedirs(root, exist_ok=True)
-        with open(tmp, "wb") as fh:
-            np.save(fh, table, allow_pickle=False)
-        os.replace(tmp, cached)
+        # A unique new temporary name (never a link planted at a guessable one), renamed into place.
+        replace_with(cached, lambda fh: np.save(fh, table, allow_pickle=False), mode="wb")
         _prune(root, os.path.basename(path))
     except OSError:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+        pass
     return table
 
 

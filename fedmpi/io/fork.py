@@ -27,6 +27,7 @@ from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io import checkpoint
 from fedmpi.io.rank0 import decide
+from fedmpi.io.store import open_run
 
 SHAPE_KEYS = ("seed", "data", "partition", "server_data", "model")
 SPEC = re.compile(r"^(?P<out>.+)@(?P<round>\d+)$")
@@ -56,6 +57,10 @@ def parse(spec):
 def choose(cfg, spec) -> ForkPoint:
     """Rank 0: the parent's checkpoint at ROUND, checked (InputError/ConfigError, exit 2, nothing touched)."""
     parent, round_ = parse(spec)
+    if os.path.isdir(parent) and os.path.isdir(cfg.out) and os.path.samefile(parent, cfg.out):
+        # --overwrite would move the parent's run.h5 and checkpoints away before they were read.
+        raise ConfigError(f"--fork-from {show(spec)}: the parent is out = {show(cfg.out)} itself; a fork writes a "
+                          f"new run and may not replace its parent: choose another out=...")
     path = checkpoint.ckpt_path(parent, round_)
     if not os.path.exists(path):
         have = ", ".join(str(r) for r, _ in sorted(checkpoint.list_checkpoints(parent))) or "none"
@@ -72,14 +77,29 @@ def choose(cfg, spec) -> ForkPoint:
                           f"the parent's {', '.join(SHAPE_KEYS)} (its clients and its model)")
     if round_ > cfg.rounds:
         raise ConfigError(f"rounds = {cfg.rounds}: below the fork's round {round_}")
-    log = os.path.join(parent, "run.h5")
-    if not os.path.exists(log):
-        raise InputError(f"--fork-from: {log} is missing; a fork copies the parent's rows up to round {round_}")
+    _check_parent_log(os.path.join(parent, "run.h5"), round_)
     with h5py.File(path, "r", locking=False) as f:
         vec = f["global"][()]
     return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
                      parent_config_hash=str(attrs["config_hash"]),
                      parent_fingerprint=fingerprint(vec))
+
+
+def _check_parent_log(log, round_):
+    """InputError (naming `log`) unless the parent's run file opens and holds the rows the fork copies
+    (`ForkPoint.record`): found here, before the new run.h5 exists, not after it was created."""
+    if not os.path.exists(log):
+        raise InputError(f"--fork-from: {log} is missing; a fork copies the parent's rows up to round {round_}")
+    try:
+        with open_run(log) as f:
+            rows = f["metrics/round"].shape[0]
+    except Exception as e:  # noqa: BLE001 - truncated, not HDF5, no /metrics: the parent's log is unusable
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise InputError(f"--fork-from: {log} cannot be read as a run file ({reason}); a fork copies the "
+                         f"parent's rows up to round {round_}") from None
+    if rows < round_:
+        raise InputError(f"--fork-from: {log} holds {rows} rounds, fewer than the fork's round {round_}; a fork "
+                         f"copies the parent's rows up to it")
 
 
 def plan_fork(cfg, comm, spec):

@@ -9,6 +9,14 @@ so a stale lock file never blocks a later run. The lock file itself stays in `ou
 A process holds one lock per `out`: claiming an `out` it already holds (a script that runs and then
 resumes the same config through `fedmpi.cli.main`) reuses that lock.
 
+The lock file is opened without following a link (O_NOFOLLOW) and must be a plain file with no other hard
+link: a link planted at OUT/.fedmpi.lock would otherwise make fedmpi truncate the file it points to.
+
+`--overwrite` replaces the run in `out` without ever losing it to a run that cannot start (`replacing`):
+OUT/run.h5 and OUT/ckpt are moved into a new folder OUT/.fedmpi-overwrite-XXXX, the new run.h5 is
+created, and only then is the old run removed; if the new run.h5 could not be made the old run is moved
+back. A folder of that name left behind (the job was killed in between) holds the old run whole.
+
 On a file system without flock support (some Lustre mounts) the lock is skipped with a warning: the
 checks below still run, but two jobs started at the same moment are not told apart there.
 """
@@ -17,9 +25,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import os
+import shutil
 import socket
+import stat
 import sys
+import tempfile
 from datetime import datetime, timezone
 
 from fedmpi.core.config_checks import show
@@ -27,6 +39,8 @@ from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.io.rank0 import decide
 
 LOCK_NAME = ".fedmpi.lock"
+ASIDE_PREFIX = ".fedmpi-overwrite-"
+RUN_PARTS = ("run.h5", "ckpt")      # what --overwrite replaces
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 PATH_CHARS = 300
 
@@ -103,11 +117,7 @@ def _lock(out):
     if held is not None:            # flock would refuse a second open file of this same process
         return held
     path = os.path.join(out, LOCK_NAME)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise ConfigError(f"out = {_named(out)} is not writable ({e.strerror}: {path}); choose a writable place "
-                          f"with out=...") from None
+    fd = _open_lock_file(out, path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -132,6 +142,27 @@ def _lock(out):
     return Claim(out, fd)
 
 
+def _open_lock_file(out, path):
+    """The lock file opened for writing, refused (ConfigError) where it is a link, not a plain file, or a
+    hard link of another file: the lock is truncated and rewritten, and must never reach another file."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"out = {_named(out)}: {path} is a symbolic link; fedmpi never writes through "
+                              f"one (remove it, or choose another out=...)") from None
+        raise ConfigError(f"out = {_named(out)} is not writable ({e.strerror}: {path}); choose a writable place "
+                          f"with out=...") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = "not a plain file" if not stat.S_ISREG(st.st_mode) else f"a hard link ({st.st_nlink} names)"
+        raise ConfigError(f"out = {_named(out)}: {path} is {what}; fedmpi writes its lock there and never "
+                          f"into another file (remove it, or choose another out=...)")
+    return fd
+
+
 def _holder(fd):
     """'host H pid P since T' as the holding job wrote it (it may not have written it yet)."""
     try:
@@ -145,10 +176,70 @@ def _check_contents(out, overwrite, resume):
     from fedmpi.io.checkpoint import ckpt_dir, list_checkpoints
 
     path = os.path.join(out, "run.h5")
-    if os.path.exists(path) and not (overwrite or resume):
+    if resume and os.path.islink(path):
+        raise ConfigError(f"--resume: {path} is a symbolic link; fedmpi never writes through one (copy the run "
+                          f"into out, or resume it where it lies)")
+    for left in sorted(glob.glob(os.path.join(glob.escape(out), ASIDE_PREFIX + "*"))):
+        print(f"fedmpi: note: {left} holds a run moved aside by an --overwrite that did not end (the job was "
+              f"killed); move its files back into {out} to keep it, or delete it", file=sys.stderr, flush=True)
+    if os.path.lexists(path) and not (overwrite or resume):
         raise ConfigError(f"out = {_named(out)} already holds a run ({path}); continue it with --resume, "
                           f"replace it with --overwrite, or choose another out=...")
     if list_checkpoints(out) and not (overwrite or resume):
         # Stale checkpoints would otherwise be taken for this run's on a later --resume.
         raise ConfigError(f"out = {_named(out)} holds checkpoints ({ckpt_dir(out)}) but no run.h5; replace "
                           f"them with --overwrite, or choose another out=...")
+
+
+class Aside:
+    """The old run of `out` moved into `folder` by --overwrite: `restore` puts it back, `discard` removes it."""
+
+    def __init__(self, out, folder, moved):
+        self.out, self.folder, self.moved = out, folder, moved
+
+    def restore(self):
+        """Moves the old run back; a part whose name is taken again stays in the aside folder (said once)."""
+        for name in self.moved:
+            target = os.path.join(self.out, name)
+            if os.path.lexists(target):
+                print(f"fedmpi: warning: {target} exists again; the old run's {name} stays in {self.folder}",
+                      file=sys.stderr, flush=True)
+                continue
+            os.rename(os.path.join(self.folder, name), target)
+        try:
+            os.rmdir(self.folder)
+        except OSError:
+            pass
+
+    def discard(self):
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def move_aside(out):
+    """Renames OUT/run.h5 and OUT/ckpt (the link itself where one is a link) into a new uniquely named folder
+    in `out`; an Aside. Nothing is deleted here."""
+    moved = [name for name in RUN_PARTS if os.path.lexists(os.path.join(out, name))]
+    folder = tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=out)
+    for i, name in enumerate(moved):
+        try:
+            os.rename(os.path.join(out, name), os.path.join(folder, name))
+        except OSError:
+            Aside(out, folder, moved[:i]).restore()
+            raise
+    return Aside(out, folder, moved)
+
+
+def replacing(out, overwrite, create):
+    """`create()` (which writes the new OUT/run.h5), with the old run moved aside first when `overwrite`:
+    removed once `create` returned, put back if it raised (see the module docstring). Returns what
+    `create` returned."""
+    if not overwrite:
+        return create()
+    aside = move_aside(out)
+    try:
+        made = create()
+    except BaseException:
+        aside.restore()
+        raise
+    aside.discard()
+    return made

@@ -57,6 +57,7 @@ import numpy as np
 
 import fedmpi
 from fedmpi.core.errors import FedmpiError
+from fedmpi.core.output_paths import temp_beside
 from fedmpi.core.timing import PHASES
 
 # The figures every run logs each round (NaN where not measured that round).
@@ -132,10 +133,19 @@ class RunLog:
     def create(cls, path, cfg, world_size, hosts, partition_groups, extra_attrs=None):
         """Writes a fresh run.h5 (to a temporary name first, so a half-made file never has the real name)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = path + ".tmp"
         need = sum(np.asarray(v).nbytes for datasets in partition_groups.values() for v in datasets.values())
-        _ensure_room(path, need + len(cfg.to_yaml()) + len(CORE_METRICS) * METRIC_CHUNK * 8, tmp)
-        with _writing(path, discard=tmp), h5py.File(tmp, "w") as f:
+        with _writing(path) as writing:
+            # A unique new name (never a link planted at a fixed name such as run.h5.tmp), renamed into place.
+            tmp = writing.discard = temp_beside(path)
+            _ensure_room(path, need + len(cfg.to_yaml()) + len(CORE_METRICS) * METRIC_CHUNK * 8, tmp)
+            cls._fill_new(tmp, cfg, world_size, hosts, partition_groups, extra_attrs)
+            os.replace(tmp, path)
+        return cls(path)
+
+    @staticmethod
+    def _fill_new(tmp, cfg, world_size, hosts, partition_groups, extra_attrs):
+        """The fresh run file's attributes and groups, into the temporary file `tmp`."""
+        with h5py.File(tmp, "w") as f:
             f.attrs["config"] = cfg.to_yaml()
             f.attrs["config_hash"] = cfg.hash()
             f.attrs["fedmpi_version"] = fedmpi.__version__
@@ -157,8 +167,6 @@ class RunLog:
                 for name, value in datasets.items():
                     g.create_dataset(name, data=np.asarray(value))
             _fsync(f)
-        os.replace(tmp, path)
-        return cls(path)
 
     def append(self, metrics: dict, clients: dict | None = None, num_clients=None, timing=None):
         """One row: `metrics` maps name -> a float (missing core figures become NaN; new names get a column
@@ -209,9 +217,8 @@ class RunLog:
         run, at its end): whatever goes wrong, run.h5 is either the old file or the new one."""
         self.close()
         model = np.asarray(vec, dtype=np.float32)
-        tmp = self.path + ".model.tmp"
-        with _writing(self.path, discard=tmp):
-            open(tmp, "wb").close()
+        with _writing(self.path) as writing:
+            tmp = writing.discard = temp_beside(self.path)      # unique, new: never a planted link
             _ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
             with open(self.path, "rb") as src, open(tmp, "r+b") as dst:    # r+b: no truncation of the reservation
                 shutil.copyfileobj(src, dst, 1 << 20)

@@ -27,7 +27,7 @@ from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.core import rng
 from fedmpi.core.flat import FlatModel
-from fedmpi.core.models import build_model
+from fedmpi.core.models import build_model, check_takes
 from fedmpi.core.train import ServerTrainer
 from fedmpi.data.server_set import split_dataset
 from fedmpi.data.shared import load_shared
@@ -95,6 +95,7 @@ class Experiment:
         if model is None:
             rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
             model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes)
+            check_takes(model, cfg, self.dataset.x_train, self.dataset.num_classes)   # before any file is written
         self.flat = FlatModel(model, self.device)
         algo_cls = lookup(cfg.algorithm.name)
         algo_cls.check(cfg, self.flat)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import socket
 import sys
 import time
@@ -47,6 +46,7 @@ from fedmpi.core.errors import (
 )
 from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io import checkpoint
+from fedmpi.io.outdir import replacing
 from fedmpi.io.store import RunLog
 from fedmpi.mpi import signals
 from fedmpi.mpi.base import WorkerFailed
@@ -161,13 +161,11 @@ def _fail(comm, log, message, detail, code, status="failed"):
 
 
 def _create_log(cfg, comm, exp, overwrite):
-    path = run_path(cfg)
-    if overwrite:
-        shutil.rmtree(os.path.join(cfg.out, "ckpt"), ignore_errors=True)
-    return RunLog.create(path, cfg, comm.size, [socket.gethostname()], exp.partition_groups,
-                         extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim,
-                                      "device": str(exp.device), "threads": exp.threads,
-                                      "training_ranks": len(exp.workers), **exp.run_attrs()})
+    """The new run.h5; with --overwrite the old run is removed only once it exists (`outdir.replacing`)."""
+    return replacing(cfg.out, overwrite, functools.partial(
+        RunLog.create, run_path(cfg), cfg, comm.size, [socket.gethostname()], exp.partition_groups,
+        extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim, "device": str(exp.device),
+                     "threads": exp.threads, "training_ranks": len(exp.workers), **exp.run_attrs()}))
 
 
 def _open_log(cfg, comm, exp, overwrite, resume):
