@@ -19,12 +19,16 @@ RNG: fedmpi has no RNG state to save. Every stream is derived from (seed, purpos
 the seed (both stored) restore all randomness. An algorithm with a stateful generator would put it in
 its server or client state.
 
-Safety: files are written to a temporary name in the same folder, fsynced and moved into place with
+Safety: files are written to a unique temporary name in the same folder (created with O_EXCL |
+O_NOFOLLOW, so a planted file or symlink is never written through), fsynced and moved into place with
 `os.replace`, so a reader never sees half a file; the newest `checkpoint.keep` are kept. The `checksum`
 attribute is a SHA-256 over every dataset (path, dtype, shape, bytes) and every other root attribute; a
 truncated or damaged file fails to open or fails this check, is reported, and the previous checkpoint is
-used. Loading reads arrays and attributes only: no pickle, no `torch.load`, nothing that runs code.
-A checkpoint from another fedmpi version or for another config is refused (exit 2).
+used. Loading reads arrays and attributes only: no pickle, no `torch.load`, nothing that runs code; the
+stored config is compared as YAML data, so nothing it names (a `module:Class` plug-in) is imported.
+A checkpoint from another fedmpi version or for another config is refused (exit 2), and so is one whose
+checksum holds but whose contents do not fit this run (`fedmpi.checkpoint_checks`: shapes, dtypes,
+finiteness, attribute types), before run.h5 is reopened and before anything is loaded.
 """
 
 from __future__ import annotations
