@@ -305,12 +305,12 @@ def choose(cfg, say=None):
     for round_, path in found:
         try:
             attrs = verify(path)
+            checks.check_attrs(path, attrs)     # a BadCheckpoint (exit 2), not damaged: its checksum holds
             _check_round(attrs, round_)
         except DamagedCheckpoint as e:
             damaged.append((path, str(e)))
             say(f"checkpoint {path} is damaged ({e}); trying the previous one")
             continue
-        checks.check_attrs(path, attrs)
         _check_config(path, attrs, cfg)
         dim = _check_run_log(cfg, round_)
         check_contents(path, cfg, dim)

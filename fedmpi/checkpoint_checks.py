@@ -4,8 +4,8 @@ The checksum only proves that a file is what its writer (or whoever recomputed t
 checks prove that it is what this run can load. Every refusal is a BadCheckpoint (exit 2) naming the
 checkpoint, the dataset or attribute, what was expected and what was found.
 
-- Attributes (`check_attrs`): wall_s a finite number >= 0, config and config_hash strings (the round is
-  checked against the file name by `checkpoint._check_round`).
+- Attributes (`check_attrs`): round an integer >= 0 (`checkpoint._check_round` compares it with the file
+  name), wall_s a finite number >= 0, config and config_hash strings.
 - The stored config (`stored_config`, `config_differences`) is compared as parsed YAML data, never built
   into a Config: building one looks up `algorithm.name`, and a `module:Class` there would be imported (its
   code run) before the comparison could refuse it.
@@ -42,7 +42,12 @@ class BadCheckpoint(InputError):
 # -- attributes and the stored config ----------------------------------------------------------------
 
 def check_attrs(path, attrs):
-    """The root attributes a resume or a fork uses, by type (a string wall_s, say, is refused here)."""
+    """The root attributes a resume or a fork uses, by type (a string wall_s, say, is refused here; a missing
+    round is the caller's: it makes the file damaged)."""
+    round_ = attrs.get("round")
+    if round_ is not None and not (isinstance(round_, numbers.Integral) and not isinstance(round_, (bool, np.bool_))
+                                   and round_ >= 0):
+        raise BadCheckpoint(f"checkpoint {path}: attribute round is {_show(round_)}; expected an integer >= 0")
     wall = attrs.get("wall_s")
     real = isinstance(wall, numbers.Real) and not isinstance(wall, (bool, np.bool_))
     if not (real and math.isfinite(float(wall)) and float(wall) >= 0):

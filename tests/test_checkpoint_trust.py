@@ -18,8 +18,11 @@ import pytest
 from conftest import ROOT, mpiexec, run_fedmpi, small_config, write_config
 
 from fedmpi import checkpoint, config
-from fedmpi.checkpoint_checks import BadCheckpoint, check_entry
+from fedmpi.algorithms.state import ClientVectors, ServerVectors, declared_specs
+from fedmpi.checkpoint_checks import BadCheckpoint, check_entry, check_like
+from fedmpi.config import ServerConfig
 from fedmpi.errors import EXIT_USAGE, ConfigError
+from fedmpi.server_opt import build_optimizer
 from fedmpi.store import RunLog
 
 PROBE = "trust_probe_module"
@@ -79,6 +82,8 @@ def write_ckpt(cfg, k=2, dim=10):
     (replace("optimizer/m", np.zeros(10, dtype=np.int64)), r"/optimizer/m .*dtype int64; expected .*float"),
     (set_attr("wall_s", "soon"), r"attribute wall_s is 'soon' \(str\); expected a finite number"),
     (set_attr("wall_s", np.nan), r"attribute wall_s is nan"),
+    (set_attr("round", "2"), r"attribute round is '2' \(str\); expected an integer >= 0"),
+    (set_attr("round", 2.0), r"attribute round is 2.0 \(float64\); expected an integer"),
     (replace("clients/0/c_i", np.array(["x"], dtype="S1")), r"/clients/0/c_i has dtype \|S1"),
 ])
 def test_resume_refuses_bad_contents_with_a_valid_checksum(tmp_path, edit, named):
@@ -106,6 +111,41 @@ def test_shape_refusal_names_dataset_expected_and_found():
     with pytest.raises(BadCheckpoint, match=r"/server/c .*has shape \(609,\) and dtype float32; expected shape "
                                             r"\(610,\) of float values \(float32\)"):
         check_entry("C.h5", "server/c", np.zeros(609, dtype=np.float32), (610,), np.float32, True, "state c")
+
+
+def test_on_nonfinite_continue_keeps_non_finite_models_resumable(tmp_path):
+    cfg = make_cfg(tmp_path, runtime={"threads": 1, "progress": "lines", "on_nonfinite": "continue"})
+    path = write_ckpt(cfg)
+    tamper(path, replace("global", np.full(10, np.nan, dtype=np.float32)))
+    assert checkpoint.choose(cfg, say=lambda text: None).path == path
+
+
+def test_declared_state_specs_allocate_nothing_and_say_lengths_and_dtypes():
+    adam = build_optimizer(ServerConfig(optimizer="adam"), 7, 5)
+    assert adam.expected_state() == {"m": ((5,), np.dtype(np.float64)), "v": ((5,), np.dtype(np.float64))}
+    assert adam.moments._vectors == {}                    # nothing allocated by asking
+    assert build_optimizer(ServerConfig(optimizer="sgd"), 7, 5).expected_state() == {}
+
+    class Owner:
+        def __init__(self):
+            self.server = ServerVectors(c=5)
+            self.controls = ClientVectors("c_i", length=5)
+            self.free = ClientVectors("z")
+
+    owner = Owner()
+    assert declared_specs(owner, ServerVectors) == {"c": ((5,), np.dtype(np.float32))}
+    assert declared_specs(owner, ClientVectors) == {"c_i": ((5,), np.dtype(np.float32)), "z": (None, np.float32)}
+
+
+def test_state_with_a_fresh_template_keeps_its_dimensions_and_kinds():
+    """Participation and stage state: lengths may change (clients in flight), dimensions and kinds not."""
+    fresh = {"sim_time_s": np.zeros(1), "in_flight_cid": np.zeros(0, dtype=np.int64)}
+    check_like("C.h5", "participation", {"sim_time_s": np.ones(1), "in_flight_cid": np.arange(3)}, fresh, "p")
+    with pytest.raises(BadCheckpoint, match=r"/participation/sim_time_s \(p\) has shape \(1,\) and dtype int8; "
+                                            r"expected 1-d float values \(float64\)"):
+        check_like("C.h5", "participation", {"sim_time_s": np.ones(1, dtype=np.int8)}, fresh, "p")
+    with pytest.raises(BadCheckpoint, match=r"in_flight_cid .*shape \(2, 2\)"):
+        check_like("C.h5", "participation", {"in_flight_cid": np.zeros((2, 2), dtype=np.int64)}, fresh, "p")
 
 
 def test_stored_config_is_compared_without_importing_what_it_names(tmp_path, monkeypatch):
