@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, mpiexec, run_fedmpi, small_config, write_config
 
-from fedmpi import checkpoint, config
+from fedmpi import checkpoint, config, fork
 from fedmpi.algorithms.state import ClientVectors, ServerVectors, declared_specs
 from fedmpi.checkpoint_checks import BadCheckpoint, check_entry, check_like
 from fedmpi.config import ServerConfig
@@ -161,6 +161,20 @@ def test_stored_config_is_compared_without_importing_what_it_names(tmp_path, mon
                                           r"now 'fedavg'"):
         checkpoint.choose(cfg, say=lambda text: None)
     assert not marker.exists() and PROBE not in sys.modules
+
+
+def test_a_fork_reads_its_parents_config_without_importing_what_it_names(tmp_path, monkeypatch):
+    parent = make_cfg(tmp_path / "parent")
+    path = write_ckpt(parent)
+    marker = tmp_path / "imported"
+    probe_module(tmp_path, marker)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tamper(path, set_attr("config", re.sub(r"(algorithm:\n  name:) fedavg", rf"\1 {PROBE}:Algo", parent.to_yaml())))
+    point = fork.choose(make_cfg(tmp_path / "child"), f"{tmp_path / 'parent'}@2")
+    assert point.round == 2 and point.partial and not marker.exists() and PROBE not in sys.modules
+    tamper(path, replace("global", np.arange(10, dtype=np.int8)))
+    with pytest.raises(BadCheckpoint, match=r"/global .*dtype int8"):
+        fork.choose(make_cfg(tmp_path / "child"), f"{tmp_path / 'parent'}@2")
 
 
 def test_checkpoint_temporary_files_are_unique_and_never_follow_a_symlink(tmp_path, monkeypatch):
