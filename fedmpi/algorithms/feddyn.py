@@ -52,7 +52,7 @@ class FedDyn(FedAvg):
         self.alpha = float(self.keys.alpha)
         self.num_clients = cfg.partition.clients   # N in h's update
         self.server = ServerVectors(h=n_params)     # h, on rank 0
-        self.grads = ClientVectors("g_i")           # on the rank hosting the client; absent = zero
+        self.grads = ClientVectors("g_i", length=n_params)  # on the rank hosting the client; absent = zero
         self._offset = None                         # g_i + alpha x_t of the client being trained
 
     # -- server ---------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ class Moon(FedAvg):
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)
         self.mu, self.tau = float(self.keys.mu), float(self.keys.tau)
-        self._prev = ClientVectors("prev")   # previous local model (flat vector) on the hosting rank
+        self._prev = ClientVectors("prev", length=dim)   # previous local model (flat vector) on the hosting rank
         self._global_net = None    # frozen copies, built at the first client on this rank
         self._prev_net = None
         self._model = None         # the FlatModel being trained

@@ -93,8 +93,8 @@ class Safl(FedAvg):
     def __init__(self, cfg, dim, n_params):
         super().__init__(cfg, dim, n_params)
         # z_k, on the rank hosting the client (end_of_round: only until it is mixed at the next round start)
-        self.models = ClientVectors("z")
-        self.starts = ClientVectors("w")   # end_of_round: the mixed start point w_k of the next selection
+        self.models = ClientVectors("z", length=dim)
+        self.starts = ClientVectors("w", length=dim)   # end_of_round: the mixed start point w_k of the next selection
         self.p_t = np.nan
         if self.keys.mix == "end_of_round":
             self.round_start = self._mix_last_round

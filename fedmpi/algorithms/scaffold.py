@@ -59,7 +59,7 @@ class Scaffold(FedAvg):
         super().__init__(cfg, dim, n_params)
         self.num_clients = cfg.partition.clients   # N in c's update
         self.server = ServerVectors(c=n_params)     # c (- c0), on rank 0
-        self.controls = ClientVectors("c_i")        # c_i (- c0) on the rank hosting the client; absent = zero
+        self.controls = ClientVectors("c_i", length=n_params)  # c_i (- c0) on the client's rank; absent = zero
         self._correction = None                     # c - c_i of the client being trained
         self._lr = 0.0                              # its round's learning rate (after_step)
         self._c0 = None                             # model_init: c0 on this rank, drawn at first use

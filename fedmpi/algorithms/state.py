@@ -133,8 +133,9 @@ class ClientVectors(MutableMapping):
     tensor` sets it for the rest of the round; `end_round` writes the round's vectors (set, or copies that
     may have been changed in place) to the store. Mapping methods (`get`, `in`, `len`, `pop`) see both."""
 
-    def __init__(self, name, store=None):
+    def __init__(self, name, store=None, length=None):
         self.name = name
+        self.length = length    # the declared vector length (checked when a checkpoint is loaded); None: any
         self.store = store if store is not None else ClientStateStore()
         self.store.bound.append(self)
         self._round = {}        # cid -> tensor: this round's vectors on the device they were used on
@@ -222,6 +223,10 @@ class ClientVectors(MutableMapping):
         stored = self.store.get((self.name, cid))
         return {} if stored is None else {self.name: np.array(stored)}
 
+    def spec(self) -> dict:
+        """{name: (shape, dtype)} of what a client's checkpoint entry must be (shape None: any 1-D length)."""
+        return {self.name: (None if self.length is None else (int(self.length),), np.dtype(np.float32))}
+
     def load(self, cid, state: dict):
         self._round.pop(cid, None)
         self._changed.discard(cid)
@@ -270,12 +275,27 @@ class ServerVectors:
         return {name: (self._vectors[name] if name in self._vectors else self._initial(name, "cpu"))
                 .detach().cpu().numpy().copy() for name in self.lengths}
 
+    def spec(self) -> dict:
+        """{name: (shape, dtype)} of every declared vector, what a checkpoint must hold (nothing allocated)."""
+        dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
+        return {name: ((int(length),), dtype) for name, length in self.lengths.items()}
+
     def load(self, state: dict):
         for name in self.lengths:
             if name in state:
                 self._vectors[name] = torch.from_numpy(np.array(state[name])).to(self.dtype)
             else:
                 self._vectors.pop(name, None)
+
+
+def declared_specs(owner, kind) -> dict:
+    """{name: (shape, dtype)} of every `kind` (ServerVectors or ClientVectors) attribute of `owner`: the state
+    it declares, which a checkpoint's entries are checked against before they are loaded."""
+    specs = {}
+    for value in vars(owner).values():
+        if isinstance(value, kind):
+            specs.update(value.spec())
+    return specs
 
 
 def as_numpy_state(state: dict) -> dict:

@@ -19,20 +19,26 @@ RNG: fedmpi has no RNG state to save. Every stream is derived from (seed, purpos
 the seed (both stored) restore all randomness. An algorithm with a stateful generator would put it in
 its server or client state.
 
-Safety: files are written to a temporary name in the same folder, fsynced and moved into place with
+Safety: files are written to a unique temporary name in the same folder (created with O_EXCL |
+O_NOFOLLOW, so a planted file or symlink is never written through), fsynced and moved into place with
 `os.replace`, so a reader never sees half a file; the newest `checkpoint.keep` are kept. The `checksum`
 attribute is a SHA-256 over every dataset (path, dtype, shape, bytes) and every other root attribute; a
 truncated or damaged file fails to open or fails this check, is reported, and the previous checkpoint is
-used. Loading reads arrays and attributes only: no pickle, no `torch.load`, nothing that runs code.
-A checkpoint from another fedmpi version or for another config is refused (exit 2).
+used. Loading reads arrays and attributes only: no pickle, no `torch.load`, nothing that runs code; the
+stored config is compared as YAML data, so nothing it names (a `module:Class` plug-in) is imported.
+A checkpoint from another fedmpi version or for another config is refused (exit 2), and so is one whose
+checksum holds but whose contents do not fit this run (`fedmpi.io.checkpoint_checks`: shapes, dtypes,
+finiteness, attribute types), before run.h5 is reopened and before anything is loaded.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import numbers
 import os
 import re
+import secrets
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -42,7 +48,8 @@ import numpy as np
 
 import fedmpi
 from fedmpi import config as config_mod
-from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.errors import EXIT_FAILED, ConfigError, FedmpiError, InputError, Refused, report_lines
+from fedmpi.io import checkpoint_checks as checks
 from fedmpi.io.rank0 import decide
 
 FORMAT = 1
@@ -123,8 +130,7 @@ class CheckpointWriter:
         os.makedirs(ckpt_dir(cfg.out), exist_ok=True)
         for stale in glob.glob(os.path.join(ckpt_dir(cfg.out), ".ckpt-*.tmp")):
             os.remove(stale)    # left by a job killed while writing; only one job writes to an out
-        self.tmp = os.path.join(ckpt_dir(cfg.out), f".ckpt-{round_}.h5.tmp")
-        self.f = h5py.File(self.tmp, "w")
+        self.tmp, self.f = _create_temporary(ckpt_dir(cfg.out), round_)
         self.digests = {}
         attrs = {"round": int(round_), "fedmpi_version": fedmpi.__version__, "format": FORMAT,
                  "config": cfg.to_yaml(), "config_hash": cfg.hash(), "seed": int(cfg.seed), "rng": RNG_NOTE,
@@ -169,6 +175,25 @@ class CheckpointWriter:
         finally:
             if os.path.exists(self.tmp):
                 os.remove(self.tmp)
+
+
+def _create_temporary(folder, round_):
+    """(path, open h5py.File) of a new file under a unique name in `folder`: created with O_EXCL | O_NOFOLLOW
+    (never a file or symlink planted under that name), and the file HDF5 opened is checked to be the one
+    created (same device and inode), so nothing a symlink points to is ever truncated."""
+    tmp = os.path.join(folder, f".ckpt-{round_}-{os.getpid()}-{secrets.token_hex(4)}.h5.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        created = os.fstat(fd)
+        f = h5py.File(tmp, "w")
+        opened = os.fstat(f.id.get_vfd_handle())
+        if (opened.st_dev, opened.st_ino) != (created.st_dev, created.st_ino):
+            f.close()
+            raise InputError(f"checkpoint temporary file {tmp} was replaced while it was being opened; not "
+                             f"writing through it")
+    finally:
+        os.close(fd)
+    return tmp, f
 
 
 def _fsync_path(path):
@@ -231,13 +256,12 @@ def _check_version(path, attrs):
 
 
 def _check_config(path, attrs, cfg):
-    try:
-        stored = config_mod.from_yaml(attrs["config"])
-    except (ConfigError, KeyError) as e:
-        raise InputError(f"checkpoint {path}: its stored config cannot be read ({e})") from None
-    differ = config_mod.differing_keys(stored, cfg)
+    """The stored config against this one, as parsed YAML data: never built into a Config, which would import
+    a `module:Class` it names before the comparison could refuse it."""
+    stored = checks.stored_config(path, attrs)
+    differ = checks.config_differences(stored, cfg, ignore=config_mod.RUNTIME_KEYS)
     if differ:
-        flat_s, flat_c = _flat(stored.to_dict()), _flat(cfg.to_dict())
+        flat_s, flat_c = checks.flat(stored), checks.flat(cfg.to_dict())
         lines = [f"{k}: checkpoint {flat_s.get(k)!r}, now {flat_c.get(k)!r}" for k in differ]
         raise ConfigError([f"--resume: the config differs from the one checkpoint {path} was written with, in "
                            f"{', '.join(differ)}; only rounds, out, checkpoint.* and runtime.* may change"]
@@ -250,18 +274,11 @@ def _check_config(path, attrs, cfg):
                           f"rounds may grow on --resume, not shrink")
     moving = [key for key, sched in (("client.lr_schedule", cfg.client.lr_schedule),
                                      ("server.lr_schedule", cfg.server.lr_schedule)) if sched.depends_on_run_length]
-    if moving and stored.rounds != cfg.rounds:
-        raise ConfigError(f"rounds = {cfg.rounds}: the checkpoint's run has {stored.rounds}, and {', '.join(moving)} "
-                          f"(cosine with rounds: null) takes its horizon from it, so the rates already used would "
-                          f"change; keep rounds = {stored.rounds}, or set the schedule's rounds explicitly")
-
-
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else k
-        out.update(_flat(v, key) if isinstance(v, dict) else {key: v})
-    return out
+    if moving and stored.get("rounds") != cfg.rounds:
+        raise ConfigError(f"rounds = {cfg.rounds}: the checkpoint's run has {stored.get('rounds')}, and "
+                          f"{', '.join(moving)} (cosine with rounds: null) takes its horizon from it, so the rates "
+                          f"already used would change; keep rounds = {stored.get('rounds')}, or set the schedule's "
+                          f"rounds explicitly")
 
 
 @dataclass
@@ -270,6 +287,7 @@ class ResumePoint:
     path: str
     wall_s: float = 0.0
     damaged: list = field(default_factory=list)     # [(path, reason)] newer checkpoints that were skipped
+    partial: bool = False       # state this run declares may be missing (a fork: it starts as on a fresh run)
 
 
 def choose(cfg, say=None):
@@ -287,18 +305,27 @@ def choose(cfg, say=None):
     for round_, path in found:
         try:
             attrs = verify(path)
+            checks.check_attrs(path, attrs)     # a BadCheckpoint (exit 2), not damaged: its checksum holds
             _check_round(attrs, round_)
         except DamagedCheckpoint as e:
             damaged.append((path, str(e)))
             say(f"checkpoint {path} is damaged ({e}); trying the previous one")
             continue
         _check_config(path, attrs, cfg)
-        _check_run_log(cfg, round_)
+        dim = _check_run_log(cfg, round_)
+        check_contents(path, cfg, dim)
         if damaged:
             say(f"resuming from {path} (round {round_}) instead of the damaged newer checkpoint(s)")
         return ResumePoint(round_, path, float(attrs["wall_s"]), damaged)
     raise InputError(f"--resume: every checkpoint in {ckpt_dir(cfg.out)} is damaged "
                      f"({'; '.join(f'{os.path.basename(p)}: {r}' for p, r in damaged)}); nothing to continue")
+
+
+def check_contents(path, cfg, dim=None):
+    """Rank 0, before anything is built: the checks that need no model (`checkpoint_checks.check_stored`);
+    `dim`, the model's length as run.h5 recorded it, where known."""
+    with h5py.File(path, "r", locking=False) as f:
+        checks.check_stored(path, f, finite=cfg.runtime.on_nonfinite != "continue", dim=dim)
 
 
 def _check_round(attrs, round_):
@@ -320,7 +347,7 @@ def _check_run_log(cfg, round_):
         raise InputError(f"--resume: {path} is missing; a run is continued together with its log")
     try:
         with open_run(path) as f:
-            rows, run_hash = f["metrics/round"].shape[0], f.attrs.get("config_hash")
+            rows, run_hash, dim = f["metrics/round"].shape[0], f.attrs.get("config_hash"), f.attrs.get("dim")
     except (OSError, KeyError) as e:
         raise InputError(f"--resume: {path} cannot be read ({e})") from None
     if run_hash != cfg.hash():
@@ -328,6 +355,7 @@ def _check_run_log(cfg, round_):
                          f"{cfg.hash()})")
     if rows < round_:
         raise InputError(f"--resume: {path} has {rows} rounds, fewer than checkpoint round {round_}")
+    return int(dim) if isinstance(dim, numbers.Integral) and dim > 0 else None
 
 
 def plan_resume(cfg, comm):
@@ -347,27 +375,86 @@ def plan_resume(cfg, comm):
 def load_into(exp, point):
     """Every rank: restores what it holds from the checkpoint (rank 0 verified it in `plan_resume`).
 
+    Collective, in two steps. First every rank checks what it will load against what this run declares
+    (`checkpoint_checks`: rank 0 the global model, the server and optimizer state; each rank its own clients'
+    states and the participation state) and all vote as at set-up: a refusal on any rank (exit 2 for a
+    mismatch, naming the dataset, the expected and the found shape) ends every rank with Refused, its
+    message printed once, before anything is loaded and before run.h5 is reopened. Then each rank loads.
+
     Each worker reads its own clients' states from the file itself (read-only, no HDF5 locking) instead
     of rank 0 reading everything and sending it on: no message per client, no single rank holding or
     reading all states, and reads spread over the workers, which suits parallel file systems; the
     placement is recomputed for this run's `-n`, so any `-n` can continue any checkpoint.
     """
+    checked = error = None
+    try:
+        checked = _read_checked(exp, point)
+    except Exception as e:  # noqa: BLE001 - every rank must reach the vote whatever went wrong
+        error = e
+    _vote(exp.comm, error)
+    participation, server = checked
+    if exp.comm.is_server:
+        exp.load_state_dict({**server, "participation": participation})
+    else:
+        exp.participation.load_state(participation)
     with h5py.File(point.path, "r", locking=False) as f:
-        # Every rank plans rounds itself, so the participation state (e.g. the simulated clock) goes to all.
-        participation = _read_group(f.get("participation"))
-        if exp.comm.is_server:
-            x = f["global"][()]
-            if x.shape != (exp.flat.dim,):
-                raise InputError(f"checkpoint {point.path}: /global has {x.shape[0]} entries, the model {exp.flat.dim}")
-            groups = {name: _read_group(g) for name, g in f.items() if isinstance(g, h5py.Group) and name != "clients"}
-            exp.load_state_dict({**groups, "global": x, "participation": participation})
-        else:
-            exp.participation.load_state(participation)
         clients = f.get("clients")
         for cid in sorted(exp.clients.mine):
             if clients is not None and str(cid) in clients:
                 exp.load_client_state(cid, _read_group(clients[str(cid)]))
     exp.start_round = point.round
+
+
+def _read_checked(exp, point):
+    """(participation state, server-side state or None) read and checked, this rank's client states checked
+    (their shapes and dtypes: they are read one at a time when loaded); BadCheckpoint on a mismatch."""
+    path = point.path
+    with h5py.File(path, "r", locking=False) as f:
+        # Every rank plans rounds itself, so the participation state (e.g. the simulated clock) goes to all.
+        participation = _read_group(f.get("participation"))
+        checks.check_like(path, "participation", participation, exp.participation.state(), "participation state")
+        server = _read_server_side(exp, point, f) if exp.comm.is_server else None
+        specs = checks.client_expectations(exp)
+        clients = f.get("clients")
+        for cid in sorted(exp.clients.mine):
+            if clients is not None and str(cid) in clients:
+                checks.check_client(path, cid, clients[str(cid)], specs)
+    return participation, server
+
+
+def _read_server_side(exp, point, f):
+    """Rank 0: the groups `Experiment.load_state_dict` takes, each declared entry checked; on a resume (not a
+    fork, whose new algorithm may declare other state) a declared entry must be there."""
+    path = point.path
+    groups = {name: _read_group(g) for name, g in f.items() if isinstance(g, h5py.Group) and name != "clients"}
+    groups["global"] = f["global"][()] if isinstance(f.get("global"), h5py.Dataset) else None
+    for where, (shape, dtype, finite, what) in checks.server_expectations(exp).items():
+        group, _, name = where.rpartition("/")
+        value = groups.get(group, {}).get(name) if group else groups.get(where)
+        if value is None:
+            if point.partial and group:
+                continue
+            raise checks.BadCheckpoint(f"checkpoint {path}: /{where} ({what}) is missing; expected shape "
+                                       f"{tuple(shape)} ({np.dtype(dtype)})")
+        checks.check_entry(path, where, value, shape, dtype, finite, what)
+    for stage in exp.stages:
+        name = f"stage_{stage.name}"
+        checks.check_like(path, name, groups.get(name, {}), stage.state(), f"upload stage {stage.name}'s state")
+    return groups
+
+
+def _vote(comm, error):
+    """The set-up vote (`launch.set_up`) for loading: on any rank's error every rank raises Refused with the
+    worst exit code, the lowest such rank having printed its message."""
+    code = 0 if error is None else (error.exit_code if isinstance(error, FedmpiError) else EXIT_FAILED)
+    worst, speaker = comm.agree(code)
+    if worst == 0:
+        return
+    if comm.rank == speaker:
+        for line in report_lines(error, comm.rank if comm.size > 1 else None):
+            print(line, file=sys.stderr, flush=True)
+    comm.close()
+    raise Refused(worst)
 
 
 def _read_group(group):

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import h5py
 
-from fedmpi import config as config_mod
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.core.fingerprint import fingerprint
-from fedmpi.io import checkpoint
+from fedmpi.io import checkpoint, checkpoint_checks
 from fedmpi.io.rank0 import decide
 from fedmpi.io.store import open_run
 
@@ -38,6 +37,7 @@ class ForkPoint(checkpoint.ResumePoint):
     parent_out: str = ""
     parent_config_hash: str = ""
     parent_fingerprint: str = ""
+    partial: bool = True        # the new algorithm's state not in the checkpoint starts as on a fresh run
 
     def record(self, log):
         """The parent's rows up to the fork and the parent's identity, into the new run's log."""
@@ -70,14 +70,17 @@ def choose(cfg, spec) -> ForkPoint:
         attrs = checkpoint.verify(path)
     except checkpoint.DamagedCheckpoint as e:
         raise InputError(f"--fork-from: checkpoint {path} is damaged ({e})") from None
-    parent_cfg = config_mod.from_yaml(attrs["config"])
-    differ = [k for k in config_mod.differing_keys(parent_cfg, cfg) if k.split(".")[0] in SHAPE_KEYS]
+    checkpoint_checks.check_attrs(path, attrs)
+    # As parsed YAML data, never built into a Config (which would import a `module:Class` it names).
+    parent_cfg = checkpoint_checks.stored_config(path, attrs)
+    differ = [k for k in checkpoint_checks.config_differences(parent_cfg, cfg) if k.split(".")[0] in SHAPE_KEYS]
     if differ:
         raise ConfigError(f"--fork-from {show(spec)}: {', '.join(differ)} differ from the parent's; a fork keeps "
                           f"the parent's {', '.join(SHAPE_KEYS)} (its clients and its model)")
     if round_ > cfg.rounds:
         raise ConfigError(f"rounds = {cfg.rounds}: below the fork's round {round_}")
     _check_parent_log(os.path.join(parent, "run.h5"), round_)
+    checkpoint.check_contents(path, cfg)
     with h5py.File(path, "r", locking=False) as f:
         vec = f["global"][()]
     return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
@@ -106,4 +109,4 @@ def plan_fork(cfg, comm, spec):
     """Collective: rank 0 chooses and checks the parent's checkpoint; every rank learns where it is."""
     point, round_ = decide(comm, lambda: (lambda p: (p, p.round))(choose(cfg, spec)))
     parent, _ = parse(spec)
-    return point or checkpoint.ResumePoint(int(round_), checkpoint.ckpt_path(parent, int(round_)))
+    return point or checkpoint.ResumePoint(int(round_), checkpoint.ckpt_path(parent, int(round_)), partial=True)

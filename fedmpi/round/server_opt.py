@@ -49,6 +49,11 @@ class ServerOptimizer(abc.ABC):
     def state(self) -> dict:
         return self.moments.state()
 
+    def expected_state(self) -> dict:
+        """{name: (shape, dtype)} of the state a checkpoint must hold for this optimizer (its moments: n_params
+        float64 entries each; nothing for sgd), checked before `load_state`."""
+        return self.moments.spec()
+
     def load_state(self, state: dict):
         self.moments.load(state)
 

@@ -129,6 +129,8 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
         interrupted = first.startswith("interrupted")
         _fail(comm, log, first, e.text, EXIT_INTERRUPTED if interrupted else EXIT_FAILED,
               status="interrupted" if interrupted else "failed")
+    except Refused:
+        raise       # a collective refusal (checkpoint.load_into's vote): printed once, nothing written
     except Exception as e:  # noqa: BLE001 - every error must end the whole job, not just this rank
         code = e.exit_code if isinstance(e, FedmpiError) else EXIT_FAILED
         if isinstance(e, FedmpiError):     # says itself what failed (e.g. "cannot write OUT/run.h5: ...")

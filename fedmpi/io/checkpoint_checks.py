@@ -1,0 +1,204 @@
+"""What a checkpoint must hold, checked before anything in it is used (issue 29).
+
+The checksum only proves that a file is what its writer (or whoever recomputed the checksum) meant; these
+checks prove that it is what this run can load. Every refusal is a BadCheckpoint (exit 2) naming the
+checkpoint, the dataset or attribute, what was expected and what was found.
+
+- Attributes (`check_attrs`): round an integer >= 0 (`checkpoint._check_round` compares it with the file
+  name), wall_s a finite number >= 0, config and config_hash strings.
+- The stored config (`stored_config`, `config_differences`) is compared as parsed YAML data, never built
+  into a Config: building one looks up `algorithm.name`, and a `module:Class` there would be imported (its
+  code run) before the comparison could refuse it.
+- Before the job starts (`check_stored`, rank 0, no model needed): /global a non-empty float vector, the
+  optimizer's moments float vectors, both finite; every dataset numeric.
+- Before loading (`server_expectations`, `client_expectations`, `check_entry`, `check_like`, on the rank
+  that loads each part): shapes and dtype kinds against what this run's model (dim), its algorithm's
+  declared ServerVectors / ClientVectors, its server optimizer (`expected_state`) and its participation
+  provider and upload stages (a fresh state of theirs as the template) say they must be.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import h5py
+import numpy as np
+
+from fedmpi.algorithms.state import ClientVectors, ServerVectors, declared_specs
+from fedmpi.config import yamlio
+from fedmpi.core.errors import ConfigError, InputError
+
+# Dtype kinds that may stand for one another: a float entry must be float (an int8 /global is garbage, not a
+# model), an integer counter any integer, a flag bool or integer.
+KINDS = {"f": "f", "i": "iu", "u": "iu", "b": "biu"}
+KIND_NAMES = {"f": "float", "i": "integer", "u": "integer", "b": "bool"}
+
+
+class BadCheckpoint(InputError):
+    """A readable checkpoint (its checksum holds) whose contents are not what this run must load: exit 2."""
+
+
+# -- attributes and the stored config ----------------------------------------------------------------
+
+def check_attrs(path, attrs):
+    """The root attributes a resume or a fork uses, by type (a string wall_s, say, is refused here; a missing
+    round is the caller's: it makes the file damaged)."""
+    round_ = attrs.get("round")
+    if round_ is not None and not (isinstance(round_, numbers.Integral) and not isinstance(round_, (bool, np.bool_))
+                                   and round_ >= 0):
+        raise BadCheckpoint(f"checkpoint {path}: attribute round is {_show(round_)}; expected an integer >= 0")
+    wall = attrs.get("wall_s")
+    real = isinstance(wall, numbers.Real) and not isinstance(wall, (bool, np.bool_))
+    if not (real and math.isfinite(float(wall)) and float(wall) >= 0):
+        raise BadCheckpoint(f"checkpoint {path}: attribute wall_s is {_show(wall)}; expected a finite number of "
+                            f"seconds >= 0")
+    for name in ("config", "config_hash"):
+        if not isinstance(attrs.get(name), str):
+            raise BadCheckpoint(f"checkpoint {path}: attribute {name} is {_show(attrs.get(name))}; expected text")
+
+
+def stored_config(path, attrs) -> dict:
+    """The checkpoint's stored config as parsed YAML data (safe constructors only: nothing is imported)."""
+    text = attrs.get("config")
+    if not isinstance(text, str):
+        raise BadCheckpoint(f"checkpoint {path}: attribute config is {_show(text)}; expected the run's config as "
+                            f"YAML text")
+    try:
+        data = yamlio.load(text, f"checkpoint {path}: stored config")
+    except ConfigError as e:
+        raise InputError(f"checkpoint {path}: its stored config cannot be read ({e})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"checkpoint {path}: its stored config is not a mapping of keys")
+    return data
+
+
+def config_differences(stored: dict, cfg, ignore=()) -> list:
+    """Dotted keys whose values differ between the stored config data and `cfg`, keys (or sections) in
+    `ignore` left out. `cfg` goes through the same YAML round trip as the stored text, so both sides are
+    plain data of the same form."""
+    now = yamlio.load(cfg.to_yaml(), "this run's config")
+    fs, fc = flat(stored), flat(now)
+    return [k for k in sorted(set(fs) | set(fc))
+            if k.split(".")[0] not in ignore and k not in ignore and fs.get(k) != fc.get(k)]
+
+
+def flat(d, prefix=""):
+    """{dotted key: value} of a nested mapping."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(flat(v, key) if isinstance(v, dict) else {key: v})
+    return out
+
+
+# -- datasets ----------------------------------------------------------------------------------------
+
+def check_stored(path, f, finite=True, dim=None):
+    """Rank 0, before the job builds anything: what needs no model. /global a non-empty float vector, each
+    /optimizer entry a float vector, both finite (unless `finite` is False: runtime.on_nonfinite continue
+    keeps non-finite models); every dataset numeric (the writer stores nothing else). `dim`, where known
+    (run.h5 records the model's length), is /global's length."""
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset) and obj.dtype.kind not in "biuf":
+            raise BadCheckpoint(f"checkpoint {path}: /{name} has dtype {obj.dtype}; a checkpoint holds numbers only")
+
+    f.visititems(visit)
+    _check_layout(path, f)
+    glob = f.get("global")
+    if not isinstance(glob, h5py.Dataset):
+        raise BadCheckpoint(f"checkpoint {path}: /global is not a dataset; expected the global model vector")
+    check_entry(path, "global", glob[()], None if dim is None else (dim,), np.float32, finite, "the global model")
+    opt = f.get("optimizer")
+    if opt is not None:
+        for name, ds in _datasets(path, "optimizer", opt):
+            check_entry(path, f"optimizer/{name}", ds[()], None, np.float64, finite, "a server-optimizer moment")
+
+
+def _check_layout(path, f):
+    """/global a dataset, every other top-level entry a group of datasets (/clients a group of such groups)."""
+    for name, obj in f.items():
+        if name == "global":
+            continue
+        if name == "clients" and isinstance(obj, h5py.Group):
+            for cid, group in obj.items():
+                if not cid.isdigit():
+                    raise BadCheckpoint(f"checkpoint {path}: /clients/{cid}: expected groups named by client id")
+                list(_datasets(path, f"clients/{cid}", group))
+        else:
+            list(_datasets(path, name, obj))
+
+
+def _datasets(path, where, group):
+    if not isinstance(group, h5py.Group):
+        raise BadCheckpoint(f"checkpoint {path}: /{where} is not a group")
+    for name, obj in group.items():
+        if not isinstance(obj, h5py.Dataset):
+            raise BadCheckpoint(f"checkpoint {path}: /{where}/{name} is not a dataset")
+        yield name, obj
+
+
+def check_entry(path, where, a, shape, dtype, finite, what):
+    """One entry against (shape, dtype) (shape None: any non-empty vector); `a` an array or an h5py
+    dataset (only its shape and dtype are read unless `finite`)."""
+    dtype = np.dtype(dtype)
+    ok_shape = (len(a.shape) == 1 and a.shape[0] > 0) if shape is None else tuple(a.shape) == tuple(shape)
+    if not ok_shape or a.dtype.kind not in KINDS[dtype.kind]:
+        want = "a non-empty vector" if shape is None else f"shape {tuple(shape)}"
+        raise BadCheckpoint(f"checkpoint {path}: /{where} ({what}) has shape {tuple(a.shape)} and dtype {a.dtype}; "
+                            f"expected {want} of {KIND_NAMES[dtype.kind]} values ({dtype})")
+    if finite:
+        values = np.asarray(a[()])
+        bad = np.flatnonzero(~np.isfinite(values.reshape(-1)))
+        if bad.size:
+            raise BadCheckpoint(f"checkpoint {path}: /{where} ({what}) has {bad.size} non-finite values (the first "
+                                f"at index {int(bad[0])}: {values.reshape(-1)[bad[0]]}); expected finite numbers")
+
+
+def check_like(path, where, stored: dict, template: dict, what):
+    """A state whose declaration is its fresh value (participation, upload stages): each stored entry the
+    template names has the template's number of dimensions and dtype kind (lengths may differ: e.g. the
+    clients in flight)."""
+    for name, fresh in template.items():
+        if name not in stored:
+            continue
+        a, fresh = stored[name], np.asarray(fresh)
+        if a.ndim != fresh.ndim or a.dtype.kind not in KINDS.get(fresh.dtype.kind, fresh.dtype.kind):
+            raise BadCheckpoint(f"checkpoint {path}: /{where}/{name} ({what}) has shape {tuple(a.shape)} and dtype "
+                                f"{a.dtype}; expected {fresh.ndim}-d {KIND_NAMES.get(fresh.dtype.kind, fresh.dtype)} "
+                                f"values ({fresh.dtype}), as this run's {what} holds")
+
+
+def server_expectations(exp) -> dict:
+    """{dataset: (shape, dtype, finite-required, what)} of what rank 0 loads for `exp`'s server."""
+    finite = exp.cfg.runtime.on_nonfinite != "continue"
+    server = exp.server
+    specs = {"global": ((exp.flat.dim,), np.float32, finite, f"the global model of {exp.flat.dim} entries")}
+    for name, (shape, dtype) in declared_specs(server.algo, ServerVectors).items():
+        specs[f"server/{name}"] = (shape, dtype, finite, f"algorithm state {name}")
+    for name, (shape, dtype) in server.optimizer.expected_state().items():
+        specs[f"optimizer/{name}"] = (shape, dtype, finite, f"server.optimizer {exp.cfg.server.optimizer}'s {name}")
+    return specs
+
+
+def client_expectations(exp) -> dict:
+    """{name: (shape or None, dtype)} of the client vectors `exp`'s algorithm declares."""
+    return declared_specs(exp.algo, ClientVectors)
+
+
+def check_client(path, cid, group, specs):
+    """One client's stored state (shapes and dtypes only, nothing read): declared vectors as declared, any
+    other entry numeric."""
+    for name, ds in _datasets(path, f"clients/{cid}", group):
+        where = f"clients/{cid}/{name}"
+        if name in specs:
+            shape, dtype = specs[name]
+            check_entry(path, where, ds, shape, dtype, False, f"client {cid}'s {name}")
+        elif ds.dtype.kind not in "biuf":
+            raise BadCheckpoint(f"checkpoint {path}: /{where} has dtype {ds.dtype}; a checkpoint holds numbers only")
+
+
+def _show(value):
+    text = repr(value.item() if isinstance(value, np.generic) else value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
