@@ -7,7 +7,10 @@ import argparse
 import os
 import sys
 
-from fedmpi.errors import ConfigError, FedmpiError, report_lines
+from fedmpi import console, signals
+from fedmpi.errors import EXIT_INTERRUPTED, ConfigError, FedmpiError, report_lines
+
+EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE: what a shell reports for `yes | head`
 
 
 def _parser():
@@ -50,6 +53,34 @@ def _parser():
 
 
 def main(argv=None) -> int:
+    # First of all, before argparse runs or torch is imported (fedmpi.signals): the console script
+    # `fedmpi.cli:main` and `python -m fedmpi` both come here with nothing heavy imported yet.
+    previous = signals.install_early()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before the run's own handling took over (torch's import, config, data loading, a report):
+        # one line, no traceback, exit 130. The other ranks of an MPI job would wait for this one forever.
+        if launcher_rank() in (None, 0):
+            console.say("fedmpi: interrupted")
+        _abort_peers(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `fedmpi report ... | head`: the reader has what it wanted; end quietly as Unix tools do.
+        console.silence(sys.stdout)
+        return EXIT_BROKEN_PIPE
+    finally:
+        signals.restore_early(previous)     # a caller's own handlers (main() called from a script) come back
+
+
+def _abort_peers(code):
+    """Ends the whole MPI job where this process is one rank of several (nothing to do otherwise)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(code)
+
+
+def _main(argv):
     parser = _parser()
     # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, DESIGN §1), which a
     # plain parse_args rejects once an option has ended the positional list.
@@ -67,7 +98,7 @@ def main(argv=None) -> int:
         # silent Refused: under mpiexec the launcher's rank 0 prints, so the message appears once.
         if launcher_rank() in (None, 0):
             for line in report_lines(e):
-                print(line, file=sys.stderr)
+                console.say(line)
         return e.exit_code
 
 
@@ -87,14 +118,13 @@ def launcher_rank():
 def _run(args):
     from fedmpi import config
 
+    signals.test_pause("import")
     cfg = config.load(args.config, args.overrides)
     if args.fork_from and args.resume:
         raise ConfigError("--fork-from and --resume exclude each other: a fork starts a new run in out; "
                           "continue a fork later with --resume")
     if args.dry_run:
         return _dry_run(cfg)
-    from fedmpi import signals
-
     signals.install()       # from here on SIGTERM/SIGUSR1 are stop requests, even during the slow imports
     from fedmpi.comm import make_comm
     from fedmpi.outdir import claim

@@ -36,7 +36,7 @@ import traceback
 
 import numpy as np
 
-from fedmpi import checkpoint, signals
+from fedmpi import checkpoint, console, signals
 from fedmpi.comm import WorkerFailed
 from fedmpi.errors import EXIT_FAILED, EXIT_INTERRUPTED, Diverged, FedmpiError, Refused, StopRequested, report_lines
 from fedmpi.experiment import Experiment
@@ -53,7 +53,7 @@ def run_path(cfg):
 
 
 def _say(text):
-    print(f"fedmpi: {text}", file=sys.stderr, flush=True)
+    console.say(f"fedmpi: {text}")     # a broken pipe or closed stderr silences it; run.h5 has the truth
 
 
 def set_up(cfg, comm, **parts) -> Experiment:
@@ -75,7 +75,7 @@ def set_up(cfg, comm, **parts) -> Experiment:
         if is_out_of_memory(error):
             lines = [f"fedmpi: {out_of_memory_text(error, comm.rank if comm.size > 1 else None)}"]
         for line in lines:
-            print(line, file=sys.stderr, flush=True)
+            console.say(line)
     comm.close()
     raise Refused(worst)
 
@@ -137,7 +137,7 @@ def _fail(comm, log, message, detail, code, status="failed"):
     if comm.is_server or comm.size == 1:
         _say(message)
     if os.environ.get("FEDMPI_DEBUG") and detail != message:
-        print(detail, file=sys.stderr, flush=True)
+        console.say(detail)
     if log:
         try:
             log.finish(status, message)
