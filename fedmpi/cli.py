@@ -153,11 +153,20 @@ def _dry_run(cfg):
     from fedmpi.deploy.checks import check as deploy_check
     from fedmpi.experiment import build_partition
     from fedmpi.flat import FlatModel
+    from fedmpi.memory import preflight
     from fedmpi.models import build_model
     from fedmpi.report import partition_summary, server_summary
 
     print(cfg.to_yaml())
-    dataset = load_dataset(cfg)
+    # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
+    # reason, not a MemoryError from making the data set or the model (synthetic's size is the config's).
+    dataset = None if cfg.data.name == "synthetic" else load_dataset(cfg)
+    lines, reason = preflight(cfg, dataset)
+    if reason:
+        for line in lines:
+            print(line)
+        raise ConfigError(f"--dry-run: {reason}")
+    dataset = dataset or load_dataset(cfg)
     split = build_partition(cfg, dataset)
     rng.seed_torch(cfg.seed, rng.INIT)
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
