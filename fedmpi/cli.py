@@ -73,11 +73,21 @@ def main(argv=None) -> int:
         signals.restore_early(previous)     # a caller's own handlers (main() called from a script) come back
 
 
+ABORT_GRACE_S = 2.0     # how long an interrupted worker leaves rank 0 to print its line and end the job
+
+
 def _abort_peers(code):
-    """Ends the whole MPI job where this process is one rank of several (nothing to do otherwise)."""
+    """Ends the whole MPI job where this process is one rank of several (nothing to do otherwise). A worker
+    first gives rank 0 a moment: after a Ctrl-C, which reaches every rank, rank 0's abort (after its one
+    line) should be the one that ends the job."""
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-        mpi.COMM_WORLD.Abort(code)
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        return
+    if mpi.COMM_WORLD.Get_rank() != 0:
+        import time
+
+        time.sleep(ABORT_GRACE_S)
+    mpi.COMM_WORLD.Abort(code)
 
 
 def _main(argv):

@@ -189,6 +189,9 @@ def held():
     pthread_sigmask holds it back from the main thread only, and the kernel then hands it to one of torch's
     or MPI's threads, after which Python runs the handler in the main thread all the same. A SIGINT whose
     KeyboardInterrupt was swallowed anyway (the early handler's) is raised here too."""
+    if threading.current_thread() is not threading.main_thread():     # no handler can be swapped there
+        yield
+        return
     before = len(_interrupts)
     with interrupt_after():
         yield

@@ -175,6 +175,7 @@ class RunLog:
         os.replace(tmp, path)
         return cls(path)
 
+    @_held
     def append(self, metrics: dict, clients: dict | None = None, num_clients=None, timing=None):
         """One row: `metrics` maps name -> a float (missing core figures become NaN; new names get a column
         padded with NaN for earlier rounds), a string (/metrics/model_sha256) or a 1-D array (a row of a
