@@ -18,7 +18,7 @@ import time
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, small_config, write_config
+from conftest import ROOT, fedmpi_cmd, small_config, write_config
 
 from fedmpi import console
 from fedmpi.algorithms.registry import lookup
@@ -42,10 +42,12 @@ def config(tmp_path, **sections):
     return write_config(tmp_path / "c.yaml", small_config(out, **sections)), out
 
 
-def signalled_at(where, sig, args, tmp_path):
-    """Runs `fedmpi ARGS`, sends `sig` once it is paused at `where`: (exit code, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "fedmpi", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=tmp_path,
+def signalled_at(where, sig, args, tmp_path, n=None):
+    """Runs `fedmpi ARGS` (under `mpiexec -n n` if given), sends `sig` once it is paused at `where` (under
+    mpiexec to the whole process group, as a terminal's Ctrl-C does): (exit code, stderr)."""
+    cmd = fedmpi_cmd(n, *args) if n else [sys.executable, "-m", "fedmpi", *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                            start_new_session=bool(n),
                             env=child_env(FEDMPI_TEST_SLEEP_AT=where, FEDMPI_TEST_SLEEP_S="3"))
     seen = b""
     try:
@@ -56,11 +58,14 @@ def signalled_at(where, sig, args, tmp_path):
             chunk = os.read(proc.stderr.fileno(), 4096) if ready else b""
             assert chunk, f"no pause at {where}; stderr so far: {seen.decode(errors='replace')}"
             seen += chunk
-        proc.send_signal(sig)
+        if n:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         _, rest = proc.communicate(timeout=CHILD_TIMEOUT_S)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL) if n else proc.kill()
             proc.wait()
     return proc.returncode, (seen + rest).decode(errors="replace")
 
@@ -89,6 +94,15 @@ def test_a_signal_in_the_first_seconds_is_one_line_and_its_exit_code(tmp_path, s
 def test_ctrl_c_while_the_data_loads_leaves_no_traceback_and_no_run_file(tmp_path):
     cfg, out = config(tmp_path)
     got, err = signalled_at("data", signal.SIGINT, ["run", cfg], tmp_path)
+    assert got == EXIT_INTERRUPTED and fedmpi_lines(err) == ["fedmpi: interrupted"], err
+    assert "Traceback" not in err and not (out / "run.h5").exists()
+
+
+@pytest.mark.mpi
+def test_ctrl_c_while_the_data_loads_at_three_ranks_ends_the_job_with_one_line(tmp_path):
+    # Ranks wait for each other in the data's sharing: every one must end, with rank 0's line only.
+    cfg, out = config(tmp_path)
+    got, err = signalled_at("data", signal.SIGINT, ["run", cfg], tmp_path, n=3)
     assert got == EXIT_INTERRUPTED and fedmpi_lines(err) == ["fedmpi: interrupted"], err
     assert "Traceback" not in err and not (out / "run.h5").exists()
 
