@@ -176,7 +176,8 @@ def _dry_run(cfg):
         for line in lines:
             print(line)
         raise ConfigError(f"--dry-run: {reason}")
-    dataset = dataset or load_dataset(cfg)
+    if dataset is None:
+        dataset = load_dataset(cfg)
     split = build_partition(cfg, dataset)
     rng.seed_torch(cfg.seed, rng.INIT)
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))

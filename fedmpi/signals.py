@@ -22,8 +22,8 @@ closed stdin/stdout/stderr is reopened on /dev/null, so no file the run opens la
 Ctrl-C must never be swallowed: Python runs a signal handler wherever the interpreter is, including inside
 a weakref callback (h5py's object registry runs one each time an HDF5 object is freed), where the
 KeyboardInterrupt is printed as "Exception ignored" and dropped (and later SIGINTs are ignored): the run
-went on to exit 0 `finished`. `held` blocks the signals around such code (the run log's writes) and
-raises the KeyboardInterrupt once they are delivered, in ordinary code.
+went on to exit 0 `finished`. `held` holds SIGINT back around such code (the run log's writes) and
+raises its KeyboardInterrupt after the block, in ordinary code.
 """
 
 from __future__ import annotations
