@@ -7,7 +7,11 @@ import argparse
 import os
 import sys
 
-from fedmpi.core.errors import ConfigError, FedmpiError, report_lines
+from fedmpi.core import console
+from fedmpi.core.errors import EXIT_INTERRUPTED, ConfigError, FedmpiError, report_lines
+from fedmpi.mpi import signals
+
+EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE: what a shell reports for `yes | head`
 
 
 def _parser():
@@ -52,6 +56,44 @@ def _parser():
 
 
 def main(argv=None) -> int:
+    # First of all, before argparse runs or torch is imported (fedmpi.mpi.signals): the console script
+    # `fedmpi.cli:main` and `python -m fedmpi` both come here with nothing heavy imported yet.
+    previous = signals.install_early()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C before the run's own handling took over (torch's import, config, data loading, a report):
+        # one line, no traceback, exit 130. The other ranks of an MPI job would wait for this one forever.
+        if launcher_rank() in (None, 0):
+            console.say("fedmpi: interrupted")
+        _abort_peers(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `fedmpi report ... | head`: the reader has what it wanted; end quietly as Unix tools do.
+        console.silence(sys.stdout)
+        return EXIT_BROKEN_PIPE
+    finally:
+        signals.restore_early(previous)     # a caller's own handlers (main() called from a script) come back
+
+
+ABORT_GRACE_S = 2.0     # how long an interrupted worker leaves rank 0 to print its line and end the job
+
+
+def _abort_peers(code):
+    """Ends the whole MPI job where this process is one rank of several (nothing to do otherwise). A worker
+    first gives rank 0 a moment: after a Ctrl-C, which reaches every rank, rank 0's abort (after its one
+    line) should be the one that ends the job."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+        return
+    if mpi.COMM_WORLD.Get_rank() != 0:
+        import time
+
+        time.sleep(ABORT_GRACE_S)
+    mpi.COMM_WORLD.Abort(code)
+
+
+def _main(argv):
     parser = _parser()
     # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, DESIGN §1), which a
     # plain parse_args rejects once an option has ended the positional list.
@@ -69,7 +111,7 @@ def main(argv=None) -> int:
         # silent Refused: under mpiexec the launcher's rank 0 prints, so the message appears once.
         if launcher_rank() in (None, 0):
             for line in report_lines(e):
-                print(line, file=sys.stderr)
+                console.say(line)
         return e.exit_code
 
 
@@ -89,14 +131,13 @@ def launcher_rank():
 def _run(args):
     from fedmpi import config
 
+    signals.test_pause("import")
     cfg = config.load(args.config, args.overrides)
     if args.fork_from and args.resume:
         raise ConfigError("--fork-from and --resume exclude each other: a fork starts a new run in out; "
                           "continue a fork later with --resume")
     if args.dry_run:
         return _dry_run(cfg)
-    from fedmpi.mpi import signals
-
     signals.install()       # from here on SIGTERM/SIGUSR1 are stop requests, even during the slow imports
     from fedmpi.io.outdir import claim
     from fedmpi.mpi.comm import make_comm
@@ -127,9 +168,19 @@ def _dry_run(cfg):
     from fedmpi.data import load_dataset
     from fedmpi.deploy.checks import check as deploy_check
     from fedmpi.round.experiment import build_partition
+    from fedmpi.run.memory import preflight
 
     print(cfg.to_yaml())
-    dataset = load_dataset(cfg)
+    # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
+    # reason, not a MemoryError from making the data set or the model (synthetic's size is the config's).
+    dataset = None if cfg.data.name == "synthetic" else load_dataset(cfg)
+    lines, reason = preflight(cfg, dataset)
+    if reason:
+        for line in lines:
+            print(line)
+        raise ConfigError(f"--dry-run: {reason}")
+    if dataset is None:
+        dataset = load_dataset(cfg)
     split = build_partition(cfg, dataset)
     rng.seed_torch(cfg.seed, rng.INIT)
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))

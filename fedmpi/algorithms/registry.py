@@ -6,6 +6,12 @@
    `[project.entry-points."fedmpi.algorithms"] myalgo = "mypkg.algo:MyAlgo"` and is pip-installed);
 3. `package.module:Class`, imported as written (the module must be importable on every rank).
 The class found must subclass `fedmpi.algorithms.base.Algorithm` and carry its keys dataclass as `Keys`.
+
+Importing a plug-in runs its module's code, by design, as any Python import does. What can go wrong there
+ends as a config error (exit 2) naming `algorithm.name` and the module: a malformed name (`:`, `..foo:Bar`,
+`os:`), a module that is missing or raises at import, and one that calls sys.exit() while being imported
+(which would otherwise end fedmpi with that status having done nothing). A KeyboardInterrupt is not an
+import error and goes on up (Ctrl-C ends the run as everywhere else).
 """
 
 from __future__ import annotations
@@ -62,15 +68,19 @@ def builtin_names():
 
 def lookup(name):
     """The algorithm class for `algorithm.name`; ConfigError naming what is available otherwise."""
+    if not isinstance(name, str):       # e.g. `algorithm.name=os:` read by YAML as the mapping {os: null}
+        raise ConfigError(f"algorithm.name = {show(name)}: must be a string: a built-in or installed "
+                          f"algorithm's name, or 'package.module:Class' (quote it in an override)")
     builtin_names()
     if name in _REGISTRY:
         return _REGISTRY[name]
     plugins = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if name in plugins:
-        return _checked(_load(plugins[name].load, f"entry point {name!r} ({plugins[name].value})"), name)
-    if isinstance(name, str) and ":" in name:
-        module, _, attr = name.partition(":")
-        return _checked(_load(lambda: getattr(importlib.import_module(module), attr), name), name)
+        return _checked(_load(plugins[name].load, f"entry point {name!r} ({plugins[name].value})",
+                              plugins[name].value.partition(":")[0].strip()), name)
+    if ":" in name:
+        module, attr = _split_path(name)
+        return _checked(_load(lambda: _import_attr(module, attr), name, module), name)
     known = list(_REGISTRY) + sorted(plugins)
     close = difflib.get_close_matches(str(name)[:100], known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -78,14 +88,49 @@ def lookup(name):
                       f"'package.module:Class' for an algorithm outside fedmpi")
 
 
-def _load(get, what):
+def _dotted(text):
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
+def _split_path(name):
+    """('package.module', 'Class') of a `package.module:Class` name; ConfigError for any other shape (an
+    empty or relative module, an empty class, a second colon) before anything is imported."""
+    module, _, attr = name.partition(":")
+    if not (_dotted(module) and _dotted(attr)):
+        raise ConfigError(f"algorithm.name = {show(name)}: not a valid plug-in name; write "
+                          f"'package.module:Class' (an absolute module path and a class name, e.g. "
+                          f"'mypkg.algo:MyAlgo'), or a built-in or installed algorithm's name")
+    return module, attr
+
+
+def _import_attr(module, attr):
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load(get, what, module=None):
+    """`get()`, with whatever the import raises turned into a ConfigError naming `what` and the module (a
+    KeyboardInterrupt excepted)."""
+    where = f"module {module!r}" if module else what
     try:
         return get()
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"algorithm.name: cannot load {what}: {type(e).__name__}: {e}") from None
+    except SystemExit as e:
+        raise ConfigError(f"algorithm.name = {show(what)}: {where} called sys.exit({show(e.code)}) while being "
+                          f"imported; a plug-in module must define its algorithm class, not exit") from None
+    except Exception as e:  # noqa: BLE001 - any error in a plug-in's own import code is the plug-in's
+        first = (str(e).splitlines() or [""])[0]
+        raise ConfigError(f"algorithm.name = {show(what)}: importing {where} failed: "
+                          f"{type(e).__name__}: {first[:300]}") from None
 
 
 def _checked(cls, name):
+    if not isinstance(cls, type):
+        raise ConfigError(f"algorithm.name = {show(name)}: names a {type(cls).__name__}, not a class; "
+                          f"'package.module:Class' must name a subclass of fedmpi.algorithms.base.Algorithm")
     try:
         check_declarations(cls)
     except TypeError as e:

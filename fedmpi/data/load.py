@@ -9,6 +9,7 @@ from __future__ import annotations
 from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.data import sources
 from fedmpi.data.dataset import Dataset, keep_first_classes
+from fedmpi.mpi import signals
 
 
 def load_dataset(cfg) -> Dataset:
@@ -17,6 +18,7 @@ def load_dataset(cfg) -> Dataset:
     if loader is None:
         raise ConfigError(f"data.name = {cfg.data.name!r}: not available in this version; "
                           f"available: {', '.join(sources.LOADERS)}")
+    signals.test_pause("data")      # a test's Ctrl-C "while the data loads"
     return check_loaded(cfg, loader(cfg))
 
 

@@ -15,14 +15,15 @@ from fedmpi.deploy.traces import AvailabilityTrace
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_trace(path, period, _mtime_ns, _size):
-    return AvailabilityTrace.load(path, period)
+def _cached_trace(path, period, clients, _mtime_ns, _size):
+    return AvailabilityTrace.load(path, period, clients)
 
 
-def load_trace(cfg):
-    """The availability trace named by `cfg` (a ClientsConfig), read once per file version."""
+def load_trace(cfg, num_clients=None):
+    """The availability trace named by `cfg` (a ClientsConfig), read once per file version; `num_clients`
+    bounds its device ids (traces.device_bound)."""
     st = os.stat(cfg.trace) if os.path.exists(cfg.trace) else None
-    return _cached_trace(cfg.trace, cfg.trace_period, st and st.st_mtime_ns, st and st.st_size)
+    return _cached_trace(cfg.trace, cfg.trace_period, num_clients, st and st.st_mtime_ns, st and st.st_size)
 
 
 def available(cfg, seed, round_, sim_time, num_clients, trace=None) -> np.ndarray:
@@ -35,7 +36,7 @@ def available(cfg, seed, round_, sim_time, num_clients, trace=None) -> np.ndarra
         p = cfg.availability_p
         return np.fromiter((rng.stream(seed, rng.AVAILABILITY, round_, c).random() < p for c in range(num_clients)),
                            dtype=bool, count=num_clients)
-    return (trace or load_trace(cfg)).mask(sim_time, num_clients)
+    return (trace or load_trace(cfg, num_clients)).mask(sim_time, num_clients)
 
 
 def next_available_time(cfg, sim_time, num_clients, trace=None) -> float:
@@ -43,7 +44,7 @@ def next_available_time(cfg, sim_time, num_clients, trace=None) -> float:
     interval to open (inf if none ever does). Bernoulli and always draw afresh each round: `sim_time`."""
     if cfg.availability != "trace":
         return sim_time
-    return (trace or load_trace(cfg)).next_on(sim_time, num_clients)
+    return (trace or load_trace(cfg, num_clients)).next_on(sim_time, num_clients)
 
 
 def dropped(seed, round_, cid, p) -> bool:

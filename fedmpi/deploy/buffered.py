@@ -77,7 +77,7 @@ class BufferedParticipation(Participation):
         self.buffer, self.concurrency = keys.buffer_size, keys.concurrency
         self.num_clients = len(part_sizes)
         self.clock = Clock.from_config(clients, cfg.seed, self.num_clients)
-        self.trace = (AvailabilityTrace.load(clients.trace, clients.trace_period)
+        self.trace = (AvailabilityTrace.load(clients.trace, clients.trace_period, self.num_clients)
                       if clients.availability == "trace" else None)
         self.steps = [schedule(cfg.client, n).steps for n in part_sizes]
         self.bytes_down = algo.down_vectors * algo.dim * 4

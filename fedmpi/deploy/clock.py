@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
 from fedmpi.deploy.traces import BANDWIDTH_COLUMNS, SPEED_COLUMNS, load_rates
 
 
@@ -36,15 +37,19 @@ def client_rates(cfg, seed, num_clients):
     elif s.kind == "lognormal":
         speed = s.value * np.exp(s.sigma * z[:, 0])
     else:
-        speed = _traced(load_rates(s.trace, SPEED_COLUMNS), num_clients)[:, 0]
+        speed = _traced(load_rates(s.trace, SPEED_COLUMNS, num_clients), num_clients)[:, 0]
     b = cfg.bandwidth
     if b.kind == "fixed":
         up, down = np.full(num_clients, b.up), np.full(num_clients, b.down)
     elif b.kind == "lognormal":
         up, down = b.up * np.exp(b.sigma * z[:, 1]), b.down * np.exp(b.sigma * z[:, 2])
     else:
-        table = _traced(load_rates(b.trace, BANDWIDTH_COLUMNS), num_clients)
+        table = _traced(load_rates(b.trace, BANDWIDTH_COLUMNS, num_clients), num_clients)
         up, down = table[:, 0], table[:, 1]
+    for key, rates in (("speed", speed), ("bandwidth", up), ("bandwidth", down)):
+        if len(rates) and not (np.all(np.isfinite(rates)) and rates.min() > 0):     # guarded by the key ranges
+            raise ConfigError(f"clients.{key}: the drawn rates reach {rates.min():g}..{rates.max():g} per second, "
+                              f"where simulated times are no longer finite; lower sigma")
     return speed, up, down
 
 

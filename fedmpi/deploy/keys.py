@@ -17,6 +17,20 @@ from fedmpi.core.config_checks import Checks
 RATE_KINDS = ("fixed", "lognormal", "trace")
 AVAILABILITY = ("always", "bernoulli", "trace")
 COMPRESSORS = ("none", "topk", "randk", "qsgd", "sign")
+# Sane ranges of the simulated clock's parameters (docs/deployment.md): inside them every client's time for a
+# round stays finite. A lognormal rate is value * exp(sigma * z) with |z| < 9 for any realistic number of
+# clients, so sigma <= 10 keeps it within a factor 1e39 of `value`; sigma = 1000 overflowed rates to inf and
+# 0, and simulated times to inf, in a run that still said `finished`. Traced rates take the same range.
+MAX_SIGMA = 10.0
+MIN_RATE, MAX_RATE = 1e-6, 1e15
+
+
+def _rate_ok(v):
+    return _number(v) and MIN_RATE <= v <= MAX_RATE
+
+
+def _sigma_ok(v):
+    return _number(v) and 0 <= v <= MAX_SIGMA
 
 
 def _number(v):
@@ -43,17 +57,18 @@ class SpeedConfig:
     """`fixed`: every client runs `value` steps/s; `lognormal`: client i runs value * exp(sigma * z_i),
     z_i ~ N(0, 1) from the stream (seed, CLOCK, i), drawn once per run; `trace`: read from `trace`."""
     value: float = 10.0
-    """Steps per second (`fixed`), or the median over clients (`lognormal`)."""
+    """Steps per second (`fixed`), or the median over clients (`lognormal`), in [1e-6, 1e15]."""
     sigma: float = 0.5
-    """`lognormal`: standard deviation of log(speed); 0 makes every client run at `value`."""
+    """`lognormal`: standard deviation of log(speed), in [0, 10]; 0 makes every client run at `value`."""
     trace: str | None = None
     """`trace`: CSV file with the header `client,steps_per_s`, one row per device (docs/deployment.md)."""
 
     def __post_init__(self):
         c = Checks("clients.speed")
         _check_rate_form(c, self.kind, self.trace, "client,steps_per_s")
-        c.require(_number(self.value) and self.value > 0, "value", self.value, "must be a number > 0")
-        c.require(_number(self.sigma) and self.sigma >= 0, "sigma", self.sigma, "must be a number >= 0")
+        c.require(_rate_ok(self.value), "value", self.value,
+                  f"must be a number in [{MIN_RATE:g}, {MAX_RATE:g}] (steps per second)")
+        c.require(_sigma_ok(self.sigma), "sigma", self.sigma, f"must be a number in [0, {MAX_SIGMA:g}]")
         c.done()
 
 
@@ -65,11 +80,11 @@ class BandwidthConfig:
     """`fixed`: `up` and `down` for every client; `lognormal`: up * exp(sigma * z_up,i) and
     down * exp(sigma * z_down,i) from the stream (seed, CLOCK, i); `trace`: read from `trace`."""
     up: float = 1.0e+6
-    """Upload bytes per second (`fixed`), or the median over clients (`lognormal`)."""
+    """Upload bytes per second (`fixed`), or the median over clients (`lognormal`), in [1e-6, 1e15]."""
     down: float = 1.0e+6
-    """Download bytes per second (`fixed`), or the median over clients (`lognormal`)."""
+    """Download bytes per second (`fixed`), or the median over clients (`lognormal`), in [1e-6, 1e15]."""
     sigma: float = 0.5
-    """`lognormal`: standard deviation of log(bandwidth), the same for both directions."""
+    """`lognormal`: standard deviation of log(bandwidth), the same for both directions, in [0, 10]."""
     trace: str | None = None
     """`trace`: CSV file with the header `client,up_bytes_per_s,down_bytes_per_s`, one row per device."""
 
@@ -78,8 +93,9 @@ class BandwidthConfig:
         _check_rate_form(c, self.kind, self.trace, "client,up_bytes_per_s,down_bytes_per_s")
         for key in ("up", "down"):
             value = getattr(self, key)
-            c.require(_number(value) and value > 0, key, value, "must be a number > 0 (bytes per second)")
-        c.require(_number(self.sigma) and self.sigma >= 0, "sigma", self.sigma, "must be a number >= 0")
+            c.require(_rate_ok(value), key, value,
+                      f"must be a number in [{MIN_RATE:g}, {MAX_RATE:g}] (bytes per second)")
+        c.require(_sigma_ok(self.sigma), "sigma", self.sigma, f"must be a number in [0, {MAX_SIGMA:g}]")
         c.done()
 
 

@@ -43,7 +43,7 @@ class Deployment:
     def __init__(self, clients, deadline, seed, num_clients, per_round):
         self.clients, self.deadline = clients, deadline
         self.seed, self.num_clients, self.per_round = seed, num_clients, per_round
-        self.trace = (AvailabilityTrace.load(clients.trace, clients.trace_period)
+        self.trace = (AvailabilityTrace.load(clients.trace, clients.trace_period, num_clients)
                       if clients.availability == "trace" else None)
         self.clock = Clock.from_config(clients, seed, num_clients)
 

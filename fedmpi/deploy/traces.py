@@ -11,6 +11,11 @@ device traces to clients the same way).
 - speed, `client,steps_per_s`: exactly one row per device 0..M-1.
 - bandwidth, `client,up_bytes_per_s,down_bytes_per_s`: exactly one row per device 0..M-1.
 
+Device ids are bounded before anything is allocated by them: below max(clients, R), `clients` the run's
+number of clients (partition.clients) and R the file's rows. A trace may describe more devices than a run
+uses, but a 40-byte file naming device 10^9 (which used to hang set-up for minutes, or take 15 GB for a
+speed trace) is refused with the valid range. Rates lie in the range the config keys allow (deploy.keys).
+
 Every problem is an InputError naming the file and line. Reading parses numbers only; nothing runs.
 """
 
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.core.errors import InputError
+from fedmpi.deploy.keys import MAX_RATE, MIN_RATE
 
 AVAILABILITY_COLUMNS = ("client", "start", "end")
 SPEED_COLUMNS = ("client", "steps_per_s")
@@ -56,13 +62,21 @@ def read_rows(path, columns):
     return rows
 
 
-def _device(path, number, cell):
+def device_bound(rows, clients):
+    """How many device ids a trace of `rows` rows may use in a run of `clients` clients (None: any)."""
+    return None if clients is None else max(int(clients), len(rows))
+
+
+def _device(path, number, cell, bound=None):
     try:
         value = int(cell)
     except ValueError:
         value = -1
     if value < 0:
-        raise InputError(f"{path}, line {number}: client {cell!r} must be an integer >= 0")
+        raise InputError(f"{path}, line {number}: client {cell[:40]!r} must be an integer >= 0")
+    if bound is not None and value >= bound:
+        raise InputError(f"{path}, line {number}: client {cell[:40]} is out of range: device ids lie in "
+                         f"0..{bound - 1} (the run's partition.clients, or the file's number of rows if larger)")
     return value
 
 
@@ -84,6 +98,9 @@ def _rate(path, number, name, cell):
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise InputError(f"{path}, line {number}: {name} {cell!r} must be a finite number > 0")
+    if not MIN_RATE <= value <= MAX_RATE:
+        raise InputError(f"{path}, line {number}: {name} {cell!r} must lie in [{MIN_RATE:g}, {MAX_RATE:g}] "
+                         f"per second (simulated times must stay finite)")
     return value
 
 
@@ -95,10 +112,13 @@ class AvailabilityTrace:
     period: float | None = None
 
     @classmethod
-    def load(cls, path, period=None):
+    def load(cls, path, period=None, clients=None):
+        """`clients`: the run's number of clients, which bounds the device ids (module docstring)."""
         per_device = {}
-        for number, (client, start, end) in read_rows(path, AVAILABILITY_COLUMNS):
-            device = _device(path, number, client)
+        rows = read_rows(path, AVAILABILITY_COLUMNS)
+        bound = device_bound(rows, clients)
+        for number, (client, start, end) in rows:
+            device = _device(path, number, client, bound)
             lo = _seconds(path, number, "start", start)
             hi = _seconds(path, number, "end", end, allow_inf=True)
             if not hi > lo:
@@ -136,18 +156,22 @@ class AvailabilityTrace:
         return sim_time + best
 
 
-def load_rates(path, columns):
-    """Per-device rates from a speed or bandwidth trace: an array [devices, len(columns) - 1]."""
+def load_rates(path, columns, clients=None):
+    """Per-device rates from a speed or bandwidth trace: an array [devices, len(columns) - 1]; `clients` (the
+    run's number of clients) bounds the device ids as they are read."""
     by_device = {}
-    for number, cells in read_rows(path, columns):
-        device = _device(path, number, cells[0])
+    rows = read_rows(path, columns)
+    bound = device_bound(rows, clients)
+    for number, cells in rows:
+        device = _device(path, number, cells[0], bound)
         if device in by_device:
             raise InputError(f"{path}, line {number}: client {device} is listed twice (first on line "
                              f"{by_device[device][0]}); list each device once")
         by_device[device] = (number, [_rate(path, number, name, cell) for name, cell in zip(columns[1:], cells[1:])])
-    size = max(by_device) + 1
-    missing = [d for d in range(size) if d not in by_device]
-    if missing:
-        raise InputError(f"trace file {path!r}: no row for client {missing[0]} ({len(missing)} missing); "
+    ids = sorted(by_device)
+    size = ids[-1] + 1
+    if size != len(ids):        # found from the ids listed, without a list as long as the largest one
+        first = next(i for i, d in enumerate(ids) if i != d)
+        raise InputError(f"trace file {path!r}: no row for client {first} ({size - len(ids)} missing); "
                          f"list every device 0..{size - 1} once, since client i follows device i mod {size}")
     return np.array([by_device[d][1] for d in range(size)], dtype=np.float64)

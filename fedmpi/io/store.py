@@ -43,6 +43,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import errno
+import functools
 import os
 import platform
 import re
@@ -59,6 +60,7 @@ import fedmpi
 from fedmpi.core.errors import FedmpiError
 from fedmpi.core.output_paths import temp_beside
 from fedmpi.core.timing import PHASES
+from fedmpi.mpi import signals
 
 # The figures every run logs each round (NaN where not measured that round).
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
@@ -89,6 +91,18 @@ def _versions():
 
     return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
             "h5py": h5py.__version__, "mpi4py": mpi4py.__version__}
+
+
+def _held(method):
+    """Runs a write with SIGINT/SIGTERM/SIGUSR1 held back (fedmpi.mpi.signals.held): h5py frees its objects through
+    weakref callbacks, and a Ctrl-C whose KeyboardInterrupt is raised inside one is swallowed, so a run
+    interrupted during its final model write used to end `finished`, exit 0. Held, the interrupt is raised
+    when the write is complete and the run ends `interrupted`, exit 130."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with signals.held():
+            return method(*args, **kwargs)
+    return wrapper
 
 
 class RunLog:
@@ -130,6 +144,7 @@ class RunLog:
                 pass
 
     @classmethod
+    @_held
     def create(cls, path, cfg, world_size, hosts, partition_groups, extra_attrs=None):
         """Writes a fresh run.h5 (to a temporary name first, so a half-made file never has the real name)."""
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -168,6 +183,7 @@ class RunLog:
                     g.create_dataset(name, data=np.asarray(value))
             _fsync(f)
 
+    @_held
     def append(self, metrics: dict, clients: dict | None = None, num_clients=None, timing=None):
         """One row: `metrics` maps name -> a float (missing core figures become NaN; new names get a column
         padded with NaN for earlier rounds), a string (/metrics/model_sha256) or a 1-D array (a row of a
@@ -210,6 +226,7 @@ class RunLog:
             self._abandon()
             raise WriteFailed(self.path, _reason(e)) from None
 
+    @_held
     def write_model(self, vec):
         """The newest global model as `/model/global` (float32), replaced each time it is written.
 
@@ -228,9 +245,11 @@ class RunLog:
                     del g["global"]
                 g.create_dataset("global", data=model)
                 _fsync(f)
+            signals.test_pause("model_write")
             os.replace(tmp, self.path)
 
     @classmethod
+    @_held
     def reopen(cls, path, rounds_kept, **attrs):
         """An existing run.h5 continued by --resume: rows after the first `rounds_kept` dropped (the resumed
         run recomputes them), status back to running, `attrs` updated, the resume noted in `resumes`."""
@@ -245,6 +264,7 @@ class RunLog:
         log.set_attrs(status="running", error="", error_detail="", resumes=(history + "\n" + entry).strip(), **attrs)
         return log
 
+    @_held
     def truncate(self, rounds_kept):
         """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
         self.close()
@@ -254,6 +274,7 @@ class RunLog:
                        + list(f.get("timing", {}).values())):
                 ds.resize((min(rounds_kept, ds.shape[0]),) + ds.shape[1:])
 
+    @_held
     def adopt_rows(self, source, rounds):
         """Copies the first `rounds` rows of every /metrics, /clients and /timing dataset of run file `source`
         (a forked run's parent) into this freshly created log, so its curves start at round 0."""
@@ -276,6 +297,7 @@ class RunLog:
                 for key, value in src["clients"].attrs.items() if "clients" in src else ():
                     f["clients"].attrs[key] = value
 
+    @_held
     def set_attrs(self, **attrs):
         """Root attributes, written in place after checking there is room for them (an attribute that grows
         on a full disk makes the file unreadable)."""

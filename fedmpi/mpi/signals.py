@@ -11,17 +11,36 @@ SIGINT (Ctrl-C, which mpiexec forwards to every rank, or a signal to one rank) i
 one raises KeyboardInterrupt, later ones are ignored so that the clean-up (status `interrupted`, one line,
 exit 130) is not itself interrupted into a traceback. A worker inside a collective raises it when the
 collective ends (`interrupt_after`).
+
+Before any of that, from the entry point's first line (`install_early`, before torch is imported: a
+Ctrl-C in the first seconds used to print a 50-line traceback from inside torch's import and die by SIGINT):
+SIGINT raises one KeyboardInterrupt, which `fedmpi.cli.main` turns into the line `fedmpi: interrupted`
+and exit 130 (a second Ctrl-C exits 130 at once); SIGTERM prints one line and exits 143; SIGPIPE is
+ignored (a closed pipe is an error on the write, which `fedmpi.core.console` absorbs, not a silent death); a
+closed stdin/stdout/stderr is reopened on /dev/null, so no file the run opens lands on descriptor 2.
+
+Ctrl-C must never be swallowed: Python runs a signal handler wherever the interpreter is, including inside
+a weakref callback (h5py's object registry runs one each time an HDF5 object is freed), where the
+KeyboardInterrupt is printed as "Exception ignored" and dropped (and later SIGINTs are ignored): the run
+went on to exit 0 `finished`. `held` holds SIGINT back around such code (the run log's writes) and
+raises its KeyboardInterrupt after the block, in ordinary code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
+import threading
+import time
 
 from fedmpi.core.errors import StopRequested
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _received = []
+_interrupts = []        # one entry per SIGINT that raised a KeyboardInterrupt (see `held`)
+EXIT_TERMINATED = 128 + signal.SIGTERM     # 143, what a shell reports for a process killed by SIGTERM
 
 
 def _handler(signum, frame):
@@ -30,7 +49,101 @@ def _handler(signum, frame):
 
 def _interrupt(signum, frame):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _interrupts.append(signum)
     raise KeyboardInterrupt
+
+
+def _early_interrupt(signum, frame):
+    """The first Ctrl-C before the run's handlers: one KeyboardInterrupt (cli.main prints the line); a second
+    one, e.g. while a swallowed first one left the process running, ends it at once."""
+    signal.signal(signal.SIGINT, _interrupt_now)
+    _interrupts.append(signum)
+    raise KeyboardInterrupt
+
+
+def _interrupt_now(signum, frame):
+    _last_words("fedmpi: interrupted\n", 130)
+
+
+def _early_terminate(signum, frame):
+    _last_words("fedmpi: terminated (SIGTERM)\n", EXIT_TERMINATED)
+
+
+def _last_words(text, code):
+    """One line straight to descriptor 2 and exit: nothing to clean up yet (no run log, no MPI job), and
+    nothing that could raise or wait (a print could meet a broken pipe; atexit handlers could block)."""
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
+    os._exit(code)
+
+
+def install_early():
+    """The entry point's first step (main thread, before anything heavy is imported): see the module
+    docstring. `install` replaces the SIGINT/SIGTERM handlers once a run has something to clean up. Returns
+    the previous handlers, for `restore_early`; does nothing outside the main thread (signal.signal would
+    raise there)."""
+    _open_missing_std_fds()
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, _early_interrupt),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, _early_terminate)}
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    return previous
+
+
+def restore_early(previous):
+    """Puts back the handlers `install_early` replaced where they are still the early ones (a run's own
+    handlers, or the ignored signals of a finished run, stay: see `ignore_all`)."""
+    for sig, handler in previous.items():
+        if signal.getsignal(sig) in (_early_interrupt, _interrupt_now, _early_terminate) and handler is not None:
+            signal.signal(sig, handler)
+
+
+def _open_missing_std_fds():
+    """A descriptor 0/1/2 closed by the caller (`2>&-`) is reopened on /dev/null, and Python's None streams
+    for it replaced: the progress output then goes nowhere instead of failing with an AttributeError (or a
+    print(file=None) landing on stdout), and the first file the run opens cannot become its stderr."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                got = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+                if got != fd:
+                    os.dup2(got, fd)
+                    os.close(got)
+            except OSError:
+                continue
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
+
+
+def test_pause(where):
+    """Test aid: FEDMPI_TEST_SLEEP_AT=WHERE (import, data, model_write) pauses here for FEDMPI_TEST_SLEEP_S
+    seconds (default 5) after writing `fedmpi-test: paused at WHERE` to stderr, so that a test can send a
+    signal at that moment instead of guessing when it comes. `model_write` sleeps inside a weakref callback,
+    where the interpreter swallows exceptions, as it does inside h5py's object registry."""
+    if os.environ.get("FEDMPI_TEST_SLEEP_AT") != where:
+        return
+    seconds = float(os.environ.get("FEDMPI_TEST_SLEEP_S", "5"))
+    try:
+        os.write(2, f"fedmpi-test: paused at {where}\n".encode())
+    except OSError:
+        pass
+    if where != "model_write":
+        time.sleep(seconds)
+        return
+    import weakref
+
+    class _Probe:
+        pass
+
+    probe = _Probe()
+    ref = weakref.ref(probe, lambda _: time.sleep(seconds))     # the callback runs when `probe` goes
+    del probe, ref
 
 
 def install():
@@ -65,6 +178,24 @@ def interrupt_after():
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN if hit else _interrupt)
     if hit:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def held():
+    """Holds a SIGINT back while the block runs (the run log's writes, whose h5py objects run weakref
+    callbacks as they are freed) and raises its KeyboardInterrupt after the block, in this frame. The
+    handler is swapped for one that only records (as in `interrupt_after`) rather than the signal blocked:
+    pthread_sigmask holds it back from the main thread only, and the kernel then hands it to one of torch's
+    or MPI's threads, after which Python runs the handler in the main thread all the same. A SIGINT whose
+    KeyboardInterrupt was swallowed anyway (the early handler's) is raised here too."""
+    if threading.current_thread() is not threading.main_thread():     # no handler can be swapped there
+        yield
+        return
+    before = len(_interrupts)
+    with interrupt_after():
+        yield
+    if len(_interrupts) > before:
         raise KeyboardInterrupt
 
 

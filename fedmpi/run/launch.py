@@ -35,6 +35,7 @@ import traceback
 
 import numpy as np
 
+from fedmpi.core import console
 from fedmpi.core.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -62,7 +63,7 @@ def run_path(cfg):
 
 
 def _say(text):
-    print(f"fedmpi: {text}", file=sys.stderr, flush=True)
+    console.say(f"fedmpi: {text}")     # a broken pipe or closed stderr silences it; run.h5 has the truth
 
 
 def set_up(cfg, comm, **parts) -> Experiment:
@@ -84,7 +85,7 @@ def set_up(cfg, comm, **parts) -> Experiment:
         if is_out_of_memory(error):
             lines = [f"fedmpi: {out_of_memory_text(error, comm.rank if comm.size > 1 else None)}"]
         for line in lines:
-            print(line, file=sys.stderr, flush=True)
+            console.say(line)
     comm.close()
     raise Refused(worst)
 
@@ -148,7 +149,7 @@ def _fail(comm, log, message, detail, code, status="failed"):
     if comm.is_server or comm.size == 1:
         _say(message)
     if os.environ.get("FEDMPI_DEBUG") and detail != message:
-        print(detail, file=sys.stderr, flush=True)
+        console.say(detail)
     if log:
         try:
             log.finish(status, message)

@@ -120,3 +120,82 @@ def _node_memory():
     except (OSError, KeyError, ValueError):
         return ""
     return f", and the node has {free / GB:.2f} GB of {total / GB:.2f} GB available now"
+
+
+# -- before anything is allocated (--dry-run) ----------------------------------------------------------------
+
+# SYNTHETIC's user sizes: lognormal(4, 2) + 50 (fedmpi.data.sources), whose mean is exp(4 + 2**2 / 2) + 50.
+SYNTHETIC_MEAN_SAMPLES = math.exp(4 + 2 ** 2 / 2) + 50
+PER_CLIENT_BYTES = 64       # per-client bookkeeping on every rank: sizes, offsets, placement, rates, counts
+
+
+def synthetic_shape(cfg):
+    """(input_shape, classes, train samples, test samples) of `data.name: synthetic`, by arithmetic: the
+    expected sizes for lognormal users (exact with partition.samples_per_client), nothing drawn."""
+    from fedmpi.data.sources import SYNTHETIC_CLASSES, SYNTHETIC_DIM
+
+    users = cfg.partition.clients
+    per_user = cfg.partition.samples_per_client or SYNTHETIC_MEAN_SAMPLES
+    n_train = users * per_user
+    return (SYNTHETIC_DIM,), SYNTHETIC_CLASSES, n_train, users * max(1.0, per_user / 4)
+
+
+def model_size(cfg, input_shape, classes):
+    """(parameters, flat entries) of the configured model, built on torch's `meta` device: shapes without
+    storage, so model.hidden = 100000 is counted, not allocated. None where a builder cannot run on meta."""
+    import torch
+
+    from fedmpi.core.models import build_model
+
+    try:
+        with torch.device("meta"):
+            module = build_model(cfg.model, input_shape, classes)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return None
+    params = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    return params, params + sum(b.numel() for b in module.buffers() if b.is_floating_point())
+
+
+def node_memory_bytes():
+    """This node's total memory (MemTotal), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            info = dict(line.split(":", 1) for line in fh)
+        return int(info["MemTotal"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def preflight(cfg, dataset=None):
+    """(lines, reason) of `--dry-run`'s first look, before the data set or the model are made: the least one
+    rank must hold (the data, whole; the flat model and its gradient; the clients' bookkeeping), from sizes
+    and shapes alone. `reason` says why that cannot fit in this node's memory (None when it can, or
+    cannot be told): the dry run then prints the lines and stops instead of dying of MemoryError while
+    making what it was asked to estimate. `dataset` is the loaded data set (None for synthetic, whose size
+    comes from the config)."""
+    if dataset is None:
+        input_shape, classes, n_train, n_test = synthetic_shape(cfg)
+        row = 4 * math.prod(input_shape) + 8
+        data = (n_train + n_test) * row + n_train * 8          # inputs, labels, the users' index
+    else:
+        input_shape, classes = dataset.input_shape, dataset.num_classes
+        data = sum(a.nbytes for a in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test))
+    sizes = model_size(cfg, input_shape, classes)
+    if sizes is None:
+        return [], None
+    params, dim = sizes
+    model = 4 * (dim + params)
+    clients = PER_CLIENT_BYTES * cfg.partition.clients
+    need = data + model + clients
+    lines = [f"model: {cfg.model.name}, {params} parameters ({dim} entries with buffers), counted on the meta "
+             f"device", f"least memory of one rank (MB): data {data / MB:.1f}, model and gradient {model / MB:.1f}, "
+             f"client bookkeeping {clients / MB:.1f}, total {need / MB:.1f}"]
+    total = node_memory_bytes()
+    if total is None or need <= total:
+        return lines, None
+    biggest = max((("the data", data, "partition.clients or data.name"), ("the model", model, "the model's size "
+                    "keys (model.hidden, ...)"), ("the clients' bookkeeping", clients, "partition.clients")),
+                  key=lambda item: item[1])
+    return lines, (f"not feasible: one rank would hold at least {need / GB:.1f} GB ({biggest[0]} alone "
+                   f"{biggest[1] / GB:.1f} GB), more than this node's {total / GB:.1f} GB of memory; reduce "
+                   f"{biggest[2]}")
