@@ -184,3 +184,14 @@ def test_a_per_instance_training_hook_on_a_vectorizable_class_is_refused(externa
         with pytest.raises(ConfigError, match=f"declares vectorizable = True but sets {hook} on the instance") as e:
             algo.verify_declarations()
         assert e.value.exit_code == 2
+
+
+def test_a_fixed_cohort_declaration_must_be_a_reason():
+    from fedmpi.algorithms.fedavg import FedAvg
+    from fedmpi.algorithms.registry import check_declarations
+
+    class Flagged(FedAvg):
+        fixed_cohort_only = True       # a flag, not the reason the message needs
+
+    with pytest.raises(TypeError, match="fixed_cohort_only must be a str"):
+        check_declarations(Flagged)

@@ -9,9 +9,10 @@ draw scatters them to new clients ("skip aggregation"). With delta = 1 FedSkip i
 
 A slot lives on the rank hosting its current client; the round loop moves it to the next client's rank
 with point-to-point transfers planned from the draw that every rank computes itself. Slot weights are
-derived from the draws too, so only the slot vectors are state (checkpointed under the client that holds
-each slot at the end of a round). Client drift variance, the weighted mean squared distance of the slots
-from their weighted average, is logged at aggregation rounds (`drift`).
+derived from the period's draws too, which the participation history answers (`context.history.selected(s)`,
+the provider's plan of round s, the same on every rank), so only the slot vectors are state (checkpointed
+under the client that holds each slot at the end of a round). Client drift variance, the weighted mean
+squared distance of the slots from their weighted average, is logged at aggregation rounds (`drift`).
 """
 
 from dataclasses import dataclass
