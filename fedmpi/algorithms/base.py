@@ -135,7 +135,11 @@ class ClientTraining:
 
 
 class ParticipationHistory(Protocol):
-    """Who trained in a round, the same on every rank (FedSkip's slot weights ask for past rounds)."""
+    """Who trained in a round, the same on every rank (FedSkip's slot weights ask for past rounds). Exact for
+    the current and the previous round under every participation provider, and for any past round where the
+    provider's plan is a pure function of the round (the standard draw, Poisson sampling, the deployment under
+    `clients.availability: always`, which SlotRouting requires); a provider with a clock (availability
+    traces, FedBuff's) plans an older round from its current state, so ask those only for t and t - 1."""
 
     def selected(self, t: int) -> np.ndarray:
         """Round t's selected clients."""
