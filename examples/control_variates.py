@@ -33,10 +33,10 @@ class ControlVariates(Reduce):
     down_vectors = 2            # x_t, c
     up_vectors = 2              # n_i (y_i - x_t), Delta c_i
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
-        self.num_clients = cfg.partition.clients
-        self.server_control = ServerVectors(c=n_params)   # c (trainable entries only: buffers have no gradient)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
+        self.num_clients = context.num_clients            # N, from the run's context (not the config)
+        self.server_control = ServerVectors(c=self.n_params)   # c (trainable entries only: buffers have no gradient)
         self.client_controls = ClientVectors("c_i")      # c_i; a client without one has c_i = 0
         self._correction = None                          # c - c_i of the client being trained
 

@@ -50,10 +50,11 @@ class FedAdamScratch(Reduce):
     vectorizable = True             # clients only load the broadcast and train: they may train as a batch
     uses_server_optimizer = False   # `aggregate` returns the whole step: the server adds it to x as it is
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         # float64 moments over the trainable part, on rank 0, created at first use; saved in checkpoints
-        self.moments = ServerVectors(dtype=torch.float64, fill={"v": self.keys.tau ** 2}, m=n_params, v=n_params)
+        n = self.n_params
+        self.moments = ServerVectors(dtype=torch.float64, fill={"v": keys.tau ** 2}, m=n, v=n)
 
     def accumulate(self, run, down, model, acc):
         """Client side: adds n_i (y_i - x_t) to the accumulator, returns the weight n_i."""

@@ -149,11 +149,12 @@ def setup_algo(algo, sizes, server_idx=(), x0=None, probe=None):
     return algo
 
 
-def server_update(algo, x, acc, weight, t=0):
-    """The server's update with the default optimizer (sgd at server.lr): aggregate, x + lr * update (or
-    x + update where the algorithm does not use the optimizer), then after_step."""
+def server_update(algo, x, acc, weight, t=0, server_lr=1.0):
+    """The server's update with the default optimizer (sgd at `server_lr`, the config's server.lr):
+    aggregate, x + lr * update (or x + update where the algorithm does not use the optimizer), then
+    after_step."""
     update = algo.aggregate(x, acc, weight, t)
     if update is not None:
-        lr = algo.cfg.server.lr if algo.uses_server_optimizer else 1.0
+        lr = server_lr if algo.uses_server_optimizer else 1.0
         x = x + (update * lr).to(x.dtype)
     return algo.after_step(x, t)

@@ -10,6 +10,9 @@ command below in sequence (`conftest.run_steps`), once per test session:
   external   a tiny algorithm in a package outside fedmpi (`extpkg.tiny:TinyMomentum`) with client and
              server state and both lr schedules: whole run, and half + --resume
   entry_point  the same class found through the entry-point group `fedmpi.algorithms`
+  context    an algorithm outside fedmpi written against the AlgorithmContext (`extpkg.context:Coverage`:
+             the seed, the participation history on the clients and on the server, the client learning-rate
+             schedule, N), with client and server state: whole run, and half + --resume
 
 The external package and its `*.dist-info` (METADATA + entry_points.txt, so that importlib.metadata finds
 the entry point without pip) are written into a temporary folder that goes on PYTHONPATH.
@@ -50,10 +53,10 @@ class TinyMomentum(Reduce):
     Keys = TinyMomentumKeys
     keeps_client_state = True
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.last = ClientVectors("last")                            # each client's previous update
-        self.velocity = ServerVectors(dtype=torch.float64, m=dim)    # the server's momentum
+        self.velocity = ServerVectors(dtype=torch.float64, m=self.dim)   # the server's momentum
 
     def accumulate(self, run, down, model, acc):
         delta = model.vec - down[: self.dim]
@@ -111,9 +114,87 @@ class UndeclaredClientState(_Mean):
 
     name = "undeclared_client_state"
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.memory = ClientVectors("memory")
+
+
+class VectorizableWithInstanceHook(_Mean):
+    """Declares vectorizable and passes the class-level check, but sets a gradient hook on the instance in
+    __init__ (batched clients would never call it)."""
+
+    name = "vectorizable_with_instance_hook"
+    vectorizable = True
+
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
+        self.grad_hook = lambda params, grad: grad.mul_(0.5)
+'''
+
+CONTEXT = '''\
+"""An algorithm outside fedmpi written against the AlgorithmContext: it reads the run's seed, N, the client
+learning-rate schedule and the participation history, never the config.
+
+A client that also trained in the previous round (context.history, on the client's rank) weighs
+(1 + repeat_bonus) times more, and every upload carries a seeded jitter in [0.5, 1.5) from
+(context.seed, CLIENT, round, cid). Each client uploads the mean of its update and its previous one (kept
+between rounds). The server counts per client how often it trained (context.history on rank 0, N =
+context.num_clients entries), logs the fraction of clients seen so far (/metrics/coverage) and scales the
+averaged upload by the client schedule's factor context.client_lr(t) / context.client.lr.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedmpi.core import rng
+from fedmpi.algorithms.base import AlgorithmKeys, Reduce
+from fedmpi.algorithms.state import ClientVectors, ServerVectors
+
+JITTER_KEY = 21
+
+
+@dataclass(frozen=True)
+class CoverageKeys(AlgorithmKeys):
+    name: str = "coverage"
+    repeat_bonus: float = 0.5
+    """Extra weight of a client that also trained in the previous round."""
+
+
+class Coverage(Reduce):
+    name = "coverage"
+    Keys = CoverageKeys
+    keeps_client_state = True
+
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
+        self.last = ClientVectors("last")                                             # previous update
+        self.counts = ServerVectors(dtype=torch.float64, times=context.num_clients)   # rounds trained
+        self.coverage = float("nan")
+
+    def accumulate(self, run, down, model, acc):
+        ctx = self.context
+        again = run.round > 0 and run.cid in ctx.history.selected(run.round - 1)
+        jitter = 0.5 + rng.stream(ctx.seed, rng.CLIENT, run.round, run.cid, JITTER_KEY).random()
+        w = run.weight * (1.0 + self.keys.repeat_bonus * again) * jitter
+        delta = model.vec - down[: self.dim]
+        previous = self.last.or_zeros(run.cid, self.dim, model.device)
+        acc[: self.dim].add_((delta + previous) / 2, alpha=w)
+        self.last[run.cid] = delta.clone()
+        return w
+
+    def aggregate(self, x, up_sum, weight_sum, round_):
+        times = self.counts.get("times", x.device)
+        times[torch.as_tensor(np.asarray(self.context.history.selected(round_)), device=x.device)] += 1
+        self.coverage = float((times > 0).double().mean())
+        if weight_sum <= 0:
+            return None
+        factor = self.context.client_lr(round_) / self.context.client.lr
+        return up_sum[: self.dim] / weight_sum * factor
+
+    def round_metrics(self):
+        return {"coverage": self.coverage}
 '''
 
 ENTRY_POINT = "tiny_momentum"
@@ -127,6 +208,7 @@ def write_external_package(site):
     (pkg / "__init__.py").write_text('"""An algorithm package outside fedmpi (written by the tests)."""\n')
     (pkg / "tiny.py").write_text(TINY)
     (pkg / "broken.py").write_text(BROKEN)
+    (pkg / "context.py").write_text(CONTEXT)
     info = site / DIST_INFO
     info.mkdir(exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-fedmpi-algorithms\nVersion: 0.1\n")
@@ -152,7 +234,8 @@ RUNS = {
                  "server": {"clients_per_round": 5, "lr": 1.0, "lr_schedule": SCHEDULED_SERVER}},
 }
 RUNS["entry_point"] = {**RUNS["external"], "algorithm": {"name": ENTRY_POINT, "beta": 0.5}}
-RESUMED = ("adam", "external")
+RUNS["context"] = {**RUNS["external"], "algorithm": {"name": "extpkg.context:Coverage", "repeat_bonus": 0.5}}
+RESUMED = ("adam", "external", "context")
 
 
 def config_of(name, out):

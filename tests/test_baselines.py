@@ -40,7 +40,7 @@ def upload(algo, x, clients, t=0):
     acc = torch.zeros(algo.up_vectors * algo.dim + algo.up_scalars, dtype=torch.float64)
     model, weight = VecModel(algo.dim), 0.0
     for cid, n, steps, y in clients:
-        run = ClientRun(cid, t, n, lr=algo.cfg.client.lr, steps=steps)
+        run = ClientRun(cid, t, n, lr=algo.context.client.lr, steps=steps)
         algo.client_start(run, down, model)
         assert torch.equal(model.vec, x)
         model.vec.copy_(torch.tensor(y))

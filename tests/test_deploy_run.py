@@ -27,7 +27,8 @@ from conftest import (
 
 import fedmpi
 from fedmpi import config
-from fedmpi.algorithms.fedbuff import FedBuff, staleness_weight
+from fedmpi.algorithms import build_algorithm
+from fedmpi.algorithms.fedbuff import staleness_weight
 from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.deploy import compress as cp
 from fedmpi.deploy.buffered import BufferedParticipation
@@ -279,7 +280,7 @@ def test_a_changed_trace_file_is_refused_on_resume(tmp_path):
 
 def test_fedbuff_server_update_by_hand():
     cfg = config.from_dict(base(algorithm={"name": "fedbuff", "buffer_size": 3, "concurrency": 4}))
-    algo = setup_algo(FedBuff(cfg, 2, 2), [10] * 12)
+    algo = setup_algo(build_algorithm(cfg, 2, 2), [10] * 12)
     x = torch.tensor([1.0, -1.0])
     deltas = {(4, 5): [2.0, 0.0], (1, 3): [0.0, 4.0], (9, 6): [-1.0, 1.0]}     # (client, version) -> Delta
     for (cid, version), delta in deltas.items():
@@ -299,10 +300,10 @@ def test_fedbuff_server_update_by_hand():
 
 def test_fedbuff_held_updates_survive_a_checkpoint_round_trip():
     cfg = config.from_dict(base(algorithm={"name": "fedbuff", "buffer_size": 2, "concurrency": 4}))
-    algo = FedBuff(cfg, 3, 3)
+    algo = build_algorithm(cfg, 3, 3)
     algo.pending = {(2, 0): torch.tensor([1.0, 2.0, 3.0]), (2, 4): torch.tensor([0.5, 0.0, 1.0]),
                     (5, 1): torch.tensor([9.0, 9.0, 9.0])}
-    other = FedBuff(cfg, 3, 3)
+    other = build_algorithm(cfg, 3, 3)
     other.pending = {(2, 7): torch.ones(3)}
     other.load_client_state(2, algo.client_state(2))
     assert sorted(other.pending) == [(2, 0), (2, 4)]

@@ -23,7 +23,7 @@ def test_fedavg_weights_updates_by_samples_and_server_lr():
         model.vec.copy_(torch.tensor(y))
         weights += algo.accumulate(ClientRun(cid, 0, n), down, model, acc)
     # Deltas (1, 2) and (3, 0) weighted 1:3 -> (2.5, 0.5); half a step from x -> (2.25, 1.25).
-    new = server_update(algo, x, acc, weights, 0)
+    new = server_update(algo, x, acc, weights, 0, server_lr=cfg.server.lr)
     assert weights == 4 and new.dtype == torch.float32
     torch.testing.assert_close(new, torch.tensor([2.25, 1.25]))
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedmpi import config
-from fedmpi.algorithms.fedavg import FedAvgKeys
+from fedmpi.algorithms.fedavg import FedAvg, FedAvgKeys
 from fedmpi.algorithms.fednova import FedNovaKeys
 from fedmpi.algorithms.fedprox import FedProxKeys
 from fedmpi.algorithms.safl import SaflKeys
@@ -411,6 +411,54 @@ def test_check_catches_accountant_delta_and_count_noise():
     assert "clip_count_stddev" in problems(PrivacyConfig(mechanism="gaussian", adaptive_clip=True))[0]
     fine = PrivacyConfig(mechanism="gaussian", adaptive_clip=True, noise_multiplier=0.8)
     assert problems(fine) == []
+
+
+class _Declares(FedAvg):
+    """An out-of-tree algorithm that declares its own privacy and sampling constraints."""
+
+    name = "declares_limits"
+    fixed_cohort_only = "its cohorts must hold exactly clients_per_round clients (a declaration)"
+
+    @classmethod
+    def privacy_problems(cls, keys, client_steps):
+        return [] if client_steps else ["its uploads reveal the step count (a declaration)"]
+
+
+def test_an_algorithm_declares_its_own_privacy_and_sampling_constraints():
+    from fedmpi.algorithms.base import Algorithm
+    from fedmpi.privacy.sampling import PoissonSampling
+    from fedmpi.privacy.stage import problems as stage_problems
+
+    keys = FedAvgKeys(name="mypkg.algo:Declares")
+    (msg,) = plan.check(DP, algorithm=keys, sampling=POISSON, client_steps=None, algo_cls=_Declares)
+    assert msg == ("algorithm.name = 'mypkg.algo:Declares' with privacy.mechanism = 'gaussian': not differentially "
+                   "private as implemented: its uploads reveal the step count (a declaration) (docs/privacy.md, "
+                   "Limits)")
+    assert plan.check(DP, algorithm=keys, sampling=POISSON, client_steps=3, algo_cls=_Declares) == []
+    cfg = config.from_dict({"algorithm": {"name": "fedavg"}, "privacy": {"mechanism": "gaussian"},
+                            "partition": {"clients": 100}, "server": {"sampling": "poisson"}})
+    assert stage_problems(cfg, _Declares) == [msg.replace("mypkg.algo:Declares", "fedavg")]
+    with pytest.raises(ConfigError, match=r"server.sampling = 'poisson' with algorithm.name = 'fedavg': its cohorts "
+                                          r"must hold exactly clients_per_round clients \(a declaration\); use "
+                                          r"server.sampling: fixed"):
+        PoissonSampling.check(cfg, _Declares)
+    PoissonSampling.check(cfg, FedAvg)          # FedAvg declares nothing
+    assert Algorithm.fixed_cohort_only == "" and Algorithm.privacy_problems(FedAvgKeys(), None) == []
+
+
+@pytest.mark.parametrize("name,why", [
+    ("central", "it trains one pseudo-client on as many samples as the fixed-size draw holds"),
+    ("fedskip", "its model slots are laid out for exactly server.clients_per_round clients per round"),
+])
+def test_the_built_in_fixed_cohort_declarations_keep_their_messages(name, why):
+    from fedmpi.algorithms import lookup
+    from fedmpi.privacy.sampling import PoissonSampling
+
+    cfg = config.from_dict({"algorithm": {"name": name}, "server": {"sampling": "poisson"}})
+    with pytest.raises(ConfigError) as info:
+        PoissonSampling.check(cfg, lookup(name))
+    assert str(info.value) == (f"server.sampling = 'poisson' with algorithm.name = {name!r}: {why}; use "
+                               f"server.sampling: fixed") and info.value.exit_code == EXIT_USAGE
 
 
 @NEEDS_DPA

@@ -1,15 +1,18 @@
 """The research algorithms' update rules on tiny cases worked out by hand (ALGORITHMS.md)."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
-from conftest import VecModel, server_update, setup_algo
+from conftest import VecModel, server_update, setup_algo, small_config
 
+import fedmpi
 from fedmpi import config
 from fedmpi.algorithms import ClientRun, build_algorithm
 from fedmpi.core import rng
+from fedmpi.privacy.mechanism import poisson_select
 
 
 def make(algorithm, **sections):
@@ -106,6 +109,61 @@ def test_fedskip_aggregates_every_delta_rounds_with_accumulated_weights():
     # a client whose update did not count (weight 0 in its round) adds nothing to its slot
     dropped = algo.slot_weights(1, lambda s, c: 0 if (s, c) == (1, orders[1][0]) else c + 1)
     np.testing.assert_array_equal(dropped, weights - np.eye(3)[0] * (orders[1][0] + 1))
+
+
+class Recorded:
+    """A participation history that answers from a table and records what it was asked."""
+
+    def __init__(self, table):
+        self.table, self.asked = table, []
+
+    def selected(self, t):
+        self.asked.append(t)
+        return np.asarray(self.table[t])
+
+
+def test_fedskip_slot_weights_ask_the_participation_history_for_the_periods_rounds():
+    cfg = config.from_dict({"algorithm": {"name": "fedskip", "delta": 3}, "partition": {"clients": 6},
+                            "server": {"clients_per_round": 3}})
+    history = Recorded({3: [5, 0, 2], 4: [1, 4, 3]})     # not the standard draw of rounds 3 and 4
+    algo = build_algorithm(cfg, dim=2, n_params=2, history=history)
+    weights = algo.slot_weights(4, lambda s, c: 10 * s + c)
+    assert history.asked == [3, 4]        # the period started at round 3
+    want = sum(np.array([10 * s + c for c in algo.order(s, np.array(history.table[s]))]) for s in (3, 4))
+    np.testing.assert_array_equal(weights, want)
+    # Without a run's provider the history is the standard draw, which the default provider plans.
+    plain = build_algorithm(cfg, dim=2, n_params=2)
+    for t in range(4):
+        assert np.array_equal(plain.context.history.selected(t), rng.select_clients(cfg.seed, t, 6, 3))
+
+
+def test_a_runs_history_is_its_participation_providers_plan(tmp_path):
+    """Under Poisson sampling the cohorts are not the standard draw: the context's history answers with the
+    provider's plan (Experiment.plan), on every rank alike."""
+    cfg = small_config(tmp_path / "out", rounds=2, server={"clients_per_round": 5, "sampling": "poisson"})
+    exp = fedmpi.simulate(cfg).experiment
+    for t in range(2):
+        chosen = exp.algo.context.history.selected(t)
+        assert np.array_equal(chosen, exp.participation.plan(t).selected)
+        assert np.array_equal(chosen, poisson_select(1, t, 12, 5 / 12))
+
+
+def test_the_context_carries_the_runs_numbers_not_the_config():
+    cfg = config.from_dict({"seed": 7, "rounds": 40, "partition": {"clients": 9}, "privacy": {"mechanism": "gaussian"},
+                            "server": {"clients_per_round": 4},
+                            "client": {"lr": 0.2, "batch_size": 8, "steps": 3, "momentum": 0.5, "drop_last": True,
+                                       "lr_schedule": {"name": "cosine", "min_lr": 0.0}}})
+    algo = build_algorithm(cfg, dim=5, n_params=3)
+    ctx = algo.context
+    assert (ctx.seed, ctx.num_clients, ctx.clients_per_round, ctx.rounds, ctx.dim, ctx.n_params) == (7, 9, 4, 40, 5, 3)
+    assert (algo.dim, algo.n_params, algo.keys) == (5, 3, cfg.algorithm) and not hasattr(algo, "cfg")
+    c = ctx.client
+    assert (c.lr, c.batch_size, c.epochs, c.steps, c.momentum, c.drop_last) == (0.2, 8, 1, 3, 0.5, True)
+    assert ctx.privacy_enabled and build_algorithm(config.from_dict({}), 1, 1).context.privacy_enabled is False
+    # the cosine schedule over the run's 40 rounds: half-way it is half of eta_l
+    assert ctx.client_lr(0) == 0.2 and ctx.client_lr(20) == pytest.approx(0.1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.seed = 8
 
 
 def test_fedskip_average_and_drift_of_the_slots():

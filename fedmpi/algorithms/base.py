@@ -2,8 +2,15 @@
 
 An algorithm is a small class of hooks in the spirit of pfl-research's FedAvg. It does tensor arithmetic
 only: no MPI, no files. It says what it is through declared capabilities (class attributes, checked when
-it is registered), never through which methods it happens to override; the round loop
-(`fedmpi.round.protocols`) owns all communication and calls the hooks below.
+it is registered, and on the instance at set-up), never through which methods it happens to override; the
+round loop (`fedmpi.round`) owns all communication and calls the hooks below.
+
+Construction: `create(keys, context)` -> `Algorithm(keys, context)`. `keys` is the algorithm's own frozen
+`Keys` (the `algorithm:` section); `context` an `AlgorithmContext`: seed, num_clients, clients_per_round,
+rounds, dim, n_params, `history` (`history.selected(t)`: round t's selected clients, from the participation
+provider, the same on every rank), `client` (a `ClientTraining`: lr, batch_size, epochs, steps, momentum,
+drop_last, lr_schedule; `context.client_lr(t)` is the round's eta_l) and `privacy_enabled`. Nothing else
+of the config reaches an instance; `check(cfg, model)` sees the whole config before anything is built.
 
 Declared capabilities (class attributes)
   name, Keys             `algorithm.name` and the frozen dataclass of its keys, beside the class (`@register`)
@@ -12,8 +19,8 @@ Declared capabilities (class attributes)
                          BUFFER (`BufferedUploads`: updates held until their simulated arrival, then one Reduce)
   keeps_client_state     clients keep vectors between rounds (`ClientVectors`): they train on their fixed host
   vectorizable           a round's clients may train as one batched computation: `client_start` only loads the
-                         broadcast vector, no `grad_hook`/`step_hook`/`loss_fn`, `accumulate` reads only the
-                         trained vector
+                         broadcast vector, no `grad_hook`/`step_hook`/`loss_fn` (neither on the class nor set
+                         on the instance), `accumulate` reads only the trained vector
   uses_server_set        needs the server's own set on rank 0 (FSL's D0, data sharing's G) for `initial_model`
                          and `after_step`; a non-empty `server_set_hint` makes server_data.size > 0 a requirement
   shares_data            `clients` merges shared data into the clients' sets (logged under /partition/shared)
@@ -22,6 +29,10 @@ Declared capabilities (class attributes)
                          vectors per client in each direction (bytes are derived from them); extra float64
                          sums after the upload vectors in the same reduction
   client_columns         per-client figures the algorithm sets in `ClientRun.figures` (/clients/<name>)
+  fixed_cohort_only      why `server.sampling: poisson` cannot run it ("" = it can; central SGD, SlotRouting)
+  privacy_problems(keys, client_steps)   classmethod: why Gaussian noise on clipped updates does not make it
+                         client-level DP with these keys ([] = it does; SCAFFOLD, FedSkip, central, SAFL's
+                         gating and IDA fusion, FedNova under client.epochs)
 
 Hooks, in the order of a round (rank 0 is the server; "host" is the rank that trains the client, rank 0 at -n 1)
   hook                                   when              rank    may touch
@@ -47,7 +58,12 @@ Hooks, in the order of a round (rank 0 is the server; "host" is the rank that tr
   round_metrics()                        end of round      0       returns extra /metrics figures
   server_state() / load_server_state(s)  checkpoints       0       `ServerVectors` attributes: saved without code
   client_state(cid) / load_client_state  checkpoints       host    `ClientVectors` attributes: likewise
-The protocol families add their own hooks (`SlotRouting`, `GatedUploads` below).
+`grad_hook`, `step_hook`, `loss_fn` and `round_start` may be methods or attributes set in `__init__` (SCAFFOLD
+picks its correction there); a `vectorizable` class may have none of the first three, on the class (refused at
+registration) or on the instance (refused at set-up by `verify_declarations`, exit 2). The protocol families
+add their own hooks: `SlotRouting` (order, is_period_start, is_aggregation, start_slot, finish_slot, take_slot,
+put_slot, slot_weights, accumulate_slots), `GatedUploads` (gate, fusion_weight), `BufferedUploads` (hold,
+release); see their docstrings below.
 
 Upload sums arrive as float64 (so the result does not depend on the number of ranks); the global model `x`
 and the broadcast are float32. Vectors have `dim` elements (the flat model: `n_params` trainable entries,
@@ -60,16 +76,19 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import torch
 
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
+from fedmpi.core import rng, schedules
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.schedules import ScheduleConfig
 
 REDUCE, ROUTE, GATHER, BUFFER = "reduce", "route", "gather", "buffer"
+TRAINING_HOOKS = ("grad_hook", "step_hook", "loss_fn")    # what batched (vectorized) clients cannot call
 
 
 @dataclass(frozen=True)
@@ -101,6 +120,75 @@ class ClientRun:
             self.weight = float(self.n_samples)
 
 
+@dataclass(frozen=True)
+class ClientTraining:
+    """The clients' training settings (the `client:` keys an algorithm's rules read): FSL's default server
+    schedule, central SGD's batches, FedNova's normaliser, data sharing's warm-up batch."""
+
+    lr: float                     # eta_l before client.lr_schedule
+    batch_size: int
+    epochs: int                   # local epochs, used when `steps` is None
+    steps: int | None             # local SGD steps per round (None: epochs)
+    momentum: float
+    drop_last: bool               # each epoch's short last batch is dropped
+    lr_schedule: ScheduleConfig = ScheduleConfig()
+
+
+class ParticipationHistory(Protocol):
+    """Who trained in a round, the same on every rank (FedSkip's slot weights ask for past rounds). Exact for
+    the current and the previous round under every participation provider, and for any past round where the
+    provider's plan is a pure function of the round (the standard draw, Poisson sampling, the deployment under
+    `clients.availability: always`, which SlotRouting requires); a provider with a clock (availability
+    traces, FedBuff's) plans an older round from its current state, so ask those only for t and t - 1."""
+
+    def selected(self, t: int) -> np.ndarray:
+        """Round t's selected clients."""
+
+
+@dataclass(frozen=True)
+class PlanHistory:
+    """The participation provider's history: round t's selected clients are `plan(t).selected`
+    (`plan` is Experiment.plan, a pure function of the config, the seed and the round on every rank)."""
+
+    plan: Callable
+
+    def selected(self, t):
+        return np.asarray(self.plan(t).selected)
+
+
+@dataclass(frozen=True)
+class StandardDraws:
+    """The standard draw's history (fedmpi.core.rng.select_clients), for an algorithm built without a run's
+    participation provider (hook tests, `--dry-run`); it is what the default provider plans."""
+
+    seed: int
+    num_clients: int
+    clients_per_round: int
+
+    def selected(self, t):
+        return rng.select_clients(self.seed, t, self.num_clients, self.clients_per_round)
+
+
+@dataclass(frozen=True)
+class AlgorithmContext:
+    """What an algorithm knows of the run beyond its own keys (built once, by
+    `fedmpi.algorithms.algorithm_context`); never the whole config."""
+
+    seed: int                     # the run's seed: every stream an algorithm draws from starts here
+    num_clients: int              # partition.clients (N)
+    clients_per_round: int        # server.clients_per_round (S)
+    rounds: int                   # the run's rounds (cosine schedules without a horizon use it)
+    dim: int                      # entries of the flat model vector (trainable entries, then float buffers)
+    n_params: int                 # its trainable entries
+    history: ParticipationHistory   # round t's selected clients, on every rank
+    client: ClientTraining        # the clients' training settings
+    privacy_enabled: bool = False   # privacy.mechanism is on (FedNova then takes every a_i as 1)
+
+    def client_lr(self, round_) -> float:
+        """eta_l of round `round_` under client.lr_schedule (what `ClientRun.lr` holds on the clients)."""
+        return schedules.lr_at(self.client.lr, self.client.lr_schedule, round_, self.rounds)
+
+
 @dataclass
 class SetupContext:
     """What `Algorithm.setup` receives on every rank."""
@@ -126,19 +214,21 @@ class Algorithm(abc.ABC):
     up_vectors: ClassVar[int] = 1
     up_scalars: ClassVar[int] = 0
     client_columns: ClassVar[tuple] = ()
+    # Why server.sampling: poisson cannot run this algorithm ("" = it can): its rounds need the fixed-size draw
+    fixed_cohort_only: ClassVar[str] = ""
     grad_hook = None     # optional callable(params, grad): a correction added to the flat gradient
     step_hook = None     # optional callable(params): a change to the parameters after each optimizer step
     round_start = None   # optional callable(round, down): on hosting ranks after each round's broadcast
     loss_fn = None       # optional callable(xb, yb): replaces the plain cross-entropy (MOON)
 
-    def __init__(self, cfg, dim, n_params):
-        self.cfg, self.dim, self.n_params = cfg, dim, n_params
-        self.keys = cfg.algorithm
+    def __init__(self, keys, context: AlgorithmContext):
+        self.keys, self.context = keys, context
+        self.dim, self.n_params = context.dim, context.n_params
 
     @classmethod
-    def create(cls, cfg, dim, n_params):
-        """The instance for this config (an algorithm with several forms picks one here, e.g. gated SAFL)."""
-        return cls(cfg, dim, n_params)
+    def create(cls, keys, context: AlgorithmContext):
+        """The instance for these keys (an algorithm with several forms picks one here, e.g. gated SAFL)."""
+        return cls(keys, context)
 
     # -- checks and set-up (every rank) --------------------------------------------------------------
     @classmethod
@@ -155,6 +245,13 @@ class Algorithm(abc.ABC):
             c.require(cfg.server.optimizer == "sgd", "server.optimizer", cfg.server.optimizer,
                       f"algorithm.name = {cfg.algorithm.name!r} applies its own server update; use sgd")
         c.done()
+
+    @classmethod
+    def privacy_problems(cls, keys, client_steps) -> list:
+        """Why Gaussian noise on the sum of clipped per-client updates does not make this algorithm, with
+        these keys, client-level differentially private as implemented, one reason each (empty: it does).
+        `client_steps` is client.steps (None: the clients run epochs). fedmpi.privacy words the messages."""
+        return []
 
     def clients(self, parts, server_idx):
         """The index sets the clients train on (central: the union as one client). Pure."""
@@ -220,14 +317,21 @@ class Algorithm(abc.ABC):
         return [v for v in vars(self).values() if isinstance(v, kind)]
 
     def verify_declarations(self):
-        """Per-client vectors on an algorithm that did not declare `keeps_client_state` would be lost when
-        its clients are dealt to other ranks: refuse that at set-up (ConfigError, exit 2, before any file is
-        written), naming the attribute."""
+        """What the instance holds must match what its class declares, checked at set-up (ConfigError,
+        exit 2, before any file is written): per-client vectors without `keeps_client_state` would be lost
+        when its clients are dealt to other ranks; a per-instance hook on a `vectorizable` class would never
+        be called, since batched clients train without hooks."""
+        named = f"algorithm.name = {self.keys.name!r}"
         stores = [k for k, v in vars(self).items() if isinstance(v, ClientVectors)]
         if stores and not self.keeps_client_state:
-            raise ConfigError(f"algorithm.name = {self.cfg.algorithm.name!r}: algorithm {self.name!r} keeps "
-                              f"per-client vectors ({', '.join(stores)}) but does not declare "
-                              f"keeps_client_state = True")
+            raise ConfigError(f"{named}: algorithm {self.name!r} keeps per-client vectors ({', '.join(stores)}) "
+                              f"but does not declare keeps_client_state = True")
+        hooks = [h for h in TRAINING_HOOKS if vars(self).get(h) is not None]
+        if hooks and self.vectorizable:
+            cls = f"{type(self).__module__}.{type(self).__qualname__}"
+            raise ConfigError(f"{named}: algorithm class {cls} declares vectorizable = True but sets "
+                              f"{', '.join(hooks)} on the instance, which batched clients would never call; "
+                              f"declare vectorizable = False")
 
 
 def weighted_mean_update(up_sum, weight_sum, dim, out=None):
@@ -257,6 +361,7 @@ class SlotRouting(Algorithm):
 
     protocol = ROUTE
     keeps_client_state = True
+    fixed_cohort_only = "its model slots are laid out for exactly server.clients_per_round clients per round"
 
     @abc.abstractmethod
     def order(self, round_, selected):

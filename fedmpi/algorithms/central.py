@@ -26,6 +26,11 @@ class Central(FedAvg):
     name = "central"
     Keys = CentralKeys
     uses_server_optimizer = False
+    fixed_cohort_only = "it trains one pseudo-client on as many samples as the fixed-size draw holds"
+
+    @classmethod
+    def privacy_problems(cls, keys, client_steps):
+        return ["there are no clients to clip: centralized SGD would need per-example DP-SGD"]
 
     def clients(self, parts, server_idx):
         return [np.sort(np.concatenate(parts))]
@@ -34,7 +39,7 @@ class Central(FedAvg):
         return np.array([0])
 
     def schedule(self, client, sizes, selected):
-        c, s = self.cfg.client, len(selected)
+        c, s = self.context.client, len(selected)
         batch = c.batch_size * s
         if c.steps:
             samples = c.steps * c.batch_size * s

@@ -62,13 +62,13 @@ class DataShare(FedAvg):
         share = int(round(self.keys.alpha * len(server_idx)))
         merged = []
         for cid, part in enumerate(parts):
-            g = rng.stream(self.cfg.seed, rng.DATA, SHARE_KEY, cid)
+            g = rng.stream(self.context.seed, rng.DATA, SHARE_KEY, cid)
             mine = g.choice(server_idx, size=share, replace=False) if share else np.empty(0, np.int64)
             merged.append(np.concatenate([part, np.sort(mine)]).astype(np.int64))
         return merged
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.warmup = {}     # warm-up figures for /metrics at round 0 (warmup_target_acc)
         self._round = None
 
@@ -76,7 +76,7 @@ class DataShare(FedAvg):
         k = self.keys
         if k.warmup_epochs <= 0:
             return x0
-        batch = self.cfg.client.batch_size
+        batch = self.context.client.batch_size
         if k.warmup_target_acc is None:
             x0, _ = server_trainer.train(x0, WARMUP_ROUND, server_trainer.steps_for(k.warmup_epochs, batch), batch,
                                          k.warmup_lr)

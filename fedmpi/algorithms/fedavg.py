@@ -22,8 +22,8 @@ class FedAvg(Reduce):
     Keys = FedAvgKeys
     vectorizable = True
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self._mean = None       # the aggregate's buffer, reused every round (server)
 
     def accumulate(self, run, down, model, acc):

@@ -67,8 +67,8 @@ class FedBuff(BufferedUploads):
                   f"must be <= partition.clients ({cfg.partition.clients}): a client trains one update at a time")
         c.done()
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.pending = {}       # (cid, start version) -> Delta_i, on the rank hosting the client
 
     def hold(self, run, down, model):

@@ -47,12 +47,12 @@ class FedDyn(FedAvg):
                   "feddyn's server update (x = mean y_i - h / alpha) has no step size; use server.lr = 1.0")
         c.done()
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.alpha = float(self.keys.alpha)
-        self.num_clients = cfg.partition.clients   # N in h's update
-        self.server = ServerVectors(h=n_params)     # h, on rank 0
-        self.grads = ClientVectors("g_i", length=n_params)  # on the rank hosting the client; absent = zero
+        self.num_clients = context.num_clients   # N in h's update
+        self.server = ServerVectors(h=self.n_params)     # h, on rank 0
+        self.grads = ClientVectors("g_i", length=self.n_params)  # on the rank hosting the client; absent = zero
         self._offset = None                         # g_i + alpha x_t of the client being trained
 
     # -- server ---------------------------------------------------------------------------------

@@ -47,14 +47,21 @@ class FedNova(FedAvg):
     Keys = FedNovaKeys
     up_scalars = 1      # sum_i n_i a_i, after the vector
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
-        self.equal_steps = cfg.privacy.enabled     # every a_i is the same public a (see the docstring)
+    @classmethod
+    def privacy_problems(cls, keys, client_steps):
+        if client_steps is None:
+            return ["with client.epochs the step count a_i depends on the client's sample count, which the "
+                    "aggregation then reveals; set client.steps"]
+        return []
+
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
+        self.equal_steps = context.privacy_enabled     # every a_i is the same public a (see the docstring)
 
     def accumulate(self, run, down, model, acc):
         dim, n = self.dim, self.n_params
         w = run.weight
-        a_i = 1.0 if self.equal_steps else normalizer(run.steps, self.cfg.client.momentum)
+        a_i = 1.0 if self.equal_steps else normalizer(run.steps, self.context.client.momentum)
         delta = model.vec - down[:dim]
         acc[:n].add_(delta[:n], alpha=w / a_i)     # -n_i d_i
         acc[n:dim].add_(delta[n:], alpha=w)

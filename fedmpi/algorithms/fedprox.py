@@ -31,8 +31,8 @@ class FedProx(FedAvg):
     Keys = FedProxKeys
     vectorizable = False
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.mu = float(self.keys.mu)
         self._mu_anchor = None   # mu * x_t over the trainable part, for the client being trained
 

@@ -9,9 +9,10 @@ draw scatters them to new clients ("skip aggregation"). With delta = 1 FedSkip i
 
 A slot lives on the rank hosting its current client; the round loop moves it to the next client's rank
 with point-to-point transfers planned from the draw that every rank computes itself. Slot weights are
-derived from the draws too, so only the slot vectors are state (checkpointed under the client that holds
-each slot at the end of a round). Client drift variance, the weighted mean squared distance of the slots
-from their weighted average, is logged at aggregation rounds (`drift`).
+derived from the period's draws too, which the participation history answers (`context.history.selected(s)`,
+the provider's plan of round s, the same on every rank), so only the slot vectors are state (checkpointed
+under the client that holds each slot at the end of a round). Client drift variance, the weighted mean
+squared distance of the slots from their weighted average, is logged at aggregation rounds (`drift`).
 """
 
 from dataclasses import dataclass
@@ -45,8 +46,13 @@ class FedSkip(SlotRouting):
     Keys = FedSkipKeys
     up_scalars = 1            # sum_j w_j ||slot_j - x||^2, for the drift variance
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    @classmethod
+    def privacy_problems(cls, keys, client_steps):
+        return ["slots carry one client's trained model to the next client without clipping or noise, and "
+                "the slots are averaged with weights n_i"]
+
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.delta = self.keys.delta
         self.slots = {}           # slot index -> vector, on the rank hosting the slot's current client
         self.holders = {}         # client id -> slot index it holds after the latest round trained here
@@ -55,7 +61,7 @@ class FedSkip(SlotRouting):
 
     # -- the plan every rank derives from the seed ------------------------------------------------
     def order(self, round_, selected):
-        return rng.stream(self.cfg.seed, rng.SELECT, round_, ORDER_KEY).permutation(np.asarray(selected))
+        return rng.stream(self.context.seed, rng.SELECT, round_, ORDER_KEY).permutation(np.asarray(selected))
 
     def is_period_start(self, round_):
         return round_ % self.delta == 0
@@ -65,10 +71,9 @@ class FedSkip(SlotRouting):
 
     def slot_weights(self, round_, weight_of):
         first = round_ - round_ % self.delta
-        total = np.zeros(self.cfg.server.clients_per_round)
-        for s in range(first, round_ + 1):
-            total += [weight_of(s, c) for c in self.order(s, rng.select_clients(
-                self.cfg.seed, s, self.cfg.partition.clients, self.cfg.server.clients_per_round))]
+        total = np.zeros(self.context.clients_per_round)
+        for s in range(first, round_ + 1):     # the period's rounds: who trained is the participation's answer
+            total += [weight_of(s, c) for c in self.order(s, self.context.history.selected(s))]
         return total
 
     # -- slot training (worker side) --------------------------------------------------------------

@@ -22,7 +22,6 @@ import numpy as np
 from fedmpi.algorithms.base import AlgorithmKeys, weighted_mean_update
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.registry import register
-from fedmpi.core import schedules
 from fedmpi.core.config_checks import Checks
 
 PRETRAIN_ROUND = 10**9    # stream key for pretraining, distinct from every real round
@@ -66,29 +65,29 @@ class Fsl(FedAvg):
     uses_server_set = True
     server_set_hint = "it is D0, e.g. server_data: {size: 500, scheme: iid}"
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.server = None
         self.server_loss = np.nan
 
     # -- the paper's default rules ----------------------------------------------------------------
     def client_steps(self, sizes):
-        c = self.cfg.client
+        c = self.context.client
         mean = float(np.mean(sizes))
         per_epoch = max(1, math.floor(mean / c.batch_size)) if c.drop_last else math.ceil(mean / c.batch_size)
         return c.steps or c.epochs * per_epoch
 
     def server_schedule(self, sizes, round_=0):
         """(batch size B0, steps K0, learning rate gamma * eta0) of round `round_`'s server learning."""
-        k, c = self.keys, self.cfg.client
-        eta_l = schedules.client_lr(self.cfg, round_)
+        k, c = self.keys, self.context.client
+        eta_l = self.context.client_lr(round_)
         n0 = len(self.server_idx)
         batch = k.server_batch_size or c.batch_size
         epochs = k.server_epochs or math.ceil(float(np.sum(sizes)) / (len(sizes) * n0) * c.epochs)
         steps = epochs * math.ceil(n0 / batch)
         if k.mode == "parallel":
             return batch, steps, k.server_lr or eta_l
-        eta0 = k.server_lr or math.sqrt(self.cfg.server.clients_per_round) * eta_l * self.client_steps(sizes) / steps
+        eta0 = k.server_lr or math.sqrt(self.context.clients_per_round) * eta_l * self.client_steps(sizes) / steps
         return batch, steps, k.gamma * eta0
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -97,7 +96,7 @@ class Fsl(FedAvg):
         k = self.keys
         if k.pretrain_epochs <= 0:
             return x0
-        batch = k.server_batch_size or self.cfg.client.batch_size
+        batch = k.server_batch_size or self.context.client.batch_size
         steps = server_trainer.steps_for(k.pretrain_epochs, batch)
         x0, _ = server_trainer.train(x0, PRETRAIN_ROUND, steps, batch, k.pretrain_lr)
         return x0

@@ -92,10 +92,10 @@ class Moon(FedAvg):
                       f"model.name = simple_cnn or resnet18 with model.projection set (e.g. 256)")
             c.done()
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.mu, self.tau = float(self.keys.mu), float(self.keys.tau)
-        self._prev = ClientVectors("prev", length=dim)   # previous local model (flat vector) on the hosting rank
+        self._prev = ClientVectors("prev", length=self.dim)   # previous local model (flat vector) on the hosting rank
         self._global_net = None    # frozen copies, built at the first client on this rank
         self._prev_net = None
         self._model = None         # the FlatModel being trained
@@ -125,7 +125,7 @@ class Moon(FedAvg):
         if mode == "x0":
             return self.x0.to(model.device)
         if mode == "model_init" and run.round > 0:
-            return fresh_init(model, self.cfg.seed, INIT_KEY, run.cid)
+            return fresh_init(model, self.context.seed, INIT_KEY, run.cid)
         return None
 
     def loss_fn(self, xb, yb):

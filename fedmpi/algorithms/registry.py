@@ -55,6 +55,9 @@ def check_declarations(cls):
         raise TypeError(f"{where}: protocol {cls.protocol!r} is none of {REDUCE}, {ROUTE}, {GATHER}, {BUFFER}")
     if cls.__abstractmethods__:
         raise TypeError(f"{where} leaves abstract hooks unimplemented: {', '.join(sorted(cls.__abstractmethods__))}")
+    if not isinstance(cls.fixed_cohort_only, str):
+        raise TypeError(f"{where}: fixed_cohort_only must be a str, the reason its rounds need the fixed-size draw "
+                        f"('' = they do not)")
     if cls.vectorizable and (cls.protocol != REDUCE or cls.grad_hook is not None or cls.step_hook is not None
                              or cls.loss_fn is not None):
         raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, or loss")

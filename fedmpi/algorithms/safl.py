@@ -87,14 +87,25 @@ class Safl(FedAvg):
     keeps_client_state = True
 
     @classmethod
-    def create(cls, cfg, dim, n_params):
-        return (GatedSafl if cfg.algorithm.gating else Safl)(cfg, dim, n_params)
+    def privacy_problems(cls, keys, client_steps):
+        if keys.gating:
+            return ["the upload decision depends on the client's own data (its probe-accuracy gap), so "
+                    "participation is not the data-independent sampling the accountant assumes"]
+        if keys.fusion == "ida":
+            return ["IDA fusion weights each upload by 1 / ||z_k - zbar||, a data-dependent weight the clip does "
+                    "not bound"]
+        return []
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    @classmethod
+    def create(cls, keys, context):
+        return (GatedSafl if keys.gating else Safl)(keys, context)
+
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         # z_k, on the rank hosting the client (end_of_round: only until it is mixed at the next round start)
-        self.models = ClientVectors("z", length=dim)
-        self.starts = ClientVectors("w", length=dim)   # end_of_round: the mixed start point w_k of the next selection
+        self.models = ClientVectors("z", length=self.dim)
+        # end_of_round: the mixed start point w_k of the next selection
+        self.starts = ClientVectors("w", length=self.dim)
         self.p_t = np.nan
         if self.keys.mix == "end_of_round":
             self.round_start = self._mix_last_round
@@ -111,7 +122,7 @@ class Safl(FedAvg):
         """w = u * (eps * zbar + (1 - eps) * z) + (1 - u) * zbar, u_j ~ Bernoulli(p_round) from the client's
         stream (seed, CLIENT, round, cid, MASK_KEY)."""
         eps, p = self.keys.eps, self.temperature(round_)
-        g = torch.Generator().manual_seed(rng.torch_seed(self.cfg.seed, rng.CLIENT, round_, cid, MASK_KEY))
+        g = torch.Generator().manual_seed(rng.torch_seed(self.context.seed, rng.CLIENT, round_, cid, MASK_KEY))
         u = (torch.rand(self.dim, generator=g) < p).to(zbar.device)
         return torch.where(u, eps * zbar + (1 - eps) * z, zbar)
 
@@ -161,8 +172,8 @@ class GatedSafl(GatedUploads, Safl):
     client_columns = ("gap", "uploaded")
     fusion_weight = Safl.fusion_weight     # SAFL's own rule; GatedUploads, earlier in the MRO, only declares it
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
         self.local_probe = {}              # cid -> held-out indices (probe: local)
         self.probe_idx = None
         self.probe_accuracy = None
@@ -173,7 +184,7 @@ class GatedSafl(GatedUploads, Safl):
             return parts
         kept = []
         for cid, part in enumerate(parts):
-            g = rng.stream(self.cfg.seed, rng.DATA, PROBE_KEY, cid)
+            g = rng.stream(self.context.seed, rng.DATA, PROBE_KEY, cid)
             held = max(1, int(len(part) * LOCAL_PROBE_FRACTION)) if len(part) > 1 else 0
             order = g.permutation(part)
             self.local_probe[cid] = np.sort(order[:held])
@@ -188,7 +199,7 @@ class GatedSafl(GatedUploads, Safl):
                 self.probe_idx = self.server_idx[: self.keys.probe_size]
             else:
                 total = int(np.sum(ctx.sizes))
-                g = rng.stream(self.cfg.seed, rng.DATA, PROBE_KEY)
+                g = rng.stream(self.context.seed, rng.DATA, PROBE_KEY)
                 self.probe_idx = np.sort(g.choice(total, size=min(self.keys.probe_size, total), replace=False))
 
     def gate(self, run, down, model):
@@ -201,7 +212,7 @@ class GatedSafl(GatedUploads, Safl):
         h_global, h_local = self._global_acc[1], self.probe_accuracy(z, probe)
         gap = (h_global - h_local) / (h_local + 1e-6)
         q = min(1.0, math.exp(-self.keys.nu * gap))
-        draw = rng.stream(self.cfg.seed, rng.CLIENT, run.round, run.cid, UPLOAD_KEY).random()
+        draw = rng.stream(self.context.seed, rng.CLIENT, run.round, run.cid, UPLOAD_KEY).random()
         uploaded = bool(draw < q)
         run.figures.update(gap=gap, uploaded=float(uploaded))
         return uploaded

@@ -55,11 +55,16 @@ class Scaffold(FedAvg):
     down_vectors = 2    # x, c
     up_vectors = 2      # Delta y_i, Delta c_i
 
-    def __init__(self, cfg, dim, n_params):
-        super().__init__(cfg, dim, n_params)
-        self.num_clients = cfg.partition.clients   # N in c's update
-        self.server = ServerVectors(c=n_params)     # c (- c0), on rank 0
-        self.controls = ClientVectors("c_i", length=n_params)  # c_i (- c0) on the client's rank; absent = zero
+    @classmethod
+    def privacy_problems(cls, keys, client_steps):
+        return ["each client also uploads its control-variate change, which is neither clipped nor noised, "
+                "and the server broadcasts the control variate built from it"]
+
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
+        self.num_clients = context.num_clients   # N in c's update
+        self.server = ServerVectors(c=self.n_params)     # c (- c0), on rank 0
+        self.controls = ClientVectors("c_i", length=self.n_params)  # c_i (- c0) on the hosting rank; absent = zero
         self._correction = None                     # c - c_i of the client being trained
         self._lr = 0.0                              # its round's learning rate (after_step)
         self._c0 = None                             # model_init: c0 on this rank, drawn at first use
@@ -99,7 +104,7 @@ class Scaffold(FedAvg):
         if self.keys.initial_controls == "zero":
             return None
         if self._c0 is None or self._c0.device != model.vec.device:
-            self._c0 = fresh_init(model, self.cfg.seed, INIT_KEY)[: self.n_params]
+            self._c0 = fresh_init(model, self.context.seed, INIT_KEY)[: self.n_params]
         return self._c0
 
     def accumulate(self, run, down, model, acc):

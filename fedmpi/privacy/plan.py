@@ -5,45 +5,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedmpi.algorithms.registry import lookup
 from fedmpi.core.errors import ConfigError
 from fedmpi.privacy import accounting
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import AdaptiveClip, adjusted_noise_multiplier, default_count_stddev
 
-# Algorithms whose uploads are not one clipped update per client, so Gaussian noise on the sum of
-# clipped updates does not make them client-level DP as implemented (docs/privacy.md, "Limits").
-NOT_DP = {
-    "scaffold": "each client also uploads its control-variate change, which is neither clipped nor noised, "
-                "and the server broadcasts the control variate built from it",
-    "fedskip": "slots carry one client's trained model to the next client without clipping or noise, and "
-               "the slots are averaged with weights n_i",
-    "central": "there are no clients to clip: centralized SGD would need per-example DP-SGD",
-}
+
+def algorithm_problems(algorithm, client_steps, algo_cls=None) -> list:
+    """Why `algorithm` (its keys dataclass) cannot run under privacy.mechanism = gaussian, if it cannot: what
+    its class declares (`Algorithm.privacy_problems`: uploads that are not one clipped update per client, or
+    data-dependent weights or participation; docs/privacy.md, "Limits"). `algo_cls` is the class the keys'
+    name looks up to (looked up here when not given)."""
+    if algo_cls is None:
+        algo_cls = lookup(algorithm.name)
+    return [f"algorithm.name = {algorithm.name!r} with privacy.mechanism = 'gaussian': not differentially private "
+            f"as implemented: {why} (docs/privacy.md, Limits)" for why in algo_cls.privacy_problems(algorithm,
+                                                                                                  client_steps)]
 
 
-def algorithm_problems(algorithm, client_steps) -> list:
-    """Why `algorithm` (its keys dataclass) cannot run under privacy.mechanism = gaussian, if it cannot."""
-    name = algorithm.name
-    why = NOT_DP.get(name)
-    if name == "safl" and getattr(algorithm, "gating", False):
-        why = ("the upload decision depends on the client's own data (its probe-accuracy gap), so "
-               "participation is not the data-independent sampling the accountant assumes")
-    elif name == "safl" and getattr(algorithm, "fusion", "samples") == "ida":
-        why = "IDA fusion weights each upload by 1 / ||z_k - zbar||, a data-dependent weight the clip does not bound"
-    elif name == "fednova" and client_steps is None:
-        why = ("with client.epochs the step count a_i depends on the client's sample count, which the "
-               "aggregation then reveals; set client.steps")
-    if why is None:
-        return []
-    return [f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': not differentially private as "
-            f"implemented: {why} (docs/privacy.md, Limits)"]
-
-
-def check(privacy, *, algorithm, sampling: Sampling, client_steps) -> list:
+def check(privacy, *, algorithm, sampling: Sampling, client_steps, algo_cls=None) -> list:
     """Every cross-section problem of a DP config, one line each (empty when the mechanism is off)."""
     if not privacy.enabled:
         return []
-    problems = algorithm_problems(algorithm, client_steps)
+    problems = algorithm_problems(algorithm, client_steps, algo_cls)
     try:
         accounting.check_accountant(privacy.accountant, sampling)
     except ConfigError as e:

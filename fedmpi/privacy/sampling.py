@@ -8,22 +8,18 @@ still runs (under privacy, rank 0 still adds the round's noise, which the accoun
 
 from __future__ import annotations
 
-from fedmpi.algorithms.base import ROUTE
 from fedmpi.core.errors import ConfigError
 from fedmpi.plans.base import Participation
 from fedmpi.privacy.mechanism import poisson_rate, poisson_select
-
-# Algorithms whose rounds need the fixed-size draw (beyond the protocol check below).
-FIXED_ONLY = {"central": "it trains one pseudo-client on as many samples as the fixed-size draw holds"}
 
 
 class PoissonSampling(Participation):
     @classmethod
     def check(cls, cfg, algo_cls):
+        """Refuses an algorithm that declares its rounds need the fixed-size draw (`fixed_cohort_only`:
+        central SGD, the SlotRouting family)."""
         name = cfg.algorithm.name
-        why = FIXED_ONLY.get(name)
-        if algo_cls.protocol == ROUTE:
-            why = "its model slots are laid out for exactly server.clients_per_round clients per round"
+        why = algo_cls.fixed_cohort_only
         if why:
             raise ConfigError(f"server.sampling = 'poisson' with algorithm.name = {name!r}: {why}; use "
                               f"server.sampling: fixed")

@@ -36,11 +36,11 @@ def sampling_of(cfg) -> Sampling:
 def problems(cfg, algo_cls) -> list:
     """Why this config cannot run under privacy.mechanism = gaussian, one line each (empty when it can)."""
     found = plan.check(cfg.privacy, algorithm=cfg.algorithm, sampling=sampling_of(cfg),
-                       client_steps=cfg.client.steps)
-    if plan.algorithm_problems(cfg.algorithm, cfg.client.steps):
+                       client_steps=cfg.client.steps, algo_cls=algo_cls)
+    if plan.algorithm_problems(cfg.algorithm, cfg.client.steps, algo_cls):
         return found
-    # Algorithms plan.check does not name (plugins): the stage serves one clipped vector per client,
-    # summed by the round's reduction.
+    # Algorithms that declare no problem: the stage serves one clipped vector per client, summed by the
+    # round's reduction.
     name = cfg.algorithm.name
     if algo_cls.protocol != REDUCE:
         found.append(f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': its uploads travel by "

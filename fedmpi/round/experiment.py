@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedmpi.algorithms.base import REDUCE, SetupContext
+from fedmpi.algorithms import algorithm_context
+from fedmpi.algorithms.base import REDUCE, PlanHistory, SetupContext
 from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.core import rng
@@ -99,7 +100,10 @@ class Experiment:
         self.flat = FlatModel(model, self.device)
         algo_cls = lookup(cfg.algorithm.name)
         algo_cls.check(cfg, self.flat)
-        self.algo = algo = algo_cls.create(cfg, self.flat.dim, self.flat.n_params)
+        # The algorithm's context: who trained in round t is the participation provider's plan (built below)
+        history = PlanHistory(self.plan)
+        self.algo = algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, self.flat.dim, self.flat.n_params,
+                                                                            history))
         x0 = self.flat.vec.detach().to("cpu", copy=True)
         sizes = [len(p) for p in self.split.parts]
         parts = algo.clients(self.split.parts, self.split.server_idx)
