@@ -2,20 +2,6 @@
 register themselves on import. `algorithm.name` -> class through `registry.lookup`; the class is built from
 its keys and an `AlgorithmContext` (`algorithm_context`, the one place that reads the config for it)."""
 
-from fedmpi.algorithms import (  # noqa: F401 - imported for their @register
-    central,
-    datashare,
-    fedavg,
-    fedbuff,
-    feddyn,
-    fednova,
-    fedprox,
-    fedskip,
-    fsl,
-    moon,
-    safl,
-    scaffold,
-)
 from fedmpi.algorithms.base import (
     Algorithm,
     AlgorithmContext,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 
 
 @dataclass(frozen=True)

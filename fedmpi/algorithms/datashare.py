@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 from fedmpi.core import rng
 from fedmpi.core.config_checks import Checks
 

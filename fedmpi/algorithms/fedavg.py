@@ -8,7 +8,7 @@ extend this class: their clients train differently but upload and average the sa
 from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce, weighted_mean_update
-from fedmpi.algorithms.registry import register
+from fedmpi.algorithms.catalog import register
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, BufferedUploads, weighted_mean_update
-from fedmpi.algorithms.registry import register
+from fedmpi.algorithms.catalog import register
 from fedmpi.core.config_checks import Checks
 
 PENDING = "pending_v"

@@ -13,8 +13,8 @@ g_i and h cover the trainable part of the flat vector only; buffers (batch-norm 
 from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
 from fedmpi.core.config_checks import Checks
 

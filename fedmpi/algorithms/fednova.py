@@ -24,8 +24,8 @@ realized cohort size (docs/privacy.md).
 from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 
 
 def normalizer(steps, momentum=0.0):

@@ -8,8 +8,8 @@ pass; uploads and the update are FedAvg's. With mu = 0 FedProx is FedAvg.
 from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 from fedmpi.core.config_checks import Checks
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, SlotRouting, weighted_mean_update
-from fedmpi.algorithms.registry import register
+from fedmpi.algorithms.catalog import register
 from fedmpi.core import rng
 from fedmpi.core.config_checks import Checks
 

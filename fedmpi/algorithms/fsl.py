@@ -20,8 +20,8 @@ from typing import Literal
 import numpy as np
 
 from fedmpi.algorithms.base import AlgorithmKeys, weighted_mean_update
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 from fedmpi.core.config_checks import Checks
 
 PRETRAIN_ROUND = 10**9    # stream key for pretraining, distinct from every real round

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core.config_checks import Checks

@@ -16,57 +16,33 @@ import error and goes on up (Ctrl-C ends the run as everywhere else).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib
 from importlib.metadata import entry_points
 
-from fedmpi.algorithms.base import BUFFER, GATHER, REDUCE, ROUTE, Algorithm, AlgorithmKeys
+from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fedmpi's own algorithms
+    central,
+    datashare,
+    fedavg,
+    fedbuff,
+    feddyn,
+    fednova,
+    fedprox,
+    fedskip,
+    fsl,
+    moon,
+    safl,
+    scaffold,
+)
+from fedmpi.algorithms.catalog import REGISTRY, check_declarations, register  # noqa: F401 - register is public here
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "fedmpi.algorithms"
-_REGISTRY: dict = {}
-
-
-def register(cls):
-    """Class decorator: registers `cls` under `cls.name` with its keys dataclass `cls.Keys`."""
-    check_declarations(cls)
-    default_name = cls.Keys().name
-    if default_name != cls.name:
-        raise TypeError(f"{cls.__name__}.Keys has name default {default_name!r}, the class is named {cls.name!r}")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise TypeError(f"algorithm name {cls.name!r} is registered twice ({_REGISTRY[cls.name].__name__}, "
-                        f"{cls.__name__})")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def check_declarations(cls):
-    """The contract a class declares must be self-consistent (a TypeError names what is not)."""
-    where = f"algorithm class {cls.__module__}.{cls.__name__}"
-    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise TypeError(f"{where} is not a subclass of fedmpi.algorithms.base.Algorithm")
-    if not cls.name or not isinstance(cls.name, str):
-        raise TypeError(f"{where} declares no name")
-    if not (dataclasses.is_dataclass(cls.Keys) and issubclass(cls.Keys, AlgorithmKeys)):
-        raise TypeError(f"{where}: Keys must be a dataclass subclassing AlgorithmKeys")
-    if cls.protocol not in (REDUCE, ROUTE, GATHER, BUFFER):
-        raise TypeError(f"{where}: protocol {cls.protocol!r} is none of {REDUCE}, {ROUTE}, {GATHER}, {BUFFER}")
-    if cls.__abstractmethods__:
-        raise TypeError(f"{where} leaves abstract hooks unimplemented: {', '.join(sorted(cls.__abstractmethods__))}")
-    if not isinstance(cls.fixed_cohort_only, str):
-        raise TypeError(f"{where}: fixed_cohort_only must be a str, the reason its rounds need the fixed-size draw "
-                        f"('' = they do not)")
-    if cls.vectorizable and (cls.protocol != REDUCE or cls.grad_hook is not None or cls.step_hook is not None
-                             or cls.loss_fn is not None):
-        raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, or loss")
 
 
 def builtin_names():
-    import fedmpi.algorithms  # noqa: F401 - importing the package registers the built-in algorithms
-
-    return list(_REGISTRY)
+    return list(REGISTRY)
 
 
 def lookup(name):
@@ -74,9 +50,8 @@ def lookup(name):
     if not isinstance(name, str):       # e.g. `algorithm.name=os:` read by YAML as the mapping {os: null}
         raise ConfigError(f"algorithm.name = {show(name)}: must be a string: a built-in or installed "
                           f"algorithm's name, or 'package.module:Class' (quote it in an override)")
-    builtin_names()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
+    if name in REGISTRY:
+        return REGISTRY[name]
     plugins = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if name in plugins:
         return _checked(_load(plugins[name].load, f"entry point {name!r} ({plugins[name].value})",
@@ -84,7 +59,7 @@ def lookup(name):
     if ":" in name:
         module, attr = _split_path(name)
         return _checked(_load(lambda: _import_attr(module, attr), name, module), name)
-    known = list(_REGISTRY) + sorted(plugins)
+    known = list(REGISTRY) + sorted(plugins)
     close = difflib.get_close_matches(str(name)[:100], known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise ConfigError(f"algorithm.name = {show(name)}: unknown{hint}; available: {', '.join(known)}, or "

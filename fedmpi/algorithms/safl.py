@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, GatedUploads
+from fedmpi.algorithms.catalog import check_declarations, register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import check_declarations, register
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core import rng
 from fedmpi.core.config_checks import Checks

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.registry import register
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+from fedmpi.analysis import report
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_BATCH = os.path.join(ROOT, "tools", "run_batch.py")
 
@@ -68,8 +70,6 @@ def launch(script, args, configs, out_root, rounds=None):
 
 def load_runs(script, out_root, names, seeds):
     """{name: [the run of each seed]} from OUT_ROOT/<name>-seed<S>/run.h5; a missing run is an error naming it."""
-    from fedmpi.analysis import report
-
     groups = {}
     for name in names:
         paths = [os.path.join(out_root, f"{name}-seed{s}", "run.h5") for s in seeds]

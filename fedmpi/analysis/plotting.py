@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from fedmpi.core.output_paths import replace_with
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend."""
@@ -26,7 +28,5 @@ def save(plt, fig, path):
 
 def save_figure(fig, path):
     """`fig` as a file at `path`, written to a temporary file renamed into place (never through a link)."""
-    from fedmpi.core.output_paths import replace_with
-
     fmt = os.path.splitext(path)[1][1:].lower() or "png"
     replace_with(path, lambda fh: fig.savefig(fh, dpi=120, format=fmt), mode="wb")

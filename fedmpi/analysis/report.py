@@ -13,6 +13,7 @@ import numpy as np
 
 from fedmpi.config import yamlio
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.output_paths import replace_with
 from fedmpi.io.store import CORE_METRICS, open_run
 
 WINDOW = 20          # evaluations in the rolling mean that defines "final accuracy" (FSL paper)
@@ -256,8 +257,6 @@ def format_table(rows, fmt="text", left=3):
 
 def write_csv(rows, path):
     """The table as CSV, through a temporary file renamed into place (a link at `path` is not followed)."""
-    from fedmpi.core.output_paths import replace_with
-
     def write(fh):
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedmpi.core import rng
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -64,8 +66,6 @@ def seed_torch_on(device, seed, purpose, *keys):
     Same seed, same generator states where this rank computes, at a fraction of the cost per client:
     `torch.manual_seed` also queues a lazy seeding of every CUDA device, which records a stack trace each
     time when CUDA is built in but not initialised (~1-5 ms per call, most of a small client's time)."""
-    from fedmpi.core import rng
-
     value = rng.torch_seed(seed, purpose, *keys)
     torch.default_generator.manual_seed(value)
     if device.type == "cuda":
@@ -225,8 +225,6 @@ class ServerTrainer:
         `max_epochs` (None: all of them). Returns (vector, epochs run, test accuracy at the end). One stream
         (seed, SERVER, round) across the epochs, so E epochs here are exactly `train(start, round_, E *
         steps_for(1, B), B, lr)`."""
-        from fedmpi.core import rng
-
         self.flat.load(start)
         seed_torch_on(self.flat.device, self.seed, rng.SERVER, round_, 1)
         g = rng.stream(self.seed, rng.SERVER, round_)
@@ -243,8 +241,6 @@ class ServerTrainer:
 
     def train(self, start, round_, steps, batch_size, lr):
         """`steps` SGD steps from `start`; returns (new vector, mean training loss)."""
-        from fedmpi.core import rng
-
         self.flat.load(start)
         seed_torch_on(self.flat.device, self.seed, rng.SERVER, round_, 1)
         loss_sum, seen = self.trainer.train(self.indices, rng.stream(self.seed, rng.SERVER, round_),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.data import sources
+from fedmpi.data.augment import make_transform
 from fedmpi.data.dataset import Dataset, keep_first_classes
 from fedmpi.mpi import signals
 
@@ -27,8 +28,6 @@ def check_loaded(cfg, dataset) -> Dataset:
     _check_arrays(dataset)
     if cfg.data.classes is not None:
         dataset = keep_first_classes(dataset, cfg.data.classes)
-    from fedmpi.data.augment import make_transform
-
     make_transform(cfg.data, dataset.input_shape)    # data.augment on non-images fails here, on every rank
     return dataset
 

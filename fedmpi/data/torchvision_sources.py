@@ -29,6 +29,7 @@ import numpy as np
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.data.dataset import Dataset
+from fedmpi.mpi.topology import share_of
 
 # Per-channel mean and standard deviation of each training set (pixel values scaled to [0, 1]).
 NORMALISATION = {
@@ -252,8 +253,6 @@ def idx_fill(cfg, arrays, part, parts):
     """Part `part` of `parts` reads its share of the rows of each file and normalises them in place, chunk by
     chunk, with `_normalise`'s operations (so every value equals the whole-file loader's)."""
     import torch
-
-    from fedmpi.mpi.topology import share_of
 
     folder, names, transposed, classes = _idx_files(cfg)
     mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in NORMALISATION[cfg.data.name])

@@ -51,6 +51,7 @@ from fedmpi import config as config_mod
 from fedmpi.core.errors import EXIT_FAILED, ConfigError, FedmpiError, InputError, Refused, report_lines
 from fedmpi.io import checkpoint_checks as checks
 from fedmpi.io.rank0 import decide
+from fedmpi.io.store import open_run
 
 FORMAT = 1
 NAME = re.compile(r"^ckpt-(\d+)\.h5$")
@@ -340,8 +341,6 @@ def _check_round(attrs, round_):
 
 
 def _check_run_log(cfg, round_):
-    from fedmpi.io.store import open_run
-
     path = os.path.join(cfg.out, "run.h5")
     if not os.path.exists(path):
         raise InputError(f"--resume: {path} is missing; a run is continued together with its log")

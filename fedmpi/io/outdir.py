@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.io.checkpoint import ckpt_dir, list_checkpoints
 from fedmpi.io.rank0 import decide
 
 LOCK_NAME = ".fedmpi.lock"
@@ -173,8 +174,6 @@ def _holder(fd):
 
 
 def _check_contents(out, overwrite, resume):
-    from fedmpi.io.checkpoint import ckpt_dir, list_checkpoints
-
     path = os.path.join(out, "run.h5")
     if resume and os.path.islink(path):
         raise ConfigError(f"--resume: {path} is a symbolic link; fedmpi never writes through one (copy the run "

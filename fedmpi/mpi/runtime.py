@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 
+from fedmpi.core.errors import ConfigError
+
 # Placements of at most this many clients (a round's selection, a small federation) are evened out after
 # LPT; for more, LPT alone is within one client of the mean, a small fraction of a worker's load.
 EVEN_OUT_MAX = 512
@@ -70,8 +72,6 @@ def pick_device(setting, local_rank):
     if setting == "cpu" or (setting == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        from fedmpi.core.errors import ConfigError
-
         raise ConfigError("runtime.device = 'cuda': no CUDA device is visible on this node; use auto or cpu")
     index = local_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
