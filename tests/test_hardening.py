@@ -247,7 +247,7 @@ def _run_log_script(disk, body):
 import os, sys
 import numpy as np
 from fedmpi import config
-from fedmpi.io import store
+from fedmpi.io import disk_room, store
 cfg = config.from_dict({{"out": {str(disk)!r}}})
 log = store.RunLog.create({str(disk / "run.h5")!r}, cfg, 1, ["h"], {{}})
 
@@ -300,11 +300,11 @@ def test_without_reservation_the_free_space_check_refuses_a_row(small_disk):
     room than a row needs refuses the row and keeps the file."""
     disk = small_disk(4096, 1500)
     proc = _run_log_script(disk, """
-store._FALLOCATE = None
+disk_room.FALLOCATE = None
 log.append({"round": 0})
 try:
     log.append({"round": 1}, {"loss": np.ones(4000)}, num_clients=4000)    # needs 1 MB + slack
-except store.WriteFailed as e:
+except disk_room.WriteFailed as e:
     print("refused:", e)
 log.finish("failed", "disk full")
 """)

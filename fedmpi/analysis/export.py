@@ -28,7 +28,8 @@ import numpy as np
 from fedmpi.analysis import report
 from fedmpi.core.errors import InputError
 from fedmpi.core.output_paths import check_file, check_folder, replace_with
-from fedmpi.io.store import CLIENT_IDS, CORE_METRICS, client_table, open_run
+from fedmpi.io.client_rows import CLIENT_IDS, client_table
+from fedmpi.io.store import CORE_METRICS, open_run
 
 EVENT_FILES = "events.out.tfevents.*"
 HISTOGRAM_BINS = 30

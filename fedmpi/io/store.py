@@ -18,36 +18,16 @@ leaves every finished round behind. The appending handle takes no HDF5 file lock
 locking off (`open_run`), so neither blocks the other; in the writing process itself, another handle
 on the file during the run must also use locking=False (HDF5 refuses mixed flags).
 
-A full disk must not cost the rounds already logged. HDF5 cannot survive a failed write: measured with
-h5py 3.16 / HDF5 2.0, a flush that meets ENOSPC segfaults or leaves a file that no longer opens ("addr
-overflow"), and so does growing an attribute on a full disk. So every write first reserves the room it
-can need (`_ensure_room`): the largest amount it can add (a new chunk of every dataset it touches, the
-model, the attributes) plus a slack for HDF5's metadata. The reservation is real where the file system
-allows it: `fallocate(FALLOC_FL_KEEP_SIZE)` allocates the blocks past the end of the file without
-changing its size, so a full disk, a quota (which statvfs cannot see) or another job filling the disk
-makes the reservation fail, before anything is written, and never the write itself. Where the file
-system cannot reserve (NFS v3, some Lustre and ZFS versions) the free space is checked with statvfs
-instead, which a quota or a concurrent writer can still defeat. The file-size limit (RLIMIT_FSIZE) is
-checked too. A refused write raises WriteFailed ("cannot write OUT/run.h5: No space left on device",
-exit 1) and leaves the file as it was after the last complete round.
-
-The blocks reserved for the last write stay reserved past the end of the file while the process runs,
-so the final status (`failed`, and the error's detail) can still be written when something else, e.g. a
-checkpoint, filled the disk; they are given back when the process exits. The final model goes into a
+(Room on disk: fedmpi.io.disk_room.) The final model goes into a
 copy of the file that replaces it once complete: whatever goes wrong there, run.h5 is the old file or
 the new one.
 """
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import errno
 import functools
 import os
 import platform
-import re
-import resource
 import shutil
 import socket
 import time
@@ -57,32 +37,25 @@ import h5py
 import numpy as np
 
 import fedmpi
-from fedmpi.core.errors import FedmpiError
 from fedmpi.core.output_paths import temp_beside
 from fedmpi.core.timing import PHASES
+from fedmpi.io.client_rows import (
+    CLIENT_CHUNK,
+    ROWS,
+    append_dense,
+    append_rows,
+    client_row,
+    client_table,
+    dense_layout,
+    rows_room,
+)
+from fedmpi.io.disk_room import ATTR_SLACK_BYTES, WriteFailed, ensure_room, reason
 from fedmpi.mpi import signals
 
 # The figures every run logs each round (NaN where not measured that round).
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
 READ_RETRIES = 5
-METRIC_CHUNK, CLIENT_CHUNK = 256, 64     # rows per chunk of /metrics and /clients datasets
-CLIENT_IDS, ROWS = "ids", "rows"          # /clients/ids and the /clients layout attribute of the rows layout
-# Per-client figures that are 0, not NaN, for a client a round does not name.
-ZERO_FILL = ("selected", "dropped", "late", "arrived")
-# Room reserved beyond a write's own data for HDF5's metadata. Measured: appending a row to a run with
-# 1,000 clients writes ~50 kB of metadata besides its chunks; attribute updates a few kB.
-SLACK_BYTES = 1 << 20
-ATTR_SLACK_BYTES = 64 << 10
-FALLOC_FL_KEEP_SIZE = 0x01
-CANNOT_RESERVE = (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV)
-
-
-class WriteFailed(FedmpiError):
-    """run.h5 could not be written (no space, file too large, I/O error); the file keeps its last good state."""
-
-    def __init__(self, path, reason):
-        super().__init__(f"cannot write {path}: {reason}")
-        self.path, self.reason = path, reason
+METRIC_CHUNK = 256     # rows per chunk of /metrics datasets
 
 
 def _versions():
@@ -131,7 +104,7 @@ class RunLog:
             except Exception as e:  # noqa: BLE001 - the final flush failed: see _abandon
                 self._f = f
                 self._abandon()
-                raise WriteFailed(self.path, _reason(e)) from None
+                raise WriteFailed(self.path, reason(e)) from None
 
     def _abandon(self):
         """After a write that failed despite its reservation (an I/O error): close the handle at the lowest
@@ -152,7 +125,7 @@ class RunLog:
         with _writing(path) as writing:
             # A unique new name (never a link planted at a fixed name such as run.h5.tmp), renamed into place.
             tmp = writing.discard = temp_beside(path)
-            _ensure_room(path, need + len(cfg.to_yaml()) + len(CORE_METRICS) * METRIC_CHUNK * 8, tmp)
+            ensure_room(path, need + len(cfg.to_yaml()) + len(CORE_METRICS) * METRIC_CHUNK * 8, tmp)
             cls._fill_new(tmp, cfg, world_size, hosts, partition_groups, extra_attrs)
             os.replace(tmp, path)
         return cls(path)
@@ -193,7 +166,7 @@ class RunLog:
         group = f["metrics"]
         n = group["round"].shape[0]
         new_metrics = {name: metrics[name] for name in set(metrics) - set(group)}
-        dense = _dense_layout(f["clients"])
+        dense = dense_layout(f["clients"])
         if not dense:
             ids, clients = client_row(clients or {}, num_clients or 0)
         new_clients = [name for name in clients or {} if name not in f["clients"]]
@@ -203,10 +176,10 @@ class RunLog:
                  "timing": len(PHASES) * METRIC_CHUNK * 8 * timing.shape[0] if new_timing else 0}
         # Row n starts a new chunk of every dataset of a group when n is a multiple of its chunk rows; new
         # datasets start theirs now. Checked before anything changes: a refused row leaves no trace.
-        _ensure_room(self.path, sum(grown.values()) +
+        ensure_room(self.path, sum(grown.values()) +
                      (self._chunk_bytes["metrics"] + self._chunk_bytes["timing"] if n % METRIC_CHUNK == 0 else 0) +
                      ((self._chunk_bytes["clients"] if n % CLIENT_CHUNK == 0 else 0) if dense else
-                      _rows_room(f["clients"], n, len(ids), len(new_clients))))
+                      rows_room(f["clients"], n, len(ids), len(new_clients))))
         for name, more in grown.items():
             self._chunk_bytes[name] += more
         try:
@@ -216,15 +189,15 @@ class RunLog:
                 ds.resize((n + 1,) + ds.shape[1:])
                 ds[n] = _cell(ds, metrics.get(name))
             if dense:
-                _append_dense(f["clients"], n, clients or {}, num_clients)
+                append_dense(f["clients"], n, clients or {}, num_clients)
             else:
-                _append_rows(f["clients"], n, ids, clients, num_clients)
+                append_rows(f["clients"], n, ids, clients, num_clients)
             if timing is not None:
                 _append_timing(f.require_group("timing"), n, timing)
             f.flush()
         except Exception as e:  # noqa: BLE001 - h5py raises OSError, RuntimeError... for a failed write
             self._abandon()
-            raise WriteFailed(self.path, _reason(e)) from None
+            raise WriteFailed(self.path, reason(e)) from None
 
     @_held
     def write_model(self, vec):
@@ -236,7 +209,7 @@ class RunLog:
         model = np.asarray(vec, dtype=np.float32)
         with _writing(self.path) as writing:
             tmp = writing.discard = temp_beside(self.path)      # unique, new: never a planted link
-            _ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
+            ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
             with open(self.path, "rb") as src, open(tmp, "r+b") as dst:    # r+b: no truncation of the reservation
                 shutil.copyfileobj(src, dst, 1 << 20)
             with h5py.File(tmp, "a") as f:
@@ -268,7 +241,7 @@ class RunLog:
     def truncate(self, rounds_kept):
         """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
         self.close()
-        _ensure_room(self.path, 0, slack=ATTR_SLACK_BYTES)
+        ensure_room(self.path, 0, slack=ATTR_SLACK_BYTES)
         with _writing(self.path), h5py.File(self.path, "a") as f:
             for ds in (list(f["metrics"].values()) + list(f["clients"].values())
                        + list(f.get("timing", {}).values())):
@@ -282,7 +255,7 @@ class RunLog:
         with open_run(source) as src:
             datasets = {f"{group}/{name}": ds for group in ("metrics", "clients", "timing") if group in src
                         for name, ds in src[group].items()}
-            _ensure_room(self.path, sum(ds.dtype.itemsize * int(np.prod(ds.shape[1:])) * rounds
+            ensure_room(self.path, sum(ds.dtype.itemsize * int(np.prod(ds.shape[1:])) * rounds
                                         for ds in datasets.values()))
             with _writing(self.path), h5py.File(self.path, "a") as f:
                 for path, ds in datasets.items():
@@ -302,7 +275,7 @@ class RunLog:
         """Root attributes, written in place after checking there is room for them (an attribute that grows
         on a full disk makes the file unreadable)."""
         self.close()
-        _ensure_room(self.path, sum(len(str(v)) for v in attrs.values()), slack=ATTR_SLACK_BYTES)
+        ensure_room(self.path, sum(len(str(v)) for v in attrs.values()), slack=ATTR_SLACK_BYTES)
         with _writing(self.path), h5py.File(self.path, "a") as f:
             for k, v in attrs.items():
                 f.attrs[k] = v
@@ -311,145 +284,6 @@ class RunLog:
     def finish(self, status, error=""):
         """The run's outcome (written into the room reserved for the last row if the disk is full now)."""
         self.set_attrs(status=status, error=error)
-
-
-def client_row(clients, num_clients):
-    """(ids, {name: values at ids}) of a round's per-client figures (name -> [num_clients] rows): the clients
-    where any figure differs from its fill, in increasing id. Nothing is lost: every other entry is its fill."""
-    keep = np.zeros(num_clients, dtype=bool)
-    rows = {name: np.asarray(row, dtype=np.float32) for name, row in clients.items()}
-    for name, row in rows.items():
-        keep |= ~np.isnan(row) if np.isnan(_fill(name)) else row != _fill(name)
-    ids = np.flatnonzero(keep).astype(np.int32)
-    return ids, {name: row[ids] for name, row in rows.items()}
-
-
-def _fill(name):
-    return 0.0 if name in ZERO_FILL else np.nan
-
-
-def _dense_layout(group):
-    """An older file's /clients: [round, client] datasets, no layout attribute (kept as it is when resumed)."""
-    return group.attrs.get("layout") != ROWS and len(group) > 0
-
-
-def _append_dense(group, n, clients, num_clients):
-    for name, row in clients.items():
-        ds = group.get(name)
-        if ds is None:
-            ds = group.create_dataset(name, shape=(n, num_clients), maxshape=(None, num_clients),
-                                      dtype="f4", fillvalue=np.nan, chunks=(CLIENT_CHUNK, num_clients))
-        ds.resize((n + 1, num_clients))
-        ds[n] = row
-    for ds in group.values():
-        if ds.shape[0] < n + 1:
-            ds.resize((n + 1, ds.shape[1]))
-
-
-def _rows_room(group, n, count, new):
-    """Bytes row n of the rows layout can add: a new chunk row of every dataset when it starts one (every
-    CLIENT_CHUNK rows, or when this row of `count` clients widens the datasets), and one for each of the
-    `new` datasets it creates (plus the ids on the first row)."""
-    now = group[CLIENT_IDS].shape[1] if CLIENT_IDS in group else 0
-    width = max(count, now, 1)
-    chunk = group[CLIENT_IDS].chunks[1] if CLIENT_IDS in group else width
-    per_dataset = CLIENT_CHUNK * 4 * -(-width // chunk) * chunk
-    fresh = n % CLIENT_CHUNK == 0 or count > now
-    return per_dataset * ((len(group) if fresh else 0) + new + (CLIENT_IDS not in group))
-
-
-def _append_rows(group, n, ids, values, num_clients):
-    """Row n of the rows layout: the ids, each figure at them, every other dataset's row at its fill. Whole
-    rows are written (a resumed run re-writes rows whose old contents a truncation may have kept)."""
-    if CLIENT_IDS not in group:
-        if not values:          # no per-client figures yet: nothing to lay out
-            return
-        group.attrs["layout"], group.attrs["num_clients"] = ROWS, int(num_clients)
-        width = max(len(ids), 1)
-        group.create_dataset(CLIENT_IDS, shape=(n, width), maxshape=(None, None), dtype="i4", fillvalue=-1,
-                             chunks=(CLIENT_CHUNK, width))
-    width = max(group[CLIENT_IDS].shape[1], len(ids))
-    for name in values:
-        if name not in group:
-            ds = group.create_dataset(name, shape=(n, width), maxshape=(None, None), dtype="f4", fillvalue=np.nan,
-                                      chunks=(CLIENT_CHUNK, group[CLIENT_IDS].chunks[1]))
-            ds.attrs["fill"] = _fill(name)
-    for name, ds in group.items():
-        ds.resize((n + 1, width))
-        row = np.full(width, -1 if name == CLIENT_IDS else np.nan, dtype=ds.dtype)
-        row[: len(ids)] = ids if name == CLIENT_IDS else values.get(name, ds.attrs.get("fill", np.nan))
-        ds[n] = row
-
-
-class ClientTable:
-    """/clients of an open run file as [round, client] rows, from the rows layout or an older file's dense
-    datasets alike: `names`, `table[name]` (a [round, client] view made row by row: `len`, `[i]`, `dense()`)."""
-
-    def __init__(self, group, rows=None):
-        self.rows = {}
-        if group is None:
-            self.num_clients, self.names = 0, []
-            return
-        if group.attrs.get("layout") == ROWS:
-            self.num_clients = int(group.attrs["num_clients"])
-            self.ids = group[CLIENT_IDS][:rows]
-            self.fills = {n: float(ds.attrs.get("fill", np.nan)) for n, ds in group.items() if n != CLIENT_IDS}
-            self.rows = {n: group[n][:rows] for n in self.fills}
-            self.dense_data = None
-        else:
-            self.dense_data = {n: ds[:rows] for n, ds in group.items()
-                               if isinstance(ds, h5py.Dataset) and ds.ndim == 2 and ds.dtype.kind in "biuf"}
-            self.num_clients = max((d.shape[1] for d in self.dense_data.values()), default=0)
-        self.names = sorted(self.dense_data if self.dense_data is not None else self.rows)
-
-    def __contains__(self, name):
-        return name in self.names
-
-    def __getitem__(self, name):
-        if name not in self.names:
-            raise KeyError(name)
-        return _ClientRows(self, name)
-
-    def row(self, name, i):
-        """Round i's [client] values of figure `name`."""
-        if self.dense_data is not None:
-            return self.dense_data[name][i]
-        out = np.full(self.num_clients, self.fills[name], dtype=np.float32)
-        ids = self.ids[i]
-        named = ids >= 0
-        out[ids[named]] = self.rows[name][i][named]
-        return out
-
-    def length(self, name):
-        return len(self.dense_data[name] if self.dense_data is not None else self.ids)
-
-    def dense(self, name):
-        """The whole [round, client] array of figure `name`."""
-        if self.dense_data is not None:
-            return self.dense_data[name]
-        out = np.full((len(self.ids), self.num_clients), self.fills[name], dtype=np.float32)
-        r, c = np.nonzero(self.ids >= 0)
-        out[r, self.ids[r, c]] = self.rows[name][r, c]
-        return out
-
-
-class _ClientRows:
-    def __init__(self, table, name):
-        self.table, self.name = table, name
-
-    def __len__(self):
-        return self.table.length(self.name)
-
-    def __getitem__(self, i):
-        return self.table.row(self.name, i)
-
-    def dense(self):
-        return self.table.dense(self.name)
-
-
-def client_table(f, rows=None) -> ClientTable:
-    """The per-client figures of open run file `f` (its first `rows` rounds), either layout (see above)."""
-    return ClientTable(f.get("clients"), rows)
 
 
 def read_clients(path, rows=None) -> dict:
@@ -511,72 +345,6 @@ def _chunk_bytes(ds):
     return int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else 0
 
 
-def _ensure_room(path, nbytes, written=None, slack=SLACK_BYTES):
-    """Reserves room for `written` (default `path`) to grow by `nbytes` + `slack`, or raises WriteFailed:
-    blocks allocated past its end where the file system can (see the module docstring), else enough free
-    space for this user (statvfs); and below the process's file-size limit either way."""
-    written = written or path
-    need = nbytes + slack
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if limit != resource.RLIM_INFINITY:
-        size = os.path.getsize(written) if os.path.exists(written) else 0
-        if size + need > limit:
-            raise WriteFailed(path, os.strerror(errno.EFBIG))
-    try:
-        if os.path.exists(written) and _reserve(written, need):
-            return
-        st = os.statvfs(os.path.dirname(os.path.abspath(written)))
-    except OSError as e:
-        raise WriteFailed(path, e.strerror or str(e)) from None
-    if st.f_bavail * st.f_frsize < need:
-        raise WriteFailed(path, os.strerror(errno.ENOSPC))
-
-
-def _libc_fallocate():
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = getattr(libc, "fallocate64", None) or libc.fallocate
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_FALLOCATE = _libc_fallocate()
-_RESERVED = set()       # files holding blocks past their end, given back at exit
-
-
-def _reserve(path, nbytes):
-    """Allocates `nbytes` past the end of `path` without changing its size. False where the file system (or
-    the platform) cannot; OSError (ENOSPC, EDQUOT, ...) where there is no room."""
-    if _FALLOCATE is None:
-        return False
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        if _FALLOCATE(fd, FALLOC_FL_KEEP_SIZE, os.fstat(fd).st_size, nbytes) == 0:
-            if not _RESERVED:
-                atexit.register(_release_all)
-            _RESERVED.add(os.path.abspath(path))
-            return True
-        code = ctypes.get_errno()
-    finally:
-        os.close(fd)
-    if code in CANNOT_RESERVE:
-        return False
-    raise OSError(code, os.strerror(code))
-
-
-def _release_all():
-    """Gives back the blocks reserved past the end of each file (truncating a file to its own size frees them).
-    A process ended by MPI_Abort or os._exit skips this; its file keeps at most one write's reservation."""
-    for path in _RESERVED:
-        try:
-            os.truncate(path, os.path.getsize(path))
-        except OSError:
-            pass
-
-
 class _writing:
     """Context for one write to `path`: any failure becomes WriteFailed naming `path` with the system's
     reason, and the temporary file `discard` (if any) is removed."""
@@ -597,19 +365,7 @@ class _writing:
                 pass
         if isinstance(error, WriteFailed) or not isinstance(error, Exception):
             return False
-        raise WriteFailed(self.path, _reason(error)) from None
-
-
-def _reason(error):
-    """The system's words for a failed write ('No space left on device'), from an OSError or from the errno
-    HDF5 quotes in its message; else the message's first line."""
-    code = getattr(error, "errno", None)
-    if not code:
-        m = re.search(r"errno = (\d+)", str(error))
-        code = int(m.group(1)) if m else None
-    if code:
-        return os.strerror(code)
-    return (str(error).splitlines() or [type(error).__name__])[0][:200]
+        raise WriteFailed(self.path, reason(error)) from None
 
 
 def _fsync(f):
