@@ -1,5 +1,5 @@
 """Command line: `fedmpi run CONFIG [key=value ...]`, `fedmpi report RUN.h5 ...`, `fedmpi verify RUN_A RUN_B`
-and `fedmpi export RUN.h5 ...` (DESIGN §1)."""
+and `fedmpi export RUN.h5 ...` (docs/design.md §1)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def _abort_peers(code):
 
 def _main(argv):
     parser = _parser()
-    # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, DESIGN §1), which a
+    # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, docs/design.md §1), which a
     # plain parse_args rejects once an option has ended the positional list.
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "run" and all("=" in x and not x.startswith("-") for x in extra):

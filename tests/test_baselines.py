@@ -2,8 +2,8 @@
 
 Three kinds of check: the hooks alone against numbers worked out by hand on 2-element vectors (`upload`
 drives start, a stand-in for training, and accumulate); whole runs through `fedmpi.simulate` on a tiny
-linear regression against a float64 numpy re-implementation of ALGORITHMS.md that follows the run's real
-client selection and batches (tests/regression_problem.py); and the equivalences with FedAvg. The state
+linear regression against a float64 numpy re-implementation of the rules in docs/baselines.md that follows the
+run's real client selection and batches (tests/regression_problem.py); and the equivalences with FedAvg. The state
 of the stateful baselines goes through a real checkpoint file and continues bit-identically.
 """
 

@@ -1,4 +1,4 @@
-"""Each partition scheme's defining property (ALGORITHMS.md "Partitions"), on synthetic label arrays."""
+"""Each partition scheme's defining property (docs/algorithms.md "Partitions"), on synthetic label arrays."""
 
 import numpy as np
 import pytest

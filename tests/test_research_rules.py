@@ -1,4 +1,4 @@
-"""The research algorithms' update rules on tiny cases worked out by hand (ALGORITHMS.md)."""
+"""The research algorithms' update rules on tiny cases worked out by hand (docs/algorithms.md, docs/baselines.md)."""
 
 import dataclasses
 import math

@@ -1,4 +1,4 @@
-"""FedAvg with a globally shared data set (Zhao et al., "Federated Learning with Non-IID Data"; papers/002).
+"""FedAvg with a globally shared data set (Zhao et al., "Federated Learning with Non-IID Data").
 
 The server holds G (`server_data`; Zhao et al.: uniform over classes, `scheme: classes`, drawn from a
 holdout H with `server_data.holdout` and sized relative to the clients' data with `server_data.fraction`).

@@ -97,7 +97,7 @@ class Config:
         return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# Keys that may differ between a checkpoint and a --resume (DESIGN §1): whole sections, or dotted keys of
+# Keys that may differ between a checkpoint and a --resume (docs/design.md §1): whole sections, or dotted keys of
 # run-time choices that do not change the results.
 RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients")
 

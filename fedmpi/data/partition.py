@@ -1,4 +1,4 @@
-"""Partitions of a training set into clients (ALGORITHMS.md "Partitions"), seeded.
+"""Partitions of a training set into clients (docs/algorithms.md "Partitions"), seeded.
 
 Each scheme maps (labels, config, generator) to a list of index arrays, one per client. New schemes
 register in SCHEMES.

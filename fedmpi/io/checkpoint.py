@@ -1,4 +1,4 @@
-"""Checkpoints `OUT/ckpt/ckpt-<round>.h5` and `--resume` (DESIGN §3, contract); the only module that writes
+"""Checkpoints `OUT/ckpt/ckpt-<round>.h5` and `--resume` (docs/design.md §3, contract); the only module that writes
 checkpoint HDF5.
 
 Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote it):

@@ -1,4 +1,4 @@
-"""One FL experiment on one rank: the parts assembled, and one round opened and closed (DESIGN §5).
+"""One FL experiment on one rank: the parts assembled, and one round opened and closed (docs/design.md §5).
 
 Every rank runs the same code; what a rank does in a round depends on its role. Parts, one job each:
   clients   ClientHost: placement, the clients' data on this rank's device, local training

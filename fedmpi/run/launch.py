@@ -5,7 +5,7 @@ Set-up: every rank builds its Experiment, then all vote (`comm.agree`); if any r
 `Algorithm.check`, a missing file on one node) every rank ends with the worst exit code and one message,
 before run.h5 exists and before --overwrite removes anything.
 
-Failure contract (DESIGN §5): an exception on any rank during the rounds ends the whole job at once with one
+Failure contract (docs/design.md §5): an exception on any rank during the rounds ends the whole job at once with one
 message naming the rank and the error, and `run.h5` says `failed` with that message. A worker sends its
 error text to rank 0 (which records it and aborts the job); if rank 0 does not respond in time the worker
 aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted` and exit 130.
