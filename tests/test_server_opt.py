@@ -109,7 +109,8 @@ def test_moments_round_trip_and_start_fresh():
 # --- whole runs (fedmpi.simulate) against a numpy reference --------------------------------------------------
 
 def fedavg_with(optimizer, rounds=3, lr=1.0, beta=0.9, betas=(0.9, 0.99), tau=1e-3):
-    """FedAvg's update u = sum_i p_i (y_i - x) applied by `optimizer` (Reddi et al., "Adaptive Federated Optimization")."""
+    """FedAvg's update u = sum_i p_i (y_i - x) applied by `optimizer` (Reddi et al., "Adaptive Federated
+    Optimization")."""
     x, m, v = rp.X0.copy(), np.zeros(3), np.full(3, tau ** 2)
     for t in range(rounds):
         clients = rp.selected(t)
