@@ -344,8 +344,9 @@ def plan_resume(cfg, comm):
     return point or ResumePoint(int(round_), ckpt_path(cfg.out, int(round_)))
 
 
-def load_into(exp, point):
-    """Every rank: restores what it holds from the checkpoint (rank 0 verified it in `plan_resume`).
+def load_into(exp, point) -> int:
+    """Every rank: restores what it holds from the checkpoint (rank 0 verified it in `plan_resume`) and
+    returns the round the run continues from.
 
     Each worker reads its own clients' states from the file itself (read-only, no HDF5 locking) instead
     of rank 0 reading everything and sending it on: no message per client, no single rank holding or
@@ -367,7 +368,7 @@ def load_into(exp, point):
         for cid in sorted(exp.clients.mine):
             if clients is not None and str(cid) in clients:
                 exp.load_client_state(cid, _read_group(clients[str(cid)]))
-    exp.start_round = point.round
+    return point.round
 
 
 def _read_group(group):

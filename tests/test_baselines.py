@@ -432,9 +432,9 @@ def continue_from_checkpoint(cfg, path, round_, model):
     """A fresh Experiment (another initial model) loads the checkpoint and runs the remaining rounds, as
     `fedmpi run --resume` does at -n 1; returns (experiment, rows of /metrics)."""
     exp = Experiment(cfg, LocalComm(), dataset=classes(), model=model, parts=rp.PARTS)
-    checkpoint.load_into(exp, checkpoint.ResumePoint(round_, str(path)))
+    first_round = checkpoint.load_into(exp, checkpoint.ResumePoint(round_, str(path)))
     log = MemoryLog()
-    _loop(cfg, exp.comm, exp, log, checkpoints=False)
+    _loop(cfg, exp.comm, exp, log, checkpoints=False, first_round=first_round)
     return exp, log.metrics()
 
 

@@ -143,7 +143,7 @@ def test_uneven_clients_group_by_batch_pattern():
     mapping["partition"] = {"clients": 20, "scheme": "dirichlet", "beta": 0.5}
     loop, batched = run_inprocess(mapping, "off"), run_inprocess(mapping, "on")
     exp = batched[0]
-    plan = exp.plan(0)
+    plan = exp.participation.plan(0)
     standard, selected = plan.standard, plan.selected
     groups, rest = exp.clients._vector_groups(0, [int(c) for c in selected], standard)
     assert not rest and len(groups) > 1

@@ -1,0 +1,519 @@
+"""One round, on every rank, as one function over explicit parts: `run_round(parts, t, ...) -> RoundOutcome`.
+
+A round happens in this order, and `run_round` is the only place that says so:
+  plan       round t's RoundPlan (who trains, whose update counts), the same on every rank
+  broadcast  the server's payload (header only unless the protocol needs the model); a stop ends every rank here
+  training   this rank's clients, one per-client loop for every protocol (batched groups where vectorizable)
+  uploads    the upload stages' per-client transform and sums, inside the protocol's handling of a trained client
+  combine    reduction / gather / routing / release of held updates, as the protocol says
+  server     the server step (unless the protocol skips it this round)
+  evaluate   when due, every rank evaluates its share of the test set
+  record     the server's row of /metrics, /clients and /timing, and what of it is non-finite
+
+How uploads travel is the algorithm's `protocol` declaration; each family is a value here (REDUCE, GATHER,
+ROUTE, BUFFER) that supplies only what differs: which clients this rank trains and from what start, what
+happens to a trained client, and how the uploads are combined.
+
+- REDUCE (FedAvg and most algorithms): the selected clients' weighted uploads into one accumulator, one
+  Reduce to the server.
+- GATHER (SAFL with upload gating): clients decide after training whether to upload; the server first
+  gathers the mask of who uploads, then only the uploaders' vectors (`masked_gather`, Gatherv).
+- ROUTE (FedSkip): model slots persist between aggregations; inside a period they move between the ranks
+  hosting consecutive clients with point-to-point transfers, and only the round's statistics are reduced;
+  at aggregation rounds the slots are reduced like FedAvg's uploads.
+- BUFFER (FedBuff): clients train in the round of the model version they start from and hold their
+  updates until the round of their simulated arrival; the arrivals are reduced like FedAvg's uploads.
+
+A client whose update does not count this round (the plan says so: dropped out, past the deadline) leaves
+its state as it was: REDUCE skips its accumulate, GATHER its gate (its figures are NaN), ROUTE keeps the
+slot's parameters from before the round and its weight does not grow, BUFFER never holds its update.
+
+What a protocol keeps from round to round (ROUTE's period start and previous plan, REDUCE's drift scratch)
+is in `parts.state`, made by the family. Control goes in as arguments (`stopping`, `after_broadcast`) and
+comes out in the RoundOutcome (the record, the stop votes, the non-finite finding): nothing on the parts
+is set from outside to steer a round.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from fedmpi import signals
+from fedmpi.algorithms import base
+from fedmpi.drift import ClientDrift
+from fedmpi.wire import CMD_RUN, CMD_STOP, HEADER
+
+
+@dataclass(frozen=True)
+class RoundParts:
+    """What a round works with on one rank, assembled once by `Experiment`. `server` and `shadow` are None
+    off rank 0 (the shadow also without eval.divergence); `state` is the protocol's own state across rounds."""
+
+    algo: object                # fedmpi.base.Algorithm
+    clients: object             # fedmpi.clients.ClientHost
+    wire: object                # fedmpi.wire.RoundBuffers
+    server: object              # fedmpi.server.Server, or None
+    participation: object       # fedmpi.participation.Participation
+    stages: tuple               # the upload stages (fedmpi.uploads)
+    evaluation: object          # fedmpi.evaluation.SplitEvaluation
+    shadow: object              # fedmpi.shadow.Shadow, or None
+    client_store: object        # fedmpi.algorithms.state.ClientStateStore
+    comm: object                # fedmpi.comm.MpiComm or LocalComm
+    timer: object               # the communicator's fedmpi.timing.Timer
+    flat: object                # fedmpi.flat.FlatModel
+    test_set: Callable          # () -> (x_test, y_test) on the device, for the shadow's accuracy
+    protocol: Protocol
+    state: object               # what `protocol.new_state` made
+    rounds: int                 # cfg.rounds
+    eval_every: int             # cfg.eval.every
+    eval_batch: int             # cfg.eval.batch_size
+    client_drift: bool          # cfg.eval.client_drift
+
+    @property
+    def num_clients(self):
+        return len(self.clients.parts)
+
+    def eval_due(self, t):
+        return (t + 1) % self.eval_every == 0 or t + 1 == self.rounds
+
+
+@dataclass
+class RoundRecord:
+    """What the server logs for a round: /metrics (name -> value, or a row for [round, k] figures),
+    /clients (name -> [num_clients] row) and /timing ([rank, phase] seconds)."""
+
+    metrics: dict
+    clients: dict
+    timing: np.ndarray
+    model: torch.Tensor = None      # the global model after the round; its fingerprint is taken when logged
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What a round tells the run loop. On the server: the record, how many ranks asked to stop (pass it as
+    the next round's `stopping`) and what was non-finite ('' when all was finite); elsewhere None, 0, ''."""
+
+    record: RoundRecord | None = None
+    stop_votes: int = 0
+    nonfinite: str = ""
+
+
+@dataclass(frozen=True)
+class Training:
+    """Which clients this rank trains this round, in order, and from what start: `start(run)` loads a
+    client's start point into the model; `down` is the broadcast payload (None where it is not the start)."""
+
+    cids: list
+    start: Callable | None = None
+    down: torch.Tensor | None = None
+    slots: dict = field(default_factory=dict)     # ROUTE: client id -> its model slot this round
+
+
+@dataclass(frozen=True)
+class Closing:
+    """How the protocol closes its round: whether the server steps, whether to evaluate (None: when due),
+    the drift measurements for the clients' cosines (eval.client_drift) or None."""
+
+    update: bool = True
+    evaluate: bool | None = None
+    drift: ClientDrift | None = None
+
+
+def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: Callable | None = None
+              ) -> RoundOutcome:
+    """Round t on this rank. `stopping` (server): the ranks that asked to stop in the previous round (its
+    outcome's `stop_votes`; True counts as one): non-zero broadcasts CMD_STOP and every rank raises
+    StopRequested instead of running round t. `after_broadcast` (server): called right after the broadcast,
+    while the workers train (the run loop's deferred log row)."""
+    _inject_fault(parts.comm.rank, t)
+    protocol, state = parts.protocol, parts.state
+    plan = parts.participation.plan(t)
+    _broadcast(parts, plan, protocol.full_broadcast(parts, state, t), stopping, after_broadcast)
+    tally = parts.wire.new_tally()
+    training = protocol.training(parts, state, plan)
+    kept = train_clients(parts, plan, training, tally, protocol.trained)
+    closing = protocol.combine(parts, state, plan, tally, kept)
+    return _close(parts, plan, closing)
+
+
+# -- the steps ---------------------------------------------------------------------------------------------
+
+def _broadcast(parts, plan, full, stopping, after_broadcast):
+    """The round's broadcast (header only unless `full`); every rank leaves here on a stop. Rank 0 then
+    writes the deferred row and trains the divergence shadow while the workers train their clients."""
+    t, wire, server = plan.round, parts.wire, parts.server
+    command = CMD_STOP if stopping else CMD_RUN
+    wire.start_round(plan.selected)
+    fill = server.fill_down if server else None
+    extra = _header_extra(parts.stages) if server and wire.header_len > HEADER else ()
+    received, round_ = wire.broadcast(t, command, fill, full, extra)
+    if received == CMD_RUN and round_ != t:
+        raise RuntimeError(f"rank {parts.comm.rank} expected round {t}, server broadcast round {round_}: "
+                           f"ranks out of step")
+    if received == CMD_STOP:
+        raise signals.stop_error(round_, int(stopping) or None)
+    if server and after_broadcast is not None:
+        with parts.timer.phase("server"):
+            after_broadcast()
+    if wire.header_len > HEADER:
+        values = wire.header_values()
+        for stage in parts.stages:
+            stage.receive(values[stage.header_offset: stage.header_offset + stage.header_size])
+    if parts.shadow is not None:
+        with parts.timer.phase("train"):
+            parts.shadow.train_round(t, plan.selected)
+
+
+def _header_extra(stages):
+    """Server: the upload stages' header values for the round's broadcast."""
+    return [float(v) for stage in stages for v in stage.header()]
+
+
+def train_clients(parts, plan, training, tally, trained):
+    """The one per-client loop of every protocol: trains `training.cids` (batched groups first where
+    `client.vectorize` allows), hands each trained client to `trained(parts, plan, run, training, tally)`
+    (the protocol's part: accumulate, gate, hold, keep the slot) and adds its loss and figures to the tally;
+    returns what `trained` returned, per client."""
+    kept = []
+    if not training.cids:
+        return kept
+    with parts.timer.phase("train"):
+        for run in parts.clients.train(plan.round, training.cids, plan.standard, training.down, training.start):
+            kept.append(trained(parts, plan, run, training, tally))
+            tally.record(run)
+    return kept
+
+
+def from_broadcast(parts, t):
+    """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`);
+    the algorithm's `round_start` hook sees the payload first."""
+    algo, flat = parts.algo, parts.clients.flat
+    down = parts.wire.down()
+    if algo.round_start is not None:
+        algo.round_start(t, down)
+
+    def start(run):
+        algo.client_start(run, down, flat)
+
+    return down, start
+
+
+def upload_client(algo, stages, run, down, model, acc):
+    """A counted client's upload into the accumulator `acc`: the upload stages' transform of the trained
+    model (e.g. clipping and compression), the algorithm's `accumulate`, then the stages' per-client sums;
+    returns the upload's weight."""
+    for stage in stages:
+        stage.client(run, down, model)
+    weight = algo.accumulate(run, down, model, acc)
+    for stage in stages:
+        for i, value in enumerate(stage.scalars(run)):
+            acc[stage.up_offset + i] += value
+    return weight
+
+
+def _reduce(parts, tally, sums=True):
+    parts.wire.reduce(tally, signals.requested(), sums)
+
+
+def _close(parts, plan, closing):
+    """After the combination, on every rank: the participation provider hears of it; the server steps; when
+    due every rank evaluates its share of the test set; with eval.client_drift the clients' cosines are
+    measured; the server returns the round's record."""
+    t, server, timer = plan.round, parts.server, parts.timer
+    parts.participation.done(plan)
+    parts.client_store.end_round()       # the round's client vectors back to host memory (or the spill file)
+    stats = sums = None
+    if server:
+        with timer.phase("server"):
+            stats = parts.wire.stats()
+            sums, weight = parts.wire.sums(), stats.weight
+            if closing.update:
+                for stage in parts.stages:
+                    weight = stage.server(t, sums, weight)
+                server.apply(t, sums, weight)
+    evaluated = None
+    if parts.eval_due(t) if closing.evaluate is None else closing.evaluate:
+        with timer.phase("eval"):
+            evaluated = parts.evaluation.run(parts.wire.share(server.x if server else None))
+    cosines = closing.drift.cosines(parts, sums, stats) if closing.drift is not None else None
+    if not server:
+        return RoundOutcome()
+    with timer.phase("server"):
+        record = _record(parts, plan, stats, sums, evaluated, cosines)
+    record.timing[0] += timer.take()     # the server's own time after the reduction
+    return RoundOutcome(record, stats.stop_votes, nonfinite(record.metrics, stats, server.x))
+
+
+def _record(parts, plan, stats, sums, evaluated, cosines):
+    """The round's row of /metrics, /clients and /timing."""
+    t, server, shadow = plan.round, parts.server, parts.shadow
+    metrics, clients = server.figures(t, plan.selected, stats, parts.wire.client_figures(), parts.num_clients)
+    if stats.weight > 0 and parts.protocol.drift_figures:
+        head = sums[: parts.flat.dim]
+        metrics["update_sq_norm"] = stats.update_sq / stats.weight
+        metrics["aggregate_sq_norm"] = float(torch.dot(head, head)) / stats.weight ** 2
+        metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
+    if evaluated is not None:
+        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
+    if cosines is not None:
+        clients["update_cosine"][plan.selected] = cosines[plan.selected]
+    if shadow is not None:
+        metrics["weight_divergence"], metrics["weight_divergence_layers"] = shadow.divergence(server.x)
+        if evaluated is not None:
+            metrics["shadow_acc"] = shadow.accuracy(*parts.test_set(), parts.eval_batch)
+    metrics.update(parts.algo.round_metrics())
+    metrics.update(plan.metrics)
+    for stage in parts.stages:
+        metrics.update(stage.round_metrics(t))
+    clients.update(plan.columns)
+    return RoundRecord(metrics, clients, parts.wire.timing(), server.x)
+
+
+def nonfinite(metrics, stats, x):
+    """What of the round's outcome is non-finite: the training loss (where clients trained), the test loss
+    (where evaluated), the global model; '' when all are finite."""
+    found = []
+    if stats.seen and not math.isfinite(metrics["train_loss"]):
+        found.append(f"train_loss {metrics['train_loss']}")
+    if "test_loss" in metrics and not math.isfinite(metrics["test_loss"]):
+        found.append(f"test_loss {metrics['test_loss']}")
+    # The float64 sum of float32 values cannot overflow, so it is finite exactly when every entry is: one pass
+    # without a mask the size of the model.
+    if not math.isfinite(float(x.sum(dtype=torch.float64))):
+        found.append(f"{int((~torch.isfinite(x)).sum())} non-finite entries in the global model")
+    return ", ".join(found)
+
+
+# -- the protocol families -----------------------------------------------------------------------------------
+
+class Protocol:
+    """A protocol family: what differs between the ways uploads travel. Instances hold no state: what a
+    family keeps across rounds lives in the object `new_state` makes (RoundParts.state)."""
+
+    name = ""
+    drift_figures = False    # the reduced sums are the clients' weighted updates (gradient diversity applies)
+
+    def new_state(self, num_clients, client_drift):
+        return None
+
+    def full_broadcast(self, parts, state, t):
+        """Whether round t's broadcast carries the payload (else the header only)."""
+        return True
+
+    def training(self, parts, state, plan) -> Training:
+        """This rank's clients of the round, from the broadcast (hosted clients, in plan order)."""
+        if not parts.clients.mine:
+            return Training([])
+        down, start = from_broadcast(parts, plan.round)
+        return Training(parts.clients.hosted(plan.selected), start, down)
+
+    def trained(self, parts, plan, run, training, tally):
+        """A client has trained (its model in `parts.clients.flat`): its upload, gate, hold or slot."""
+
+    def combine(self, parts, state, plan, tally, kept) -> Closing:
+        """After training: the uploads to the server."""
+        _reduce(parts, tally)
+        return Closing()
+
+    def __repr__(self):
+        return f"<protocol {self.name}>"
+
+
+@dataclass
+class ReduceState:
+    drift: ClientDrift      # the round's drift measurements (and, with eval.client_drift, updates kept)
+
+
+class Reduce(Protocol):
+    name = base.REDUCE
+    drift_figures = True
+
+    def new_state(self, num_clients, client_drift):
+        return ReduceState(ClientDrift(num_clients, client_drift))
+
+    def training(self, parts, state, plan):
+        clients = parts.clients
+        if not clients.trains:
+            return Training([])
+        down, start = from_broadcast(parts, plan.round)
+        return Training(clients.round_clients(plan.selected), start, down)
+
+    def trained(self, parts, plan, run, training, tally):
+        if not plan.counts(run.cid):    # dropped or too late: its update and its state are lost
+            return
+        flat, down = parts.clients.flat, training.down
+        weight = upload_client(parts.algo, parts.stages, run, down, flat, tally.acc)
+        parts.state.drift.measure(run, flat.vec - down[: flat.dim], weight, tally)
+        tally.weight += weight
+        tally.upload(run)
+
+    def combine(self, parts, state, plan, tally, kept):
+        _reduce(parts, tally)
+        return Closing(drift=state.drift if parts.client_drift else None)
+
+
+class Gather(Protocol):
+    name = base.GATHER
+
+    def trained(self, parts, plan, run, training, tally):
+        """(whether the client uploads, its vector on the CPU or None)."""
+        algo, flat = parts.algo, parts.clients.flat
+        # A client whose update does not count (dropped, too late) neither gates nor keeps its model.
+        counts = plan.counts(run.cid)
+        uploaded = counts and algo.gate(run, training.down, flat)
+        if not counts:
+            run.figures.update(dict.fromkeys(algo.client_columns, np.nan))
+        vector = None
+        if uploaded:
+            vector = flat.vec.detach().to("cpu", torch.float32).numpy().copy()
+            tally.upload(run)
+        return uploaded, vector
+
+    def combine(self, parts, state, plan, tally, kept):
+        clients, comm = parts.clients, parts.comm
+        _reduce(parts, tally, sums=False)     # statistics and figures: the vectors travel by masked_gather
+        mask = np.array([uploaded for uploaded, _ in kept], dtype=np.int8)
+        vectors = [vector for uploaded, vector in kept if uploaded]
+        by_rank = {r: [int(c) for c in plan.selected if clients.host[c] == r] for r in clients.workers}
+        gathered = comm.masked_gather(mask, vectors, by_rank, clients.flat.dim)
+        parts.participation.settle(plan, comm, gathered)     # e.g. gated-out clients finish earlier
+        if comm.is_server:
+            _fuse(parts, gathered)
+        return Closing()
+
+
+def _fuse(parts, gathered):
+    """Server: the uploaders' vectors, in client-id order (so the sum does not depend on -n), into the sums
+    that the ordinary server update reads."""
+    x = parts.server.x
+    x64 = x.double()
+    acc = torch.zeros(parts.wire.up_len, dtype=torch.float64, device=x.device)
+    weight = 0.0
+    for cid, vec in sorted(gathered.items()):
+        z = torch.from_numpy(vec).to(x.device)
+        w = parts.algo.fusion_weight(len(parts.clients.parts[cid]), z, x)
+        acc[: parts.flat.dim].add_(z.double() - x64, alpha=w)
+        weight += w
+    parts.wire.set_sums(acc, weight)
+
+
+@dataclass
+class RouteState:
+    period_start: torch.Tensor | None = None    # the current period's broadcast global model, where slots train
+    previous: object = None     # the previous round's RoundPlan (None before this process's first round)
+
+
+class Route(Protocol):
+    name = base.ROUTE
+
+    def new_state(self, num_clients, client_drift):
+        return RouteState()
+
+    def full_broadcast(self, parts, state, t):
+        # The model travels at period starts, and at this process's first round (a resumed run's slots
+        # train from the broadcast too).
+        return parts.algo.is_period_start(t) or state.previous is None
+
+    def training(self, parts, state, plan):
+        algo, clients, t = parts.algo, parts.clients, plan.round
+        if self.full_broadcast(parts, state, t) and clients.mine:
+            state.period_start = parts.wire.down()[: clients.flat.dim].clone()
+        order = [int(c) for c in algo.order(t, plan.selected)]
+        if not algo.is_period_start(t):
+            previous = state.previous if state.previous is not None else parts.participation.plan(t - 1)
+            _move_slots(parts, algo.order(t - 1, previous.selected), order)
+        slots = {cid: slot for slot, cid in enumerate(order)}
+
+        def start(run):
+            algo.start_slot(run, slots[run.cid], state.period_start, clients.flat)
+
+        return Training([cid for cid in order if cid in clients.mine], start, None, slots)
+
+    def trained(self, parts, plan, run, training, tally):
+        if plan.counts(run.cid):
+            tally.upload(run)
+        else:       # dropped or too late: the slot keeps its parameters from before the round
+            training.start(run)
+        parts.algo.finish_slot(run, training.slots[run.cid], parts.clients.flat)
+
+    def combine(self, parts, state, plan, tally, kept):
+        algo, clients, t = parts.algo, parts.clients, plan.round
+        aggregate = algo.is_aggregation(t)
+        if aggregate and clients.mine:
+            counted = parts.participation.counted
+            weights = algo.slot_weights(t, lambda s, c: len(clients.parts[c]) if counted(s, c) else 0)
+            tally.weight += algo.accumulate_slots(state.period_start, weights, tally.acc)
+        # Inside a period only the statistics travel; the model moves with the slots.
+        _reduce(parts, tally, sums=aggregate)
+        state.previous = plan
+        # Evaluated at aggregation rounds only: x does not change in between, and a run's length must not
+        # change its log (a resumed run would otherwise carry an extra evaluation at the first run's end).
+        return Closing(update=aggregate, evaluate=aggregate)
+
+
+def _move_slots(parts, previous, order):
+    """Sends each slot from the rank of its previous client to the rank of its next one."""
+    algo, comm = parts.algo, parts.comm
+    host, dim = parts.clients.host, parts.flat.dim
+    sends, receives = [], {}
+    for slot, (src_c, dst_c) in enumerate(zip(previous, order)):
+        src, dst = int(host[src_c]), int(host[dst_c])
+        if src == dst:
+            continue
+        if comm.rank == src:
+            sends.append((dst, slot, algo.take_slot(slot).to("cpu", torch.float32).numpy()))
+        elif comm.rank == dst:
+            receives[slot] = (src, np.empty(dim, dtype=np.float32))
+    comm.route(sends, [(src, slot, buf) for slot, (src, buf) in receives.items()])
+    for slot, (_, buf) in receives.items():
+        algo.put_slot(slot, torch.from_numpy(buf).to(parts.flat.device))
+
+
+class Buffer(Protocol):
+    """FedBuff's round: one server update. The round's starters train from the broadcast x_t (their model
+    version t) and hold their updates; then the round's arrivals (`plan.arrivals`, planned on the simulated
+    clock by fedmpi.deploy.buffered) release theirs into the accumulator, and one Reduce sums them."""
+
+    name = base.BUFFER
+
+    def trained(self, parts, plan, run, training, tally):
+        if plan.counts(run.cid):        # a client that drops out never delivers its update
+            parts.algo.hold(run, training.down, parts.clients.flat)
+
+    def combine(self, parts, state, plan, tally, kept):
+        clients = parts.clients
+        for cid, version in plan.arrivals:      # after training: a fast starter may arrive this round
+            if cid in clients.mine:
+                tally.weight += parts.algo.release(cid, version, plan.round, tally.acc)
+                tally.upload(clients.new_run(plan.round, cid))
+        _reduce(parts, tally)
+        return Closing()
+
+
+REDUCE, GATHER, ROUTE, BUFFER = Reduce(), Gather(), Route(), Buffer()
+PROTOCOLS = {p.name: p for p in (REDUCE, GATHER, ROUTE, BUFFER)}
+
+
+# -- test aids ---------------------------------------------------------------------------------------------
+
+def _inject_fault(rank, t):
+    """Test aid: FEDMPI_INJECT_FAULT="RANK:ROUND" raises on that rank at the start of that round, so the
+    failure path (one rank fails, the whole job ends, run.h5 says failed) can be exercised for real;
+    "RANK:ROUND:memory" raises a MemoryError instead (a rank out of memory)."""
+    spec = os.environ.get("FEDMPI_INJECT_FAULT")
+    if spec and spec.startswith(f"{rank}:{t}") and spec[len(f"{rank}:{t}"):] in ("", ":memory"):
+        if spec.endswith(":memory"):
+            raise MemoryError(f"injected: unable to allocate (FEDMPI_INJECT_FAULT={spec})")
+        raise RuntimeError(f"injected fault (FEDMPI_INJECT_FAULT={spec})")
+    # Test aid: FEDMPI_ROUND_DELAY_S=SECONDS sleeps at the start of every round, so that a test can signal
+    # or kill a rank mid-run without heavy training; results do not change (wall_s aside).
+    delay = os.environ.get("FEDMPI_ROUND_DELAY_S")
+    if delay:
+        time.sleep(float(delay))
