@@ -28,12 +28,14 @@ from fedmpi.errors import ConfigError
 from fedmpi.experiment import Experiment
 from fedmpi.flat import FlatModel
 from fedmpi.launch import _loop
+from fedmpi.round import upload_client
 
 # --- the hooks alone, on hand-computed cases ------------------------------------------------------------
 
 
 def upload(algo, x, clients, t=0):
-    """Clients given as (cid, n_samples, steps, y): start, 'train' to y, accumulate; returns the new x."""
+    """Clients given as (cid, n_samples, steps, y): start, 'train' to y, the engine's upload into the sums
+    (fedmpi.round.upload_client) and server update (Server.apply); returns (the new x, the broadcast)."""
     down = torch.zeros(algo.down_vectors * algo.dim)
     algo.down_payload(x, down)
     acc = torch.zeros(algo.up_vectors * algo.dim + algo.up_scalars, dtype=torch.float64)
@@ -43,7 +45,7 @@ def upload(algo, x, clients, t=0):
         algo.client_start(run, down, model)
         assert torch.equal(model.vec, x)
         model.vec.copy_(torch.tensor(y))
-        weight += algo.accumulate(run, down, model, acc)
+        weight += upload_client(algo, (), run, down, model, acc)
     return server_update(algo, x, acc, weight, t), down
 
 
