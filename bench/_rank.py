@@ -1,5 +1,5 @@
 """One benchmark rank: `fedmpi` exactly as `python -m fedmpi ARGS` runs it, plus this rank's peak memory, CPU
-seconds and CPU seconds of each round (`Experiment.run_round`, wrapped here) written at exit to
+seconds and CPU seconds of each round (`fedmpi.round.run_round`, wrapped here) written at exit to
 $FEDMPI_BENCH_STATS/rank-<rank>.json (read by bench/bench.py).
 
 Peak memory is the kernel's peak resident set (`ru_maxrss`: every page the rank touched, its share of the

@@ -69,7 +69,7 @@ class RoundParts:
     timer: object               # the communicator's fedmpi.timing.Timer
     flat: object                # fedmpi.flat.FlatModel
     test_set: Callable          # () -> (x_test, y_test) on the device, for the shadow's accuracy
-    protocol: Protocol
+    protocol: Family             # how uploads travel: REDUCE, GATHER, ROUTE or BUFFER
     state: object               # what `protocol.new_state` made
     rounds: int                 # cfg.rounds
     eval_every: int             # cfg.eval.every
@@ -118,8 +118,8 @@ class Training:
 
 @dataclass(frozen=True)
 class Closing:
-    """How the protocol closes its round: whether the server steps, whether to evaluate (None: when due),
-    the drift measurements for the clients' cosines (eval.client_drift) or None."""
+    """What the protocol's combination says about the rest of its round: whether the server steps, whether
+    to evaluate (None: when due), the drift measurements for the clients' cosines (eval.client_drift) or None."""
 
     update: bool = True
     evaluate: bool | None = None
@@ -134,13 +134,18 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     while the workers train (the run loop's deferred log row)."""
     _inject_fault(parts.comm.rank, t)
     protocol, state = parts.protocol, parts.state
-    plan = parts.participation.plan(t)
+    plan = parts.participation.plan(t)      # who trains, whose update counts: the same on every rank
     _broadcast(parts, plan, protocol.full_broadcast(parts, state, t), stopping, after_broadcast)
     tally = parts.wire.new_tally()
-    training = protocol.training(parts, state, plan)
-    kept = train_clients(parts, plan, training, tally, protocol.trained)
-    closing = protocol.combine(parts, state, plan, tally, kept)
-    return _close(parts, plan, closing)
+    training = protocol.training(parts, state, plan)        # this rank's clients and their start
+    kept = train_clients(parts, plan, training, tally, protocol.trained)    # local training, then uploads
+    closing = protocol.combine(parts, state, plan, tally, kept)     # reduction / gather / routing
+    parts.participation.done(plan)          # the provider hears of the round (e.g. advances its clock)
+    parts.client_store.end_round()          # the round's client vectors back to host memory (or the spill file)
+    stats, sums = _server_step(parts, plan, closing.update)
+    evaluated = _evaluate(parts, plan, closing.evaluate)
+    cosines = closing.drift.cosines(parts, sums, stats) if closing.drift is not None else None
+    return _outcome(parts, plan, stats, sums, evaluated, cosines)
 
 
 # -- the steps ---------------------------------------------------------------------------------------------
@@ -222,27 +227,35 @@ def _reduce(parts, tally, sums=True):
     parts.wire.reduce(tally, signals.requested(), sums)
 
 
-def _close(parts, plan, closing):
-    """After the combination, on every rank: the participation provider hears of it; the server steps; when
-    due every rank evaluates its share of the test set; with eval.client_drift the clients' cosines are
-    measured; the server returns the round's record."""
-    t, server, timer = plan.round, parts.server, parts.timer
-    parts.participation.done(plan)
-    parts.client_store.end_round()       # the round's client vectors back to host memory (or the spill file)
-    stats = sums = None
-    if server:
-        with timer.phase("server"):
-            stats = parts.wire.stats()
-            sums, weight = parts.wire.sums(), stats.weight
-            if closing.update:
-                for stage in parts.stages:
-                    weight = stage.server(t, sums, weight)
-                server.apply(t, sums, weight)
-    evaluated = None
-    if parts.eval_due(t) if closing.evaluate is None else closing.evaluate:
-        with timer.phase("eval"):
-            evaluated = parts.evaluation.run(parts.wire.share(server.x if server else None))
-    cosines = closing.drift.cosines(parts, sums, stats) if closing.drift is not None else None
+def _server_step(parts, plan, update):
+    """Server: the reduced statistics and sums, and (where `update`) the upload stages' and the server's
+    step from them; (None, None) elsewhere."""
+    server = parts.server
+    if not server:
+        return None, None
+    with parts.timer.phase("server"):
+        stats = parts.wire.stats()
+        sums, weight = parts.wire.sums(), stats.weight
+        if update:
+            for stage in parts.stages:
+                weight = stage.server(plan.round, sums, weight)
+            server.apply(plan.round, sums, weight)
+    return stats, sums
+
+
+def _evaluate(parts, plan, evaluate):
+    """Collective when due (`evaluate`, None: every eval.every rounds and the last): every rank evaluates its
+    share of the test set on the global model; the figures on the server, None elsewhere or when not due."""
+    if not (parts.eval_due(plan.round) if evaluate is None else evaluate):
+        return None
+    server = parts.server
+    with parts.timer.phase("eval"):
+        return parts.evaluation.run(parts.wire.share(server.x if server else None))
+
+
+def _outcome(parts, plan, stats, sums, evaluated, cosines):
+    """The server's RoundOutcome: the round's record, the stop votes and what is non-finite."""
+    server, timer = parts.server, parts.timer
     if not server:
         return RoundOutcome()
     with timer.phase("server"):
@@ -293,7 +306,7 @@ def nonfinite(metrics, stats, x):
 
 # -- the protocol families -----------------------------------------------------------------------------------
 
-class Protocol:
+class Family:
     """A protocol family: what differs between the ways uploads travel. Instances hold no state: what a
     family keeps across rounds lives in the object `new_state` makes (RoundParts.state)."""
 
@@ -331,7 +344,7 @@ class ReduceState:
     drift: ClientDrift      # the round's drift measurements (and, with eval.client_drift, updates kept)
 
 
-class Reduce(Protocol):
+class Reduce(Family):
     name = base.REDUCE
     drift_figures = True
 
@@ -359,7 +372,7 @@ class Reduce(Protocol):
         return Closing(drift=state.drift if parts.client_drift else None)
 
 
-class Gather(Protocol):
+class Gather(Family):
     name = base.GATHER
 
     def trained(self, parts, plan, run, training, tally):
@@ -410,7 +423,7 @@ class RouteState:
     previous: object = None     # the previous round's RoundPlan (None before this process's first round)
 
 
-class Route(Protocol):
+class Route(Family):
     name = base.ROUTE
 
     def new_state(self, num_clients, client_drift):
@@ -476,7 +489,7 @@ def _move_slots(parts, previous, order):
         algo.put_slot(slot, torch.from_numpy(buf).to(parts.flat.device))
 
 
-class Buffer(Protocol):
+class Buffer(Family):
     """FedBuff's round: one server update. The round's starters train from the broadcast x_t (their model
     version t) and hold their updates; then the round's arrivals (`plan.arrivals`, planned on the simulated
     clock by fedmpi.deploy.buffered) release theirs into the accumulator, and one Reduce sums them."""

@@ -158,7 +158,7 @@ def test_uneven_clients_group_by_batch_pattern():
 def test_auto_keeps_small_rounds_and_convolutions_on_the_cpu_in_the_loop():
     small = run_inprocess(synthetic(server={"clients_per_round": 5}, rounds=1), "auto")[0]
     assert small.clients.group_trainer is not None
-    plan = small.plan(0)
+    plan = small.participation.plan(0)
     standard, selected = plan.standard, plan.selected
     assert small.clients._vector_groups(0, [int(c) for c in selected], standard) == ([], [int(c) for c in selected])
     conv = synthetic(data={"name": "mnist5k"}, partition={"clients": 20, "scheme": "iid"},
