@@ -4,7 +4,7 @@ Every rank runs the same code; what a rank does in a round depends on its role. 
   clients   ClientHost: placement, the clients' data on this rank's device, local training
   wire      RoundBuffers: the broadcast and reduction buffers and their device staging
   server    Server (rank 0): the global model, the server optimizer, evaluation, the round's figures
-  protocol  how uploads travel (fedmpi.round: reduce, gather, route, buffer), chosen by the algorithm's family
+  protocol  how uploads travel (fedmpi.protocols: reduce, gather, route, buffer), chosen by the algorithm's family
 The round itself is fedmpi.round.run_round over `round_parts`.
 No random choice is communicated: every rank derives the round's clients and each client's batches from
 the seed. Construction does no collective after `node_local` and writes nothing, so a configuration
@@ -30,7 +30,8 @@ from fedmpi.evaluation import SplitEvaluation
 from fedmpi.flat import FlatModel
 from fedmpi.models import build_model
 from fedmpi.participation import build_participation
-from fedmpi.round import PROTOCOLS, RoundParts
+from fedmpi.protocols import PROTOCOLS
+from fedmpi.round import RoundParts
 from fedmpi.runtime import pick_device, set_deterministic, set_threads
 from fedmpi.server import Server
 from fedmpi.shadow import Shadow

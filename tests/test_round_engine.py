@@ -20,7 +20,8 @@ from fedmpi.algorithms.fedbuff import staleness_weight
 from fedmpi.comm import LocalComm
 from fedmpi.errors import StopRequested
 from fedmpi.experiment import Experiment
-from fedmpi.round import BUFFER, GATHER, REDUCE, ROUTE, RoundOutcome, run_round
+from fedmpi.protocols import BUFFER, GATHER, REDUCE, ROUTE
+from fedmpi.round import RoundOutcome, run_round
 
 THETA0 = rp.X0.astype(np.float32).astype(np.float64)   # the initial (w1, w2, b) as the float32 model holds them
 LR = 0.1
@@ -174,7 +175,7 @@ def test_route_sends_each_slot_from_its_previous_clients_rank_to_its_next_ones()
     Slot 0 goes from client 0 to client 1 (sent to rank 2), slot 1 from client 1 to client 2 (received)."""
     from types import SimpleNamespace
 
-    from fedmpi.round import _move_slots
+    from fedmpi.protocols import _move_slots
 
     held = {0: torch.tensor([1.0, 2.0])}
     routed = []
