@@ -150,11 +150,15 @@ def setup_algo(algo, sizes, server_idx=(), x0=None, probe=None):
 
 
 def server_update(algo, x, acc, weight, t=0, server_lr=1.0):
-    """The server's update with the default optimizer (sgd at `server_lr`, the config's server.lr):
-    aggregate, x + lr * update (or x + update where the algorithm does not use the optimizer), then
-    after_step."""
-    update = algo.aggregate(x, acc, weight, t)
-    if update is not None:
-        lr = server_lr if algo.uses_server_optimizer else 1.0
-        x = x + (update * lr).to(x.dtype)
-    return algo.after_step(x, t)
+    """The engine's server update of round t (`Server.apply`: aggregate, the default server optimizer, sgd at
+    `server_lr` (the config's server.lr), after_step) from the upload sums `acc` and their weight; returns the
+    new x (`x` itself is left as it was)."""
+    from types import SimpleNamespace
+
+    from fedmpi import config
+    from fedmpi.round.server import Server
+
+    flat = SimpleNamespace(device=x.device, dim=algo.dim, n_params=algo.n_params)
+    server = Server(config.from_dict({"server": {"lr": server_lr}}), algo, flat, x)
+    server.apply(t, acc, weight)
+    return server.x

@@ -26,6 +26,7 @@ from fedmpi.core.flat import FlatModel
 from fedmpi.data.dataset import Dataset
 from fedmpi.io import checkpoint
 from fedmpi.mpi.local import LocalComm
+from fedmpi.round.engine import upload_client
 from fedmpi.round.experiment import Experiment
 from fedmpi.run.api import MemoryLog
 from fedmpi.run.launch import _loop
@@ -34,7 +35,8 @@ from fedmpi.run.launch import _loop
 
 
 def upload(algo, x, clients, t=0):
-    """Clients given as (cid, n_samples, steps, y): start, 'train' to y, accumulate; returns the new x."""
+    """Clients given as (cid, n_samples, steps, y): start, 'train' to y, the engine's upload into the sums
+    (fedmpi.round.engine.upload_client) and server update (Server.apply); returns (the new x, the broadcast)."""
     down = torch.zeros(algo.down_vectors * algo.dim)
     algo.down_payload(x, down)
     acc = torch.zeros(algo.up_vectors * algo.dim + algo.up_scalars, dtype=torch.float64)
@@ -44,7 +46,7 @@ def upload(algo, x, clients, t=0):
         algo.client_start(run, down, model)
         assert torch.equal(model.vec, x)
         model.vec.copy_(torch.tensor(y))
-        weight += algo.accumulate(run, down, model, acc)
+        weight += upload_client(algo, (), run, down, model, acc)
     return server_update(algo, x, acc, weight, t), down
 
 
@@ -433,9 +435,9 @@ def continue_from_checkpoint(cfg, path, round_, model):
     """A fresh Experiment (another initial model) loads the checkpoint and runs the remaining rounds, as
     `fedmpi run --resume` does at -n 1; returns (experiment, rows of /metrics)."""
     exp = Experiment(cfg, LocalComm(), dataset=classes(), model=model, parts=rp.PARTS)
-    checkpoint.load_into(exp, checkpoint.ResumePoint(round_, str(path)))
+    first_round = checkpoint.load_into(exp, checkpoint.ResumePoint(round_, str(path)))
     log = MemoryLog()
-    _loop(cfg, exp.comm, exp, log, checkpoints=False)
+    _loop(cfg, exp.comm, exp, log, checkpoints=False, first_round=first_round)
     return exp, log.metrics()
 
 

@@ -59,7 +59,7 @@ def trained_deltas(cfg):
     cfg = config.from_dict({k: v for k, v in cfg.items() if k != "privacy"})
     exp = Experiment(cfg, LocalComm())
     x0 = exp.server.x.clone()
-    standard = exp.plan(0).standard
+    standard = exp.participation.plan(0).standard
     deltas = []
     for cid in range(cfg.partition.clients):
         exp.clients.train_one(0, cid, standard, lambda run: exp.algo.client_start(run, x0, exp.clients.flat))

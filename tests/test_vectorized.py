@@ -144,7 +144,7 @@ def test_uneven_clients_group_by_batch_pattern():
     mapping["partition"] = {"clients": 20, "scheme": "dirichlet", "beta": 0.5}
     loop, batched = run_inprocess(mapping, "off"), run_inprocess(mapping, "on")
     exp = batched[0]
-    plan = exp.plan(0)
+    plan = exp.participation.plan(0)
     standard, selected = plan.standard, plan.selected
     groups, rest = exp.clients._vector_groups(0, [int(c) for c in selected], standard)
     assert not rest and len(groups) > 1
@@ -159,7 +159,7 @@ def test_uneven_clients_group_by_batch_pattern():
 def test_auto_keeps_small_rounds_and_convolutions_on_the_cpu_in_the_loop():
     small = run_inprocess(synthetic(server={"clients_per_round": 5}, rounds=1), "auto")[0]
     assert small.clients.group_trainer is not None
-    plan = small.plan(0)
+    plan = small.participation.plan(0)
     standard, selected = plan.standard, plan.selected
     assert small.clients._vector_groups(0, [int(c) for c in selected], standard) == ([], [int(c) for c in selected])
     conv = synthetic(data={"name": "mnist5k"}, partition={"clients": 20, "scheme": "iid"},

@@ -371,8 +371,9 @@ def plan_resume(cfg, comm):
     return point or ResumePoint(int(round_), ckpt_path(cfg.out, int(round_)))
 
 
-def load_into(exp, point):
-    """Every rank: restores what it holds from the checkpoint (rank 0 verified it in `plan_resume`).
+def load_into(exp, point) -> int:
+    """Every rank: restores what it holds from the checkpoint (rank 0 verified it in `plan_resume`) and
+    returns the round the run continues from.
 
     Collective, in two steps. First every rank checks what it will load against what this run declares
     (`checkpoint_checks`: rank 0 the global model, the server and optimizer state; each rank its own clients'
@@ -401,7 +402,7 @@ def load_into(exp, point):
         for cid in sorted(exp.clients.mine):
             if clients is not None and str(cid) in clients:
                 exp.load_client_state(cid, _read_group(clients[str(cid)]))
-    exp.start_round = point.round
+    return point.round
 
 
 def _read_checked(exp, point):

@@ -31,18 +31,19 @@ class ClientDrift:
             tally.columns["update_norm"][run.cid] = sq ** 0.5
             self.updates[run.cid] = delta.clone()
 
-    def cosines(self, exp, sums, stats):
-        """Collective: every rank's clients' cosines with the aggregate; the column on rank 0, None elsewhere."""
-        dim = exp.flat.dim
+    def cosines(self, parts, sums, stats):
+        """Collective: every rank's clients' cosines with the aggregate; the column on rank 0, None elsewhere.
+        `parts`: the round's parts (fedmpi.round.engine.RoundParts: its comm, wire and flat model)."""
+        dim = parts.flat.dim
         aggregate = None
-        if exp.comm.is_server:
+        if parts.comm.is_server:
             aggregate = (sums[:dim] / stats.weight).float() if stats.weight > 0 else torch.zeros(dim)
-        aggregate = exp.wire.share(aggregate)
+        aggregate = parts.wire.share(aggregate)
         column = np.zeros(self.num_clients)
         norm = float(torch.linalg.vector_norm(aggregate))
         for cid, delta in self.updates.items():
             denom = norm * float(torch.linalg.vector_norm(delta))
             column[cid] = float(torch.dot(delta, aggregate.to(delta.device))) / denom if denom > 0 else np.nan
         self.updates.clear()
-        exp.comm.reduce_sum(column)
-        return column if exp.comm.is_server else None
+        parts.comm.reduce_sum(column)
+        return column if parts.comm.is_server else None

@@ -35,6 +35,7 @@ import traceback
 
 import numpy as np
 
+import fedmpi.round.engine as engine
 from fedmpi.core import console
 from fedmpi.core.errors import (
     EXIT_FAILED,
@@ -97,14 +98,13 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
     log = None
     start = resume or fork
     try:
-        if start:
-            checkpoint.load_into(exp, start)
+        first_round = checkpoint.load_into(exp, start) if start else 0
         if comm.is_server:
             log = _open_log(cfg, comm, exp, overwrite, resume)
             log.metric_attrs = exp.metric_attrs
             if fork:
                 fork.record(log)
-        _loop(cfg, comm, exp, log, start.wall_s if start else 0.0)
+        _loop(cfg, comm, exp, log, start.wall_s if start else 0.0, first_round=first_round)
         if log:
             log.write_model(exp.global_model())
             log.finish("finished")
@@ -181,15 +181,15 @@ def _open_log(cfg, comm, exp, overwrite, resume):
                          device=str(exp.device), threads=exp.threads, **exp.run_attrs())
 
 
-def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):
-    """The rounds, in order; on the server each round's row goes to `log` (a RunLog, or the in-memory
-    recorder of `fedmpi.simulate`). A checkpoint is written at every due round boundary and, on a stop
-    request, at the next one (`checkpoints=False`: never).
+def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0):
+    """Rounds `first_round`..cfg.rounds-1, in order (fedmpi.round.engine.run_round); on the server each round's row
+    goes to `log` (a RunLog, or the in-memory recorder of `fedmpi.simulate`). A checkpoint is written at
+    every due round boundary and, on a stop request, at the next one (`checkpoints=False`: never).
 
     `wall_s` (training seconds before this process started: a resumed run's checkpoint value) keeps the
     wall_s metric counting from the run's beginning across resumes.
     """
-    progress = Progress(cfg.rounds, exp.start_round, cfg.runtime.progress) if comm.is_server else None
+    progress = Progress(cfg.rounds, first_round, cfg.runtime.progress) if comm.is_server else None
     began = time.monotonic() - wall_s
     # Rank 0 writes a round's row right after the next round's broadcast, while the workers train, instead
     # of keeping them waiting for it; before a checkpoint, a stop or the end it is written at once.
@@ -199,21 +199,22 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):
         while pending:
             pending.pop()()
 
-    exp.after_broadcast = flush
+    stop_votes = 0      # server: ranks that asked to stop in the latest round; the next broadcast stops them all
     try:
-        for t in range(exp.start_round, cfg.rounds):
+        for t in range(first_round, cfg.rounds):
             t0 = time.monotonic()
-            record = exp.run_round(t)
+            outcome = engine.run_round(exp.round_parts, t, stopping=stop_votes, after_broadcast=flush)
+            record = outcome.record
             if record is not None:
                 wall_s = record.metrics["wall_s"] = time.monotonic() - began
                 pending.append(functools.partial(_write_row, log, progress, exp, t, record, time.monotonic() - t0))
-                exp.stopping = exp.stop_votes > 0     # the next broadcast tells every rank to stop
-                if exp.nonfinite and cfg.runtime.on_nonfinite == "stop":
+                stop_votes = outcome.stop_votes
+                if outcome.nonfinite and cfg.runtime.on_nonfinite == "stop":
                     # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
                     # workers, waiting for the next round, end with the job (as on a failure).
                     flush()
-                    raise Diverged(f"diverged in round {t}: {exp.nonfinite}; the newest checkpoint holds the "
-                                   f"last finite model (runtime.on_nonfinite: continue would go on)")
+                    raise Diverged(f"diverged in round {t}: {outcome.nonfinite}; the newest checkpoint holds "
+                                   f"the last finite model (runtime.on_nonfinite: continue would go on)")
             if checkpoints and checkpoint.due(cfg, t + 1):
                 flush()     # a checkpoint never gets ahead of the log (--resume checks the rows)
                 checkpoint.save(exp, t + 1, wall_s)
@@ -230,7 +231,6 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True):
             pass
         raise
     finally:
-        exp.after_broadcast = None
         if progress:
             progress.close()
 

@@ -10,6 +10,7 @@ import sys
 
 from fedmpi import config
 from fedmpi.mpi.comm import make_comm
+from fedmpi.round.engine import run_round
 from fedmpi.round.experiment import Experiment
 
 
@@ -28,7 +29,7 @@ exp = Experiment(cfg, comm)
 recorder = Recorder(comm.comm)
 comm.comm = recorder
 for t in range(2):
-    exp.run_round(t)
+    run_round(exp.round_parts, t)
 comm.comm = recorder.inner
 with open(f"{sys.argv[2]}-{comm.rank}.json", "w") as fh:
     json.dump(dict(recorder.calls), fh)
