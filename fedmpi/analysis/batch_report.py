@@ -13,7 +13,8 @@ import time
 
 from fedmpi.analysis import report
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout (tools/ beside fedmpi/): this file is fedmpi/analysis/batch_report.py.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN_BATCH = os.path.join(ROOT, "tools", "run_batch.py")
 
 
