@@ -147,7 +147,7 @@ def _run(args):
     claim(cfg, comm, overwrite=args.overwrite, resume=args.resume)
     resume = fork = None
     if args.resume:
-        from fedmpi.io.checkpoint import plan_resume
+        from fedmpi.io.resume import plan_resume
 
         resume = plan_resume(cfg, comm)     # rank 0 checks; on refusal every rank exits 2, nothing touched
     elif args.fork_from:

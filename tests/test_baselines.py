@@ -24,7 +24,7 @@ from fedmpi.algorithms.moon import contrastive_loss
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 from fedmpi.data.dataset import Dataset
-from fedmpi.io import checkpoint
+from fedmpi.io import checkpoint, resume
 from fedmpi.mpi.local import LocalComm
 from fedmpi.round.engine import upload_client
 from fedmpi.round.experiment import Experiment
@@ -435,7 +435,7 @@ def continue_from_checkpoint(cfg, path, round_, model):
     """A fresh Experiment (another initial model) loads the checkpoint and runs the remaining rounds, as
     `fedmpi run --resume` does at -n 1; returns (experiment, rows of /metrics)."""
     exp = Experiment(cfg, LocalComm(), dataset=classes(), model=model, parts=rp.PARTS)
-    first_round = checkpoint.load_into(exp, checkpoint.ResumePoint(round_, str(path)))
+    first_round = resume.load_into(exp, resume.ResumePoint(round_, str(path)))
     log = MemoryLog()
     _loop(cfg, exp.comm, exp, log, checkpoints=False, first_round=first_round)
     return exp, log.metrics()

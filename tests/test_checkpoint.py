@@ -17,7 +17,7 @@ from conftest import ROOT, mpiexec, small_config
 import fedmpi
 from fedmpi import config
 from fedmpi.core.errors import EXIT_PREEMPTED, EXIT_USAGE, ConfigError, InputError
-from fedmpi.io import checkpoint
+from fedmpi.io import checkpoint, resume
 from fedmpi.io.store import RunLog
 from fedmpi.mpi import signals
 from fedmpi.mpi.local import LocalComm
@@ -117,11 +117,11 @@ def test_resume_falls_back_to_previous_checkpoint_and_says_so(tmp_path):
     with open(newest, "r+b") as fh:
         fh.truncate(1000)
     said = []
-    point = checkpoint.choose(cfg, say=said.append)
+    point = resume.choose(cfg, say=said.append)
     assert (point.round, point.wall_s) == (2, 3.0)
     assert point.damaged and point.damaged[0][0] == newest
     assert any("ckpt-4.h5 is damaged" in s for s in said) and any("ckpt-2.h5" in s for s in said)
-    checkpoint.set_aside(point)
+    resume.set_aside(point)
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["ckpt-2.h5", "ckpt-4.h5.damaged"]
 
 
@@ -129,12 +129,12 @@ def test_resume_refuses_when_nothing_valid(tmp_path):
     cfg = make_cfg(tmp_path)
     make_log(cfg, 2)
     with pytest.raises(InputError, match="no checkpoint") as e:
-        checkpoint.choose(cfg, say=lambda s: None)
+        resume.choose(cfg, say=lambda s: None)
     assert e.value.exit_code == EXIT_USAGE
     with open(write(cfg, 2), "r+b") as fh:
         fh.truncate(100)
     with pytest.raises(InputError, match="every checkpoint .* is damaged"):
-        checkpoint.choose(cfg, say=lambda s: None)
+        resume.choose(cfg, say=lambda s: None)
 
 
 def test_resume_refuses_another_fedmpi_version(tmp_path, monkeypatch):
@@ -144,7 +144,7 @@ def test_resume_refuses_another_fedmpi_version(tmp_path, monkeypatch):
     written = fedmpi.__version__
     monkeypatch.setattr(fedmpi, "__version__", "99.0")
     with pytest.raises(InputError, match=f"written by fedmpi {re.escape(written)} .*this is fedmpi 99.0") as e:
-        checkpoint.choose(cfg, say=lambda s: None)
+        resume.choose(cfg, say=lambda s: None)
     assert e.value.exit_code == EXIT_USAGE
 
 
@@ -154,7 +154,7 @@ def test_resume_refuses_another_config_naming_the_keys(tmp_path):
     write(cfg, 2)
     other = make_cfg(tmp_path, client={"lr": 0.1, "batch_size": 20, "epochs": 1}, seed=7)
     with pytest.raises(ConfigError) as e:
-        checkpoint.choose(other, say=lambda s: None)
+        resume.choose(other, say=lambda s: None)
     assert "client.lr, seed" in str(e.value) and "checkpoint 0.05, now 0.1" in str(e.value)
     assert e.value.exit_code == EXIT_USAGE
     # Run-time keys may change, out included (a copied run continues elsewhere).
@@ -163,19 +163,19 @@ def test_resume_refuses_another_config_naming_the_keys(tmp_path):
     shutil.copy(tmp_path / "run.h5", moved / "run.h5")
     same = config.from_dict(small_config(moved, rounds=20, checkpoint={"every": 5, "keep": 3},
                                          runtime={"threads": 2, "progress": "off"}))
-    assert checkpoint.choose(same, say=lambda s: None).round == 2
+    assert resume.choose(same, say=lambda s: None).round == 2
     with pytest.raises(ConfigError, match="rounds = 1: below the checkpoint's round 2"):
-        checkpoint.choose(make_cfg(tmp_path, rounds=1), say=lambda s: None)
+        resume.choose(make_cfg(tmp_path, rounds=1), say=lambda s: None)
 
 
 def test_resume_needs_the_run_log_with_enough_rows(tmp_path):
     cfg = make_cfg(tmp_path)
     write(cfg, 4)
     with pytest.raises(InputError, match="run.h5 is missing"):
-        checkpoint.choose(cfg, say=lambda s: None)
+        resume.choose(cfg, say=lambda s: None)
     make_log(cfg, 3)
     with pytest.raises(InputError, match="has 3 rounds, fewer than checkpoint round 4"):
-        checkpoint.choose(cfg, say=lambda s: None)
+        resume.choose(cfg, say=lambda s: None)
 
 
 def test_layout_does_not_depend_on_who_wrote_it(tmp_path):

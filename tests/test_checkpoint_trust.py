@@ -21,7 +21,7 @@ from fedmpi import config
 from fedmpi.algorithms.state import ClientVectors, ServerVectors, declared_specs
 from fedmpi.config import ServerConfig
 from fedmpi.core.errors import EXIT_USAGE, ConfigError
-from fedmpi.io import checkpoint, fork
+from fedmpi.io import checkpoint, fork, resume
 from fedmpi.io.checkpoint_checks import BadCheckpoint, check_entry, check_like
 from fedmpi.io.store import RunLog
 from fedmpi.round.server_opt import build_optimizer
@@ -92,14 +92,14 @@ def test_resume_refuses_bad_contents_with_a_valid_checksum(tmp_path, edit, named
     path = write_ckpt(cfg)
     tamper(path, edit)
     with pytest.raises(BadCheckpoint, match=named) as refused:
-        checkpoint.choose(cfg, say=lambda text: None)
+        resume.choose(cfg, say=lambda text: None)
     assert refused.value.exit_code == EXIT_USAGE and path in str(refused.value)
 
 
 def test_a_good_checkpoint_still_passes(tmp_path):
     cfg = make_cfg(tmp_path)
     path = write_ckpt(cfg)
-    point = checkpoint.choose(cfg, say=lambda text: None)
+    point = resume.choose(cfg, say=lambda text: None)
     assert (point.round, point.path, point.wall_s) == (2, path, 1.0)
 
 
@@ -118,7 +118,7 @@ def test_on_nonfinite_continue_keeps_non_finite_models_resumable(tmp_path):
     cfg = make_cfg(tmp_path, runtime={"threads": 1, "progress": "lines", "on_nonfinite": "continue"})
     path = write_ckpt(cfg)
     tamper(path, replace("global", np.full(10, np.nan, dtype=np.float32)))
-    assert checkpoint.choose(cfg, say=lambda text: None).path == path
+    assert resume.choose(cfg, say=lambda text: None).path == path
 
 
 def test_declared_state_specs_allocate_nothing_and_say_lengths_and_dtypes():
@@ -160,7 +160,7 @@ def test_stored_config_is_compared_without_importing_what_it_names(tmp_path, mon
     tamper(path, set_attr("config", text))
     with pytest.raises(ConfigError, match=rf"differs .* in algorithm.name(.|\n)*checkpoint '{PROBE}:Algo', "
                                           r"now 'fedavg'"):
-        checkpoint.choose(cfg, say=lambda text: None)
+        resume.choose(cfg, say=lambda text: None)
     assert not marker.exists() and PROBE not in sys.modules
 
 

@@ -26,7 +26,7 @@ from fedmpi import config
 from fedmpi.cli import main
 from fedmpi.core.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, InputError
 from fedmpi.data import load_dataset
-from fedmpi.io import checkpoint
+from fedmpi.io import checkpoint, resume
 from fedmpi.io.store import RunLog
 
 SUBPROCESS_TIMEOUT_S = 240
@@ -522,11 +522,11 @@ def test_checkpoint_whose_round_disagrees_with_its_name_is_set_aside(tmp_path):
     renamed = checkpoint.ckpt_path(cfg.out, 6)
     shutil.copy(paths[2], renamed)          # a valid checkpoint of round 2 under the name of round 6
     said = []
-    point = checkpoint.choose(cfg, say=said.append)
+    point = resume.choose(cfg, say=said.append)
     assert point.round == 4 and point.path == paths[4]
     assert point.damaged == [(renamed, "its round attribute is 2 but its file name says round 6")]
     assert any("ckpt-6.h5 is damaged" in line for line in said)
-    checkpoint.set_aside(point)
+    resume.set_aside(point)
     assert not Path(renamed).exists() and Path(renamed + ".damaged").exists()
 
 

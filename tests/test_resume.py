@@ -26,7 +26,7 @@ import pytest
 from conftest import ROOT, fedmpi_cmd, mpiexec, read_global, read_metrics, run_fedmpi, small_config, write_config
 
 from fedmpi import config
-from fedmpi.io import checkpoint
+from fedmpi.io import checkpoint, resume
 
 pytestmark = pytest.mark.mpi
 
@@ -313,7 +313,7 @@ def test_kill9_of_a_worker_ends_the_job_and_the_newest_checkpoint_resumes(fedavg
     finally:
         job.kill()
     assert code != 0 and ended_after < KILL_DEADLINE_S, (code, ended_after, err[-2000:])
-    point = checkpoint.choose(config.load(str(cfg), [f"out={out}"]), say=lambda s: None)
+    point = resume.choose(config.load(str(cfg), [f"out={out}"]), say=lambda s: None)
     assert point.round >= 2 and not point.damaged
     run_fedmpi(3, "run", cfg, f"out={out}", "--resume", timeout=LAUNCH_TIMEOUT_S)
     ref, _ = read_metrics(d["ref"])

@@ -17,7 +17,7 @@ from conftest import read_metrics
 from fedmpi import config
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.schedules import ScheduleConfig, client_lr, lr_at, server_lr
-from fedmpi.io import checkpoint
+from fedmpi.io import checkpoint, resume
 
 
 def rates(base, n, run_rounds=10, **sched):
@@ -142,12 +142,12 @@ def test_resume_refuses_new_rounds_when_cosine_takes_its_horizon_from_them(tmp_p
     cfg, path = checkpoint_after(tmp_path, 2, **{section: {"lr_schedule": "cosine"}})
     longer = config.from_dict({**cfg.to_dict(), "rounds": 4})
     with pytest.raises(ConfigError, match=rf"rounds = 4: .*{section}\.lr_schedule .*keep rounds = 2"):
-        checkpoint.choose(longer, say=lambda text: None)
-    checkpoint._check_config(path, checkpoint.verify(path), cfg)        # the same rounds: accepted
+        resume.choose(longer, say=lambda text: None)
+    resume._check_config(path, checkpoint.verify(path), cfg)        # the same rounds: accepted
 
 
 @pytest.mark.parametrize("sched", [{"name": "cosine", "rounds": 10}, {"name": "exponential", "gamma": 0.9}])
 def test_resume_accepts_new_rounds_when_the_rates_do_not_depend_on_them(tmp_path, sched):
     cfg, path = checkpoint_after(tmp_path, 2, client={"lr_schedule": sched})
     longer = config.from_dict({**cfg.to_dict(), "rounds": 4})
-    checkpoint._check_config(path, checkpoint.verify(path), longer)
+    resume._check_config(path, checkpoint.verify(path), longer)

@@ -74,18 +74,29 @@ elements.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 import torch
 
+from fedmpi.algorithms.context import (
+    AlgorithmContext,
+    ClientTraining,
+    ParticipationHistory,
+    PlanHistory,
+    SetupContext,
+    StandardDraws,
+)
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
-from fedmpi.core import rng, schedules
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
-from fedmpi.core.schedules import ScheduleConfig
+
+# The contract's names, the context's included (defined in fedmpi.algorithms.context, imported from here by
+# plug-ins written before it moved).
+__all__ = ["BUFFER", "GATHER", "REDUCE", "ROUTE", "TRAINING_HOOKS", "Algorithm", "AlgorithmContext", "AlgorithmKeys",
+           "BufferedUploads", "ClientRun", "ClientTraining", "GatedUploads", "ParticipationHistory", "PlanHistory",
+           "Reduce", "SetupContext", "SlotRouting", "StandardDraws", "weighted_mean_update"]
 
 REDUCE, ROUTE, GATHER, BUFFER = "reduce", "route", "gather", "buffer"
 TRAINING_HOOKS = ("grad_hook", "step_hook", "loss_fn")    # what batched (vectorized) clients cannot call
@@ -118,86 +129,6 @@ class ClientRun:
     def __post_init__(self):
         if self.weight is None:
             self.weight = float(self.n_samples)
-
-
-@dataclass(frozen=True)
-class ClientTraining:
-    """The clients' training settings (the `client:` keys an algorithm's rules read): FSL's default server
-    schedule, central SGD's batches, FedNova's normaliser, data sharing's warm-up batch."""
-
-    lr: float                     # eta_l before client.lr_schedule
-    batch_size: int
-    epochs: int                   # local epochs, used when `steps` is None
-    steps: int | None             # local SGD steps per round (None: epochs)
-    momentum: float
-    drop_last: bool               # each epoch's short last batch is dropped
-    lr_schedule: ScheduleConfig = ScheduleConfig()
-
-
-class ParticipationHistory(Protocol):
-    """Who trained in a round, the same on every rank (FedSkip's slot weights ask for past rounds). Exact for
-    the current and the previous round under every participation provider, and for any past round where the
-    provider's plan is a pure function of the round (the standard draw, Poisson sampling, the deployment under
-    `clients.availability: always`, which SlotRouting requires); a provider with a clock (availability
-    traces, FedBuff's) plans an older round from its current state, so ask those only for t and t - 1."""
-
-    def selected(self, t: int) -> np.ndarray:
-        """Round t's selected clients."""
-
-
-@dataclass(frozen=True)
-class PlanHistory:
-    """The participation provider's history: round t's selected clients are `plan(t).selected`
-    (`plan` is Experiment.plan, a pure function of the config, the seed and the round on every rank)."""
-
-    plan: Callable
-
-    def selected(self, t):
-        return np.asarray(self.plan(t).selected)
-
-
-@dataclass(frozen=True)
-class StandardDraws:
-    """The standard draw's history (fedmpi.core.rng.select_clients), for an algorithm built without a run's
-    participation provider (hook tests, `--dry-run`); it is what the default provider plans."""
-
-    seed: int
-    num_clients: int
-    clients_per_round: int
-
-    def selected(self, t):
-        return rng.select_clients(self.seed, t, self.num_clients, self.clients_per_round)
-
-
-@dataclass(frozen=True)
-class AlgorithmContext:
-    """What an algorithm knows of the run beyond its own keys (built once, by
-    `fedmpi.algorithms.algorithm_context`); never the whole config."""
-
-    seed: int                     # the run's seed: every stream an algorithm draws from starts here
-    num_clients: int              # partition.clients (N)
-    clients_per_round: int        # server.clients_per_round (S)
-    rounds: int                   # the run's rounds (cosine schedules without a horizon use it)
-    dim: int                      # entries of the flat model vector (trainable entries, then float buffers)
-    n_params: int                 # its trainable entries
-    history: ParticipationHistory   # round t's selected clients, on every rank
-    client: ClientTraining        # the clients' training settings
-    privacy_enabled: bool = False   # privacy.mechanism is on (FedNova then takes every a_i as 1)
-
-    def client_lr(self, round_) -> float:
-        """eta_l of round `round_` under client.lr_schedule (what `ClientRun.lr` holds on the clients)."""
-        return schedules.lr_at(self.client.lr, self.client.lr_schedule, round_, self.rounds)
-
-
-@dataclass
-class SetupContext:
-    """What `Algorithm.setup` receives on every rank."""
-
-    sizes: np.ndarray             # the clients' sample counts, before `clients` reshaped them
-    server_idx: np.ndarray        # the server's set as indices into the training set (empty if none)
-    x0: torch.Tensor              # the initial model, the same on every rank (CPU)
-    # accuracy(vec, indices) of a model on training samples, where this rank hosts clients (SAFL's probe)
-    probe: Callable | None = None
 
 
 class Algorithm(abc.ABC):

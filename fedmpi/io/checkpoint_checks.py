@@ -4,7 +4,7 @@ The checksum only proves that a file is what its writer (or whoever recomputed t
 checks prove that it is what this run can load. Every refusal is a BadCheckpoint (exit 2) naming the
 checkpoint, the dataset or attribute, what was expected and what was found.
 
-- Attributes (`check_attrs`): round an integer >= 0 (`checkpoint._check_round` compares it with the file
+- Attributes (`check_attrs`): round an integer >= 0 (`resume._check_round` compares it with the file
   name), wall_s a finite number >= 0, config and config_hash strings.
 - The stored config (`stored_config`, `config_differences`) is compared as parsed YAML data, never built
   into a Config: building one looks up `algorithm.name`, and a `module:Class` there would be imported (its

@@ -24,7 +24,7 @@ import h5py
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.core.fingerprint import fingerprint
-from fedmpi.io import checkpoint, checkpoint_checks
+from fedmpi.io import checkpoint, checkpoint_checks, resume
 from fedmpi.io.rank0 import decide
 from fedmpi.io.store import open_run
 
@@ -33,7 +33,7 @@ SPEC = re.compile(r"^(?P<out>.+)@(?P<round>\d+)$")
 
 
 @dataclass
-class ForkPoint(checkpoint.ResumePoint):
+class ForkPoint(resume.ResumePoint):
     parent_out: str = ""
     parent_config_hash: str = ""
     parent_fingerprint: str = ""
@@ -80,7 +80,7 @@ def choose(cfg, spec) -> ForkPoint:
     if round_ > cfg.rounds:
         raise ConfigError(f"rounds = {cfg.rounds}: below the fork's round {round_}")
     _check_parent_log(os.path.join(parent, "run.h5"), round_)
-    checkpoint.check_contents(path, cfg)
+    resume.check_contents(path, cfg)
     with h5py.File(path, "r", locking=False) as f:
         vec = f["global"][()]
     return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
@@ -109,4 +109,4 @@ def plan_fork(cfg, comm, spec):
     """Collective: rank 0 chooses and checks the parent's checkpoint; every rank learns where it is."""
     point, round_ = decide(comm, lambda: (lambda p: (p, p.round))(choose(cfg, spec)))
     parent, _ = parse(spec)
-    return point or checkpoint.ResumePoint(int(round_), checkpoint.ckpt_path(parent, int(round_)), partial=True)
+    return point or resume.ResumePoint(int(round_), checkpoint.ckpt_path(parent, int(round_)), partial=True)

@@ -49,6 +49,7 @@ from fedmpi.core.errors import (
 from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io import checkpoint
 from fedmpi.io.outdir import replacing
+from fedmpi.io.resume import load_into, set_aside
 from fedmpi.io.store import RunLog
 from fedmpi.mpi import signals
 from fedmpi.mpi.base import WorkerFailed
@@ -92,13 +93,13 @@ def set_up(cfg, comm, **parts) -> Experiment:
 
 
 def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
-    """Runs on every rank; `resume` is the checkpoint.ResumePoint that `plan_resume` chose (--resume),
+    """Runs on every rank; `resume` is the fedmpi.io.resume.ResumePoint that `plan_resume` chose (--resume),
     `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint)."""
     exp = set_up(cfg, comm)
     log = None
     start = resume or fork
     try:
-        first_round = checkpoint.load_into(exp, start) if start else 0
+        first_round = load_into(exp, start) if start else 0
         if comm.is_server:
             log = _open_log(cfg, comm, exp, overwrite, resume)
             log.metric_attrs = exp.metric_attrs
@@ -131,7 +132,7 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
         _fail(comm, log, first, e.text, EXIT_INTERRUPTED if interrupted else EXIT_FAILED,
               status="interrupted" if interrupted else "failed")
     except Refused:
-        raise       # a collective refusal (checkpoint.load_into's vote): printed once, nothing written
+        raise       # a collective refusal (load_into's vote): printed once, nothing written
     except Exception as e:  # noqa: BLE001 - every error must end the whole job, not just this rank
         code = e.exit_code if isinstance(e, FedmpiError) else EXIT_FAILED
         if isinstance(e, FedmpiError):     # says itself what failed (e.g. "cannot write OUT/run.h5: ...")
@@ -174,7 +175,7 @@ def _create_log(cfg, comm, exp, overwrite):
 def _open_log(cfg, comm, exp, overwrite, resume):
     if resume is None:
         return _create_log(cfg, comm, exp, overwrite)
-    checkpoint.set_aside(resume)
+    set_aside(resume)
     _say(f"resuming from {resume.path}: round {resume.round} of {cfg.rounds}, at -n {comm.size}")
     # Rows after the checkpoint are dropped: this run recomputes them.
     return RunLog.reopen(run_path(cfg), resume.round, config=cfg.to_yaml(), world_size=comm.size,
