@@ -10,7 +10,6 @@ import math
 import re
 import types
 import typing
-import unicodedata
 from dataclasses import fields
 from typing import Literal
 
@@ -27,15 +26,14 @@ INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
 # Strings may hold tab and newline (YAML allows them in a scalar); no other control character (a NUL in a
 # path is cut off or refused by the OS, others garble the console) and no lone surrogate (not encodable
 # as UTF-8, so not storable in run.h5).
-_ALLOWED_CONTROLS = "\t\n"
+# Unicode's control characters (category Cc: U+0000-001F, U+007F-009F) but tab and newline, and surrogates (Cs).
+_BAD_CHARACTER = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def bad_character(text):
     """(position, character) of the first character a config string may not hold, or None."""
-    for i, ch in enumerate(text):
-        if ch not in _ALLOWED_CONTROLS and unicodedata.category(ch) in ("Cc", "Cs"):
-            return i, ch
-    return None
+    m = _BAD_CHARACTER.search(text)
+    return None if m is None else (m.start(), m.group())
 
 
 def _type_name(tp):
