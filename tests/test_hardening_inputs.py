@@ -125,6 +125,22 @@ def test_noise_multiplier_range_allows_zero_and_its_ends_and_pld_takes_more_nois
         {"privacy": {"mechanism": "gaussian", "adaptive_clip": True, "clip_lr": 1e300}}))
 
 
+@pytest.mark.parametrize("accountant, sampling, target, named", [
+    ("rdp", "fixed", 0.01, "not reached after 10 rounds even with the largest noise multiplier allowed"),
+    ("pld", "poisson", 1000.0, "under the 0.3 the pld accountant takes"),
+])
+def test_target_epsilon_outside_what_the_noise_range_reaches_is_refused_quickly(accountant, sampling, target, named):
+    # 1e-300 searched for 26 s and picked z = 1.3e6; the pld search at small z built grids of gigabytes.
+    pytest.importorskip("dp_accounting")
+    from fedmpi.privacy.accounting import Sampling
+    from fedmpi.privacy.keys import PrivacyConfig
+    from fedmpi.privacy.plan import resolve
+
+    privacy = PrivacyConfig(mechanism="gaussian", target_epsilon=target, accountant=accountant)
+    with pytest.raises(ConfigError, match=f"privacy.target_epsilon = {target:g}: .*{named}"):
+        resolve(privacy, Sampling(sampling, 30, 10), 10)
+
+
 def test_client_state_memory_is_bounded(capsys, tmp_path):
     # 400 digits overflowed float() to infinity, then int(inf) raised OverflowError.
     err = refused(capsys, tmp_path, "rounds: 1\nruntime: {client_state_memory: '" + "9" * 400 + "'}\n")

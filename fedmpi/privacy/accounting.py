@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.core.errors import ConfigError
-from fedmpi.privacy.keys import PLD_MIN_NOISE
+from fedmpi.privacy.keys import MAX_NOISE, PLD_MIN_NOISE
 
 PIP_COMMAND = "pip install 'fedmpi[privacy]'   (or: pip install dp-accounting==0.6.0)"
 # PLD per-round curves are evaluated exactly on rounds 1, ceil(r), ceil(r^2), ... and the last round.
@@ -192,6 +192,12 @@ def noise_for_epsilon(target_epsilon: float, rounds: int, delta: float, sampling
             return dpa.NonPrivateDpEvent()
         return dpa.SelfComposedDpEvent(round_event(sampling, z), int(rounds))
 
+    if accountant == "rdp" and epsilon(rounds, delta, sampling, MAX_NOISE, "rdp") > target_epsilon:
+        # Not even the largest noise multiplier allowed reaches it: say so after one evaluation, instead of a
+        # search of a minute that ends far above the range (keys.MAX_NOISE).
+        raise ConfigError(f"privacy.target_epsilon = {target_epsilon:g}: not reached after {rounds} rounds even "
+                          f"with the largest noise multiplier allowed, {MAX_NOISE:g}; choose a larger "
+                          f"target_epsilon (or more clients, fewer per round, fewer rounds)")
     bracket = None
     if accountant == "pld":
         # Each PLD evaluation costs a full composition; the RDP answer (cheaper, looser, so it needs
