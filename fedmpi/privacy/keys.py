@@ -10,7 +10,7 @@ dataclass can sit in `Config` beside the other sections and be built by the same
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 from fedmpi.core.config_checks import Checks
@@ -22,8 +22,6 @@ from fedmpi.core.config_checks import Checks
 MIN_NOISE, MAX_NOISE, PLD_MIN_NOISE = 0.01, 1e4, 0.3
 MIN_EPSILON, MAX_EPSILON = 0.01, 1000.0
 MAX_CLIP_LR = 10.0      # C changes by at most exp(clip_lr) per round; 1e300 overflowed math.exp
-# Keys that only apply with adaptive clipping.
-ADAPTIVE_KEYS = ("target_quantile", "clip_lr", "clip_count_stddev")
 
 
 def _number(value):
@@ -100,26 +98,7 @@ class PrivacyConfig:
         c.require(self.clip_count_stddev is None
                   or (_number(self.clip_count_stddev) and self.clip_count_stddev > 0),
                   "clip_count_stddev", self.clip_count_stddev, "must be a number > 0 or null")
-        if not c.errors:        # a bad value is reported once, for its value
-            self._check_unused(c)
         c.done()
-
-    def _check_unused(self, c):
-        """Keys set to a non-default value where they change nothing are refused, as the deployment keys of
-        another form are: every key without a mechanism, noise_multiplier under target_epsilon, the adaptive
-        clip's keys without adaptive_clip."""
-        unused = {}
-        if not self.enabled:
-            unused = {f.name: "only applies with privacy.mechanism: gaussian (mechanism is none)"
-                      for f in fields(self) if f.name != "mechanism"}
-        else:
-            if self.target_epsilon is not None:
-                unused["noise_multiplier"] = "is not used with privacy.target_epsilon, which picks it; remove one"
-            if not self.adaptive_clip:
-                unused.update({k: "only applies with privacy.adaptive_clip: true" for k in ADAPTIVE_KEYS})
-        for key, why in unused.items():
-            value = getattr(self, key)
-            c.require(value == _DEFAULTS[key], key, value, why)
 
     @property
     def enabled(self):
@@ -129,6 +108,3 @@ class PrivacyConfig:
     def inert(self):
         """With mechanism none the other keys change nothing; Config.hash then leaves the section out."""
         return not self.enabled
-
-
-_DEFAULTS = {f.name: f.default for f in fields(PrivacyConfig)}
