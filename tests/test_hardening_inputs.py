@@ -8,9 +8,10 @@ import json
 import pickle
 import re
 
+import h5py
 import numpy as np
 import pytest
-from conftest import small_config, write_config
+from conftest import run_steps, small_config, write_config
 from dataset_files import write_cifar, write_leaf
 
 from fedmpi import config
@@ -18,6 +19,7 @@ from fedmpi.cli import main
 from fedmpi.core.errors import EXIT_USAGE, ConfigError, InputError
 from fedmpi.data import load_dataset
 from fedmpi.data.torchvision_sources import read_cifar_batch
+from fedmpi.io import checkpoint
 from fedmpi.mpi.runtime import parse_bytes
 from fedmpi.privacy.keys import MAX_NOISE, MIN_NOISE
 
@@ -76,6 +78,20 @@ def test_seed_is_bounded_by_what_run_h5_stores(seed, ok):
         assert config.from_dict({"seed": seed}).seed == seed
     else:
         assert any(m.startswith(f"seed = {seed}:") and "2^63" in m for m in problems({"seed": seed}))
+
+
+@pytest.mark.mpi
+def test_the_largest_seed_runs_through_checkpoints_and_resume(tmp_path):
+    # One launch: a run with seed 2^63 - 1 writes its checkpoints (where 2^64 failed) and resumes from them.
+    out = tmp_path / "run"
+    path = write_config(tmp_path / "c.yaml", small_config(out, seed=2 ** 63 - 1, rounds=2,
+                                                          checkpoint={"every": 1, "keep": 2}))
+    run_steps(2, [[path], [path, "--resume", "rounds=3"]])
+    with h5py.File(out / "run.h5", "r", locking=False) as f:
+        assert f.attrs["status"] == "finished" and f["metrics/round"].shape[0] == 3
+    rounds = sorted(r for r, _ in checkpoint.list_checkpoints(out))
+    with h5py.File(checkpoint.ckpt_path(out, rounds[-1]), "r", locking=False) as f:
+        assert rounds[-1] == 3 and int(f.attrs["seed"]) == 2 ** 63 - 1
 
 
 def test_every_integer_key_is_bounded_to_64_bits():
