@@ -56,7 +56,8 @@ def test_every_bad_value_is_reported_at_once_with_its_key():
 
 
 def test_a_wrong_type_is_a_config_error_not_a_traceback():
-    with pytest.raises(ConfigError, match=r"privacy.target_epsilon = 'eight': must be a number > 0 or null"):
+    with pytest.raises(ConfigError,
+                       match=r"privacy.target_epsilon = 'eight': must be a number in \[0.01, 1000\] or null"):
         PrivacyConfig(target_epsilon="eight")
 
 

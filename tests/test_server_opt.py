@@ -27,9 +27,19 @@ UPDATES = [np.array([1.0, -1.0, 0.5]), np.array([3.0, 1.0, -1.0]), np.array([0.5
 LR, MOMENTUM, BETAS, TAU = 0.5, 0.5, (0.5, 0.75), 1.0
 
 
+def server_config(name):
+    """ServerConfig with LR and the keys `name` reads set to this file's values (others are refused)."""
+    uses = OPTIMIZERS[name].uses
+    keys = {"momentum": MOMENTUM, "tau": TAU}
+    kwargs = {k: v for k, v in keys.items() if k in uses}
+    if "betas[0]" in uses:
+        kwargs["betas"] = (BETAS[0], BETAS[1] if "betas[1]" in uses else ServerConfig.betas[1])
+    return ServerConfig(optimizer=name, lr=LR, **kwargs)
+
+
 def run_steps(name):
     """[(x after the step, optimizer state)] for the three UPDATES."""
-    opt = build_optimizer(ServerConfig(optimizer=name, lr=LR, momentum=MOMENTUM, betas=BETAS, tau=TAU), 3, 2)
+    opt = build_optimizer(server_config(name), 3, 2)
     x, out = torch.tensor(X_START), []
     for u in UPDATES:
         x = opt.step(x, torch.tensor(u), LR)

@@ -64,7 +64,8 @@ class Config:
 
     def __post_init__(self):
         c = _Checks("")
-        c.require(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        # The seed is stored as a 64-bit integer in run.h5 and every checkpoint.
+        c.require(0 <= self.seed < 2 ** 63, "seed", self.seed, "must be an integer in [0, 2^63)")
         c.require(self.rounds >= 0, "rounds", self.rounds, "must be >= 0")
         c.require(bool(self.out), "out", self.out, "must be a folder path")
         c.require(self.server.clients_per_round <= self.partition.clients, "server.clients_per_round",

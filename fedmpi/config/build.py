@@ -20,6 +20,22 @@ from fedmpi.core.errors import ConfigError
 # `Optional[X]` and `X | None` (what annotations under `from __future__ import annotations` evaluate to).
 _UNIONS = (typing.Union, types.UnionType)
 
+# Every integer key is used as a 64-bit integer at most (numpy arrays, HDF5 attributes: a seed of 2^64 was
+# accepted, then failed at the first checkpoint); keys with tighter uses check their own range.
+INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
+# Strings may hold tab and newline (YAML allows them in a scalar); no other control character (a NUL in a
+# path is cut off or refused by the OS, others garble the console) and no lone surrogate (not encodable
+# as UTF-8, so not storable in run.h5).
+# Unicode's control characters (category Cc: U+0000-001F, U+007F-009F) but tab and newline, and surrogates (Cs).
+_BAD_CHARACTER = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def bad_character(text):
+    """(position, character) of the first character a config string may not hold, or None."""
+    m = _BAD_CHARACTER.search(text)
+    return None if m is None else (m.start(), m.group())
+
+
 def _type_name(tp):
     origin = typing.get_origin(tp)
     if origin is Literal:
@@ -55,7 +71,7 @@ def _coerce(tp, value):
     if tp is bool:
         return isinstance(value, bool), value
     if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
+        return _int64(value), value
     if tp is float:
         # NaN and infinities are refused for every float key: a run with lr = inf only produces NaNs.
         if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -66,8 +82,23 @@ def _coerce(tp, value):
             return False, value
         return math.isfinite(number), number
     if tp is str:
-        return isinstance(value, str), value
+        return isinstance(value, str) and bad_character(value) is None, value
     return True, value
+
+
+def _int64(value):
+    return isinstance(value, int) and not isinstance(value, bool) and INT_MIN <= value <= INT_MAX
+
+
+def _refusal(tp, value):
+    """Why `value` is not a `tp`: the type expected, or what is wrong with a value of the right type."""
+    if isinstance(value, str) and bad_character(value) is not None:
+        i, ch = bad_character(value)
+        return (f"holds the control character U+{ord(ch):04X} at position {i}; a string may hold tab and "
+                f"newline but no other control character and no lone surrogate")
+    if isinstance(value, int) and not isinstance(value, bool) and not _int64(value) and "integer" in _type_name(tp):
+        return f"must be {_type_name(tp)}, within 64 bits (from -2^63 to 2^63 - 1)"
+    return f"must be {_type_name(tp)}"
 
 
 def _unknown(key, known):
@@ -110,7 +141,7 @@ def build_section(cls, mapping, prefix, errors):
             if ok:
                 kwargs[key] = coerced
             else:
-                errors.append(f"{dotted} = {_show(value)}: must be {_type_name(tp)}")
+                errors.append(f"{dotted} = {_show(value)}: {_refusal(tp, value)}")
     try:
         return cls(**kwargs)
     except ConfigError as e:

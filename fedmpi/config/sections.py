@@ -5,7 +5,7 @@ its own values in `__post_init__`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Literal
 
 from fedmpi.core.config_checks import Checks as _Checks
@@ -200,7 +200,22 @@ class ClientConfig:
         c.require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be a positive integer or null")
         c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
         c.require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        _check_min_lr(c, self.lr, self.lr_schedule)
         c.done()
+
+
+def _check_min_lr(c, lr, schedule):
+    """A cosine schedule decays from lr to min_lr; a min_lr above lr was silently clamped to lr."""
+    c.require(schedule.name != "cosine" or schedule.min_lr <= lr, "lr_schedule.min_lr", schedule.min_lr,
+              f"must be <= {c.section}.lr ({lr:g}): the cosine schedule decays from lr down to min_lr")
+
+
+def _part(server, part):
+    """The value of `part` of UNUSED_CHECKED ("betas[1]": the second beta) in a ServerConfig or a dict."""
+    get = server.get if isinstance(server, dict) else lambda key: getattr(server, key)
+    if part.startswith("betas["):
+        return get("betas")[int(part[6])]
+    return get(part)
 
 
 @dataclass(frozen=True)
@@ -230,15 +245,37 @@ class ServerConfig:
         c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
         c.require(all(0 <= b < 1 for b in self.betas), "betas", list(self.betas), "must be two numbers in [0, 1)")
         c.require(self.tau > 0, "tau", self.tau, "must be > 0")
+        _check_min_lr(c, self.lr, self.lr_schedule)
         try:
             self.straggler_policy()
         except ConfigError as e:
             c.errors.extend(e.messages)
+        if not c.errors:
+            self._check_unused(c)
         c.done()
+
+    def _check_unused(self, c):
+        """A momentum, beta or tau the optimizer does not read, set to a non-default value, is refused."""
+        from fedmpi.round.server_opt import OPTIMIZERS, UNUSED_CHECKED
+
+        uses = getattr(OPTIMIZERS[self.optimizer], "uses", None)
+        if uses is None:
+            return
+        for part in UNUSED_CHECKED:
+            if part not in uses and _part(self, part) != _part(_SERVER_DEFAULTS, part):
+                users = [name for name, cls in OPTIMIZERS.items() if part in (getattr(cls, "uses", None) or ())]
+                key = part.split("[")[0]
+                what = "" if key == part else f"its {'b1' if part.endswith('0]') else 'b2'} ({part}) "
+                c.require(False, key, list(self.betas) if key == "betas" else getattr(self, key),
+                          f"{what}is not used by server.optimizer {self.optimizer!r} (only by {', '.join(users)}); "
+                          f"remove it or choose an optimizer that uses it")
 
     def straggler_policy(self) -> DeadlineConfig:
         """`deadline` and `over_select` as the deployment model's DeadlineConfig (checked there)."""
         return DeadlineConfig(self.deadline, self.over_select)
+
+
+_SERVER_DEFAULTS = {f.name: f.default for f in fields(ServerConfig) if f.default is not MISSING}
 
 
 @dataclass(frozen=True)

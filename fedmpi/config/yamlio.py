@@ -14,7 +14,10 @@ This loader:
 - refuses documents nested deeper than MAX_DEPTH levels, and documents whose aliases would expand to more
   than MAX_NODES nodes or refer to themselves, before anything is built from them (composition keeps
   aliases shared, so this check costs time proportional to the text, not to the expansion);
-- refuses texts longer than MAX_TEXT characters.
+- refuses texts longer than MAX_TEXT characters, and integers of more than MAX_INT_DIGITS digits (Python's
+  int-from-text limit is 4,300; no config key takes more than 19);
+- refuses a value its explicit tag cannot build (`!!int abc`, `!!float x`, `!!timestamp bad`, `!!binary`
+  that is not base64), naming the tag, the text and the line, where PyYAML raised ValueError & co.
 Safe constructors only, as in `yaml.safe_load`: no tag can create a Python object of an arbitrary class.
 
 Every refusal is a ConfigError naming the source (file, override or stored config) and the line.
@@ -23,6 +26,7 @@ Every refusal is a ConfigError naming the source (file, override or stored confi
 
 from __future__ import annotations
 
+import binascii
 import re
 
 import yaml
@@ -40,6 +44,7 @@ from fedmpi.core.errors import ConfigError
 MAX_DEPTH = 64          # a config is three levels deep; 64 leaves room and keeps far from Python's recursion limit
 MAX_NODES = 10_000      # a full config has about 80 nodes
 MAX_TEXT = 1 << 20      # characters; a config is a few kB
+MAX_INT_DIGITS = 100    # an integer literal's digits; the largest a key takes (a 64-bit seed) has 19
 
 BOOL = "tag:yaml.org,2002:bool"
 INT = "tag:yaml.org,2002:int"
@@ -66,8 +71,27 @@ for _tag, _pattern, _first in (
 class CoreConstructor(SafeConstructor):
     """SafeConstructor with the core schema's integers and floats (YAML 1.1 reads `010` as octal 8)."""
 
+    def construct_object(self, node, deep=False):
+        """Every node through here, so that a tagged scalar PyYAML cannot read (`!!int abc` raised ValueError,
+        `!!timestamp bad` AttributeError) is a refusal naming the tag, the text and the line."""
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, AttributeError, OverflowError, binascii.Error) as e:
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            text = f" {show(node.value)}" if isinstance(node, ScalarNode) else ""
+            # ValueError's text says why (e.g. "could not convert string to float"); the others are PyYAML's
+            # internals ('NoneType' object has no attribute 'groupdict') and say nothing to a user.
+            reason = f" ({str(e).splitlines()[0][:120]})" if type(e) is ValueError and str(e) else ""
+            raise _Refused(f"{tag}{text} is not a valid {tag} value{reason}", node.start_mark) from None
+
     def construct_core_int(self, node):
         text = self.construct_scalar(node)
+        digits = len(text.lstrip("+-"))
+        if digits > MAX_INT_DIGITS:
+            raise _Refused(f"an integer of {digits} digits; integers have at most {MAX_INT_DIGITS} (no key takes "
+                           f"more than a 64-bit value)", node.start_mark)
         if text.startswith(("0o", "0x")):
             return int(text[2:], 8 if text[1] == "o" else 16)
         return int(text, 10)
@@ -170,15 +194,22 @@ def load(text, source):
     and the line on any problem."""
     if len(text) > MAX_TEXT:
         raise ConfigError(f"{source}: longer than {MAX_TEXT} characters; a config is a few kB of YAML")
-    loader = Loader(text)
+    loader = None
     try:
+        # The reader refuses control characters (other than tab and line breaks) already here.
+        loader = Loader(text)
         return loader.get_single_data()
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, e.position) + 1
+        raise ConfigError(f"{source}: character U+{e.character:04X} at line {line} is not allowed in YAML (control "
+                          f"characters other than tab and line breaks, and lone surrogates)") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{source}: {_describe(e)}") from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _describe(error):

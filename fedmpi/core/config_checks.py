@@ -15,7 +15,11 @@ def show(value, limit=SHOWN_CHARS):
     r = reprlib.Repr()
     r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 2, 3, 4, 4, 4
     r.maxstring = r.maxlong = r.maxother = limit
-    text = r.repr(value)
+    try:
+        text = r.repr(value)
+    except ValueError:      # an integer beyond Python's 4,300-digit limit for int-to-text, maybe nested
+        text = (f"<an integer of {value.bit_length()} bits>" if isinstance(value, int)
+                else f"<a large {type(value).__name__}>")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

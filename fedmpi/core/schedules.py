@@ -6,18 +6,22 @@
     exponential   lr * gamma^t                         (Zhao et al. decay eta_l by 0.992 per round)
     step          lr * gamma^floor(t / step_rounds)
     cosine        min_lr + (lr - min_lr) * (1 + cos(pi * t / T)) / 2,   T = `rounds` or the run's rounds
-and, with any of them, a linear warm-up over the first `warmup_rounds` rounds: factor (t + 1) / warmup_rounds.
+(a key the chosen schedule does not read, set to another value than its default, is refused) and, with any
+of them, a linear warm-up over the first `warmup_rounds` rounds: factor (t + 1) / warmup_rounds.
 The values are logged every round as /metrics/client_lr and /metrics/server_lr.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from fedmpi.core.config_checks import Checks
 
 SCHEDULES = ("constant", "exponential", "step", "cosine")
+# The keys each schedule reads (warmup_rounds: all of them). A key another schedule reads, set to a value
+# other than its default, is refused: it would change nothing, without a word.
+USES = {"constant": (), "exponential": ("gamma",), "step": ("gamma", "step_rounds"), "cosine": ("rounds", "min_lr")}
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,17 @@ class ScheduleConfig:
         c.require(self.rounds is None or self.rounds >= 1, "rounds", self.rounds, "must be a positive integer or null")
         c.require(self.min_lr >= 0, "min_lr", self.min_lr, "must be >= 0")
         c.require(self.warmup_rounds >= 0, "warmup_rounds", self.warmup_rounds, "must be >= 0")
+        if not c.errors:        # a bad value is reported once, for its value
+            self._check_unused(c)
         c.done()
+
+    def _check_unused(self, c):
+        default = {f.name: f.default for f in fields(self)}
+        for key in sorted({k for keys in USES.values() for k in keys} - set(USES[self.name])):
+            users = [name for name, keys in USES.items() if key in keys]
+            c.require(getattr(self, key) == default[key], key, getattr(self, key),
+                      f"is not used by the {self.name!r} schedule (only by {' and '.join(users)}); remove it or "
+                      f"choose a schedule that uses it")
 
     @property
     def depends_on_run_length(self) -> bool:

@@ -56,30 +56,52 @@ def _no_constants(path):
 
 
 def _read_users(path, name):
-    """[(user, x list, y list)] of one LEAF file, in its `users` order."""
+    """[(user, x list, y list)] of one LEAF file, in its `users` order, and whether the file's text holds
+    `true` or `false` anywhere (JSON booleans, which numpy would read as the numbers 1 and 0)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            blob = json.load(fh, parse_constant=_no_constants(path))
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        blob = json.loads(raw.decode("utf-8"), parse_constant=_no_constants(path))
         users, data = blob["users"], blob["user_data"]
         out = [(u, data[u]["x"], data[u]["y"]) for u in users]
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise InputError(f"{path}: not a LEAF JSON file with keys users / num_samples / user_data{{user: "
                          f"{{x, y}}}} ({type(e).__name__}: {e}); {LEAF_HOW[name]}") from None
     for u, x, y in out:
+        if not isinstance(x, list) or not isinstance(y, list):
+            raise InputError(f"{path}: user {show(u)}: 'x' and 'y' must be lists, one entry per sample")
         if len(x) != len(y):
             raise InputError(f"{path}: user {show(u)} has {len(x)} inputs but {len(y)} labels")
-    return out
+    # A cheap test first: booleans can only be there if the words are (they may also be inside a string,
+    # e.g. a user's name; then each user's values are looked at one by one).
+    return out, b"true" in raw or b"false" in raw
+
+
+def _first_boolean(rows):
+    """Index of the first sample among `rows` (numbers, or lists of numbers) holding a JSON boolean, or None."""
+    for i, row in enumerate(rows):
+        if isinstance(row, bool) or (isinstance(row, list) and bool in set(map(type, row))):
+            return i
+    return None
 
 
 def _read_part(cfg, part, encode):
     """(x, y, per-user index arrays) of all files in `part`, users concatenated in order."""
     xs, ys, users, start = [], [], [], 0
     for path in _json_files(cfg, part):
-        for _, x, y in _read_users(path, cfg.data.name):
+        file_users, maybe_booleans = _read_users(path, cfg.data.name)
+        for user, x, y in file_users:
             if not x:
                 continue
-            xs.append(encode(x, y, path))
-            ys.append(_labels(y, path))
+            where = f"{path}: user {show(user)}"
+            if maybe_booleans:
+                for kind, rows in (("input 'x'", x), ("label 'y'", y)):
+                    i = _first_boolean(rows)
+                    if i is not None:
+                        raise InputError(f"{where}, sample {i}: its {kind} holds true/false; LEAF values are "
+                                         f"numbers (pixels) or strings (text), never booleans")
+            xs.append(encode(x, y, where))
+            ys.append(_labels(y, where))
             users.append(np.arange(start, start + len(y), dtype=np.int64))
             start += len(y)
     if not xs:
@@ -146,7 +168,28 @@ def _shakespeare_tokens(x, y, path):
         raise InputError(f"{path}: Shakespeare inputs must be strings of {SHAKESPEARE_SEQ} characters")
     if any(not isinstance(s, str) or len(s) != 1 for s in y):
         raise InputError(f"{path}: Shakespeare labels must be single characters")
+    for kind, strings in (("input 'x'", x), ("label 'y'", y)):
+        i = _first_surrogate(strings)
+        if i is not None:
+            raise InputError(f"{path}, sample {i}: its {kind} holds a lone surrogate (a \\ud800-\\udfff escape "
+                             f"that is half of a character), which is not text; LEAF's files hold UTF-8 text")
     return encode_chars(x).reshape(-1, SHAKESPEARE_SEQ)
+
+
+def _first_surrogate(strings):
+    """Index of the first string holding a lone surrogate (JSON's "\\ud800" reads as one; it cannot be encoded),
+    or None. One pass over the joined text finds whether there is any at all."""
+    try:
+        "".join(strings).encode("utf-32-le")
+        return None
+    except UnicodeEncodeError:
+        pass
+    for i, text in enumerate(strings):
+        try:
+            text.encode("utf-32-le")
+        except UnicodeEncodeError:
+            return i
+    return None
 
 
 def shakespeare(cfg) -> Dataset:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import heapq
 import os
 import re
@@ -80,6 +81,7 @@ def pick_device(setting, local_rank):
 
 BYTE_UNITS = {"": 1, "B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
               "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40}
+MAX_BYTES = 2 ** 63 - 1    # sizes are compared with 64-bit byte counts
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -91,13 +93,21 @@ def parse_bytes(value) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError("must be >= 0")
-        return value
+        return _bounded(value)
     m = _SIZE.match(value)
     unit = m.group(2).upper() if m else None
     if not m or unit not in BYTE_UNITS:
         raise ValueError("must be a number of bytes or a number with a unit (B, kB, MB, GB, TB, KiB, MiB, GiB, "
                          "TiB), such as '4GB' or '512MiB'")
-    return int(float(m.group(1)) * BYTE_UNITS[unit])
+    # Decimal, not float: 400 digits overflowed float() to inf (OverflowError in int()); the digits are few
+    # (the text is a config value), so the product is exact and cheap.
+    return _bounded(int(decimal.Decimal(m.group(1)) * BYTE_UNITS[unit]))
+
+
+def _bounded(size):
+    if size > MAX_BYTES:
+        raise ValueError(f"must be at most {MAX_BYTES} bytes (2^63 - 1, about 9.2 EB)")
+    return size
 
 
 def usable_cores() -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.core.errors import ConfigError
+from fedmpi.privacy.keys import MAX_NOISE, PLD_MIN_NOISE
 
 PIP_COMMAND = "pip install 'fedmpi[privacy]'   (or: pip install dp-accounting==0.6.0)"
 # PLD per-round curves are evaluated exactly on rounds 1, ceil(r), ceil(r^2), ... and the last round.
@@ -191,12 +192,23 @@ def noise_for_epsilon(target_epsilon: float, rounds: int, delta: float, sampling
             return dpa.NonPrivateDpEvent()
         return dpa.SelfComposedDpEvent(round_event(sampling, z), int(rounds))
 
+    if accountant == "rdp" and epsilon(rounds, delta, sampling, MAX_NOISE, "rdp") > target_epsilon:
+        # Not even the largest noise multiplier allowed reaches it: say so after one evaluation, instead of a
+        # search of a minute that ends far above the range (keys.MAX_NOISE).
+        raise ConfigError(f"privacy.target_epsilon = {target_epsilon:g}: not reached after {rounds} rounds even "
+                          f"with the largest noise multiplier allowed, {MAX_NOISE:g}; choose a larger "
+                          f"target_epsilon (or more clients, fewer per round, fewer rounds)")
     bracket = None
     if accountant == "pld":
         # Each PLD evaluation costs a full composition; the RDP answer (cheaper, looser, so it needs
         # more noise) is the first guess. Starting at 0 costs nothing (no noise: epsilon is infinite at
         # once) and measured 3x faster than a bracket around the RDP answer.
         upper = noise_for_epsilon(target_epsilon, rounds, delta, sampling, "rdp", tol)
+        if upper < PLD_MIN_NOISE:
+            # PLD's answer is below RDP's; searching there would build grids of gigabytes (keys.PLD_MIN_NOISE).
+            raise ConfigError(f"privacy.target_epsilon = {target_epsilon:g}: needs a noise multiplier below "
+                              f"{upper:.3g}, under the {PLD_MIN_NOISE:g} the pld accountant takes; use accountant "
+                              f"rdp or a smaller target_epsilon")
         bracket = dpa.LowerEndpointAndGuess(0.0, upper)
     with _quiet():
         return float(dpa.calibrate_dp_mechanism(lambda: make_accountant(accountant, sampling), event,

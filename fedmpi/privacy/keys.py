@@ -15,9 +15,28 @@ from typing import Literal
 
 from fedmpi.core.config_checks import Checks
 
+# Sane ranges (docs/privacy.md). z = 1e300 overflowed the accountant and z = 1e-300 divided by zero in it;
+# z = 1e4 already gives epsilon ~0.1 after 100 rounds, z = 0.01 an epsilon in the millions. The PLD
+# accountant's privacy-loss grid grows as 1/z^2: at z = 0.1 it took 37 s and 3.5 GB for 100 rounds, below
+# 0.03 it runs out of memory; it takes z >= 0.3.
+MIN_NOISE, MAX_NOISE, PLD_MIN_NOISE = 0.01, 1e4, 0.3
+MIN_EPSILON, MAX_EPSILON = 0.01, 1000.0
+MAX_CLIP_LR = 10.0      # C changes by at most exp(clip_lr) per round; 1e300 overflowed math.exp
+
 
 def _number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def noise_ok(z, accountant="rdp"):
+    """Whether `z` is 0 (clipping without noise) or in the accountant's sane range."""
+    low = PLD_MIN_NOISE if accountant == "pld" else MIN_NOISE
+    return _number(z) and (z == 0 or low <= z <= MAX_NOISE)
+
+
+def noise_range(accountant="rdp"):
+    low = PLD_MIN_NOISE if accountant == "pld" else MIN_NOISE
+    return f"0 (clipping without noise) or a number in [{low:g}, {MAX_NOISE:g}]"
 
 
 @dataclass(frozen=True)
@@ -64,14 +83,18 @@ class PrivacyConfig:
         c.require(isinstance(self.adaptive_clip, bool), "adaptive_clip", self.adaptive_clip,
                   "must be true or false")
         c.require(_number(self.clip) and self.clip > 0, "clip", self.clip, "must be a number > 0")
-        c.require(_number(self.noise_multiplier) and self.noise_multiplier >= 0, "noise_multiplier",
-                  self.noise_multiplier, "must be a number >= 0")
+        c.require(noise_ok(self.noise_multiplier, self.accountant), "noise_multiplier", self.noise_multiplier,
+                  f"must be {noise_range(self.accountant)}" + (" with accountant pld (its grid grows as 1/z^2)"
+                                                               if self.accountant == "pld" else ""))
         c.require(_number(self.delta) and 0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
-        c.require(self.target_epsilon is None or (_number(self.target_epsilon) and self.target_epsilon > 0),
-                  "target_epsilon", self.target_epsilon, "must be a number > 0 or null")
+        c.require(self.target_epsilon is None
+                  or (_number(self.target_epsilon) and MIN_EPSILON <= self.target_epsilon <= MAX_EPSILON),
+                  "target_epsilon", self.target_epsilon,
+                  f"must be a number in [{MIN_EPSILON:g}, {MAX_EPSILON:g}] or null")
         c.require(_number(self.target_quantile) and 0 < self.target_quantile < 1, "target_quantile",
                   self.target_quantile, "must be in (0, 1)")
-        c.require(_number(self.clip_lr) and self.clip_lr > 0, "clip_lr", self.clip_lr, "must be a number > 0")
+        c.require(_number(self.clip_lr) and 0 < self.clip_lr <= MAX_CLIP_LR, "clip_lr", self.clip_lr,
+                  f"must be a number in (0, {MAX_CLIP_LR:g}]")
         c.require(self.clip_count_stddev is None
                   or (_number(self.clip_count_stddev) and self.clip_count_stddev > 0),
                   "clip_count_stddev", self.clip_count_stddev, "must be a number > 0 or null")

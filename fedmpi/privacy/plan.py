@@ -9,6 +9,7 @@ from fedmpi.algorithms.registry import lookup
 from fedmpi.core.errors import ConfigError
 from fedmpi.privacy import accounting
 from fedmpi.privacy.accounting import Sampling
+from fedmpi.privacy.keys import noise_ok, noise_range
 from fedmpi.privacy.mechanism import AdaptiveClip, adjusted_noise_multiplier, default_count_stddev
 
 
@@ -89,10 +90,19 @@ def resolve(privacy, sampling: Sampling, rounds: int, noise_multiplier=None) -> 
         if privacy.target_epsilon is not None:
             z = accounting.noise_for_epsilon(privacy.target_epsilon, rounds, privacy.delta, sampling,
                                              privacy.accountant)
+            _check_calibrated(privacy, z)
     sigma_b = count_stddev(privacy, sampling) if privacy.adaptive_clip else None
     z_update = z if sigma_b is None else adjusted_noise_multiplier(z, sigma_b)
     eps = accounting.epsilon(rounds, privacy.delta, sampling, z, privacy.accountant)
     return PrivacyPlan(z, z_update, sigma_b, sampling, int(rounds), privacy.delta, privacy.accountant, eps)
+
+
+def _check_calibrated(privacy, z):
+    """The z that target_epsilon picked must lie in noise_multiplier's range too (docs/privacy.md)."""
+    if not noise_ok(z, privacy.accountant):
+        raise ConfigError(f"privacy.target_epsilon = {privacy.target_epsilon:g}: needs noise multiplier {z:.4g} "
+                          f"here, outside the range noise_multiplier allows "
+                          f"({noise_range(privacy.accountant)}); choose another target_epsilon")
 
 
 def make_adaptive_clip(privacy, plan: PrivacyPlan):

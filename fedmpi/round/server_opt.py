@@ -27,6 +27,9 @@ import torch
 from fedmpi.algorithms.state import ServerVectors
 
 OPTIMIZERS: dict = {}
+# The optimizer keys of ServerConfig whose use depends on the rule (betas split into b1 and b2: adagrad
+# reads only b1).
+UNUSED_CHECKED = ("momentum", "betas[0]", "betas[1]", "tau")
 
 
 def register_optimizer(cls):
@@ -36,6 +39,9 @@ def register_optimizer(cls):
 
 class ServerOptimizer(abc.ABC):
     name = ""
+    # The ServerConfig keys this rule reads, of UNUSED_CHECKED ("betas[1]" is b2 alone); None: not declared
+    # (a plug-in optimizer), nothing is refused. ServerConfig refuses a non-default value of the others.
+    uses: tuple | None = None
 
     def __init__(self, server_cfg, dim, n_params):
         self.cfg, self.dim, self.n_params = server_cfg, dim, n_params
@@ -69,6 +75,7 @@ class ServerOptimizer(abc.ABC):
 @register_optimizer
 class Sgd(ServerOptimizer):
     name = "sgd"
+    uses = ()
 
     def __init__(self, server_cfg, dim, n_params):
         super().__init__(server_cfg, dim, n_params)
@@ -86,6 +93,7 @@ class Sgd(ServerOptimizer):
 @register_optimizer
 class AvgM(ServerOptimizer):
     name = "avgm"
+    uses = ("momentum",)
 
     def __init__(self, server_cfg, dim, n_params):
         super().__init__(server_cfg, dim, n_params)
@@ -99,6 +107,8 @@ class AvgM(ServerOptimizer):
 
 class _Adaptive(ServerOptimizer):
     """Reddi et al.'s Algorithm 2; subclasses differ in the second-moment rule."""
+
+    uses = ("betas[0]", "betas[1]", "tau")
 
     def __init__(self, server_cfg, dim, n_params):
         super().__init__(server_cfg, dim, n_params)
@@ -137,6 +147,7 @@ class Yogi(_Adaptive):
 @register_optimizer
 class Adagrad(_Adaptive):
     name = "adagrad"
+    uses = ("betas[0]", "tau")        # v = v + u^2: no b2
 
     def second_moment_(self, v, sq):
         v.add_(sq)
