@@ -562,3 +562,16 @@ def test_known_finding_exits_2_without_a_traceback(work, name):
     outcome = cli("run", path, *args)
     assert outcome.problems((2,)) == [] and outcome.code == 2, (outcome.code, outcome.err[-2000:], outcome.crash)
     assert snapshot(case.out) == case.before
+
+
+def test_the_bounds_trip():
+    """The per-example bounds are real: a sleep past the time bound and an allocation past the address-space
+    bound both end the example."""
+    import time
+
+    from fuzz_support import Hung, bounded
+
+    with pytest.raises(Hung), bounded(seconds=0.2):
+        time.sleep(5)
+    with pytest.raises(MemoryError), bounded(extra=256 << 20):
+        bytearray(2 << 30)
