@@ -102,39 +102,12 @@ class Outcome:
             found.append("a traceback in stderr")
         return found
 
-    def known(self):
-        """The name of a known finding (KNOWN) this outcome shows, or None."""
-        text = (self.crash or "") + self.err
-        return next((name for name, sign in KNOWN.items() if sign in text), None)
-
     def check(self, allowed=(0, 2), what=""):
         problems = self.problems(allowed)
-        if problems and self.known():
-            SEEN.add(self.known())
-            if os.environ.get("FUZZ_LOG"):
-                with open(os.environ["FUZZ_LOG"], "a") as fh:
-                    last = (self.crash or self.err).strip().splitlines()[-1:]
-                    fh.write(f"{self.known()}: {what!r:.300} :: {last!r:.300}\n")
-            return
         assert not problems, (f"{what}\n" + "\n".join(problems) + f"\n--- stderr:\n{self.err[-3000:]}"
                               f"\n--- stdout:\n{self.out[-1500:]}")
 
 
-# Findings in code another change is fixing (issue 29, findings 6-7), each with its xfail(strict=True) test in
-# test_fuzz.py (KNOWN_CASES): generated examples that show them are let pass here, recognised by the text
-# they fail with, so that the rest of the suite keeps looking. Remove an entry once its fix is merged (its
-# xfail test flips first). FUZZ_LOG=FILE lists the examples let pass.
-KNOWN = {
-    "integers over 4,300 digits": "Exceeds the limit (4300 digits) for integer string conversion",
-    "YAML tags with bad content": "yaml/constructor.py",
-    "control characters in a config or override": "yaml.reader.ReaderError",
-    "a NUL in out": "embedded null byte",
-    "seed >= 2^64": "has no native HDF5 equivalent",
-    "privacy.noise_multiplier extremes": "Numerical result out of range",
-    "runtime.client_state_memory of 400 digits": "cannot convert float infinity to integer",
-    "a LEAF Shakespeare string with a lone surrogate": "'utf-32-le' codec can't encode",
-}
-SEEN = set()
 
 
 def cli(*argv, seconds=EXAMPLE_SECONDS, extra=EXTRA_ADDRESS_SPACE):
