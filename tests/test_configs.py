@@ -275,14 +275,15 @@ def check_config(cfg):
     s = cfg.server.clients_per_round if cfg.server.lr != 1.0 else min(cfg.server.clients_per_round, CHECK_CLIENTS)
     d.update(rounds=3, out="runs/check")
     d["runtime"] = {"threads": 1, "progress": "off"}
-    if cfg.partition.scheme != "natural":
-        d["partition"]["scheme"] = "iid"      # aligned updates: the harshest case for a server step size
-    d["partition"].update(clients=s, samples_per_client=None, min_samples=1)
+    # aligned updates (iid): the harshest case for a server step size; the other schemes' keys, which iid does
+    # not read, are dropped (they would be refused)
+    d["partition"] = {"scheme": cfg.partition.scheme if cfg.partition.scheme == "natural" else "iid",
+                      "clients": s, "samples_per_client": None}
     d["server"]["clients_per_round"] = s
     d["client"].update(batch_size=min(cfg.client.batch_size, CHECK_BATCH), epochs=1,
                        steps=CHECK_STEPS.get(cfg.model.name, 3), vectorize="off")
     if cfg.server_data.wanted:
-        d["server_data"].update(size=CHECK_SERVER_SET, fraction=None, holdout=0, scheme="iid")
+        d["server_data"] = {"size": CHECK_SERVER_SET, "source": cfg.server_data.source, "scheme": "iid"}
     for key in ("pretrain_epochs", "warmup_epochs"):
         if d["algorithm"].get(key):
             d["algorithm"][key] = 2

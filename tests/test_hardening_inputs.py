@@ -260,6 +260,62 @@ def test_server_optimizer_keys_used_or_at_default_are_accepted():
         assert config.from_dict({"server": server})
 
 
+# One case per section: (the section's mapping, the key refused, the message's form and the forms reading it).
+NO_EFFECT = [
+    ({"partition": {"scheme": "iid", "beta": 0.1}}, "partition.beta = 0.1",
+     "partition.scheme 'iid' (only by dirichlet, quantity)"),
+    ({"partition": {"scheme": "dirichlet", "shards_per_client": 5}}, "partition.shards_per_client = 5",
+     "partition.scheme 'dirichlet' (only by shards)"),
+    ({"partition": {"scheme": "labels", "groups": [{"clients": 30, "labels": [1]}]}},
+     "partition.groups = ((30, (...)),)", "partition.scheme 'labels' (only by groups)"),
+    ({"server_data": {"size": 10, "scheme": "iid", "classes": 3}}, "server_data.classes = 3",
+     "server_data.scheme 'iid' (only by classes)"),
+    ({"server_data": {"size": 10, "scheme": "classes", "beta": 2.0}}, "server_data.beta = 2.0",
+     "server_data.scheme 'classes' (only by dirichlet)"),
+    ({"data": {"name": "mnist5k", "alpha": 0.5}}, "data.alpha = 0.5", "data.name 'mnist5k' (only by synthetic)"),
+    ({"data": {"name": "mnist", "split": "digits"}}, "data.split = 'digits'", "data.name 'mnist' (only by emnist)"),
+    ({"data": {"name": "synthetic", "download": True}}, "data.download = True", "data.name 'synthetic' (only by"),
+    ({"client": {"compress": {"name": "sign", "fraction": 0.1}}}, "client.compress.fraction = 0.1",
+     "client.compress.name 'sign' (only by topk, randk)"),
+    ({"client": {"compress": {"name": "topk", "levels": 4}}}, "client.compress.levels = 4",
+     "client.compress.name 'topk' (only by qsgd)"),
+    ({"clients": {"speed": {"kind": "fixed", "sigma": 1.0}}}, "clients.speed.sigma = 1.0",
+     "clients.speed.kind 'fixed' (only by lognormal)"),
+    ({"clients": {"bandwidth": {"kind": "trace", "trace": "bw.csv", "up": 5.0}}}, "clients.bandwidth.up = 5.0",
+     "clients.bandwidth.kind 'trace' (only by fixed, lognormal)"),
+]
+
+
+@pytest.mark.parametrize("mapping, refused_key, form", NO_EFFECT, ids=[case[1].split(" =")[0] for case in NO_EFFECT])
+def test_keys_the_chosen_form_does_not_read_are_refused(mapping, refused_key, form):
+    messages = problems(mapping)
+    assert len(messages) == 1 and messages[0].startswith(f"{refused_key}: is not used by {form}"), messages
+    assert messages[0].endswith("that uses it"), messages
+
+
+FORM_KEYS = ("scheme", "name", "kind", "size", "trace")     # what the cases choose; the rest is set back
+
+
+def _at_default(mapping, default):
+    """`mapping` (a copy) with every key but the form's set to its value in `default` (Config().to_dict())."""
+    return {key: _at_default(value, default[key]) if isinstance(value, dict)
+            else value if key in FORM_KEYS else default[key] for key, value in mapping.items()}
+
+
+@pytest.mark.parametrize("mapping", [case[0] for case in NO_EFFECT], ids=[case[1].split(" =")[0] for case in NO_EFFECT])
+def test_the_same_keys_at_their_defaults_are_accepted(mapping):
+    at_default = _at_default(mapping, config.Config().to_dict())
+    assert at_default != mapping and config.from_dict(at_default)
+
+
+def test_keys_the_chosen_form_reads_are_accepted():
+    assert config.from_dict({"partition": {"scheme": "quantity", "beta": 0.1, "min_samples": 3},
+                             "server_data": {"size": 10, "scheme": "classes", "classes": 3},
+                             "data": {"name": "emnist", "split": "digits", "download": True},
+                             "client": {"compress": {"name": "qsgd", "levels": 4}},
+                             "clients": {"speed": {"kind": "lognormal", "value": 3.0, "sigma": 1.0}}})
+
+
 def test_privacy_keys_stay_accepted_without_their_mechanism():
     # Deliberately not refused: with mechanism none the section is inert (left out of the hash), so that one
     # config serves both the DP runs and the no-DP baseline (`privacy.mechanism=none`), as docs/privacy.md says.

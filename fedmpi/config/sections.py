@@ -9,6 +9,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Literal
 
 from fedmpi.core.config_checks import Checks as _Checks
+from fedmpi.core.config_checks import refuse_unused
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.schedules import ScheduleConfig
 from fedmpi.deploy.keys import CompressConfig, DeadlineConfig
@@ -66,6 +67,10 @@ class DataConfig:
         c.require(self.alpha >= 0, "alpha", self.alpha, "must be >= 0")
         c.require(self.beta >= 0, "beta", self.beta, "must be >= 0")
         c.require(self.classes is None or self.classes >= 2, "classes", self.classes, "must be >= 2 or null")
+        if not c.errors:
+            from fedmpi.data.sources import USES
+
+            refuse_unused(c, self, "name", USES, "data set")
         c.done()
 
 
@@ -102,6 +107,10 @@ class PartitionConfig:
             c.require(self.scheme != "groups" or (groups and total == self.clients), "groups", self.groups,
                       f"partition.scheme = 'groups' needs groups whose clients add up to partition.clients "
                       f"({self.clients}); they add up to {total}")
+        if not c.errors:
+            from fedmpi.data.partition import USES
+
+            refuse_unused(c, self, "scheme", USES, "scheme")
         c.done()
 
 
@@ -123,6 +132,11 @@ def _label_groups(value):
             return None
         groups.append((k, tuple(sorted(set(labels)))))
     return tuple(groups)
+
+
+# The server_data keys each scheme reads (fedmpi.data.server_set.draw_server_set); ServerDataConfig refuses a
+# key only the other scheme reads, set to a value other than its default.
+SERVER_SET_USES = {"iid": (), "classes": ("classes",), "dirichlet": ("beta",)}
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,8 @@ class ServerDataConfig:
                   f"(is {self.source!r})")
         c.require(self.holdout == 0 or self.size <= self.holdout, "size", self.size,
                   f"must be <= server_data.holdout ({self.holdout}), the reserve the set is drawn from")
+        if not c.errors:
+            refuse_unused(c, self, "scheme", SERVER_SET_USES, "scheme")
         c.done()
 
     @property

@@ -3,6 +3,7 @@ raise them together (one line each, naming the dotted key, the bad value and wha
 
 import difflib
 import reprlib
+from dataclasses import MISSING, fields
 
 from fedmpi.core.errors import ConfigError
 
@@ -48,3 +49,19 @@ class Checks:
 
 def dotted(section, key):
     return f"{section}.{key}" if section else key
+
+
+def refuse_unused(c, section, form_key, uses, noun):
+    """Refuses the keys of `section` (a config dataclass) that its chosen form does not read: `uses` maps each
+    form (the value of `form_key`) to the keys it reads; a key only other forms read, set to a value other
+    than its default, would change nothing without a word. A form `uses` does not declare refuses nothing.
+    Called once the section's values passed their range checks, so a bad value is reported once."""
+    form = getattr(section, form_key)
+    if form not in uses:
+        return
+    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(section)}
+    for key in sorted({k for keys in uses.values() for k in keys} - set(uses[form])):
+        users = [name for name, keys in uses.items() if key in keys]
+        c.require(getattr(section, key) == defaults[key], key, getattr(section, key),
+                  f"is not used by {dotted(c.section, form_key)} {form!r} (only by {', '.join(users)}); remove it "
+                  f"or choose a {noun} that uses it")

@@ -189,6 +189,12 @@ def groups(labels, cfg, g, pool):
 
 SCHEMES = {"iid": iid, "dirichlet": dirichlet, "labels": label_subsets, "shards": shards, "classes": classes,
            "quantity": quantity, "natural": natural, "groups": groups}
+# The partition keys each scheme reads (`clients`: all of them). PartitionConfig refuses a key only other
+# schemes read, set to a value other than its default: it would change nothing, without a word. Not
+# `samples_per_client`: the synthetic data set reads it whatever the scheme (its users' sizes).
+USES = {"iid": (), "dirichlet": ("beta", "min_samples"), "labels": ("labels_per_client",),
+        "shards": ("shards_per_client",), "classes": ("classes_per_client",), "quantity": ("beta", "min_samples"),
+        "natural": (), "groups": ("groups",)}
 
 
 def partition(dataset, cfg, pool=None):

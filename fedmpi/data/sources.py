@@ -212,3 +212,9 @@ STREAMED = {"synthetic": (synthetic_specs, synthetic_fill, lambda cfg: True),
 LOADERS = {"synthetic": synthetic, "mnist5k": mnist5k, "mnist": tv.mnist, "fashion_mnist": tv.fashion_mnist,
            "emnist": tv.emnist, "cifar10": tv.cifar10, "cifar100": tv.cifar100, "femnist": leaf.femnist,
            "shakespeare": leaf.shakespeare}
+# The data keys each source reads, of those that depend on the source (`classes` and `augment` apply to every
+# one). DataConfig refuses a key only other sources read, set to a value other than its default.
+_FILES, _DOWNLOADED = ("root",), ("root", "download")
+USES = {"synthetic": ("alpha", "beta", "iid"), "mnist5k": _FILES, "mnist": _DOWNLOADED,
+        "fashion_mnist": _DOWNLOADED, "emnist": (*_DOWNLOADED, "split"), "cifar10": _DOWNLOADED,
+        "cifar100": _DOWNLOADED, "femnist": _FILES, "shakespeare": _FILES}

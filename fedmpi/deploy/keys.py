@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, refuse_unused
 
 RATE_KINDS = ("fixed", "lognormal", "trace")
 AVAILABILITY = ("always", "bernoulli", "trace")
@@ -22,6 +22,11 @@ COMPRESSORS = ("none", "topk", "randk", "qsgd", "sign")
 # clients, so sigma <= 10 keeps it within a factor 1e39 of `value`; sigma = 1000 overflowed rates to inf and
 # 0, and simulated times to inf, in a run that still said `finished`. Traced rates take the same range.
 MAX_SIGMA = 10.0
+# The keys each form reads; a key only other forms read, set to a value other than its default, is refused
+# (a `trace` of another kind already is, by _check_rate_form).
+SPEED_USES = {"fixed": ("value",), "lognormal": ("value", "sigma"), "trace": ()}
+BANDWIDTH_USES = {"fixed": ("up", "down"), "lognormal": ("up", "down", "sigma"), "trace": ()}
+COMPRESS_USES = {"none": (), "topk": ("fraction",), "randk": ("fraction",), "qsgd": ("levels",), "sign": ()}
 MIN_RATE, MAX_RATE = 1e-6, 1e15
 
 
@@ -69,6 +74,8 @@ class SpeedConfig:
         c.require(_rate_ok(self.value), "value", self.value,
                   f"must be a number in [{MIN_RATE:g}, {MAX_RATE:g}] (steps per second)")
         c.require(_sigma_ok(self.sigma), "sigma", self.sigma, f"must be a number in [0, {MAX_SIGMA:g}]")
+        if not c.errors:
+            refuse_unused(c, self, "kind", SPEED_USES, "kind")
         c.done()
 
 
@@ -96,6 +103,8 @@ class BandwidthConfig:
             c.require(_rate_ok(value), key, value,
                       f"must be a number in [{MIN_RATE:g}, {MAX_RATE:g}] (bytes per second)")
         c.require(_sigma_ok(self.sigma), "sigma", self.sigma, f"must be a number in [0, {MAX_SIGMA:g}]")
+        if not c.errors:
+            refuse_unused(c, self, "kind", BANDWIDTH_USES, "kind")
         c.done()
 
 
@@ -170,6 +179,8 @@ class CompressConfig:
                   "levels", self.levels, "must be a positive integer")
         c.require(not self.error_feedback or self.name != "none", "error_feedback", self.error_feedback,
                   "needs a compressor (name is none, so there is no residual to feed back)")
+        if not c.errors:
+            refuse_unused(c, self, "name", COMPRESS_USES, "compressor")
         c.done()
 
 
