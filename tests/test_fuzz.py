@@ -56,9 +56,9 @@ from hypothesis import strategies as st
 from fedmpi.io.checkpoint import checksum_of
 
 
-def tiny(out, **sections):
+def tiny(folder, **sections):
     """A tiny real run as YAML fragments: synthetic data, 2 clients, 1 round, the lr model, a checkpoint."""
-    base = {"seed": "1", "rounds": "1", "out": quoted(str(out)),
+    base = {"seed": "1", "rounds": "1", "out": quoted(str(folder)),
             "data": {"name": "synthetic"}, "partition": {"clients": "2", "scheme": "iid", "samples_per_client": "20"},
             "model": {"name": "lr"}, "client": {"batch_size": "10"}, "server": {"clients_per_round": "2"},
             "checkpoint": {"every": "1"}, "runtime": {"threads": "1", "progress": "'off'"}}
