@@ -149,15 +149,21 @@ def test_state_with_a_fresh_template_keeps_its_dimensions_and_kinds():
         check_like("C.h5", "participation", {"in_flight_cid": np.zeros((2, 2), dtype=np.int64)}, fresh, "p")
 
 
-def test_stored_config_is_compared_without_importing_what_it_names(tmp_path, monkeypatch):
-    cfg = make_cfg(tmp_path / "run")
-    path = write_ckpt(cfg)
+def _store_plugin_config(tmp_path, monkeypatch, cfg, path):
+    """Rewrites checkpoint `path`'s stored config to name the importable plug-in PROBE:Algo (checksum kept);
+    returns the file PROBE's module creates if it is ever imported."""
     marker = tmp_path / "imported"
     probe_module(tmp_path, marker)
     monkeypatch.syspath_prepend(str(tmp_path))
     text = re.sub(r"(algorithm:\n  name:) fedavg", rf"\1 {PROBE}:Algo", cfg.to_yaml())
     assert PROBE in text
     tamper(path, set_attr("config", text))
+    return marker
+
+
+def test_stored_config_is_compared_without_importing_what_it_names(tmp_path, monkeypatch):
+    cfg = make_cfg(tmp_path / "run")
+    marker = _store_plugin_config(tmp_path, monkeypatch, cfg, write_ckpt(cfg))
     with pytest.raises(ConfigError, match=rf"differs .* in algorithm.name(.|\n)*checkpoint '{PROBE}:Algo', "
                                           r"now 'fedavg'"):
         resume.choose(cfg, say=lambda text: None)
@@ -167,10 +173,7 @@ def test_stored_config_is_compared_without_importing_what_it_names(tmp_path, mon
 def test_a_fork_reads_its_parents_config_without_importing_what_it_names(tmp_path, monkeypatch):
     parent = make_cfg(tmp_path / "parent")
     path = write_ckpt(parent)
-    marker = tmp_path / "imported"
-    probe_module(tmp_path, marker)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    tamper(path, set_attr("config", re.sub(r"(algorithm:\n  name:) fedavg", rf"\1 {PROBE}:Algo", parent.to_yaml())))
+    marker = _store_plugin_config(tmp_path, monkeypatch, parent, path)
     point = fork.choose(make_cfg(tmp_path / "child"), f"{tmp_path / 'parent'}@2")
     assert point.round == 2 and point.partial and not marker.exists() and PROBE not in sys.modules
     tamper(path, replace("global", np.arange(10, dtype=np.int8)))
