@@ -18,7 +18,7 @@ from fedmpi import config
 from fedmpi.cli import main
 from fedmpi.core.errors import EXIT_USAGE, ConfigError, InputError
 from fedmpi.data import load_dataset
-from fedmpi.data.torchvision_sources import read_cifar_batch
+from fedmpi.data.cifar_batches import read_cifar_batch
 from fedmpi.io import checkpoint
 from fedmpi.mpi.runtime import parse_bytes
 from fedmpi.privacy.keys import MAX_NOISE, MIN_NOISE
