@@ -32,9 +32,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedmpi.algorithms.base import Algorithm
+from fedmpi.algorithms.state import ClientStateStore
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.timing import Timer
 from fedmpi.mpi import signals
+from fedmpi.mpi.base import Comm
+from fedmpi.plans.base import Participation
+from fedmpi.round.clients import ClientHost
 from fedmpi.round.drift import ClientDrift
-from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER
+from fedmpi.round.evaluation import SplitEvaluation
+from fedmpi.round.server import Server
+from fedmpi.round.shadow import Shadow
+from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
 
 
 @dataclass(frozen=True)
@@ -42,18 +52,18 @@ class RoundParts:
     """What a round works with on one rank, assembled once by `Experiment`. `server` and `shadow` are None
     off rank 0 (the shadow also without eval.divergence); `state` is the protocol's own state across rounds."""
 
-    algo: object                # fedmpi.base.Algorithm
-    clients: object             # fedmpi.round.clients.ClientHost
-    wire: object                # fedmpi.round.wire.RoundBuffers
-    server: object              # fedmpi.round.server.Server, or None
-    participation: object       # fedmpi.plans.base.Participation
-    stages: tuple               # the upload stages (fedmpi.uploads.base)
-    evaluation: object          # fedmpi.round.evaluation.SplitEvaluation
-    shadow: object              # fedmpi.round.shadow.Shadow, or None
-    client_store: object        # fedmpi.algorithms.state.ClientStateStore
-    comm: object                # fedmpi.mpi.comm.MpiComm or LocalComm
-    timer: object               # the communicator's fedmpi.core.timing.Timer
-    flat: object                # fedmpi.core.flat.FlatModel
+    algo: Algorithm
+    clients: ClientHost
+    wire: RoundBuffers
+    server: Server | None       # rank 0 only
+    participation: Participation
+    stages: tuple               # the upload stages (fedmpi.uploads.base.UploadStage), in upload order
+    evaluation: SplitEvaluation
+    shadow: Shadow | None       # rank 0 with eval.divergence only
+    client_store: ClientStateStore
+    comm: Comm                  # MpiComm or LocalComm
+    timer: Timer                # the communicator's
+    flat: FlatModel
     test_set: Callable          # () -> (x_test, y_test) on the device, for the shadow's accuracy
     protocol: Family             # fedmpi.round.protocols: how uploads travel: REDUCE, GATHER, ROUTE or BUFFER
     state: object               # what `protocol.new_state` made
