@@ -10,8 +10,9 @@ from fedmpi import config
 from fedmpi.core.errors import ConfigError
 from fedmpi.run.api import as_config
 
-OVERRIDES = {"runtime.progress": "off", "server.tau": 1e-5, "server.betas": [0.5, 0.75], "algorithm.name": "fedprox",
-             "algorithm.mu": 0.5}
+# adam: the optimizer that reads tau and betas (keys another optimizer does not read are refused)
+OVERRIDES = {"runtime.progress": "off", "server.optimizer": "adam", "server.tau": 1e-5, "server.betas": [0.5, 0.75],
+             "algorithm.name": "fedprox", "algorithm.mu": 0.5}
 
 
 def check(cfg):
