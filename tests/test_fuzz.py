@@ -13,7 +13,7 @@ synthetic data, 2-3 clients, 1 round, a few tenths of a second); a few run `pyth
 where a real process matters (its exit status, its stderr, RLIMIT_AS of its own).
 
 Profiles: CI (the default) draws a fixed set of examples (derandomize=True, no example database), the whole
-file taking about a minute; FEDMPI_FUZZ=nightly draws 20x as many, fresh each run (a failure prints the blob
+file taking about half a minute; FEDMPI_FUZZ=nightly draws 20x as many, fresh each run (a failure prints the blob
 that reproduces it: @reproduce_failure).
 
 Each of issue 29's findings 6 and 7 also has its own case here (`FINDINGS`): the generators reach the first
@@ -141,7 +141,7 @@ def test_the_fields_are_the_config_dataclasses_own():
 
 # --- configs and overrides ----------------------------------------------------------------------------------
 
-@examples(240)
+@examples(120)
 @given(entries=config_entries(DRY_FIELDS, sizes="any"))
 def test_a_generated_config_file_dry_runs_or_is_refused(work, entries):
     case = Case(work)
@@ -160,7 +160,7 @@ def overrides(fields, sizes, max_keys=4):
     return st.tuples(entry, bad).map(lambda p: p[0] + p[1])
 
 
-@examples(240)
+@examples(120)
 @given(items=overrides(DRY_FIELDS, "any"))
 def test_generated_overrides_dry_run_or_are_refused(work, items):
     case = Case(work)
@@ -172,7 +172,7 @@ MODES = ([], ["--overwrite"], ["--overwrite"], ["--resume", "rounds=2"], ["--for
          ["--fork-from", "PARENT@1", "--overwrite"])
 
 
-@examples(100)
+@examples(50)
 @given(items=overrides(REAL_FIELDS, "small", max_keys=2), mode=st.sampled_from(MODES))
 def test_generated_overrides_on_a_real_run_keep_the_old_run_unless_it_succeeds(work, items, mode):
     case = Case(work)
@@ -186,7 +186,7 @@ def test_generated_overrides_on_a_real_run_keep_the_old_run_unless_it_succeeds(w
     case.check(outcome, (items, mode))
 
 
-@examples(120)
+@examples(60)
 @given(data=st.data())
 def test_a_damaged_config_file_is_refused_or_runs(work, data):
     case = Case(work)
@@ -232,7 +232,7 @@ def leaf_text(blob):
     return json.dumps(blob, allow_nan=True)
 
 
-@examples(100)
+@examples(50)
 @given(kind=st.sampled_from(["femnist", "shakespeare"]), data=st.data())
 def test_generated_leaf_files_run_or_are_refused(work, kind, data):
     case = Case(work)
@@ -276,7 +276,7 @@ def idx_bytes(draw, ndim, count):
     return blob[:draw(st.integers(0, len(blob) - 1))] if fault == "truncated" and blob else blob
 
 
-@examples(100)
+@examples(50)
 @given(data=st.data())
 def test_generated_idx_files_run_or_are_refused(work, data):
     case = Case(work)
@@ -332,7 +332,7 @@ def cifar_batch(draw, marker):
                           st.integers(0, len(blob)).map(lambda i: blob[:i])))
 
 
-@examples(120)
+@examples(60)
 @given(data=st.data())
 def test_generated_cifar_batches_never_run_code(work, data):
     case = Case(work)
@@ -379,7 +379,7 @@ def trace_text(draw, which):
     return "\n".join([head, *rows, *extra]) + draw(st.sampled_from(["\n", "", "\r\n"]))
 
 
-@examples(120)
+@examples(60)
 @given(which=st.sampled_from(sorted(TRACES)), data=st.data())
 def test_generated_traces_run_or_are_refused(work, which, data):
     case = Case(work)
@@ -450,7 +450,7 @@ def perturb(path, kind, where, value):
         f.attrs["checksum"] = checksum_of(f)
 
 
-@examples(150)
+@examples(75)
 @given(changes=st.lists(perturbation(), min_size=1, max_size=2), rounds=st.sampled_from(["2", "3"]))
 @example(changes=[("dtype", "global", "i1")], rounds="2")
 @example(changes=[("shape", "clients/0/c_i", (609,))], rounds="2")
