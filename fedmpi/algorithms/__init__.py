@@ -17,7 +17,7 @@ from fedmpi.algorithms.registry import lookup, register
 
 def algorithm_context(cfg, dim, n_params, history=None) -> AlgorithmContext:
     """The context an algorithm of this config is built with. `history` answers `selected(t)`: a run passes
-    its participation provider's plans (`PlanHistory(experiment.plan)`); without one (hook tests,
+    its participation provider's plans (`PlanHistory(participation.plan)`); without one (hook tests,
     `--dry-run`) it is the standard draw, which the default provider plans."""
     c = cfg.client
     client = ClientTraining(lr=c.lr, batch_size=c.batch_size, epochs=c.epochs, steps=c.steps, momentum=c.momentum,
