@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from fedmpi.attacks.keys import AttackConfig
 from fedmpi.config import yamlio
 from fedmpi.config.build import algorithm_keys
 from fedmpi.config.build import build_section as _build
@@ -61,6 +62,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)     # malicious clients (fedmpi.attacks)
 
     def __post_init__(self):
         c = _Checks("")
@@ -109,7 +111,7 @@ RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients
 # as it was belongs here; one that changes the computation by default does not.
 HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.tau", "server.lr_schedule",
                  "client.lr_schedule", "eval.divergence", "eval.client_drift", "clients", "client.compress",
-                 "server.deadline", "server.over_select", "server.sampling", "privacy")
+                 "server.deadline", "server.over_select", "server.sampling", "privacy", "attack")
 
 
 @functools.cache

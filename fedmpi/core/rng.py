@@ -13,6 +13,10 @@ INIT, SELECT, CLIENT, DATA, PARTITION, SERVER, CENTRAL = range(7)
 # Later purposes: client-level DP noise, availability and dropout, the simulated clock (speeds, bandwidths),
 # update compression, and the centralized shadow model of the weight-divergence instrument.
 PRIVACY, AVAILABILITY, DROPOUT, CLOCK, COMPRESS, SHADOW = range(7, 13)
+# Personalization, attacks and secure aggregation: each client's local test split, fine-tuning before a local
+# evaluation, the malicious set and the attacks' own draws, personal models' extra randomness, the secure
+# aggregation's pairwise and self masks, its shares and its stochastic rounding.
+LOCAL_TEST, FINETUNE, ATTACK, PERSONAL, SECAGG = range(13, 18)
 
 
 def stream(seed, purpose, *keys) -> np.random.Generator:

@@ -1,0 +1,24 @@
+"""Adversarial clients (issue 25): the malicious set, data poisoning and model poisoning."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
+
+
+def malicious_clients(attack, num_clients, seed) -> np.ndarray:
+    """The run's malicious client ids, sorted: `attack.clients`, or round(fraction * N) clients drawn once
+    from the seed's own stream (the same at every -n and after a resume); empty without an attack."""
+    if attack.name == "none":
+        return np.zeros(0, dtype=np.int64)
+    if attack.clients:
+        ids = np.array(sorted(set(attack.clients)), dtype=np.int64)
+        if ids[-1] >= num_clients:
+            raise ConfigError(f"attack.clients: client {int(ids[-1])} does not exist "
+                              f"(partition.clients = {num_clients}: ids 0..{num_clients - 1})")
+        return ids
+    count = int(round(attack.fraction * num_clients))
+    g = rng.stream(seed, rng.ATTACK)
+    return np.sort(g.choice(num_clients, size=count, replace=False)).astype(np.int64)
