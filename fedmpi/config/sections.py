@@ -190,6 +190,7 @@ class ModelConfig:
     # fnmatch patterns over parameter/buffer names (named_parameters, named_buffers) whose entries each client
     # keeps for itself (personalized FL, fedmpi.core.personal); [] = everything is shared
     personal: tuple[str, ...] = ()
+    mlp_norm: Literal["none", "batch"] = "none"   # mlp: BatchNorm1d after each hidden layer (FedBN on a small model)
 
     def __post_init__(self):
         c = _Checks("model")
