@@ -40,6 +40,9 @@ def _parser():
     rep.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
     rep.add_argument("--classes", action="store_true",
                      help="per run, the final accuracy of each class, worst first, beside the clients' label counts")
+    rep.add_argument("--clients", action="store_true",
+                     help="the local-accuracy distribution per run (mean, worst 10%%, std, share below global; "
+                          "eval.local_every); with --plot: FILE-RUN-clients.png, its CDF beside the global curve")
     rep.add_argument("--timing", action="store_true",
                      help="per run, mean seconds per round of each phase on each rank (with --plot: FILE-timing.png)")
     ver = sub.add_parser("verify", help="where two runs' models part (exit 0 identical, 1 they differ)")
@@ -160,7 +163,7 @@ def _run(args):
 
 
 def _dry_run(cfg):
-    from fedmpi.algorithms import algorithm_context
+    from fedmpi.algorithms import algorithm_context, personal_split
     from fedmpi.algorithms.registry import lookup
     from fedmpi.analysis.report import partition_summary, server_summary
     from fedmpi.core import rng
@@ -187,7 +190,8 @@ def _dry_run(cfg):
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
     algo_cls = lookup(cfg.algorithm.name)
     algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
-    algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params))
+    personal = personal_split(cfg, flat, algo_cls)      # bad model.personal patterns are refused here too
+    algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     from fedmpi.privacy.stage import dry_run_lines
@@ -208,7 +212,8 @@ def _report(args):
     from fedmpi.analysis import report_command
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
-                          x=args.x, fmt=args.format, classes=args.classes, timing=args.timing)
+                          x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
+                          clients=args.clients)
 
 
 def _verify(args):
