@@ -274,3 +274,18 @@ def test_multi_krum_under_min_sum_logs_weights_and_detection(tmp_path):
     assert len(metrics["detect_recall"]) == 3 and np.all(metrics["honest_excluded"] <= 1)
     weights = clients["robust_weight"]
     assert np.allclose(np.nansum(weights, axis=1), 1.0) and ((weights > 0).sum(axis=1) == 3).all()
+
+
+def test_privacy_is_refused_and_dry_run_states_the_bound():
+    from fedmpi.algorithms.fedavg import FedAvg
+    from fedmpi.round.robust_setup import check_robust, dry_run_line
+
+    cfg = config.from_dict({"privacy": {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0},
+                            "server": {"aggregator": "median"}})
+    with pytest.raises(ConfigError, match="privacy.mechanism"):
+        check_robust(cfg, FedAvg)
+    cfg = config.from_dict({"partition": {"clients": 100}, "runtime": {"gather_memory": "256MB"},
+                            "server": {"aggregator": "median", "clients_per_round": 100}})
+    line = dry_run_line(cfg, 1756426)      # 256 MB / (100 x 4096 x 32 B) = 19 blocks of 4096 a chunk
+    assert "23 chunk(s) of 77824 coordinates" in line and "249.0 MB" in line
+    assert dry_run_line(config.from_dict({}), 1756426) == ""
