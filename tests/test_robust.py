@@ -289,3 +289,17 @@ def test_privacy_is_refused_and_dry_run_states_the_bound():
     line = dry_run_line(cfg, 1756426)      # 256 MB / (100 x 4096 x 32 B) = 19 blocks of 4096 a chunk
     assert "23 chunk(s) of 77824 coordinates" in line and "249.0 MB" in line
     assert dry_run_line(config.from_dict({}), 1756426) == ""
+
+
+def test_a_rule_at_its_fedavg_limit_composes_with_the_server_optimizer(tmp_path):
+    """Multi-Krum with f = 0 and m = n is the weighted mean: under avgm and a decaying server lr it must give
+    FedAvg's run (the rule's output is what the optimizer steps with, round after round)."""
+    runs = {}
+    for name, server in [("fedavg", {}), ("multi_krum", {"aggregator": "multi_krum", "robust": {"f": 0, "m": 5}})]:
+        out = tmp_path / name
+        cfg = small_config(out, server={"clients_per_round": 5, "optimizer": "avgm", "momentum": 0.5,
+                                        "lr_schedule": {"name": "step", "step_rounds": 1, "gamma": 0.5}, **server},
+                           runtime={"threads": 1, "progress": "off", "gather_memory": 1})
+        assert main(["run", str(write_config(tmp_path / f"{name}.yaml", cfg))]) == 0
+        runs[name] = final_model(out)[0]
+    assert np.allclose(runs["fedavg"], runs["multi_krum"], rtol=1e-5, atol=1e-7)

@@ -16,8 +16,7 @@ RUNS = {
     "min_max_trimmed": ({"aggregator": "trimmed_mean", "robust": {"beta": 0.2}}, {"name": "min_max", "fraction": 0.25}),
     "min_sum_bulyan": ({"aggregator": "bulyan", "clients_per_round": 7, "robust": {"f": 1}},
                        {"name": "min_sum", "fraction": 0.25, "perturbation": "unit"}),
-    "fltrust": ({"aggregator": "fltrust"}, {"name": "alie", "fraction": 0.25}),
-    "geomed": ({"aggregator": "geomed", "robust": {"iterations": 2}}, {"name": "min_max", "perturbation": "sign"}),
+    "fltrust": ({"aggregator": "fltrust"}, {"name": "ipm", "fraction": 0.25}),
 }
 RESUMED = ("median", "krum")
 
