@@ -191,9 +191,14 @@ def _dry_run(cfg):
     algo_cls = lookup(cfg.algorithm.name)
     algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
     personal = personal_split(cfg, flat, algo_cls)      # bad model.personal patterns are refused here too
+    from fedmpi.round.robust_setup import check_robust, dry_run_line
+
+    check_robust(cfg, algo_cls)
     algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
+    if dry_run_line(cfg, flat.dim):
+        print(dry_run_line(cfg, flat.dim))
     from fedmpi.privacy.stage import dry_run_lines
 
     for line in dry_run_lines(cfg, lookup(cfg.algorithm.name)):     # sampling and privacy: checks, epsilon

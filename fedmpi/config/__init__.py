@@ -113,7 +113,8 @@ HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.
                  "client.lr_schedule", "eval.divergence", "eval.client_drift", "clients", "client.compress",
                  "server.deadline", "server.over_select", "server.sampling", "privacy", "attack",
                  "model.personal", "model.mlp_norm", "partition.local_test", "eval.local_every", "eval.local_clients",
-                 "eval.finetune_steps")
+                 "eval.finetune_steps",
+                 "server.aggregator", "server.robust")
 
 
 @functools.cache
