@@ -251,9 +251,14 @@ class ServerConfig:
     # fixed: exactly clients_per_round clients per round; poisson: each client joins independently with
     # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/privacy.md)
     sampling: Literal["fixed", "poisson"] = "fixed"
+    # none: the server sums the clients' float updates; secagg / secagg_plus: it sees only the modular sum of
+    # masked integer uploads (the `secagg:` section, fedmpi.secagg; docs/privacy.md, "Secure aggregation")
+    secure_aggregation: Literal["none", "secagg", "secagg_plus"] = "none"
 
     def __post_init__(self):
         c = _Checks("server")
+        c.require(self.secure_aggregation in ("none", "secagg", "secagg_plus"), "secure_aggregation",
+                  self.secure_aggregation, "must be none, secagg or secagg_plus")
         c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
                   "must be a positive integer")
         c.require(self.lr > 0, "lr", self.lr, "must be > 0")

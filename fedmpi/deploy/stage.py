@@ -26,7 +26,9 @@ class CompressionStage(UploadStage):
     name = "compress"
 
     def __init__(self, cfg, algo, dim):
-        self.compression = UpdateCompression(cfg.client.compress)
+        # Under secure aggregation rand-k's indices are the round's, shared by its clients (fedmpi.secagg).
+        shared = getattr(cfg.server, "secure_aggregation", "none") != "none"
+        self.compression = UpdateCompression(cfg.client.compress, shared)
         self.seed, self.dim = cfg.seed, dim
         self.dense_rest = (algo.up_vectors - 1) * 4 * dim
         # Residuals live with their client: its updates must always be made on its host rank.
