@@ -194,7 +194,7 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
     stage.round_plan(plan)
     down = torch.randn(dim) * 0.1
     expected = np.zeros(dim, dtype=np.int64)
-    acc = torch.zeros(dim + 1, dtype=torch.float64)
+    acc = torch.zeros(dim + 2, dtype=torch.float64)
     for cid in selected[counted]:
         model = VecModel(dim)
         model.vec = down + torch.randn(dim, generator=torch.Generator().manual_seed(int(cid))) * 0.3
@@ -206,6 +206,7 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
         assert run.weight == 1.0 and run.payload_bytes > 3 * dim
         assert torch.allclose(model.vec, down + torch.from_numpy(q / 1000.0).float())
         acc[:dim] += (model.vec - down).double()
+        acc[dim:] += torch.tensor(stage.scalars(run), dtype=torch.float64)
     stage.collective(LocalComm(), plan, acc)
     assert not acc[:dim].any()          # no float update travels
     sums = acc.clone()
@@ -215,6 +216,7 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
     figures = stage.round_metrics(4)
     assert figures["secagg_failed"] == 0 and figures["secagg_survivors"] == 4 and figures["secagg_dropped"] == 2
     assert figures["secagg_messages"] == 4 * 6 + 3 * 4
+    assert figures["secagg_clipped_fraction"] == 1.0        # norms ~ 0.3 sqrt(40) > clip 0.5
 
 
 def test_the_stage_fails_the_round_below_the_threshold(tmp_path):
@@ -229,7 +231,7 @@ def test_the_stage_fails_the_round_below_the_threshold(tmp_path):
         model = VecModel(dim)
         model.vec = torch.ones(dim)
         stage.client(ClientRun(cid, 0, 5), torch.zeros(dim), model)
-    sums = torch.zeros(dim + 1, dtype=torch.float64)
+    sums = torch.zeros(dim + 2, dtype=torch.float64)
     stage.collective(LocalComm(), plan, sums)
     assert stage.server(0, sums, 4.0) == 0.0 and not sums[:dim].any()
     assert stage.round_metrics(0)["secagg_failed"] == 1.0

@@ -31,12 +31,12 @@ from fedmpi.secagg.masks import NOISE_SAMPLERS, from_ring, quantize, to_ring
 from fedmpi.secagg.protocol import masked_upload, setup, unmask
 from fedmpi.uploads.base import UploadStage
 
-MASK_SECONDS = 0        # the stage's one sum in the reduction: the clients' masking seconds
+MASK_SECONDS, CLIPPED = 0, 1    # the stage's sums in the reduction: the clients' masking seconds, updates clipped
 
 
 class SecAggStage(UploadStage):
     name = "secagg"
-    up_scalars = 1
+    up_scalars = 2
 
     @classmethod
     def check(cls, cfg, algo_cls):
@@ -55,7 +55,7 @@ class SecAggStage(UploadStage):
         self.masked_bytes = costs.masked_bytes(self.length, self.keys.bits)
         self.curve = None
         self.setup = self.plan_t = self.total = self.kept = None
-        self._mask_s = 0.0
+        self._mask_s = self._clipped = 0.0
         self._figures = {}
 
     def on_server(self):
@@ -90,7 +90,7 @@ class SecAggStage(UploadStage):
         delta = (model.vec - x).detach().to("cpu", torch.float64).numpy()
         if self.kept is not None:
             delta = delta[self.kept]
-        q, _ = quantize(delta, keys.clip, keys.scale, rng.stream(self.seed, rng.SECAGG, t, cid, agreement.ROUNDING))
+        q, norm = quantize(delta, keys.clip, keys.scale, rng.stream(self.seed, rng.SECAGG, t, cid, agreement.ROUNDING))
         sent = q
         if keys.noise != "none":
             sigma = noise_stddev(keys) / math.sqrt(len(self.setup.cohort))
@@ -109,10 +109,11 @@ class SecAggStage(UploadStage):
         run.weight = 1.0
         degree = len(self.setup.graph[cid])
         run.payload_bytes = self.masked_bytes + costs.client_cost(degree, 0, True).up
+        self._clipped = 0.0 if norm <= keys.clip else 1.0      # a NaN norm counts as clipped (it was zeroed)
         self._mask_s = time.perf_counter() - began
 
     def scalars(self, run) -> list:
-        return [self._mask_s]
+        return [self._mask_s, self._clipped]
 
     # -- rank 0, after the reductions -------------------------------------------------------------------
     def server(self, t, sums, weight) -> float:
@@ -120,8 +121,9 @@ class SecAggStage(UploadStage):
         survivors = [int(c) for c in np.asarray(plan.selected)[plan.counts_mask()]]
         result = unmask(s, self.total, survivors)
         mask_s = float(sums[self.up_offset + MASK_SECONDS])
-        sums[self.up_offset + MASK_SECONDS] = 0.0
+        clipped = float(sums[self.up_offset + CLIPPED])
         self._figures = self._costs(survivors, result, mask_s)
+        self._figures["secagg_clipped_fraction"] = clipped / len(survivors) if survivors else math.nan
         sums[: self.dim].zero_()
         if result.total is None:
             return 0.0      # the round fails: no update, the model stays as it was
