@@ -262,6 +262,8 @@ def test_bad_input_is_refused_naming_the_keys(tmp_path):
     assert "'scaffold'" in _problems(tmp_path, algorithm={"name": "scaffold"})
     assert "'fedskip'" in _problems(tmp_path, algorithm={"name": "fedskip"})
     assert "'fednova'" in _problems(tmp_path, algorithm={"name": "fednova"})
+    assert "'central'" in _problems(tmp_path, algorithm={"name": "central"})
+    assert "select at least 2" in _problems(tmp_path, server={"clients_per_round": 1})
     assert "server.sampling" in _problems(tmp_path, server={"sampling": "poisson"})
     unused = fconfig.from_dict(small_config(tmp_path, secagg={"bits": 20}))
     assert "server.secure_aggregation is none" in checks.problems(unused, lookup("fedavg"))[0]

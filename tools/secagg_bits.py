@@ -6,7 +6,7 @@
 mnist5k, the lr model, 20 clients (Dirichlet beta 0.5), 10 per round, 20 rounds, client lr 0.05, batch 20,
 one epoch; FedAvg in clear text (server.secure_aggregation none: weights n_i, no clipping), the same with
 uniform weights and the clip C (b = 64, the finest scale: what secure aggregation computes before
-quantization error), and SecAgg with b = 32, 20 and 16. For each b the scale is the largest that cannot
+quantization error), and SecAgg with b = 32, 20, 16, 12 and 8. For each b the scale is the largest that cannot
 overflow: S (ceil(C scale) + 1) < 2^(b-1). All runs go through tools/run_batch.py in one launch; the table
 (markdown) gives the final and best test accuracy, mean +- std over the seeds, and the fraction of
 updates the clip shortened.
@@ -43,7 +43,7 @@ def largest_scale(bits, cohort=COHORT, clip=CLIP):
 
 def settings():
     out = {"clear": {}}
-    for bits in (64, 32, 20, 16):
+    for bits in (64, 32, 20, 16, 12, 8):
         scale = min(largest_scale(bits), 2.0 ** 40)
         out[f"b{bits}"] = {"server": {"clients_per_round": COHORT, "secure_aggregation": "secagg"},
                            "secagg": {"bits": bits, "clip": CLIP, "scale": scale}}

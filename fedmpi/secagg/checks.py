@@ -73,6 +73,12 @@ def problems(cfg, algo_cls) -> list:
     elif algo_cls.accumulate is not FedAvg.accumulate:
         found.append(f"algorithm.name = {name!r} with server.secure_aggregation = {mode!r}: its upload is not "
                      f"the update y_i - x_t summed with uniform weights, which is all the server learns")
+    else:
+        found += [f"algorithm.name = {name!r} with server.secure_aggregation = {mode!r}: {why}"
+                  for why in algo_cls.privacy_problems(cfg.algorithm, cfg.client.steps)]
+    if cohort_size(cfg) < 2:
+        found.append(f"server.clients_per_round = {cfg.server.clients_per_round} with "
+                     f"server.secure_aggregation: the sum of one client is its update; select at least 2")
     compress = cfg.client.compress.name
     if compress not in ("none", "randk"):
         found.append(f"client.compress.name = {compress!r} with server.secure_aggregation: {compress} keeps "
