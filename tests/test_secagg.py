@@ -297,3 +297,21 @@ def test_the_section_at_its_defaults_leaves_the_hash_alone(tmp_path):
     assert base.hash() == same.hash()
     assert _cfg(tmp_path).hash() != base.hash()
     assert math.isfinite(checks.plan_of(_cfg(tmp_path)).bound)
+
+
+def test_at_its_limit_secure_aggregation_is_fedavg(tmp_path):
+    """With equal client sizes (FedAvg's weights n_i are then uniform), a clip no update reaches and the
+    finest scale of a 64-bit field, SecAgg's model equals FedAvg's up to the rounding step 2^-40 (per entry,
+    per round), dropouts included: the masks cancel, and the only difference left is the quantization.
+    A mask left in the sum would move the model by ~2^63 / 2^40 per entry."""
+    import fedmpi
+
+    base = small_config(tmp_path, rounds=2, partition={"clients": 10, "scheme": "iid"},
+                        server={"clients_per_round": 5}, clients={"dropout": 0.3})
+    clear = fedmpi.simulate(base)
+    masked = fedmpi.simulate({**base, "server": {"clients_per_round": 5, "secure_aggregation": "secagg"},
+                              "secagg": {"bits": 64, "clip": 1.0e5, "scale": 2.0 ** 40}})
+    assert (masked.metrics["secagg_dropped"] > 0).any() and not masked.metrics["secagg_failed"].any()
+    assert (masked.metrics["secagg_server_prg"] > 0).all()      # the sum came through the unmasking
+    # 2^-40 is below float32's resolution of the model's entries: at most one ulp apart (equal in practice).
+    assert np.abs(clear.model - masked.model).max() <= 1e-7
