@@ -151,6 +151,14 @@ def test_default_neighbours_is_about_log_n():
 
 # -- the integer coding ------------------------------------------------------------------------------------------
 
+def test_the_integer_reduction_takes_uint64_only_and_wraps():
+    comm = LocalComm()
+    with pytest.raises(TypeError, match="uint64"):
+        comm.reduce_sum_mod(np.zeros(3), 16)
+    buf = np.array([2 ** 64 - 1, 2 ** 16 + 5], dtype=np.uint64)
+    assert comm.reduce_sum_mod(buf, 16).tolist() == [2 ** 16 - 1, 5]
+
+
 def test_ring_coding_round_trips_signed_integers():
     q = np.array([-2 ** 15, -1, 0, 1, 2 ** 15 - 1])
     for bits in (16, 20, 64):
