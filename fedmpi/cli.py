@@ -203,6 +203,10 @@ def _dry_run(cfg):
 
     for line in dry_run_lines(cfg, lookup(cfg.algorithm.name)):     # sampling and privacy: checks, epsilon
         print(line)
+    from fedmpi.secagg.stage import dry_run_lines as secagg_lines
+
+    for line in secagg_lines(cfg, algo_cls):        # secure aggregation: checks, field, threshold, warnings
+        print(line)
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))
     print(server_summary(split.groups["partition/server"], cfg.server_data))

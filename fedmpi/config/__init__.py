@@ -41,6 +41,7 @@ from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
 from fedmpi.deploy.keys import ClientsConfig
 from fedmpi.privacy.keys import PrivacyConfig
+from fedmpi.secagg.keys import SecAggConfig
 
 MAX_CONFIG_BYTES = 1 << 20      # a config file is a few kB
 
@@ -63,6 +64,7 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)     # malicious clients (fedmpi.attacks)
+    secagg: SecAggConfig = field(default_factory=SecAggConfig)     # secure aggregation (fedmpi.secagg)
 
     def __post_init__(self):
         c = _Checks("")
@@ -114,7 +116,8 @@ HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.
                  "server.deadline", "server.over_select", "server.sampling", "privacy", "attack",
                  "model.personal", "model.mlp_norm", "partition.local_test", "eval.local_every", "eval.local_clients",
                  "eval.finetune_steps",
-                 "server.aggregator", "server.robust")
+                 "server.aggregator", "server.robust",
+                 "server.secure_aggregation", "secagg")
 
 
 @functools.cache

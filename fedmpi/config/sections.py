@@ -266,12 +266,17 @@ class ServerConfig:
     # plain reduction; the robust rules see every counted update through a chunked gather; `robust` their keys.
     aggregator: str = "mean"
     robust: RobustConfig = field(default_factory=RobustConfig)
+    # none: the server sums the clients' float updates; secagg / secagg_plus: it sees only the modular sum of
+    # masked integer uploads (the `secagg:` section, fedmpi.secagg; docs/privacy.md, "Secure aggregation")
+    secure_aggregation: Literal["none", "secagg", "secagg_plus"] = "none"
 
     def __post_init__(self):
         c = _Checks("server")
         c.choice("aggregator", self.aggregator, AGGREGATORS)
         if self.aggregator in AGGREGATORS:
             c.errors.extend(self.robust.problems(self.aggregator, self.clients_per_round))
+        c.require(self.secure_aggregation in ("none", "secagg", "secagg_plus"), "secure_aggregation",
+                  self.secure_aggregation, "must be none, secagg or secagg_plus")
         c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
                   "must be a positive integer")
         c.require(self.lr > 0, "lr", self.lr, "must be > 0")

@@ -74,19 +74,28 @@ class TopK(Compressor):
         return 4 * k + min(k * index_width(d), math.ceil(d / 8))
 
 
+def randk_indices(fraction, d, seed, round_, cid, part=0, shared=False) -> np.ndarray:
+    """rand-k's k indices: from the client's stream (seed, COMPRESS, round, client[, part]), or, `shared`,
+    from the round's stream (seed, COMPRESS, round), the same for every client of the round, as secure
+    aggregation needs (masked vectors of the same coordinates can be summed)."""
+    keys = (seed, rng.COMPRESS, round_) if shared else _keys(seed, round_, cid, part)
+    return rng.stream(*keys).choice(d, size=kept_count(fraction, d), replace=False)
+
+
 class RandK(Compressor):
     """k entries drawn uniformly without replacement, scaled by d / k so that E[C(x)] = x. `scaled=False`
-    sends them as they are: biased, but a contraction (Stich et al. 2018), the form error feedback needs."""
+    sends them as they are: biased, but a contraction (Stich et al. 2018), the form error feedback needs.
+    `shared`: the indices come from the round's stream, the same for all clients (secure aggregation)."""
 
     name = "randk"
 
-    def __init__(self, fraction, scaled=True):
-        self.fraction, self.scaled = fraction, scaled
+    def __init__(self, fraction, scaled=True, shared=False):
+        self.fraction, self.scaled, self.shared = fraction, scaled, shared
 
     def __call__(self, x, seed, round_, cid, part=0):
         d = x.numel()
         k = kept_count(self.fraction, d)
-        idx = torch.from_numpy(rng.stream(*_keys(seed, round_, cid, part)).choice(d, size=k, replace=False))
+        idx = torch.from_numpy(randk_indices(self.fraction, d, seed, round_, cid, part, self.shared))
         idx = idx.to(x.device)
         out = torch.zeros_like(x)
         out[idx] = x[idx] * (d / k) if self.scaled else x[idx]
@@ -145,14 +154,14 @@ class ScaledSign(Compressor):
         return 4 + math.ceil(d / 8)
 
 
-def build(cfg):
+def build(cfg, shared=False):
     """The compressor of a CompressConfig. With error feedback the unbiased compressors take their
     contractive forms (randk unscaled, qsgd shrunk by 1 + omega): with the unbiased forms the residual of
     error feedback can grow without bound, because E||x - C(x)||^2 exceeds ||x||^2 once d/k > 2."""
     if cfg.name == "topk":
         return TopK(cfg.fraction)
     if cfg.name == "randk":
-        return RandK(cfg.fraction, scaled=not cfg.error_feedback)
+        return RandK(cfg.fraction, scaled=not cfg.error_feedback, shared=shared)
     if cfg.name == "qsgd":
         return QSGD(cfg.levels, shrink=cfg.error_feedback)
     if cfg.name == "sign":
@@ -176,8 +185,8 @@ class UpdateCompression:
 
     STATE = "compress_residual"
 
-    def __init__(self, cfg):
-        self.compressor = build(cfg)
+    def __init__(self, cfg, shared=False):
+        self.compressor = build(cfg, shared)
         self.feedback = cfg.error_feedback
         self.residuals = {}             # part -> ClientVectors (cid -> residual)
         self.store = None               # the rank's ClientStateStore once bound (`bind_client_state`)

@@ -12,13 +12,21 @@ or late client's residual stays as it was.
 
 from __future__ import annotations
 
-from fedmpi.deploy.compress import UpdateCompression
+import math
+
+from fedmpi.deploy.compress import UpdateCompression, kept_count
 from fedmpi.uploads.base import UploadStage
 
 
 def upload_bytes(cfg, algo) -> int:
-    """Bytes one client's upload costs: the compressed first vector plus the others dense."""
+    """Bytes one client's upload costs: the compressed first vector plus the others dense; under secure
+    aggregation the masked vector, b bits per uploaded entry (fedmpi.secagg; its key and share messages,
+    a few hundred bytes, are not timed on the simulated clock)."""
     dim, compress = algo.dim, UpdateCompression(cfg.client.compress)
+    if getattr(cfg.server, "secure_aggregation", "none") != "none":
+        c = cfg.client.compress
+        kept = kept_count(c.fraction, dim) if c.name == "randk" else dim
+        return math.ceil(kept * cfg.secagg.bits / 8)
     return compress.payload_bytes(dim) + (algo.up_vectors - 1) * 4 * dim
 
 
@@ -26,7 +34,9 @@ class CompressionStage(UploadStage):
     name = "compress"
 
     def __init__(self, cfg, algo, dim):
-        self.compression = UpdateCompression(cfg.client.compress)
+        # Under secure aggregation rand-k's indices are the round's, shared by its clients (fedmpi.secagg).
+        shared = getattr(cfg.server, "secure_aggregation", "none") != "none"
+        self.compression = UpdateCompression(cfg.client.compress, shared)
         self.seed, self.dim = cfg.seed, dim
         self.dense_rest = (algo.up_vectors - 1) * 4 * dim
         # Residuals live with their client: its updates must always be made on its host rank.

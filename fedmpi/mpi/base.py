@@ -57,6 +57,11 @@ class Comm(Protocol):
     def reduce_sum(self, buf: np.ndarray) -> np.ndarray:
         """The sum of every rank's `buf` on rank 0 (in place there)."""
 
+    def reduce_sum_mod(self, buf: np.ndarray, bits: int) -> np.ndarray:
+        """Secure aggregation's integer sum: every rank's uint64 `buf` added with wraparound (exact modulo
+        2^64), then reduced modulo 2^`bits` on rank 0 (in place there); 2^bits divides 2^64, so the result
+        is the exact sum modulo 2^bits whatever the order or the number of ranks."""
+
     def round_buffers(self, down_len: int, up_len: int, host_buffers: bool = True):
         """Node-shared round buffers (fedmpi.mpi.node_buffers) or None where MPI moves them."""
 

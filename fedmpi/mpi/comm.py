@@ -23,7 +23,7 @@ import numpy as np
 from fedmpi.core.timing import Timer
 from fedmpi.mpi import node_buffers, signals
 from fedmpi.mpi.base import WorkerFailed, error_text, exit_code_of
-from fedmpi.mpi.local import LocalComm
+from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
 from fedmpi.mpi.runtime import usable_cores
 from fedmpi.mpi.shared_arrays import PeerFailed, read_only, shared_layout, views
 from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, recv_state, send_state
@@ -151,6 +151,23 @@ class MpiComm:
                     self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
                 else:
                     self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
+        return buf
+
+    def reduce_sum_mod(self, buf, bits):
+        """Secure aggregation's exact integer sum: every rank's uint64 `buf` summed by MPI (UINT64_T addition
+        wraps modulo 2^64, as C's unsigned addition does), then taken modulo 2^bits on rank 0 (in place
+        there). Modular addition is associative, so the result is bit-identical at any -n. The waiting
+        sleeps, as elsewhere; the transfer itself is a blocking Reduce."""
+        buf = _uint64(buf)
+        with self._whole():
+            self.sync()
+            with self.timer.phase("reduce"):
+                if self.rank == 0:
+                    self.comm.Reduce(self.MPI.IN_PLACE, [buf, self.MPI.UINT64_T], op=self.MPI.SUM, root=0)
+                else:
+                    self.comm.Reduce([buf, self.MPI.UINT64_T], None, op=self.MPI.SUM, root=0)
+        if self.rank == 0:
+            reduce_mod(buf, bits)
         return buf
 
     # -- the round's buffers in node-shared memory (fedmpi.mpi.node_buffers) ---------------------------

@@ -13,6 +13,21 @@ from fedmpi.mpi.shared_arrays import read_only
 from fedmpi.mpi.topology import NodeInfo
 
 
+def _uint64(buf):
+    if buf.dtype != np.uint64 or not buf.flags.c_contiguous:
+        raise TypeError(f"reduce_sum_mod takes a contiguous uint64 buffer, not {buf.dtype}")
+    return buf
+
+
+def reduce_mod(buf, bits):
+    """`buf` modulo 2^bits in place (bits in 1..64): the low `bits` bits of each entry."""
+    if not 1 <= int(bits) <= 64:
+        raise ValueError(f"reduce_sum_mod: bits = {bits}, must be in 1..64")
+    if bits < 64:
+        np.bitwise_and(buf, np.uint64((1 << int(bits)) - 1), out=buf)
+    return buf
+
+
 class LocalComm:
     """Everything in one process: rank 0 is server and the only worker."""
 
@@ -35,6 +50,10 @@ class LocalComm:
 
     def reduce_sum(self, buf):
         return buf
+
+    def reduce_sum_mod(self, buf, bits):
+        """One rank's integers are already the sum; reduced modulo 2^bits (see MpiComm.reduce_sum_mod)."""
+        return reduce_mod(_uint64(buf), bits)
 
     def round_buffers(self, down_len, up_len, host_buffers=True):
         """One process needs no shared buffers (see MpiComm.round_buffers)."""

@@ -174,9 +174,13 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     protocol, state = parts.protocol, parts.state
     plan = parts.participation.plan(t)      # who trains, whose update counts: the same on every rank
     _broadcast(parts, plan, protocol.full_broadcast(parts, state, t), stopping, after_broadcast)
+    for stage in parts.stages:
+        stage.round_plan(plan)
     tally = parts.wire.new_tally()
     training = protocol.training(parts, state, plan)        # this rank's clients and their start
     kept = train_clients(parts, plan, training, tally, protocol.trained)    # local training, then uploads
+    for stage in parts.stages:          # a stage's own collective (secure aggregation's integer sum)
+        stage.collective(parts.comm, plan, tally.acc)
     closing = protocol.combine(parts, state, plan, tally, kept)     # reduction / gather / routing
     parts.participation.done(plan)          # the provider hears of the round (e.g. advances its clock)
     parts.client_store.end_round()          # the round's client vectors back to host memory (or the spill file)

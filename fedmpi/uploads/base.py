@@ -42,6 +42,13 @@ class UploadStage:
     def receive(self, values):
         """Every rank, after each round's broadcast: the `header_size` values rank 0 sent (float32)."""
 
+    def round_plan(self, plan):
+        """Every rank, after the round's broadcast: the round's RoundPlan (who trains, whose update counts)."""
+
+    def collective(self, comm, plan, acc):
+        """Every rank, after its clients trained and before the protocol's reduction of `acc` (this rank's
+        accumulator): a stage's own collective, entered by every rank (secure aggregation's integer sum)."""
+
     def client(self, run, down, model):
         """Worker: the client's trained vector is in `model.vec`, its start point in `down`."""
 

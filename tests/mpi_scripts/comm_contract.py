@@ -27,6 +27,17 @@ def exercise(comm):
     if rank == 0:
         assert np.array_equal(sums, np.full(2, size * (size + 1) / 2))
 
+    # Secure aggregation's integer sum wraps modulo 2^64 and is then taken modulo 2^bits on rank 0: near
+    # 2^64 every rank's entry overflows, and the result is the exact modular sum whatever `size`.
+    big = np.array([2**64 - 1 - rank, 2**63 + rank, 5], dtype=np.uint64)
+    modsum = comm.reduce_sum_mod(big.copy(), 20)
+    if rank == 0:
+        exact = [sum(2**64 - 1 - r for r in range(size)), sum(2**63 + r for r in range(size)), 5 * size]
+        assert modsum.tolist() == [v % 2**20 for v in exact], (modsum, exact)
+        assert comm.reduce_sum_mod(big.copy() * 0 + 3, 64).tolist() == [3 * size] * 3 if size else True
+    else:
+        comm.reduce_sum_mod(big.copy() * 0 + 3, 64)
+
     # The worst exit code and the lowest rank holding it.
     assert comm.agree(2 if rank == size - 1 else 0) == (2, size - 1)
 

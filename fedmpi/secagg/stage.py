@@ -1,0 +1,175 @@
+"""Secure aggregation as the last upload stage (fedmpi.uploads.base): every counted client's update becomes a
+masked vector of integers in Z_{2^b}; the rank sums its clients' masked vectors, one integer reduction
+(`Comm.reduce_sum_mod`) sums the ranks', and rank 0 unmasks the total and writes the decoded sum where the
+algorithm's float sum would be. The float reduction carries no update at all: this stage zeroes the rank's
+float sum of the vectors before it travels (`collective`).
+
+Where each part runs:
+  every rank, round start   the round's set-up (cohort = the plan's selected clients, graph, public keys)
+  worker, per counted client  clip, scale, stochastic rounding (its stream), distributed-DP noise, masks;
+                            the model becomes x_t + q_i / scale (what the server's sum holds of it), weight 1
+  every rank, before the reduction   the integer reduction of the masked vectors (collective)
+  rank 0, after it          the unmasking (Shamir reconstruction, mask removal), decoding, the figures
+The upload is averaged with uniform weights, as in DP-FedAvg: weights n_i would need the clients' sample
+counts, and under distributed DP a weight would scale one client's sensitivity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
+from fedmpi.secagg import agreement, costs
+from fedmpi.secagg.checks import noise_stddev, plan_of, problems, warnings
+from fedmpi.secagg.graph import degrees
+from fedmpi.secagg.masks import NOISE_SAMPLERS, from_ring, quantize, to_ring
+from fedmpi.secagg.protocol import masked_upload, setup, unmask
+from fedmpi.uploads.base import UploadStage
+
+MASK_SECONDS, CLIPPED = 0, 1    # the stage's sums in the reduction: the clients' masking seconds, updates clipped
+
+
+class SecAggStage(UploadStage):
+    name = "secagg"
+    up_scalars = 2
+
+    @classmethod
+    def check(cls, cfg, algo_cls):
+        found = problems(cfg, algo_cls)
+        if found:
+            raise ConfigError(found)
+
+    def __init__(self, cfg, algo, dim, kept_indices=None, epsilon_curve=None):
+        """`kept_indices(round)`: the coordinates every client of the round uploads (shared rand-k), None
+        for all; `epsilon_curve()`: the accountant's epsilon per round for the distributed noise (rank 0),
+        both supplied by fedmpi.round.providers, which sees the compression and the accountant."""
+        self.keys, self.mode, self.seed, self.dim = cfg.secagg, cfg.server.secure_aggregation, cfg.seed, dim
+        self.plan = plan_of(cfg)
+        self.kept_indices, self.epsilon_curve = kept_indices, epsilon_curve
+        self.length = dim if kept_indices is None else len(kept_indices(0))
+        self.masked_bytes = costs.masked_bytes(self.length, self.keys.bits)
+        self.curve = None
+        self.setup = self.plan_t = self.total = self.kept = None
+        self._mask_s = self._clipped = 0.0
+        self._figures = {}
+
+    def on_server(self):
+        if self.keys.noise != "none":
+            self.curve = self.epsilon_curve()
+
+    def attrs(self) -> dict:
+        p = self.plan
+        out = {"secagg_mode": p.mode, "secagg_bits": self.keys.bits, "secagg_threshold": p.threshold,
+               "secagg_neighbours": p.neighbours, "secagg_min_bits": p.min_bits}
+        if self.curve is not None:
+            out["secagg_epsilon"] = float(self.curve[-1]) if len(self.curve) else 0.0
+        return out
+
+    # -- every rank ------------------------------------------------------------------------------------
+    def round_plan(self, plan):
+        self.plan_t = plan
+        self.setup = setup(self.mode, plan.selected, self.plan.neighbours, self.plan.threshold, self.keys.bits,
+                           self.length, self.seed, plan.round)
+        self.kept = None if self.kept_indices is None else self.kept_indices(plan.round)
+        self.total = np.zeros(self.length, dtype=np.uint64)
+
+    def collective(self, comm, plan, acc):
+        acc[: self.dim].zero_()     # the rank's float sum of the updates never leaves it
+        comm.reduce_sum_mod(self.total, self.keys.bits)
+
+    # -- worker, per counted client ----------------------------------------------------------------------
+    def client(self, run, down, model):
+        began = time.perf_counter()
+        keys, cid, t = self.keys, run.cid, run.round
+        x = down[: self.dim]
+        delta = (model.vec - x).detach().to("cpu", torch.float64).numpy()
+        if self.kept is not None:
+            delta = delta[self.kept]
+        q, norm = quantize(delta, keys.clip, keys.scale, rng.stream(self.seed, rng.SECAGG, t, cid, agreement.ROUNDING))
+        sent = q
+        if keys.noise != "none":
+            sigma = noise_stddev(keys) / math.sqrt(len(self.setup.cohort))
+            noise = NOISE_SAMPLERS[keys.noise](sigma, self.length,
+                                               rng.stream(self.seed, rng.SECAGG, t, cid, agreement.NOISE))
+            sent = q + noise
+        y, _ = masked_upload(self.setup, cid, to_ring(sent, keys.bits))
+        np.add(self.total, y, out=self.total)       # uint64: wraps modulo 2^64
+        # The trained model as the server's sum holds it (noise aside): x_t + q_i / scale.
+        update = np.zeros(self.dim) if self.kept is not None else None
+        if update is not None:
+            update[self.kept] = q / keys.scale
+        else:
+            update = q / keys.scale
+        model.vec.copy_(x + torch.from_numpy(update).to(model.vec.device, model.vec.dtype))
+        run.weight = 1.0
+        degree = len(self.setup.graph[cid])
+        run.payload_bytes = self.masked_bytes + costs.client_cost(degree, 0, True).up
+        self._clipped = 0.0 if norm <= keys.clip else 1.0      # a NaN norm counts as clipped (it was zeroed)
+        self._mask_s = time.perf_counter() - began
+
+    def scalars(self, run) -> list:
+        return [self._mask_s, self._clipped]
+
+    # -- rank 0, after the reductions -------------------------------------------------------------------
+    def server(self, t, sums, weight) -> float:
+        plan, s = self.plan_t, self.setup
+        survivors = [int(c) for c in np.asarray(plan.selected)[plan.counts_mask()]]
+        result = unmask(s, self.total, survivors)
+        mask_s = float(sums[self.up_offset + MASK_SECONDS])
+        clipped = float(sums[self.up_offset + CLIPPED])
+        self._figures = self._costs(survivors, result, mask_s)
+        self._figures["secagg_clipped_fraction"] = clipped / len(survivors) if survivors else math.nan
+        sums[: self.dim].zero_()
+        if result.total is None:
+            return 0.0      # the round fails: no update, the model stays as it was
+        decoded = torch.from_numpy(from_ring(result.total, self.keys.bits).astype(np.float64) / self.keys.scale)
+        decoded = decoded.to(sums.device, sums.dtype)
+        if self.kept is None:
+            sums[: self.dim] = decoded
+        else:
+            sums[torch.from_numpy(self.kept).to(sums.device)] = decoded
+        return weight
+
+    def _costs(self, survivors, result, mask_s) -> dict:
+        s, alive = self.setup, set(survivors)
+        deg = {u: len(vs) for u, vs in s.graph.items()}
+        per = [costs.client_cost(deg[u], len(survivors), u in alive) for u in s.cohort]
+        n = max(len(per), 1)
+        figures = {
+            "secagg_failed": float(result.total is None),
+            "secagg_survivors": len(survivors),
+            "secagg_dropped": len(s.cohort) - len(survivors),
+            "secagg_messages": costs.messages(len(s.cohort), len(survivors)),
+            "secagg_masked_bytes": self.masked_bytes,
+            "secagg_extra_up_bytes": sum(c.up for c in per) / n,
+            "secagg_extra_down_bytes": sum(c.down for c in per) / n,
+            "secagg_server_prg": result.expansions,
+            "secagg_unmask_s": result.seconds,
+            "secagg_client_prg": float(degrees(s.graph).mean() + 1) if s.cohort else 0.0,
+            "secagg_client_mask_s": mask_s / len(survivors) if survivors else math.nan,
+        }
+        if self.keys.noise != "none":
+            # The noise actually in the sum: the survivors' shares only (S' of S).
+            frac = len(survivors) / len(s.cohort) if s.cohort else 0.0
+            figures["secagg_noise_multiplier"] = self.keys.noise_multiplier * math.sqrt(frac)
+        return figures
+
+    def round_metrics(self, t) -> dict:
+        out = dict(self._figures)
+        if self.curve is not None:
+            out["epsilon"] = float(self.curve[t])
+        return out
+
+
+def dry_run_lines(cfg, algo_cls) -> list:
+    """`fedmpi run --dry-run`: the checks a run would make of secure aggregation, its numbers and what is
+    weaker than it should be (nothing when it is off)."""
+    SecAggStage.check(cfg, algo_cls)
+    if cfg.server.secure_aggregation == "none":
+        return []
+    return [plan_of(cfg).describe(), *(f"warning: {w}" for w in warnings(cfg, algo_cls))]
