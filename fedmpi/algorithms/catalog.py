@@ -41,5 +41,6 @@ def check_declarations(cls):
         raise TypeError(f"{where}: fixed_cohort_only must be a str, the reason its rounds need the fixed-size draw "
                         f"('' = they do not)")
     if cls.vectorizable and (cls.protocol != REDUCE or cls.grad_hook is not None or cls.step_hook is not None
-                             or cls.loss_fn is not None):
-        raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, or loss")
+                             or cls.loss_fn is not None or cls.local_training is not None):
+        raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, loss "
+                        f"or local_training")

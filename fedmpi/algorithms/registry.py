@@ -21,8 +21,10 @@ import importlib
 from importlib.metadata import entry_points
 
 from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fedmpi's own algorithms
+    apfl,
     central,
     datashare,
+    ditto,
     fedavg,
     fedbuff,
     feddyn,
@@ -30,7 +32,10 @@ from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fe
     fedprox,
     fedskip,
     fsl,
+    ifca,
     moon,
+    perfedavg,
+    qffl,
     safl,
     scaffold,
 )

@@ -122,7 +122,7 @@ class Experiment:
                                           cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
         self.data = data
         probe = self.clients.probe_accuracy if self.clients.mine else None
-        algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe))
+        algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
         algo.verify_declarations()
         self.server = self.shadow = None
         if comm.is_server:
