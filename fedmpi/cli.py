@@ -160,7 +160,7 @@ def _run(args):
 
 
 def _dry_run(cfg):
-    from fedmpi.algorithms import algorithm_context
+    from fedmpi.algorithms import algorithm_context, personal_split
     from fedmpi.algorithms.registry import lookup
     from fedmpi.analysis.report import partition_summary, server_summary
     from fedmpi.core import rng
@@ -187,7 +187,8 @@ def _dry_run(cfg):
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
     algo_cls = lookup(cfg.algorithm.name)
     algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
-    algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params))
+    split = personal_split(cfg, flat, algo_cls)      # bad model.personal patterns are refused here too
+    algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=split))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     from fedmpi.privacy.stage import dry_run_lines

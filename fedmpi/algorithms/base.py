@@ -33,6 +33,11 @@ Declared capabilities (class attributes)
   privacy_problems(keys, client_steps)   classmethod: why Gaussian noise on clipped updates does not make it
                          client-level DP with these keys ([] = it does; SCAFFOLD, FedSkip, central, SAFL's
                          gating and IDA fusion, FedNova under client.epochs)
+  personal               fnmatch patterns over the model's parameter and buffer names (named_parameters(),
+                         named_buffers()) whose entries each client keeps for itself (FedPer's head); the
+                         classmethod `personal_patterns(keys, model)` returns them for given keys and model
+                         (default: `personal`; FedPer reads its keys, FedBN finds the norm layers). The union with
+                         the config's `model.personal` is `context.split` (see "Personal parameters" below)
 
 Hooks, in the order of a round (rank 0 is the server; "host" is the rank that trains the client, rank 0 at -n 1)
   hook                                   when              rank    may touch
@@ -47,6 +52,8 @@ Hooks, in the order of a round (rank 0 is the server; "host" is the rank that tr
                                          (REDUCE, GATHER,          broadcast, before training: per-client
                                          BUFFER)                   state (SAFL's end-of-round mix; None: none)
   client_start(run, down, model)         per client        host    loads the start point; per-client state
+                                                                   (then the round loads the client's
+                                                                   personal entries, if any)
   grad_hook(params, grad)                each local step   host    the flat gradient, in place (None: none)
   step_hook(params)                      after each step   host    the flat parameters, in place, after the
                                                                    optimizer step (None: none)
@@ -71,6 +78,9 @@ Hooks, in the order of a round (rank 0 is the server; "host" is the rank that tr
   accumulate(run, down, model, acc)      after training    host    adds the upload to `acc`, returns its
                                          (REDUCE)                  weight; per-client state
   aggregate(x, up_sum, weight_sum, t)    after reduction   0       returns the update (None: keep x); server state
+  eval_start(run, down, model)           local evaluation  host    loads what client run.cid is evaluated with
+                                         (eval.local_every)        on its local test split; `down` is the global
+                                                                   model after the round's step (`dim` entries)
   after_step(x, t)                       after optimizer   0       returns the next x (FSL's server learning)
   round_metrics()                        end of round      0       returns extra /metrics figures
   server_state() / load_server_state(s)  checkpoints       0       `ServerVectors` attributes: saved without code
@@ -81,6 +91,19 @@ the class (refused at registration) or on the instance (refused at set-up by `ve
 The protocol families add their own hooks: `SlotRouting` (order, is_period_start, is_aggregation,
 start_slot, finish_slot, take_slot, put_slot, slot_weights, accumulate_slots), `GatedUploads` (gate,
 fusion_weight), `BufferedUploads` (hold, release); see their docstrings below.
+
+Personal parameters (issue 24). `context.split` (a fedmpi.core.personal.ParameterSplit, or None) names the
+flat vector's personal entries. For a REDUCE algorithm with a split, the round loop itself (no algorithm
+code needed): loads the client's own personal entries into the model right after `client_start` (a client
+without any yet keeps those of the broadcast, which are x_0's: the server's copy of them never changes);
+after training keeps the trained personal entries in `personal_state` (a `ClientVectors` the base class makes,
+checkpointed and spilled like any other) and puts the broadcast's values back into them before the upload,
+so every upload's personal entries carry no change and the client's own values never reach the wire. The
+server update's personal entries are zeroed too (DP noise cannot drift them). The buffers keep their layout;
+`bytes_up`/`bytes_down` count the shared entries only (`wire_dim` per vector). Clients with a split train on
+their fixed host, one by one (never batched). `eval_start` defaults to the global model with the client's
+personal entries. An algorithm that keeps a whole personal model (Ditto) declares its own `ClientVectors`
+(and keeps_client_state) and overrides `eval_start` to load it.
 
 Upload sums arrive as float64 (so the result does not depend on the number of ranks); the global model `x`
 and the broadcast are float32. Vectors have `dim` elements (the flat model: `n_params` trainable entries,
@@ -116,6 +139,7 @@ __all__ = ["BUFFER", "GATHER", "REDUCE", "ROUTE", "TRAINING_HOOKS", "Algorithm",
            "Reduce", "SetupContext", "SlotRouting", "StandardDraws", "weighted_mean_update"]
 
 REDUCE, ROUTE, GATHER, BUFFER = "reduce", "route", "gather", "buffer"
+PERSONAL_STATE = "personal"     # the checkpoint name of each client's personal entries (/clients/<cid>/personal)
 TRAINING_HOOKS = ("grad_hook", "step_hook", "loss_fn", "local_training")    # what batched clients cannot call
 
 
@@ -172,10 +196,28 @@ class Algorithm(abc.ABC):
     # of the one pass (Ditto, FedRep, APFL, Per-FedAvg, IFCA, q-FFL); `local` is a fedmpi.round.local_passes.
     # LocalPasses. The upload is what it leaves in `model`.
     local_training = None
+    # fnmatch patterns over parameter/buffer names whose entries stay with each client (`personal_patterns`)
+    personal: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, keys, context: AlgorithmContext):
         self.keys, self.context = keys, context
         self.dim, self.n_params = context.dim, context.n_params
+        self.split = context.split if context.split else None     # None when nothing is personal
+        if self.split is not None:
+            # Each client's personal entries, on its host; a client without any starts from the broadcast's.
+            self.personal_state = ClientVectors(PERSONAL_STATE, length=self.split.personal_dim)
+
+    @classmethod
+    def personal_patterns(cls, keys, model) -> tuple:
+        """The patterns of the entries this algorithm keeps personal with `keys` on `model` (a FlatModel;
+        `model.entries` lists (name, offset, numel)); ConfigError, naming algorithm.name, when the model lacks
+        the layers it needs. Default: the class's `personal`."""
+        return tuple(cls.personal)
+
+    @property
+    def wire_dim(self) -> int:
+        """Entries of each vector that travel: the shared ones (all `dim` when nothing is personal)."""
+        return self.split.shared_dim if self.split is not None else self.dim
 
     @classmethod
     def create(cls, keys, context: AlgorithmContext):
@@ -244,6 +286,30 @@ class Algorithm(abc.ABC):
     def client_start(self, run: ClientRun, down: torch.Tensor, model):
         model.load(down[: self.dim])
 
+    def eval_start(self, run: ClientRun, down: torch.Tensor, model):
+        """Loads into `model` what client `run.cid` is evaluated with on its local test split (eval.local_every),
+        on its host; `down` is the global model after the round's server step (`dim` entries). Default: the
+        global model with the client's personal entries (where it has any). Must not change client state."""
+        model.load(down[: self.dim])
+        self.load_personal(run.cid, model)
+
+    # -- personal entries (the round loop calls these where `split` is set) ---------------------------------
+    def load_personal(self, cid, model):
+        """Client `cid`'s own personal entries into `model` (nothing when it has none yet, or no split)."""
+        if self.split is None:
+            return
+        mine = self.personal_state.on(cid, model.device)
+        if mine is not None:
+            self.split.put_personal(model.vec, mine)
+
+    def keep_personal(self, cid, model, down):
+        """After training: the trained personal entries into the client's state, and the broadcast's values
+        (`down`) back into `model`'s, so that the upload carries no personal change."""
+        if self.split is None:
+            return
+        self.personal_state[cid] = self.split.personal(model.vec.detach())
+        self.split.put_personal(model.vec, self.split.personal(down))
+
     # -- state for checkpoints -----------------------------------------------------------------------------
     def server_state(self) -> dict:
         state = {}
@@ -274,7 +340,8 @@ class Algorithm(abc.ABC):
         when its clients are dealt to other ranks; a per-instance hook on a `vectorizable` class would never
         be called, since batched clients train without hooks."""
         named = f"algorithm.name = {self.keys.name!r}"
-        stores = [k for k, v in vars(self).items() if isinstance(v, ClientVectors)]
+        # The personal entries' store is the round loop's business: it trains such clients on their host.
+        stores = [k for k, v in vars(self).items() if isinstance(v, ClientVectors) and k != "personal_state"]
         if stores and not self.keeps_client_state:
             raise ConfigError(f"{named}: algorithm {self.name!r} keeps per-client vectors ({', '.join(stores)}) "
                               f"but does not declare keeps_client_state = True")

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from fedmpi.core import rng, schedules
+from fedmpi.core.personal import ParameterSplit
 from fedmpi.core.schedules import ScheduleConfig
 
 
@@ -78,6 +79,9 @@ class AlgorithmContext:
     history: ParticipationHistory   # round t's selected clients, on every rank
     client: ClientTraining        # the clients' training settings
     privacy_enabled: bool = False   # privacy.mechanism is on (FedNova then takes every a_i as 1)
+    # The flat vector's shared and personal entries (model.personal and the class's `personal_patterns`);
+    # None when nothing is personal (an empty split is passed as None).
+    split: ParameterSplit | None = None
 
     def client_lr(self, round_) -> float:
         """eta_l of round `round_` under client.lr_schedule (what `ClientRun.lr` holds on the clients)."""

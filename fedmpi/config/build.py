@@ -43,6 +43,8 @@ def _type_name(tp):
     if origin in _UNIONS:
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return " or ".join(_type_name(a) for a in inner) + " or null"
+    if origin is tuple and typing.get_args(tp)[-1] is Ellipsis:
+        return f"a list of values, each {_type_name(typing.get_args(tp)[0])}"
     if origin is tuple:
         return f"a list of {len(typing.get_args(tp))} values, each {_type_name(typing.get_args(tp)[0])}"
     names = {int: "an integer", float: "a number (not NaN or infinity)", bool: "true or false", str: "a string"}
@@ -62,6 +64,11 @@ def _coerce(tp, value):
         return False, value
     if origin is Literal:
         return value in typing.get_args(tp), value
+    if origin is tuple and len(typing.get_args(tp)) == 2 and typing.get_args(tp)[1] is Ellipsis:
+        if not isinstance(value, (list, tuple)):     # tuple[T, ...]: a list of any length
+            return False, value
+        items = [_coerce(typing.get_args(tp)[0], v) for v in value]
+        return all(ok for ok, _ in items), tuple(v for _, v in items)
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):

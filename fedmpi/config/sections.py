@@ -183,9 +183,14 @@ class ModelConfig:
     hidden: int = 200                   # mlp width
     norm: Literal["batch", "group"] = "group"   # resnet18 normalisation
     projection: int | None = None    # simple_cnn projection head size (MOON)
+    # fnmatch patterns over parameter/buffer names (named_parameters, named_buffers) whose entries each client
+    # keeps for itself (personalized FL, fedmpi.core.personal); [] = everything is shared
+    personal: tuple[str, ...] = ()
 
     def __post_init__(self):
         c = _Checks("model")
+        c.require(all(isinstance(p, str) and p for p in self.personal), "personal", self.personal,
+                  "must be a list of non-empty fnmatch patterns over the model's parameter names, e.g. ['3.*']")
         c.choice("name", self.name, _models())
         c.require(self.hidden >= 1, "hidden", self.hidden, "must be a positive integer")
         c.require(self.projection is None or self.projection >= 1, "projection", self.projection,

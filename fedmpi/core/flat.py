@@ -20,7 +20,8 @@ from torch import nn
 class FlatModel:
     def __init__(self, module: nn.Module, device="cpu"):
         module = module.to(device)
-        params = [p for p in module.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
         buffers = [b for b in module.buffers() if b.is_floating_point()]
         self.n_params = sum(p.numel() for p in params)
         self.dim = self.n_params + sum(b.numel() for b in buffers)
@@ -30,9 +31,13 @@ class FlatModel:
         self.grad = torch.zeros(self.n_params, dtype=torch.float32, device=device)
         self.trainable = params
         self._grad_views = []
+        # (name, offset, numel) of every entry block in vector order: the names of named_parameters() and
+        # named_buffers(), so that patterns over them (model.personal) find their entries.
+        self.entries = []
         offset = 0
-        for p in params:
+        for name, p in named:
             n = p.numel()
+            self.entries.append((name, offset, n))
             self.vec[offset:offset + n].copy_(p.data.reshape(-1))
             p.data = self.vec[offset:offset + n].view_as(p)
             self._grad_views.append(self.grad[offset:offset + n].view_as(p))
@@ -41,11 +46,12 @@ class FlatModel:
         self._bind_buffers(module, offset)
 
     def _bind_buffers(self, module, offset):
-        for sub in module.modules():
+        for prefix, sub in module.named_modules():
             for name, b in list(sub._buffers.items()):
                 if b is None or not b.is_floating_point():
                     continue
                 n = b.numel()
+                self.entries.append((f"{prefix}.{name}" if prefix else name, offset, n))
                 view = self.vec[offset:offset + n].view_as(b)
                 view.copy_(b)
                 sub._buffers[name] = view

@@ -45,8 +45,8 @@ class ClientIndex:
 class ClientHost:
     def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False):
         """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
-        device on first use (DeviceData); `keeps_state`: an upload stage keeps per-client state (clients
-        then train on their host)."""
+        device on first use (DeviceData); `keeps_state`: an upload stage keeps per-client state or clients have
+        personal parameters (clients then train on their host)."""
         self.cfg, self.comm, self.workers, self.algo, self.flat = cfg, comm, workers, algo, flat
         self.parts = parts
         self.sizes = np.array([len(p) for p in parts])
@@ -72,6 +72,8 @@ class ClientHost:
         blocker = vectorized.unsupported(self.flat)
         if not self.algo.vectorizable:
             blocker = f"algorithm.name = {self.algo.name!r} does not declare its clients vectorizable"
+        elif self.algo.split is not None:
+            blocker = "clients with personal parameters (model.personal) start from their own entries"
         elif loss is not None:
             blocker = "a custom loss trains client by client"
         if blocker:

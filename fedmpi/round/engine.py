@@ -236,6 +236,7 @@ def from_broadcast(parts, t):
 
     def start(run):
         algo.client_start(run, down, flat)
+        algo.load_personal(run.cid, flat)       # personal entries: the client's own (no-op without a split)
 
     return down, start
 

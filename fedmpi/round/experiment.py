@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from fedmpi.algorithms import algorithm_context
+from fedmpi.algorithms import algorithm_context, personal_split
 from fedmpi.algorithms.base import PlanHistory, SetupContext
 from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
@@ -96,11 +96,12 @@ class Experiment:
         self.flat = FlatModel(model, self.device)
         algo_cls = lookup(cfg.algorithm.name)
         algo_cls.check(cfg, self.flat)
+        split = personal_split(cfg, self.flat, algo_cls)     # the entries that stay with each client (or None)
         # The algorithm's context; who trained in round t is the participation provider's plan (built below, on
         # every rank alike; asked for only during the rounds).
         history = PlanHistory(lambda t: self.participation.plan(t))
         self.algo = algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, self.flat.dim, self.flat.n_params,
-                                                                            history))
+                                                                            history, split))
         x0 = self.flat.vec.detach().to("cpu", copy=True)
         sizes = [len(p) for p in self.split.parts]
         parts = algo.clients(self.split.parts, self.split.server_idx)
@@ -113,7 +114,8 @@ class Experiment:
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
         self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
-                                  keeps_state=any(stage.keeps_client_state for stage in self.stages))
+                                  keeps_state=(algo.split is not None
+                                               or any(stage.keeps_client_state for stage in self.stages)))
         header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,

@@ -58,6 +58,8 @@ class Reduce(Family):
         if not plan.counts(run.cid):    # dropped or too late: its update and its state are lost
             return
         flat, down = parts.clients.flat, training.down
+        # Personal entries to the client's state; the upload then carries the broadcast's (no change) there.
+        parts.algo.keep_personal(run.cid, flat, down)
         weight = upload_client(parts.algo, parts.stages, run, down, flat, tally.acc)
         parts.state.drift.measure(run, flat.vec - down[: flat.dim], weight, tally)
         tally.weight += weight

@@ -33,6 +33,10 @@ class Server:
     def apply(self, t, sums, weight):
         """The server update of round t from the reduced upload sums and their total weight."""
         update = self.algo.aggregate(self.x, sums, weight, t)
+        if update is not None and self.algo.split is not None:
+            # Personal entries never change on the server (upload stages' noise included): x_0's stay there.
+            update = self.algo.split.put_personal(update, torch.zeros(self.algo.split.personal_dim, dtype=update.dtype,
+                                                                         device=update.device))
         if update is not None:
             if self.algo.uses_server_optimizer:
                 self.x = self.optimizer.step(self.x, update, schedules.server_lr(self.cfg, t))
@@ -46,7 +50,7 @@ class Server:
         for name, column in client_figures.items():
             clients[name] = np.full(num_clients, np.nan, dtype=np.float32)
             clients[name][selected] = column[selected]
-        dim_bytes = 4 * self.flat.dim
+        dim_bytes = 4 * self.algo.wire_dim     # personal entries are not sent (all of dim without them)
         metrics = {
             "round": t,
             "train_loss": stats.loss / stats.seen if stats.seen else np.nan,

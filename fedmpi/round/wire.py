@@ -109,7 +109,8 @@ class RoundBuffers:
         pin = device.type == "cuda"
         self.header_len = HEADER + header_extra
         self.up_len = algo.up_vectors * dim + algo.up_scalars + up_extra
-        self.upload_bytes = algo.up_vectors * dim * 4
+        # Counted as a real client would send them: float32, the shared entries only (personal ones stay home).
+        self.upload_bytes = algo.up_vectors * algo.wire_dim * 4
         self.columns = ("loss",) + tuple(algo.client_columns) + tuple(extra_columns)
         self.timing_at = self.up_len + N_STATS
         self.blocks_at = self.timing_at + comm.size * len(PHASES)
