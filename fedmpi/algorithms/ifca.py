@@ -13,7 +13,10 @@ same on every rank. With k = 1 no loss is evaluated and IFCA is FedAvg, bit for 
 cluster model at random independently; PFLlib has no IFCA (docs/baselines.md).
 
 Each client's latest choice is kept in its ClientVectors (`cluster`) and logged per round in
-/clients/cluster; /metrics/cluster_share is each cluster's share of the round's upload weight.
+/clients/cluster; /metrics/cluster_share is each cluster's share of the round's upload weight. A client's
+local evaluation (eval_start) uses its latest cluster: cluster 0 is the updated global model; a cluster
+j >= 1 is read from the round's broadcast, i.e. as it was at the round's start (the workers never see the
+other clusters' new models before the next broadcast). A client that never trained is evaluated on cluster 0.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ class Ifca(Reduce):
         self.chosen = ClientVectors("cluster", length=1)                 # each client's latest choice
         self._slot = {}          # cid -> its chosen cluster this round (between training and accumulate)
         self._share = np.zeros(self.k)
+        self._down = None        # the round's broadcast on a hosting rank (its cluster models, for eval_start)
+        if self.k > 1:
+            self.round_start = self._keep_broadcast
 
     def setup(self, ctx):
         super().setup(ctx)
@@ -150,6 +156,15 @@ class Ifca(Reduce):
         self.chosen[run.cid] = torch.tensor([float(j)])
         run.figures["cluster"] = float(j)
         return local.train()
+
+    def _keep_broadcast(self, round_, down):
+        self._down = down
+
+    def eval_start(self, run, down, model):
+        """The client's latest cluster model (cluster 0, the global model, where it has none)."""
+        chosen = self.chosen.get(run.cid)
+        j = 0 if chosen is None else int(chosen[0])
+        model.load(down[: self.dim] if j == 0 or self._down is None else self.cluster(self._down, j))
 
     def accumulate(self, run, down, model, acc):
         j, w = self._slot.pop(run.cid), run.weight

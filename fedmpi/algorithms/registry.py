@@ -30,6 +30,7 @@ from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fe
     feddyn,
     fednova,
     fedprox,
+    fedrep,
     fedskip,
     fsl,
     ifca,
