@@ -187,8 +187,8 @@ def _dry_run(cfg):
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
     algo_cls = lookup(cfg.algorithm.name)
     algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
-    split = personal_split(cfg, flat, algo_cls)      # bad model.personal patterns are refused here too
-    algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=split))
+    personal = personal_split(cfg, flat, algo_cls)      # bad model.personal patterns are refused here too
+    algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     from fedmpi.privacy.stage import dry_run_lines

@@ -87,9 +87,13 @@ class PartitionConfig:
     # groups: [{clients: K, labels: [..]}, ...], client ids dealt in this order (SAFL's client groups);
     # kept as ((K, (label, ...)), ...)
     groups: tuple = ()
+    # fraction of each client's samples held out as its own test split (fedmpi.data.local_test); 0 = none
+    local_test: float = 0.0
 
     def __post_init__(self):
         c = _Checks("partition")
+        c.require(0 <= self.local_test < 1, "local_test", self.local_test,
+                  "must be a fraction in [0, 1) of each client's samples (0 = no local test splits)")
         c.choice("scheme", self.scheme, _schemes())
         c.require(self.clients >= 1, "clients", self.clients, "must be a positive integer")
         c.require(self.beta > 0, "beta", self.beta, "must be > 0")
@@ -307,10 +311,23 @@ class EvalConfig:
     batch_size: int = 100
     divergence: bool = False            # weight divergence from a centralized-SGD shadow (fedmpi.round.shadow)
     client_drift: bool = False          # per-client update norms and cosines with the aggregate (fedmpi.round.drift)
+    # Local evaluation (fedmpi.round.local_eval): every `local_every` rounds (null = off) each evaluated client
+    # is evaluated on its own test split (partition.local_test) on its host, after `finetune_steps` local
+    # SGD steps (0: none; the FedAvg+FT baseline) that are discarded afterwards.
+    local_every: int | None = None
+    local_clients: Literal["selected", "all"] = "selected"
+    finetune_steps: int = 0
 
     def __post_init__(self):
         c = _Checks("eval")
         c.require(self.every >= 1, "every", self.every, "must be a positive integer")
+        c.require(self.local_every is None or self.local_every >= 1, "local_every", self.local_every,
+                  "must be a positive integer (rounds between local evaluations) or null (off)")
+        c.require(self.finetune_steps >= 0, "finetune_steps", self.finetune_steps, "must be >= 0")
+        c.require(not self.finetune_steps or self.local_every is not None, "finetune_steps", self.finetune_steps,
+                  "fine-tunes before a local evaluation only: set eval.local_every too, or leave it at 0")
+        c.require(self.local_clients == "selected" or self.local_every is not None, "local_clients",
+                  self.local_clients, "chooses whom a local evaluation covers: set eval.local_every too")
         c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
         c.done()
 

@@ -14,7 +14,8 @@ class Dataset:
     """Whole train and test sets as arrays; clients later become index arrays into `x_train`.
 
     `x_*` are float32 (images as N x C x H x W, normalised) or int64 token ids; `y_*` are int64 labels.
-    `users` is the natural split into clients where the source has one (SYNTHETIC users, LEAF writers).
+    `users` is the natural split into clients where the source has one (SYNTHETIC users, LEAF writers);
+    `test_users` each such user's own test samples where the source has them (LEAF: the user's test file rows).
     """
 
     name: str
@@ -24,6 +25,8 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     users: list | None = field(default=None, repr=False)
+    # Each natural user's own test samples (indices into x_test, aligned with `users`; LEAF), or None
+    test_users: list | None = field(default=None, repr=False)
 
     @property
     def input_shape(self):
@@ -45,11 +48,17 @@ def keep_first_classes(ds: Dataset, k: int) -> Dataset:
     if k > ds.num_classes:
         raise ConfigError(f"data.classes = {k}: data.name = {ds.name!r} has only {ds.num_classes} classes")
     keep_tr, keep_te = np.flatnonzero(ds.y_train < k), np.flatnonzero(ds.y_test < k)
-    users = None
-    if ds.users is not None:
-        new_index = np.full(len(ds.y_train), -1, dtype=np.int64)
-        new_index[keep_tr] = np.arange(len(keep_tr))
-        users = [new_index[u][new_index[u] >= 0] for u in ds.users]
+    users = _renumbered(ds.users, keep_tr, len(ds.y_train))
+    test_users = _renumbered(ds.test_users, keep_te, len(ds.y_test))
     return Dataset(ds.name, ds.x_train[keep_tr], ds.y_train[keep_tr], ds.x_test[keep_te], ds.y_test[keep_te],
-                   k, users=users)
+                   k, users=users, test_users=test_users)
+
+
+def _renumbered(users, keep, n):
+    """Each user's remaining samples, renumbered into the set of the samples `keep` (None stays None)."""
+    if users is None:
+        return None
+    new_index = np.full(n, -1, dtype=np.int64)
+    new_index[keep] = np.arange(len(keep))
+    return [new_index[u][new_index[u] >= 0] for u in users]
 

@@ -3,7 +3,8 @@
 Layout: `data.root/train/*.json` and `data.root/test/*.json`, each file
 `{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}`. The training
 files' users become the natural clients (`Dataset.users`, in file-name order, then each file's `users`
-order); all test files together form the test set.
+order); all test files together form the test set, and each user's own test samples are its local test
+split (`Dataset.test_users`, matched by user name; used under `partition.scheme: natural`, issue 24).
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def _first_boolean(rows):
 
 
 def _read_part(cfg, part, encode):
-    """(x, y, per-user index arrays) of all files in `part`, users concatenated in order."""
-    xs, ys, users, start = [], [], [], 0
+    """(x, y, per-user index arrays, the users' names) of all files in `part`, users concatenated in order."""
+    xs, ys, users, names, start = [], [], [], [], 0
     for path in _json_files(cfg, part):
         file_users, maybe_booleans = _read_users(path, cfg.data.name)
         for user, x, y in file_users:
@@ -103,10 +104,20 @@ def _read_part(cfg, part, encode):
             xs.append(encode(x, y, where))
             ys.append(_labels(y, where))
             users.append(np.arange(start, start + len(y), dtype=np.int64))
+            names.append(user)
             start += len(y)
     if not xs:
         raise InputError(f"{os.path.join(cfg.data.root, part)}: the LEAF files hold no samples")
-    return np.concatenate(xs), np.concatenate(ys), users
+    return np.concatenate(xs), np.concatenate(ys), users, names
+
+
+def _test_users(train_names, test_users, test_names):
+    """Each training user's own test samples (by user name; empty for a user without test samples)."""
+    by_name = {}
+    for name, idx in zip(test_names, test_users):
+        by_name.setdefault(name, []).append(idx)
+    empty = np.zeros(0, dtype=np.int64)
+    return [np.concatenate(by_name[name]) if name in by_name else empty for name in train_names]
 
 
 def _labels(y, path):
@@ -145,12 +156,13 @@ def _check_labels(y, classes, where):
 def femnist(cfg) -> Dataset:
     """FEMNIST: 28x28 handwritten characters of 62 classes, one LEAF user per writer. LEAF stores pixels in
     [0, 1]; they are standardised with the training set's mean and standard deviation."""
-    x_tr, y_tr, users = _read_part(cfg, "train", _femnist_pixels)
-    x_te, y_te, _ = _read_part(cfg, "test", _femnist_pixels)
+    x_tr, y_tr, users, names = _read_part(cfg, "train", _femnist_pixels)
+    x_te, y_te, test_users, test_names = _read_part(cfg, "test", _femnist_pixels)
     mean, std = float(x_tr.mean()), float(x_tr.std()) or 1.0
     y_tr = _check_labels(y_tr, FEMNIST_CLASSES, os.path.join(cfg.data.root, "train"))
     y_te = _check_labels(y_te, FEMNIST_CLASSES, os.path.join(cfg.data.root, "test"))
-    return Dataset("femnist", (x_tr - mean) / std, y_tr, (x_te - mean) / std, y_te, FEMNIST_CLASSES, users=users)
+    return Dataset("femnist", (x_tr - mean) / std, y_tr, (x_te - mean) / std, y_te, FEMNIST_CLASSES, users=users,
+                   test_users=_test_users(names, test_users, test_names))
 
 
 def encode_chars(strings) -> np.ndarray:
@@ -195,7 +207,8 @@ def _first_surrogate(strings):
 def shakespeare(cfg) -> Dataset:
     """Shakespeare next-character prediction: 80 characters in, the next character out (80 classes), one LEAF
     user per speaking role. Inputs are int64 token ids."""
-    x_tr, y_tr, users = _read_part(cfg, "train", _shakespeare_tokens)
-    x_te, y_te, _ = _read_part(cfg, "test", _shakespeare_tokens)
+    x_tr, y_tr, users, names = _read_part(cfg, "train", _shakespeare_tokens)
+    x_te, y_te, test_users, test_names = _read_part(cfg, "test", _shakespeare_tokens)
     y_tr, y_te = encode_chars(list(y_tr)), encode_chars(list(y_te))
-    return Dataset("shakespeare", x_tr, y_tr, x_te, y_te, len(SHAKESPEARE_VOCAB), users=users)
+    return Dataset("shakespeare", x_tr, y_tr, x_te, y_te, len(SHAKESPEARE_VOCAB), users=users,
+                   test_users=_test_users(names, test_users, test_names))

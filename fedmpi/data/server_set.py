@@ -23,6 +23,7 @@ import numpy as np
 
 from fedmpi.core import rng
 from fedmpi.core.errors import ConfigError
+from fedmpi.data.local_test import LocalTest, local_test_split
 from fedmpi.data.partition import partition
 from fedmpi.data.stats import partition_stats
 
@@ -43,6 +44,7 @@ class Split:
     parts: list
     server_idx: np.ndarray
     groups: dict
+    local_test: LocalTest | None = None     # the clients' own test splits (issue 24), or None
 
 
 def resolved_size(s, n_train) -> int:
@@ -158,8 +160,16 @@ def split_dataset(cfg, dataset, parts=None) -> Split:
             pool = np.setdiff1d(pool, removed)
         parts = partition(dataset, cfg, pool)
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
+    parts, local = local_test_split(cfg, dataset, parts)
+    if cfg.eval.local_every is not None and local is None:
+        raise ConfigError(f"eval.local_every = {cfg.eval.local_every}: the clients have no local test splits; set "
+                          f"partition.local_test to a fraction > 0 (or use a LEAF source under "
+                          f"partition.scheme: natural), or leave eval.local_every null")
     server_stats = partition_stats(labels, [server_idx], dataset.num_classes)
     if len(server_idx) == 0:
         server_stats["emd"] = np.full(1, np.nan)    # an empty set has no label distribution
     groups = {"partition": partition_stats(labels, parts, dataset.num_classes), "partition/server": server_stats}
-    return Split(parts, server_idx, groups)
+    if local is not None:
+        test_labels = dataset.y_train if local.source == "train" else dataset.y_test
+        groups["partition/local_test"] = partition_stats(test_labels, local.parts, dataset.num_classes)
+    return Split(parts, server_idx, groups, local)

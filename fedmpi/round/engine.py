@@ -7,7 +7,7 @@ A round happens in this order, and `run_round` is the only place that says so:
   uploads    the upload stages' per-client transform and sums, inside the protocol's handling of a trained client
   combine    reduction / gather / routing / release of held updates, as the protocol says
   server     the server step (unless the protocol skips it this round)
-  evaluate   when due, every rank evaluates its share of the test set
+  evaluate   when due, every rank evaluates its share of the test set; local evaluation on the clients' hosts
   record     the server's row of /metrics, /clients and /timing, and what of it is non-finite
 
 How uploads travel is the algorithm's `protocol` declaration; each family is a value in fedmpi.round.protocols
@@ -42,6 +42,7 @@ from fedmpi.plans.base import Participation
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.drift import ClientDrift
 from fedmpi.round.evaluation import SplitEvaluation
+from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
@@ -71,6 +72,7 @@ class RoundParts:
     eval_every: int             # cfg.eval.every
     eval_batch: int             # cfg.eval.batch_size
     client_drift: bool          # cfg.eval.client_drift
+    local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)
 
     @property
     def num_clients(self):
@@ -173,9 +175,9 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     parts.participation.done(plan)          # the provider hears of the round (e.g. advances its clock)
     parts.client_store.end_round()          # the round's client vectors back to host memory (or the spill file)
     stats, sums = _server_step(parts, plan, closing.update)
-    evaluated = _evaluate(parts, plan, closing.evaluate)
+    evaluated, local = _evaluate(parts, plan, closing.evaluate)
     cosines = closing.drift.cosines(parts, sums, stats) if closing.drift is not None else None
-    return _outcome(parts, plan, stats, sums, evaluated, cosines)
+    return _outcome(parts, plan, stats, sums, evaluated, cosines, local)
 
 
 # -- the steps ---------------------------------------------------------------------------------------------
@@ -278,26 +280,32 @@ def _server_step(parts, plan, update):
 
 def _evaluate(parts, plan, evaluate):
     """Collective when due (`evaluate`, None: every eval.every rounds and the last): every rank evaluates its
-    share of the test set on the global model; the figures on the server, None elsewhere or when not due."""
-    if not (parts.eval_due(plan.round) if evaluate is None else evaluate):
-        return None
+    share of the test set on the global model; then, when eval.local_every says so (and `evaluate` is not
+    False), the local evaluation of its hosted clients. (global figures, local (figures, columns)) on the
+    server, each None elsewhere or when not due."""
+    due = parts.eval_due(plan.round) if evaluate is None else evaluate
+    local = parts.local_eval is not None and evaluate is not False and parts.local_eval.due(plan.round, parts.rounds)
+    if not (due or local):
+        return None, None
     server = parts.server
     with parts.timer.phase("eval"):
-        return parts.evaluation.run(parts.wire.share(server.x if server else None))
+        x = parts.wire.share(server.x if server else None)
+        evaluated = parts.evaluation.run(x) if due else None
+        return evaluated, (parts.local_eval.run(plan, x) if local else None)
 
 
-def _outcome(parts, plan, stats, sums, evaluated, cosines):
+def _outcome(parts, plan, stats, sums, evaluated, cosines, local=None):
     """The server's RoundOutcome: the round's record, the stop votes and what is non-finite."""
     server, timer = parts.server, parts.timer
     if not server:
         return RoundOutcome()
     with timer.phase("server"):
-        record = _record(parts, plan, stats, sums, evaluated, cosines)
+        record = _record(parts, plan, stats, sums, evaluated, cosines, local)
     record.timing[0] += timer.take()     # the server's own time after the reduction
     return RoundOutcome(record, stats.stop_votes, nonfinite(record.metrics, stats, server.x))
 
 
-def _record(parts, plan, stats, sums, evaluated, cosines):
+def _record(parts, plan, stats, sums, evaluated, cosines, local=None):
     """The round's row of /metrics, /clients and /timing."""
     t, server, shadow = plan.round, parts.server, parts.shadow
     metrics, clients = server.figures(t, plan.selected, stats, parts.wire.client_figures(), parts.num_clients)
@@ -310,6 +318,9 @@ def _record(parts, plan, stats, sums, evaluated, cosines):
         metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
     if cosines is not None:
         clients["update_cosine"][plan.selected] = cosines[plan.selected]
+    if local is not None:
+        metrics.update(local[0])
+        clients.update(local[1])
     if shadow is not None:
         metrics["weight_divergence"], metrics["weight_divergence_layers"] = shadow.divergence(server.x)
         if evaluated is not None:

@@ -33,6 +33,7 @@ from fedmpi.mpi.runtime import pick_device, set_deterministic, set_threads
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
 from fedmpi.round.evaluation import SplitEvaluation
+from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.protocols import PROTOCOLS
 from fedmpi.round.providers import build_participation, build_stages
 from fedmpi.round.server import Server
@@ -123,6 +124,8 @@ class Experiment:
         self.evaluation = SplitEvaluation(comm, self.flat, self.dataset.x_test, self.dataset.y_test,
                                           cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
         self.data = data
+        self.local_eval = (LocalEvaluation(cfg, comm, self.clients, algo, self.flat, data, self.split.local_test,
+                                           loss=loss) if cfg.eval.local_every is not None else None)
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
         algo.verify_declarations()
@@ -143,7 +146,8 @@ class Experiment:
             client_store=self.client_store, comm=comm, timer=comm.timer, flat=self.flat,
             test_set=lambda: data.test, protocol=protocol,
             state=protocol.new_state(len(parts), cfg.eval.client_drift), rounds=cfg.rounds,
-            eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift)
+            eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift,
+            local_eval=self.local_eval)
 
     def _server_trainer(self, data, loss):
         if not (self.algo.uses_server_set and len(self.split.server_idx)):

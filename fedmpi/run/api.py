@@ -48,8 +48,15 @@ class MemoryLog:
         return {k: _column([row.get(k) for row in self.rows]) for k in names}
 
     def clients(self):
+        """name -> [round, client]; a figure missing from a round's row (local_acc outside local evaluations)
+        is NaN there, as in run.h5."""
         names = dict.fromkeys(k for row in self.client_rows for k in row)
-        return {k: np.stack([row[k] for row in self.client_rows]) for k in names}
+        out = {}
+        for k in names:
+            width = next(len(row[k]) for row in self.client_rows if k in row)
+            out[k] = np.stack([row[k] if k in row else np.full(width, np.nan, dtype=np.float32)
+                               for row in self.client_rows])
+        return out
 
     def timing(self):
         return np.stack(self.timing_rows) if self.timing_rows else np.zeros((0, 1, 0))
