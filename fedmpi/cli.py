@@ -40,6 +40,9 @@ def _parser():
     rep.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
     rep.add_argument("--classes", action="store_true",
                      help="per run, the final accuracy of each class, worst first, beside the clients' label counts")
+    rep.add_argument("--clients", action="store_true",
+                     help="the local-accuracy distribution per run (mean, worst 10%%, std, share below global; "
+                          "eval.local_every); with --plot: FILE-RUN-clients.png, its CDF beside the global curve")
     rep.add_argument("--timing", action="store_true",
                      help="per run, mean seconds per round of each phase on each rank (with --plot: FILE-timing.png)")
     ver = sub.add_parser("verify", help="where two runs' models part (exit 0 identical, 1 they differ)")
@@ -209,7 +212,8 @@ def _report(args):
     from fedmpi.analysis import report_command
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
-                          x=args.x, fmt=args.format, classes=args.classes, timing=args.timing)
+                          x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
+                          clients=args.clients)
 
 
 def _verify(args):

@@ -308,6 +308,8 @@ def valid(tp, key="", sizes="small"):
     if origin in (typing.Union, __import__("types").UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return st.one_of(st.just("null"), *(valid(a, key, sizes) for a in inner))
+    if origin is tuple and typing.get_args(tp)[-1] is Ellipsis:      # tuple[str, ...]: model.personal
+        return st.lists(valid(typing.get_args(tp)[0], key, sizes), max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]")
     if origin is tuple:
         args = typing.get_args(tp)
         return st.tuples(*(valid(a, key, sizes) for a in args)).map(lambda xs: "[" + ", ".join(xs) + "]")

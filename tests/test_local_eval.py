@@ -139,3 +139,36 @@ def test_finetuning_is_discarded_and_moves_the_local_figures():
     plain, tuned = _run(local_clients="all"), _run(local_clients="all", finetune_steps=5)
     assert np.array_equal(plain.model, tuned.model)          # fine-tuning changes nothing that is kept
     assert not np.array_equal(plain.clients["local_acc"][3], tuned.clients["local_acc"][3])
+
+
+def test_report_clients_and_export_carry_the_local_figures(tmp_path, capsys):
+    """A real run file: `fedmpi report --clients` prints the last local evaluation's distribution as logged,
+    `--plot` draws its CDF, and `fedmpi export --csv` carries every local figure."""
+    import csv
+    import io
+
+    from conftest import small_config, write_config
+
+    from fedmpi.analysis import load_runs, report_command
+    from fedmpi.cli import main as fedmpi_main
+
+    cfg = small_config(tmp_path / "fedper", rounds=2, model={"name": "mlp", "hidden": 8},
+                       algorithm={"name": "fedper"}, partition={"clients": 6, "scheme": "shards", "local_test": 0.2},
+                       server={"clients_per_round": 3}, eval={"local_every": 2, "local_clients": "all"},
+                       runtime={"threads": 1, "progress": "off"})
+    assert fedmpi_main(["run", str(write_config(tmp_path / "c.yaml", cfg))]) == 0
+    run_file = tmp_path / "fedper" / "run.h5"
+    out = io.StringIO()
+    assert report_command([run_file], clients=True, plot=str(tmp_path / "p.png"), out=out) == 0
+    text = out.getvalue()
+    metrics = load_runs([str(run_file)])[0].metrics
+    line = next(row for row in text.splitlines() if row.startswith("fedper") and "finished" not in row)
+    cells = line.split()
+    assert cells[1] == "1" and cells[2] == "6"        # round index 1, six clients evaluated
+    assert cells[3] == f"{metrics['local_acc_mean'][1]:.4f}" and cells[5] == f"{metrics['local_acc_worst10'][1]:.4f}"
+    assert (tmp_path / "p-fedper-clients.png").stat().st_size > 0
+    assert fedmpi_main(["export", str(run_file), "--csv", str(tmp_path / "e.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "e.csv")))
+    assert float(rows[1]["local_acc_worst10"]) == pytest.approx(metrics["local_acc_worst10"][1])
+    assert rows[0]["local_acc_mean"] == ""          # not evaluated in round 0
+    capsys.readouterr()

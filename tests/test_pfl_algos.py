@@ -17,7 +17,7 @@ from fedmpi.algorithms import ClientRun, build_algorithm
 from fedmpi.algorithms.apfl import MixedStep
 from fedmpi.algorithms.catalog import check_declarations
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.fedrep import Freeze, head_patterns
+from fedmpi.algorithms.fedrep import Freeze
 from fedmpi.algorithms.ifca import choose_cluster, cluster_means
 from fedmpi.algorithms.perfedavg import MetaSteps, meta_batches
 from fedmpi.algorithms.qffl import qffl_upload
@@ -256,10 +256,15 @@ def test_perfedavg_refuses_momentum():
 
 # -- FedRep -----------------------------------------------------------------------------------------------
 
-def test_fedrep_head_is_the_last_trainable_layer():
-    entries = [("1.weight", 0, 6), ("1.bias", 6, 2), ("3.weight", 8, 4), ("3.bias", 12, 2), ("bn.mean", 14, 2)]
-    assert head_patterns(entries, 14) == ("3.*",)
-    assert head_patterns([("weight", 0, 4)], 4) == ("weight",)
+def test_fedrep_head_is_fedpers_last_linear_layer():
+    from fedmpi.algorithms.fedper import FedPer
+    from fedmpi.algorithms.fedrep import FedRep
+    from fedmpi.core.flat import FlatModel
+
+    model = FlatModel(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)))
+    keys = config.from_dict({"algorithm": {"name": "fedrep"}}).algorithm
+    assert FedRep.personal_patterns(keys, model) == ("2.*",)
+    assert FedRep.personal_patterns(keys, model) == FedPer.personal_patterns(FedPer.Keys(), model)
 
 
 def test_fedrep_freeze_keeps_entries_exactly():

@@ -37,7 +37,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSV = os.path.join(ROOT, "docs", "reproduction_personalization.csv")
 CLIENTS, ROUNDS, PER_ROUND, LOCAL_TEST = 20, 30, 10, 0.2
 HIDDEN = 100            # the 2NN's width (McMahan et al.'s is 200; halved to fit the time budget)
-HEAD = ["5.*"]          # the 2NN's last Linear (nn.Sequential index 5): FedPer's personal head
 
 SPLITS = {
     "shards2": {"scheme": "shards", "shards_per_client": 2},
@@ -48,7 +47,7 @@ METHODS = {
     "local": ("local", {"name": "local"}, {}),
     "fedavg": ("FedAvg", {"name": "fedavg"}, {}),
     "fedavg_ft": ("FedAvg+FT", {"name": "fedavg"}, {"eval": {"finetune_steps": 10}}),
-    "fedper": ("FedPer", {"name": "fedavg"}, {"model": {"personal": HEAD}}),
+    "fedper": ("FedPer", {"name": "fedper"}, {}),
     "fedrep": ("FedRep", {"name": "fedrep", "head_epochs": 2}, {}),
     "ditto": ("Ditto", {"name": "ditto", "lam": 0.1}, {}),
     "apfl": ("APFL", {"name": "apfl", "alpha": 0.5}, {}),

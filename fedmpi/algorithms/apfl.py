@@ -19,6 +19,7 @@ here w is the round's locally trained model throughout the personal pass. PFLlib
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,8 +46,8 @@ class ApflKeys(AlgorithmKeys):
     def __post_init__(self):
         c = Checks("algorithm")
         c.require(0.0 <= self.alpha <= 1.0, "alpha", self.alpha, "must be in [0, 1]")
-        c.require(self.alpha_lr is None or self.alpha_lr > 0, "alpha_lr", self.alpha_lr,
-                  "must be > 0, or null for client.lr")
+        c.require(self.alpha_lr is None or (math.isfinite(self.alpha_lr) and self.alpha_lr > 0), "alpha_lr",
+                  self.alpha_lr, "must be a finite number > 0, or null for client.lr")
         c.done()
 
 

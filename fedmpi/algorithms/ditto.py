@@ -16,6 +16,7 @@ it first trains in (PFLlib copies the initial model; docs/baselines.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys
@@ -37,7 +38,7 @@ class DittoKeys(AlgorithmKeys):
 
     def __post_init__(self):
         c = Checks("algorithm")
-        c.require(self.lam >= 0, "lam", self.lam, "must be >= 0")
+        c.require(math.isfinite(self.lam) and self.lam >= 0, "lam", self.lam, "must be a finite number >= 0")
         c.require(self.personal_steps is None or (isinstance(self.personal_steps, int) and self.personal_steps >= 1),
                   "personal_steps", self.personal_steps, "must be an integer >= 1, or null for the client's schedule")
         c.done()

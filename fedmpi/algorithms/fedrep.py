@@ -1,13 +1,14 @@
 """FedRep (Collins, Hassani, Mokhtari, Shakkottai, "Exploiting Shared Representations for Personalized Federated
 Learning", ICML 2021).
 
-The model is a shared body (the representation) and a personal head: by default the last layer with
-parameters (its `weight` and `bias`), plus whatever `model.personal` adds. Each round a selected client
-first trains its own head for `head_epochs` epochs with the body frozen (a pass drawn from (seed, PERSONAL,
-round, client, 1)), then the body for `body_epochs` epochs (None: the client's schedule, client.epochs or
-client.steps) with the new head frozen (the client's own stream). Only the body is uploaded and averaged:
-the round loop keeps the head in the client's personal entries and sends none of it (Algorithm.personal,
-docs/extending.md); a client's local evaluation uses the global body with its own head.
+The model is a shared body (the representation) and a personal head: the model's last linear layer (its
+`weight` and `bias`, FedPer's head: fedmpi.algorithms.layers), plus whatever `model.personal` adds. Each
+round a selected client first trains its own head for `head_epochs` epochs with the body frozen (a pass
+drawn from (seed, PERSONAL, round, client, 1)), then the body for `body_epochs` epochs (None: the client's
+schedule, client.epochs or client.steps) with the new head frozen (the client's own stream). Only the body
+is uploaded and averaged: the round loop keeps the head in the client's personal entries and sends none of
+it (Algorithm.personal, docs/extending.md); a client's local evaluation uses the global body with its own
+head.
 
 Frozen means exactly unchanged: after each step the frozen entries are put back (a step hook), so momentum
 and weight decay cannot move them. PFLlib sets requires_grad = False instead and keeps one optimizer per
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.layers import head_patterns
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
 
@@ -45,17 +47,6 @@ class FedRepKeys(AlgorithmKeys):
         c.done()
 
 
-def head_patterns(entries, n_params):
-    """The pattern of the last module that has trainable parameters (e.g. ('3.*',) for an nn.Sequential whose
-    fourth module is the classifier): the module of the last trainable entry of `entries` ((name, offset,
-    numel) in vector order)."""
-    trainable = [name for name, offset, _ in entries if offset < n_params]
-    if not trainable:
-        return ()
-    module = trainable[-1].rpartition(".")[0]
-    return (f"{module}.*",) if module else (trainable[-1],)
-
-
 class Freeze:
     """A step hook that puts `frozen` entries of the flat parameters back to their values at creation."""
 
@@ -74,10 +65,7 @@ class FedRep(FedAvg):
 
     @classmethod
     def personal_patterns(cls, keys, model):
-        found = head_patterns(model.entries, model.n_params)
-        if not found:
-            raise ConfigError(f"algorithm.name = {keys.name!r}: the model has no trainable layer to keep as the head")
-        return found
+        return head_patterns(model, f"algorithm.name = {cls.name!r}")     # FedPer's head: the last nn.Linear
 
     def __init__(self, keys, context):
         super().__init__(keys, context)

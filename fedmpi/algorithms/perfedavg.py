@@ -15,6 +15,7 @@ trainer's step is theta - beta g. That is exact for plain SGD, hence client.mome
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys
@@ -35,7 +36,8 @@ class PerFedAvgKeys(AlgorithmKeys):
         c = Checks("algorithm")
         for key in ("alpha", "beta"):
             value = getattr(self, key)
-            c.require(value is None or value > 0, key, value, "must be > 0, or null for client.lr")
+            c.require(value is None or (math.isfinite(value) and value > 0), key, value,
+                      "must be a finite number > 0, or null for client.lr")
         c.done()
 
 

@@ -13,6 +13,7 @@ zero loss with q < 1 stays finite.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +35,9 @@ class QfflKeys(AlgorithmKeys):
 
     def __post_init__(self):
         c = Checks("algorithm")
-        c.require(self.q >= 0, "q", self.q, "must be >= 0")
-        c.require(self.L is None or self.L > 0, "L", self.L, "must be > 0, or null for 1 / client.lr")
+        c.require(math.isfinite(self.q) and self.q >= 0, "q", self.q, "must be a finite number >= 0")
+        c.require(self.L is None or (math.isfinite(self.L) and self.L > 0), "L", self.L,
+                  "must be a finite number > 0, or null for 1 / client.lr")
         c.done()
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from fedmpi.analysis import report
 from fedmpi.analysis.class_report import class_section
+from fedmpi.analysis.client_report import client_section, plot_clients
 from fedmpi.analysis.plotting import pyplot, save_figure
 from fedmpi.analysis.run_figure import has_instruments, plot_run
 from fedmpi.analysis.timing_report import plot_timing, timing_section
@@ -35,7 +36,13 @@ LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "
           "shadow_acc": "test accuracy of centralized SGD (shadow)",
           "gradient_diversity": "gradient diversity sum p_i ||D_i||^2 / ||sum p_i D_i||^2",
           "update_sq_norm": "sum_i p_i ||D_i||^2", "aggregate_sq_norm": "||sum_i p_i D_i||^2",
-          "client_lr": "client learning rate", "server_lr": "server learning rate"}
+          "client_lr": "client learning rate", "server_lr": "server learning rate",
+          "local_acc_mean": "local accuracy (sample-weighted mean over clients)",
+          "local_acc_unweighted": "local accuracy (mean over clients)",
+          "local_acc_worst10": "local accuracy, worst 10% of clients",
+          "local_acc_worst": "worst client's local accuracy",
+          "local_acc_std": "std of the clients' local accuracy",
+          "local_below_global": "share of clients below the global model"}
 
 
 # --- finding and reading runs ---------------------------------------------------------------------------
@@ -247,7 +254,7 @@ def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
 # --- the command behind `fedmpi report` and tools/compare.py, tools/sweep.py -----------------------------
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
-                   err=None, classes=False, timing=False) -> int:
+                   err=None, classes=False, timing=False, clients=False) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given), optionally
     the per-class and per-phase views, writes the table as CSV and draws the figures; returns the exit
     status. A file that cannot be read is skipped with a warning; a place that cannot be written is exit 2
@@ -280,20 +287,23 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     for wanted, section in ((classes, class_section), (timing, timing_section)):
         for run in runs if wanted else ():
             print("\n" + section(run, fmt), file=out)
+    if clients:
+        print("\n" + client_section(runs, fmt), file=out)
     try:
         if csv_path:
             report.write_csv(rows, csv_path)
         if plot:
-            _draw(runs, by, plot, x, timing, out, err)
+            _draw(runs, by, plot, x, timing, out, err, clients)
     except OSError as e:
         print(f"fedmpi: error: cannot write {e.filename or csv_path or plot}: {e.strerror or e}", file=err)
         return EXIT_USAGE
     return 0
 
 
-def _draw(runs, by, plot, x, timing, out, err):
+def _draw(runs, by, plot, x, timing, out, err, clients=False):
     """The figures of --plot: the curves into PLOT; beside it one figure per run that recorded instruments
-    (PLOT-RUN.png, not for sweeps) and, with --timing, the phase bars (PLOT-timing.png)."""
+    (PLOT-RUN.png, not for sweeps), with --timing the phase bars (PLOT-timing.png) and with --clients each
+    locally evaluated run's local accuracy CDF beside its global curve (PLOT-RUN-clients.png)."""
     if by:
         plot_sweep(runs, by, plot, x=x)
     else:
@@ -307,6 +317,10 @@ def _draw(runs, by, plot, x, timing, out, err):
             name = _unique(run.name, names)
             plot_run(run, sibling(plot, name))
             print(f"figure of {run.name} written to {sibling(plot, name)}", file=out)
+    for run in runs if clients else ():
+        path = sibling(plot, _unique(f"{run.name}-clients", names))
+        if plot_clients(run, path):
+            print(f"local accuracy of {run.name} written to {path}", file=out)
     if timing:
         if plot_timing(runs, sibling(plot, "timing")):
             print(f"phase timing written to {sibling(plot, 'timing')}", file=out)

@@ -213,7 +213,7 @@ def _fmt(key, v):
         return v
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return "-"
-    if key.endswith("acc"):
+    if key.endswith(("acc", "_share")):
         return f"{v:.4f}"
     if key == "emd":
         return f"{v:.3f}"

@@ -112,7 +112,7 @@ RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients
 HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.tau", "server.lr_schedule",
                  "client.lr_schedule", "eval.divergence", "eval.client_drift", "clients", "client.compress",
                  "server.deadline", "server.over_select", "server.sampling", "privacy", "attack",
-                 "model.personal", "partition.local_test", "eval.local_every", "eval.local_clients",
+                 "model.personal", "model.mlp_norm", "partition.local_test", "eval.local_every", "eval.local_clients",
                  "eval.finetune_steps")
 
 

@@ -190,6 +190,7 @@ class ModelConfig:
     # fnmatch patterns over parameter/buffer names (named_parameters, named_buffers) whose entries each client
     # keeps for itself (personalized FL, fedmpi.core.personal); [] = everything is shared
     personal: tuple[str, ...] = ()
+    mlp_norm: Literal["none", "batch"] = "none"   # mlp: BatchNorm1d after each hidden layer (FedBN on a small model)
 
     def __post_init__(self):
         c = _Checks("model")
@@ -311,7 +312,8 @@ class EvalConfig:
     batch_size: int = 100
     divergence: bool = False            # weight divergence from a centralized-SGD shadow (fedmpi.round.shadow)
     client_drift: bool = False          # per-client update norms and cosines with the aggregate (fedmpi.round.drift)
-    # Local evaluation (fedmpi.round.local_eval): every `local_every` rounds (null = off) each evaluated client
+    # Local evaluation (fedmpi.round.local_eval): every `local_every` rounds (null = off; not forced at the last
+    # round, so that a resumed run logs what an uninterrupted one does) each evaluated client
     # is evaluated on its own test split (partition.local_test) on its host, after `finetune_steps` local
     # SGD steps (0: none; the FedAvg+FT baseline) that are discarded afterwards.
     local_every: int | None = None

@@ -22,7 +22,12 @@ def _lr(cfg, shape, classes):
 
 
 def _mlp(cfg, shape, classes):
-    # McMahan et al.'s "2NN": two hidden layers of `hidden` units with ReLU.
+    # McMahan et al.'s "2NN": two hidden layers of `hidden` units with ReLU; `mlp_norm: batch` puts a
+    # BatchNorm1d after each hidden layer (a small model with normalization layers, for FedBN).
+    if getattr(cfg, "mlp_norm", "none") == "batch":
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), cfg.hidden), nn.BatchNorm1d(cfg.hidden),
+                             nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.BatchNorm1d(cfg.hidden), nn.ReLU(),
+                             nn.Linear(cfg.hidden, classes))
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), cfg.hidden), nn.ReLU(),
                          nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, classes))
 

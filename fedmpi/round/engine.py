@@ -284,7 +284,7 @@ def _evaluate(parts, plan, evaluate):
     False), the local evaluation of its hosted clients. (global figures, local (figures, columns)) on the
     server, each None elsewhere or when not due."""
     due = parts.eval_due(plan.round) if evaluate is None else evaluate
-    local = parts.local_eval is not None and evaluate is not False and parts.local_eval.due(plan.round, parts.rounds)
+    local = parts.local_eval is not None and evaluate is not False and parts.local_eval.due(plan.round)
     if not (due or local):
         return None, None
     server = parts.server

@@ -1,7 +1,9 @@
 """Local evaluation (issue 24): each client's model on its own test split, on the rank hosting the client.
 
-Every `eval.local_every` rounds (and at the last round) the evaluated clients (`eval.local_clients`: the
-round's selected ones, or all N, those not in the round included) are evaluated on their hosts, after the
+Every `eval.local_every` rounds (rounds t with (t + 1) % local_every == 0; not tied to the run's last round,
+so a run stopped and resumed logs the very evaluations of an uninterrupted one) the evaluated clients
+(`eval.local_clients`: the round's selected ones, or all N, those not in the round included) are evaluated
+on their hosts, after the
 round's server step: the algorithm's `eval_start(run, x, model)` loads what the client evaluates with (by
 default the new global model with the client's personal entries), `eval.finetune_steps` > 0 runs that many
 plain local SGD steps on the client's training split first (stream (seed, FINETUNE, round, client); the
@@ -71,8 +73,9 @@ class LocalEvaluation:
         self.sizes = local_test.sizes
         self.buffer = np.zeros((4, self.num_clients), dtype=np.float64)
 
-    def due(self, t, rounds) -> bool:
-        return self.every is not None and ((t + 1) % self.every == 0 or t + 1 == rounds)
+    def due(self, t) -> bool:
+        # Not "or the last round": a shorter first run followed by --resume would then log one more.
+        return self.every is not None and (t + 1) % self.every == 0
 
     def clients_of(self, plan):
         """The clients this evaluation covers, in increasing id."""
