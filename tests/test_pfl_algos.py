@@ -436,3 +436,47 @@ def test_qffl_uses_the_loss_at_the_broadcast_model():
 def test_bad_keys_are_config_errors_naming_the_key(name, key, value):
     with pytest.raises(ConfigError, match=f"algorithm.{key}"):
         config.from_dict({"algorithm": {"name": name, key: value}})
+
+
+# -- the reproduction tool (tools/personalization.py) -----------------------------------------------------
+
+def load_tool(name):
+    """tools/NAME.py as a module (registered in sys.modules, which its dataclasses need)."""
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location(f"tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def personalization_tool():
+    return load_tool("personalization")
+
+
+def test_claims_are_judged_from_the_numbers():
+    tool = personalization_tool()
+    rows = [{"split": s, "method": label, "local_acc_mean": acc, "local_acc_std": 0.01, "worst10_mean": worst,
+             "worst10_std": 0.01, "global_test_acc_mean": 0.5, "global_test_acc_std": 0.0}
+            for s in tool.SPLITS
+            for label, acc, worst in (("local", 0.7, 0.2), ("FedAvg", 0.8, 0.5), ("FedAvg+FT", 0.9, 0.6),
+                                      ("FedPer", 0.85, 0.5), ("FedRep", 0.79, 0.5), ("Ditto", 0.95, 0.45),
+                                      ("APFL", 0.805, 0.5), ("IFCA", 0.9, 0.6))]
+    assert tool.verdict(rows, "shards2", "FedRep") == ("does not hold", "0.790 vs FedAvg 0.800")
+    assert tool.verdict(rows, "shards2", "Ditto")[0] == "holds"
+    assert tool.verdict(rows, "shards2", "Ditto (worst 10%)")[0] == "does not hold"
+    assert tool.verdict(rows, "dir0.1", "APFL") == ("holds", "0.805 vs FedAvg 0.800; 0.805 vs local 0.700 "
+                                                             "(margin within the seeds' spread)")
+    assert tool.verdict(rows, "dir0.1", "local")[0] == "does not hold"
+    assert "| FedRep | above FedAvg" in tool.markdown(rows)
+
+
+def test_reproduce_keeps_the_personalization_section():
+    reproduce = load_tool("reproduce")
+    block = "<!-- extra:personalization -->\n## P\nrows\n<!-- /extra:personalization -->"
+    text = reproduce.assemble("# old\n<!-- paper:zhao -->\nZ\n<!-- /paper:zhao -->\n\n" + block + "\n", {})
+    assert text.endswith(block + "\n") and "Z" in text
