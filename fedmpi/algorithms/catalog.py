@@ -42,5 +42,5 @@ def check_declarations(cls):
                         f"('' = they do not)")
     if cls.vectorizable and (cls.protocol != REDUCE or cls.grad_hook is not None or cls.step_hook is not None
                              or cls.loss_fn is not None or cls.local_training is not None):
-        raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, loss "
+        raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, or loss, "
                         f"or local_training")
