@@ -480,3 +480,12 @@ def test_reproduce_keeps_the_personalization_section():
     block = "<!-- extra:personalization -->\n## P\nrows\n<!-- /extra:personalization -->"
     text = reproduce.assemble("# old\n<!-- paper:zhao -->\nZ\n<!-- /paper:zhao -->\n\n" + block + "\n", {})
     assert text.endswith(block + "\n") and "Z" in text
+
+
+@pytest.mark.parametrize("name", ["ditto", "apfl", "ifca"])
+def test_whole_personal_models_refuse_personal_entries(name):
+    from fedmpi.algorithms.registry import lookup
+
+    cfg = config.from_dict({"algorithm": {"name": name}, "model": {"name": "mlp", "personal": ["5.*"]}})
+    with pytest.raises(ConfigError, match="model.personal"):
+        lookup(name).check(cfg, None)

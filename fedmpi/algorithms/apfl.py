@@ -89,6 +89,11 @@ class Apfl(FedAvg):
         c.require(cfg.client.weight_decay == 0, "weight_decay", cfg.client.weight_decay,
                   "apfl steps its personal model itself (plain SGD on v); use client.weight_decay = 0")
         c.done()
+        c = Checks("model")
+        c.require(not cfg.model.personal, "personal", list(cfg.model.personal),
+                  "apfl keeps a whole personal model per client; personal entries beside it are not supported: "
+                  "leave model.personal empty")
+        c.done()
 
     def __init__(self, keys, context):
         super().__init__(keys, context)

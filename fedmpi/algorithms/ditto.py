@@ -56,6 +56,15 @@ class Ditto(FedAvg):
     vectorizable = False
     keeps_client_state = True
 
+    @classmethod
+    def check(cls, cfg, model):
+        super().check(cfg, model)
+        c = Checks("model")
+        c.require(not cfg.model.personal, "personal", list(cfg.model.personal),
+                  "ditto keeps a whole personal model per client; personal entries beside it are not supported: "
+                  "leave model.personal empty")
+        c.done()
+
     def __init__(self, keys, context):
         super().__init__(keys, context)
         self.lam = float(keys.lam)

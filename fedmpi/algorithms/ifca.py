@@ -88,6 +88,11 @@ class Ifca(Reduce):
                   "ifca replaces each cluster model by the mean of its clients' models (no server step size); "
                   "use server.lr = 1.0 with a constant server.lr_schedule")
         c.done()
+        c = Checks("model")
+        c.require(not cfg.model.personal, "personal", list(cfg.model.personal),
+                  "ifca loads whole cluster models for each client; personal entries are not supported: leave "
+                  "model.personal empty")
+        c.done()
 
     @classmethod
     def privacy_problems(cls, keys, client_steps):
