@@ -108,3 +108,18 @@ def test_personal_entries_stay_home_and_bytes_shrink_by_their_size():
     assert sorted(exp.algo.personal_state) == sorted(trained.tolist())
     for cid in trained:
         assert not torch.equal(exp.algo.personal_state[int(cid)], split.personal(x0))
+
+
+def test_bad_patterns_exit_2_before_any_file(tmp_path):
+    import yaml
+
+    from fedmpi.cli import main as fedmpi_main
+
+    cfg = _tiny(model={"personal": ["head.*"]})
+    cfg["out"] = str(tmp_path / "run")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert fedmpi_main(["run", str(path), "--dry-run"]) == 2
+    assert fedmpi_main(["run", str(path)]) == 2
+    assert fedmpi_main(["run", str(path), "model.personal=[]", "algorithm.name=lgfedavg", "model.name=lr"]) == 2
+    assert not (tmp_path / "run" / "run.h5").exists()

@@ -125,7 +125,8 @@ class Experiment:
                                           cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
         self.data = data
         self.local_eval = (LocalEvaluation(cfg, comm, self.clients, algo, self.flat, data, self.split.local_test,
-                                           loss=loss) if cfg.eval.local_every is not None else None)
+                                           self.client_store, loss=loss)
+                           if cfg.eval.local_every is not None else None)
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
         algo.verify_declarations()

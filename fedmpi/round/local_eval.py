@@ -64,8 +64,11 @@ class LocalEvaluation:
     """The local evaluation of one rank's hosted clients. `local_test` is the split's LocalTest; `data` the
     experiment's DeviceData (its train or test tensors hold the splits)."""
 
-    def __init__(self, cfg, comm, clients, algo, flat, data, local_test, loss=None):
+    def __init__(self, cfg, comm, clients, algo, flat, data, local_test, store, loss=None):
+        """`store`: the rank's ClientStateStore, whose device copies made for the evaluation are dropped after it
+        (with `local_clients: all` they would otherwise stay on a GPU until the next round's end)."""
         self.cfg, self.comm, self.clients, self.algo, self.flat = cfg, comm, clients, algo, flat
+        self.store = store
         self.every, self.scope = cfg.eval.local_every, cfg.eval.local_clients
         self.finetune_steps, self.batch = cfg.eval.finetune_steps, cfg.eval.batch_size
         self.data, self.local_test, self.loss = data, local_test, loss
@@ -102,6 +105,7 @@ class LocalEvaluation:
                 self.flat.load(x)
                 buf[GLOBAL_ACC, cid] = self._evaluate(xs, ys)[0]
                 buf[EVALUATED, cid] = 1.0
+            self.store.end_round()
         self.comm.reduce_sum(buf.reshape(-1))
         if not self.comm.is_server:
             return None
