@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce
-from fedmpi.algorithms.catalog import register
+from fedmpi.algorithms.catalog import check_declarations, register
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
 from fedmpi.core.config_checks import Checks
@@ -76,8 +76,8 @@ class Ifca(Reduce):
         """The class whose declared vector counts match keys.k (down k models, up k slots and k weights)."""
         k = keys.k
         if k not in cls._by_k:
-            cls._by_k[k] = type(f"Ifca{k}", (cls,), {"down_vectors": k, "up_vectors": k, "up_scalars": k,
-                                                     "__doc__": f"IFCA with k = {k} cluster models."})
+            cls._by_k[k] = check_declarations(type(f"Ifca{k}", (cls,), {
+                "down_vectors": k, "up_vectors": k, "up_scalars": k, "__doc__": f"IFCA with k = {k} cluster models."}))
         return cls._by_k[k](keys, context)
 
     @classmethod
