@@ -535,6 +535,8 @@ def assemble(existing, sections):
     kept.update(sections)
     body = [kept.get(key, f"<!-- paper:{key} -->\n## {PAPERS[key].title}\n\nNot run yet: "
                           f"`python tools/reproduce.py --paper {key}`.\n<!-- /paper:{key} -->") for key in ORDER]
+    # Sections other tools write (`<!-- extra:NAME -->`, e.g. tools/personalization.py) are kept as they are.
+    body += [m.group(0) for m in re.finditer(r"<!-- extra:([\w-]+) -->.*?<!-- /extra:\1 -->", existing, flags=re.S)]
     return HEADER + "\n" + "\n\n".join(body) + "\n"
 
 

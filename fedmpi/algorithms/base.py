@@ -58,6 +58,23 @@ Hooks, in the order of a round (rank 0 is the server; "host" is the rank that tr
   step_hook(params)                      after each step   host    the flat parameters, in place, after the
                                                                    optimizer step (None: none)
   loss_fn(xb, yb)                        each local step   host    returns the loss (None: cross-entropy)
+  local_training(run, down, model, local)  per client      host    replaces the one pass of local SGD (None:
+                                         (after                    one pass with the three hooks above):
+                                         client_start)             `local.train(steps=None, grad_hook=None,
+                                                                   loss_fn=None, step_hook=None, lr=None,
+                                                                   stream=0)` runs one pass from the model's
+                                                                   current vector and returns (loss_sum,
+                                                                   seen); stream 0 is the client's own
+                                                                   (seed, CLIENT, t, cid), FedAvg's, stream
+                                                                   j >= 1 draws from (seed, PERSONAL, t, cid,
+                                                                   j); `local.loss()` is the current vector's
+                                                                   mean training loss; `local.steps`,
+                                                                   `local.epoch_steps` the schedule's and one
+                                                                   epoch's steps. It returns the figures of
+                                                                   the pass that counts as the client's
+                                                                   training loss and leaves the upload in
+                                                                   `model`; `run.steps` stays the schedule's
+                                                                   steps (`local.steps`)
   accumulate(run, down, model, acc)      after training    host    adds the upload to `acc`, returns its
                                          (REDUCE)                  weight; per-client state
   aggregate(x, up_sum, weight_sum, t)    after reduction   0       returns the update (None: keep x); server state
@@ -68,12 +85,12 @@ Hooks, in the order of a round (rank 0 is the server; "host" is the rank that tr
   round_metrics()                        end of round      0       returns extra /metrics figures
   server_state() / load_server_state(s)  checkpoints       0       `ServerVectors` attributes: saved without code
   client_state(cid) / load_client_state  checkpoints       host    `ClientVectors` attributes: likewise
-`grad_hook`, `step_hook`, `loss_fn` and `round_start` may be methods or attributes set in `__init__` (SCAFFOLD
-picks its correction there); a `vectorizable` class may have none of the first three, on the class (refused at
-registration) or on the instance (refused at set-up by `verify_declarations`, exit 2). The protocol families
-add their own hooks: `SlotRouting` (order, is_period_start, is_aggregation, start_slot, finish_slot, take_slot,
-put_slot, slot_weights, accumulate_slots), `GatedUploads` (gate, fusion_weight), `BufferedUploads` (hold,
-release); see their docstrings below.
+`grad_hook`, `step_hook`, `loss_fn`, `local_training` and `round_start` may be methods or attributes set in
+`__init__` (SCAFFOLD picks its correction there); a `vectorizable` class may have none of the first four, on
+the class (refused at registration) or on the instance (refused at set-up by `verify_declarations`, exit 2).
+The protocol families add their own hooks: `SlotRouting` (order, is_period_start, is_aggregation,
+start_slot, finish_slot, take_slot, put_slot, slot_weights, accumulate_slots), `GatedUploads` (gate,
+fusion_weight), `BufferedUploads` (hold, release); see their docstrings below.
 
 Personal parameters (issue 24). `context.split` (a fedmpi.core.personal.ParameterSplit, or None) names the
 flat vector's personal entries. For a REDUCE algorithm with a split, the round loop itself (no algorithm
@@ -123,7 +140,7 @@ __all__ = ["BUFFER", "GATHER", "REDUCE", "ROUTE", "TRAINING_HOOKS", "Algorithm",
 
 REDUCE, ROUTE, GATHER, BUFFER = "reduce", "route", "gather", "buffer"
 PERSONAL_STATE = "personal"     # the checkpoint name of each client's personal entries (/clients/<cid>/personal)
-TRAINING_HOOKS = ("grad_hook", "step_hook", "loss_fn")    # what batched (vectorized) clients cannot call
+TRAINING_HOOKS = ("grad_hook", "step_hook", "loss_fn", "local_training")    # what batched clients cannot call
 
 
 @dataclass(frozen=True)
@@ -179,6 +196,10 @@ class Algorithm(abc.ABC):
     step_hook = None     # optional callable(params): a change to the parameters after each optimizer step
     round_start = None   # optional callable(round, down): on hosting ranks after each round's broadcast
     loss_fn = None       # optional callable(xb, yb): replaces the plain cross-entropy (MOON)
+    # optional callable(run, down, model, local) -> (loss_sum, seen): the client's passes of local SGD in place
+    # of the one pass (Ditto, FedRep, APFL, Per-FedAvg, IFCA, q-FFL); `local` is a fedmpi.round.local_passes.
+    # LocalPasses. The upload is what it leaves in `model`.
+    local_training = None
     # fnmatch patterns over parameter/buffer names whose entries stay with each client (`personal_patterns`)
     personal: ClassVar[tuple[str, ...]] = ()
 

@@ -25,7 +25,7 @@ def register(cls):
 
 
 def check_declarations(cls):
-    """The contract a class declares must be self-consistent (a TypeError names what is not)."""
+    """The contract a class declares must be self-consistent (a TypeError names what is not); returns the class."""
     where = f"algorithm class {cls.__module__}.{cls.__name__}"
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise TypeError(f"{where} is not a subclass of fedmpi.algorithms.base.Algorithm")
@@ -41,5 +41,7 @@ def check_declarations(cls):
         raise TypeError(f"{where}: fixed_cohort_only must be a str, the reason its rounds need the fixed-size draw "
                         f"('' = they do not)")
     if cls.vectorizable and (cls.protocol != REDUCE or cls.grad_hook is not None or cls.step_hook is not None
-                             or cls.loss_fn is not None):
-        raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, or loss")
+                             or cls.loss_fn is not None or cls.local_training is not None):
+        raise TypeError(f"{where} declares vectorizable but has its own protocol, gradient or step hook, or loss, "
+                        f"or local_training")
+    return cls

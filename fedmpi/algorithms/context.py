@@ -97,3 +97,6 @@ class SetupContext:
     x0: torch.Tensor              # the initial model, the same on every rank (CPU)
     # accuracy(vec, indices) of a model on training samples, where this rank hosts clients (SAFL's probe)
     probe: Callable | None = None
+    # the rank's FlatModel, for seeded fresh initialisations (fedmpi.algorithms.reinit.fresh_init: IFCA's
+    # cluster models); None in hook tests that need none
+    model: object = None

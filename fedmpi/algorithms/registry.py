@@ -21,8 +21,10 @@ import importlib
 from importlib.metadata import entry_points
 
 from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fedmpi's own algorithms
+    apfl,
     central,
     datashare,
+    ditto,
     fedavg,
     fedbn,
     fedbuff,
@@ -30,11 +32,15 @@ from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fe
     fednova,
     fedper,
     fedprox,
+    fedrep,
     fedskip,
     fsl,
+    ifca,
     lgfedavg,
     local,
     moon,
+    perfedavg,
+    qffl,
     safl,
     scaffold,
 )

@@ -23,6 +23,7 @@ from fedmpi.core.errors import ConfigError
 from fedmpi.core.train import LocalTrainer, Schedule, evaluate, schedule, seed_torch_on
 from fedmpi.data.augment import make_transform
 from fedmpi.mpi.runtime import place_clients
+from fedmpi.round.local_passes import LocalPasses
 
 
 class ClientIndex:
@@ -105,17 +106,21 @@ class ClientHost:
         custom = self.algo.schedule(run.cid, self.algo.sizes, standard)
         return Schedule(*custom) if custom else schedule(self.cfg.client, run.n_samples)
 
-    def train_one(self, t, cid, standard, load_start):
-        """Trains client `cid` from the start point that `load_start(run)` puts into the model. The result is
-        in `self.flat.vec`; returns its ClientRun."""
+    def train_one(self, t, cid, standard, load_start, down=None):
+        """Trains client `cid` from the start point that `load_start(run)` puts into the model (the algorithm's
+        `local_training` hook runs its passes instead of the one pass, where it has one). The result is in
+        `self.flat.vec`; returns its ClientRun."""
         cfg, algo = self.cfg, self.algo
         run = self.new_run(t, cid)
         sched = self.schedule_of(run, standard)
         load_start(run)
-        seed_torch_on(self.flat.device, cfg.seed, rng.CLIENT, t, cid, 1)
-        loss_sum, seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid), sched,
-                                            lr=run.lr, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn,
-                                            step_hook=algo.step_hook)
+        if algo.local_training is not None:
+            loss_sum, seen = algo.local_training(run, down, self.flat, LocalPasses(self, run, sched))
+        else:
+            seed_torch_on(self.flat.device, cfg.seed, rng.CLIENT, t, cid, 1)
+            loss_sum, seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid),
+                                                sched, lr=run.lr, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn,
+                                                step_hook=algo.step_hook)
         run.steps, run.loss_sum, run.seen = sched.steps, loss_sum, seen
         run.figures["loss"] = float(loss_sum) / max(seen, 1)
         return run
@@ -127,7 +132,7 @@ class ClientHost:
         for runs, sched in groups:
             yield from self._train_group(runs, sched, down)
         for cid in rest:
-            yield self.train_one(t, cid, standard, load_start)
+            yield self.train_one(t, cid, standard, load_start, down)
 
     def _vector_groups(self, t, cids, standard):
         """([(runs, schedule)] trained as batched groups, [client ids] for the per-client loop)."""

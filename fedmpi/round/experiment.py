@@ -134,7 +134,7 @@ class Experiment:
                                            self.client_store, loss=loss)
                            if cfg.eval.local_every is not None else None)
         probe = self.clients.probe_accuracy if self.clients.mine else None
-        algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe))
+        algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
         algo.verify_declarations()
         self.server = self.shadow = None
         if comm.is_server:

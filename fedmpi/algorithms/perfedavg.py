@@ -1,0 +1,83 @@
+"""Per-FedAvg, first-order (Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning with Theoretical
+Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020; the FO variant, as PFLlib implements it).
+
+Each local meta-step takes two batches of the client's own stream: an inner step from theta on the first,
+theta' = theta - alpha grad f(theta; D), then the outer step applied to theta with the gradient at theta' on
+the second, theta <- theta - beta grad f(theta'; D'). A round runs floor(steps / 2) meta-steps (at least one)
+over the client's scheduled batches, so it sees as much data as a FedAvg client; the update is uploaded and
+averaged as FedAvg's. Personalization is the one-step adaptation at evaluation: eval.finetune_steps (1 in
+the paper, PFLlib's evaluate_one_step) with lr alpha.
+
+Implemented as one pass whose grad_hook alternates: on inner steps it keeps theta; on outer steps it puts
+theta back into the parameters and scales the gradient by beta / alpha (the pass runs at lr alpha), so the
+trainer's step is theta - beta g. That is exact for plain SGD, hence client.momentum must be 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedmpi.algorithms.base import AlgorithmKeys
+from fedmpi.algorithms.catalog import register
+from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.core.config_checks import Checks
+
+
+@dataclass(frozen=True)
+class PerFedAvgKeys(AlgorithmKeys):
+    name: str = "perfedavg"
+    alpha: float | None = None
+    """Inner (adaptation) step size (> 0; None: the round's eta_l, PFLlib's choice)."""
+    beta: float | None = None
+    """Outer (meta) step size (> 0; None: the round's eta_l, PFLlib's choice)."""
+
+    def __post_init__(self):
+        c = Checks("algorithm")
+        for key in ("alpha", "beta"):
+            value = getattr(self, key)
+            c.require(value is None or (math.isfinite(value) and value > 0), key, value,
+                      "must be a finite number > 0, or null for client.lr")
+        c.done()
+
+
+class MetaSteps:
+    """The pass's grad_hook: even calls are inner steps (theta kept), odd calls outer steps (theta restored,
+    the gradient scaled by beta / alpha)."""
+
+    def __init__(self, alpha, beta):
+        self.scale = float(beta) / float(alpha)
+        self.calls, self.theta = 0, None
+
+    def __call__(self, params, grad):
+        if self.calls % 2 == 0:
+            self.theta = params.detach().clone()
+        else:
+            params.copy_(self.theta)
+            grad.mul_(self.scale)
+        self.calls += 1
+
+
+def meta_batches(steps):
+    """Batches of a round: two per meta-step, floor(steps / 2) meta-steps, at least one."""
+    return 2 * max(int(steps) // 2, 1)
+
+
+@register
+class PerFedAvg(FedAvg):
+    name = "perfedavg"
+    Keys = PerFedAvgKeys
+    vectorizable = False
+
+    @classmethod
+    def check(cls, cfg, model):
+        super().check(cfg, model)
+        c = Checks("client")
+        c.require(cfg.client.momentum == 0, "momentum", cfg.client.momentum,
+                  "perfedavg's meta-step (theta - beta grad f(theta')) is plain SGD; use client.momentum = 0")
+        c.done()
+
+    def local_training(self, run, down, model, local):
+        alpha = run.lr if self.keys.alpha is None else float(self.keys.alpha)
+        beta = run.lr if self.keys.beta is None else float(self.keys.beta)
+        return local.train(steps=meta_batches(local.steps), lr=alpha, grad_hook=MetaSteps(alpha, beta))
