@@ -71,6 +71,7 @@ class RoundParts:
     eval_every: int             # cfg.eval.every
     eval_batch: int             # cfg.eval.batch_size
     client_drift: bool          # cfg.eval.client_drift
+    backdoor: SplitEvaluation | None = None     # attack.name = backdoor: the triggered test set (backdoor_acc)
 
     @property
     def num_clients(self):
@@ -282,7 +283,13 @@ def _evaluate(parts, plan, evaluate):
         return None
     server = parts.server
     with parts.timer.phase("eval"):
-        return parts.evaluation.run(parts.wire.share(server.x if server else None))
+        model = parts.wire.share(server.x if server else None)
+        evaluated = parts.evaluation.run(model)
+        if parts.backdoor is None:
+            return evaluated
+        # The attack success rate: the share of triggered non-target test samples classified as the target.
+        backdoor = parts.backdoor.run(model)
+        return evaluated if backdoor is None else (*evaluated, backdoor[0])
 
 
 def _outcome(parts, plan, stats, sums, evaluated, cosines):
@@ -306,7 +313,9 @@ def _record(parts, plan, stats, sums, evaluated, cosines):
         metrics["aggregate_sq_norm"] = float(torch.dot(head, head)) / stats.weight ** 2
         metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
     if evaluated is not None:
-        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
+        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated[:3]
+        if len(evaluated) > 3:
+            metrics["backdoor_acc"] = evaluated[3]
     if cosines is not None:
         clients["update_cosine"][plan.selected] = cosines[plan.selected]
     if shadow is not None:

@@ -22,7 +22,11 @@ from fedmpi.algorithms import algorithm_context
 from fedmpi.algorithms.base import PlanHistory, SetupContext
 from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
+from fedmpi.attacks import checks as attack_checks
+from fedmpi.attacks import malicious_clients, record
+from fedmpi.attacks.data import DataPoison, backdoor_test_set
 from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 from fedmpi.core.models import build_model, check_takes
 from fedmpi.core.train import ServerTrainer
@@ -108,18 +112,32 @@ class Experiment:
             self.split.groups["partition/shared"] = partition_stats(self.dataset.y_train, parts,
                                                                    self.dataset.num_classes)
         data = DeviceData(self.dataset, self.device)
-        self.stages = build_stages(cfg, algo, self.flat.dim)
+        # The attack (issue 25): refused here where it cannot run, before any file is written; the malicious
+        # set is drawn from the seed alone, the same on every rank.
+        attack_problems = attack_checks.problems(cfg, algo_cls, self.dataset)
+        if attack_problems:
+            raise ConfigError(attack_problems)
+        self.malicious = malicious_clients(cfg.attack, len(parts), cfg.seed)
+        poison = DataPoison(cfg.attack, self.malicious, cfg.seed, self.dataset.num_classes, self.dataset.x_train)
+        self.stages = build_stages(cfg, algo, self.flat.dim, self.malicious)
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
         self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
-                                  keeps_state=any(stage.keeps_client_state for stage in self.stages))
+                                  keeps_state=any(stage.keeps_client_state for stage in self.stages),
+                                  poison=poison if poison.active else None)
         header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
                                  header_extra, up_extra, extra_columns=drift_columns)
         self.evaluation = SplitEvaluation(comm, self.flat, self.dataset.x_test, self.dataset.y_test,
                                           cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
+        # The backdoor's success rate: the triggered test set without the target class, split like the test set.
+        self.backdoor = None
+        if cfg.attack.name == "backdoor":
+            x_bd, y_bd = backdoor_test_set(self.dataset.x_test, self.dataset.y_test, cfg.attack, poison.trigger)
+            self.backdoor = SplitEvaluation(comm, self.flat, x_bd, y_bd, cfg.eval.batch_size,
+                                            self.dataset.num_classes, data.tensor, loss=loss)
         self.data = data
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe))
@@ -141,7 +159,8 @@ class Experiment:
             client_store=self.client_store, comm=comm, timer=comm.timer, flat=self.flat,
             test_set=lambda: data.test, protocol=protocol,
             state=protocol.new_state(len(parts), cfg.eval.client_drift), rounds=cfg.rounds,
-            eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift)
+            eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift,
+            backdoor=self.backdoor)
 
     def _server_trainer(self, data, loss):
         if not (self.algo.uses_server_set and len(self.split.server_idx)):
@@ -157,8 +176,12 @@ class Experiment:
 
     @property
     def partition_groups(self):
-        """/partition, /partition/server (and /partition/shared) datasets for the run file."""
-        return dict(self.split.groups)
+        """/partition, /partition/server (and /partition/shared) datasets for the run file; /attack (the
+        malicious ids, the attack's keys as attributes) when an attack is configured."""
+        groups = dict(self.split.groups)
+        if not self.cfg.attack.inert:
+            groups["attack"] = record(self.cfg.attack, self.malicious)
+        return groups
 
     @property
     def metric_attrs(self):
