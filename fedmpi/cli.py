@@ -42,6 +42,9 @@ def _parser():
                      help="per run, the final accuracy of each class, worst first, beside the clients' label counts")
     rep.add_argument("--timing", action="store_true",
                      help="per run, mean seconds per round of each phase on each rank (with --plot: FILE-timing.png)")
+    rep.add_argument("--attack", action="store_true",
+                     help="per run, main-task and backdoor accuracy, detection precision/recall and honest clients "
+                          "excluded, at the last evaluation and over the last 10%% of rounds")
     ver = sub.add_parser("verify", help="where two runs' models part (exit 0 identical, 1 they differ)")
     ver.add_argument("run_a", help="run.h5 or run folder")
     ver.add_argument("run_b", help="run.h5 or run folder")
@@ -208,7 +211,8 @@ def _report(args):
     from fedmpi.analysis import report_command
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
-                          x=args.x, fmt=args.format, classes=args.classes, timing=args.timing)
+                          x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
+                          attack=args.attack)
 
 
 def _verify(args):

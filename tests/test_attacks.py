@@ -231,3 +231,35 @@ def test_fraction_one_and_a_refused_run_exit_2_before_anything_is_written(tmp_pa
     assert main(["run", str(path)]) == 2
     assert "attack.target" in capsys.readouterr().err
     assert not out.exists() or sorted(os.listdir(out)) == [".fedmpi.lock"]
+
+
+# -- fedmpi report --attack and export ----------------------------------------------------------------------
+
+def test_last_evaluation_and_tail_mean():
+    from fedmpi.analysis.attack_report import last_and_tail
+
+    values = [0.1, np.nan, 0.3] + [np.nan] * 16 + [0.5, 0.7]      # 21 rounds: the tail is the last 3
+    assert last_and_tail(values) == (0.7, 0.6)
+    last, tail = last_and_tail([0.2, 0.4, np.nan])          # the tail (the last round) was not evaluated
+    assert last == 0.4 and np.isnan(tail)
+    last, tail = last_and_tail([np.nan, np.nan])
+    assert np.isnan(last) and np.isnan(tail)
+
+
+def test_report_attack_and_export_carry_backdoor_accuracy(tmp_path, capsys):
+    out = tmp_path / "bd"
+    path = write_config(tmp_path / "c.yaml", attacked(str(out), rounds=3, name="backdoor", fraction=0.25))
+    assert main(["run", str(path)]) == 0
+    with h5py.File(out / "run.h5", "r") as f:
+        bd, acc = f["metrics/backdoor_acc"][()], f["metrics/test_acc"][()]
+    capsys.readouterr()
+    assert main(["report", str(out), "--attack"]) == 0
+    table = capsys.readouterr().out.split("attacks:")[1].splitlines()
+    header, row = table[1].split(), table[3].split()
+    assert header == ["run", "attack", "malicious", "test_acc_last", "test_acc_tail", "backdoor_acc_last",
+                      "backdoor_acc_tail"]
+    # 3 rounds: the last 10% is the last round, so last and tail agree
+    assert row == ["bd", "backdoor", "3", f"{acc[-1]:.4f}", f"{acc[-1]:.4f}", f"{bd[-1]:.4f}", f"{bd[-1]:.4f}"]
+    csv_path = tmp_path / "m.csv"
+    assert main(["export", str(out), "--csv", str(csv_path)]) == 0
+    assert "backdoor_acc" in csv_path.read_text().splitlines()[0].split(",")

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from fedmpi.analysis import report
+from fedmpi.analysis.attack_report import attack_section
 from fedmpi.analysis.class_report import class_section
 from fedmpi.analysis.plotting import pyplot, save_figure
 from fedmpi.analysis.run_figure import has_instruments, plot_run
@@ -35,7 +36,11 @@ LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "
           "shadow_acc": "test accuracy of centralized SGD (shadow)",
           "gradient_diversity": "gradient diversity sum p_i ||D_i||^2 / ||sum p_i D_i||^2",
           "update_sq_norm": "sum_i p_i ||D_i||^2", "aggregate_sq_norm": "||sum_i p_i D_i||^2",
-          "client_lr": "client learning rate", "server_lr": "server learning rate"}
+          "client_lr": "client learning rate", "server_lr": "server learning rate",
+          "backdoor_acc": "backdoor success rate (triggered non-target test samples -> target)",
+          "detection_precision": "detection precision (malicious among excluded)",
+          "detection_recall": "detection recall (malicious excluded)",
+          "honest_excluded": "share of honest clients excluded"}
 
 
 # --- finding and reading runs ---------------------------------------------------------------------------
@@ -247,7 +252,7 @@ def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
 # --- the command behind `fedmpi report` and tools/compare.py, tools/sweep.py -----------------------------
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
-                   err=None, classes=False, timing=False) -> int:
+                   err=None, classes=False, timing=False, attack=False) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given), optionally
     the per-class and per-phase views, writes the table as CSV and draws the figures; returns the exit
     status. A file that cannot be read is skipped with a warning; a place that cannot be written is exit 2
@@ -280,6 +285,8 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     for wanted, section in ((classes, class_section), (timing, timing_section)):
         for run in runs if wanted else ():
             print("\n" + section(run, fmt), file=out)
+    if attack:
+        print("\n" + attack_section(runs, fmt), file=out)
     try:
         if csv_path:
             report.write_csv(rows, csv_path)
