@@ -535,7 +535,9 @@ def assemble(existing, sections):
     kept.update(sections)
     body = [kept.get(key, f"<!-- paper:{key} -->\n## {PAPERS[key].title}\n\nNot run yet: "
                           f"`python tools/reproduce.py --paper {key}`.\n<!-- /paper:{key} -->") for key in ORDER]
-    return HEADER + "\n" + "\n\n".join(body) + "\n"
+    # Sections written by other tools (tools/robustness.py's `<!-- robustness -->`) stay after the papers'.
+    others = re.findall(r"<!-- robustness -->.*?<!-- /robustness -->", existing, flags=re.S)
+    return HEADER + "\n" + "\n\n".join(body + others) + "\n"
 
 
 def main(argv=None):
