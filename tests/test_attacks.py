@@ -204,7 +204,9 @@ REFUSED = {
                                                                       r"of each of the 10 labels"),
     "mapping_label": ({"name": "label_flip", "mapping": [0, 1, 2, 3, 4, 5, 6, 7, 8, 12]}, {},
                       r"invalid labels \[12\]"),
-    "omniscient": ({"name": "alie"}, {}, r"attack.name = 'alie' is omniscient: .* server.aggregator"),
+    "omniscient": ({"name": "alie"}, {"algorithm": {"name": "scaffold"}},
+                   r"attack.name = 'alie' \(an omniscient attack, run through the gather\) needs an algorithm whose "
+                   r"upload is one vector"),
     "two_vectors": ({"name": "sign_flip"}, {"algorithm": {"name": "scaffold"}},
                     r"algorithm.name = 'scaffold' uploads 2 vectors per client \(up_vectors\)"),
     "boost_two_vectors": ({"name": "backdoor", "scale": 5.0}, {"algorithm": {"name": "scaffold"}},

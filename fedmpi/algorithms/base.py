@@ -147,6 +147,10 @@ class Algorithm(abc.ABC):
     client_columns: ClassVar[tuple] = ()
     # Why server.sampling: poisson cannot run this algorithm ("" = it can): its rounds need the fixed-size draw
     fixed_cohort_only: ClassVar[str] = ""
+    # Its upload is one vector, w_i (model - down) with w_i = run.weight, and its `aggregate` the weighted mean
+    # of those: a robust aggregator (server.aggregator, fedmpi.robust) may then replace that mean. Declared, not
+    # inferred: a subclass with its own aggregate or upload declares False.
+    robust_aggregation: ClassVar[bool] = False
     grad_hook = None     # optional callable(params, grad): a correction added to the flat gradient
     step_hook = None     # optional callable(params): a change to the parameters after each optimizer step
     round_start = None   # optional callable(round, down): on hosting ranks after each round's broadcast

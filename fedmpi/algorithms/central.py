@@ -24,6 +24,7 @@ class CentralKeys(AlgorithmKeys):
 @register
 class Central(FedAvg):
     name = "central"
+    robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
     Keys = CentralKeys
     uses_server_optimizer = False
     fixed_cohort_only = "it trains one pseudo-client on as many samples as the fixed-size draw holds"

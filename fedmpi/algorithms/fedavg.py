@@ -21,6 +21,7 @@ class FedAvg(Reduce):
     name = "fedavg"
     Keys = FedAvgKeys
     vectorizable = True
+    robust_aggregation = True
 
     def __init__(self, keys, context):
         super().__init__(keys, context)

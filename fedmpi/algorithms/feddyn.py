@@ -34,6 +34,7 @@ class FedDynKeys(AlgorithmKeys):
 @register
 class FedDyn(FedAvg):
     name = "feddyn"
+    robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
     Keys = FedDynKeys
     vectorizable = False
     keeps_client_state = True

@@ -44,6 +44,7 @@ class FedNovaKeys(AlgorithmKeys):
 @register
 class FedNova(FedAvg):
     name = "fednova"
+    robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
     Keys = FedNovaKeys
     up_scalars = 1      # sum_i n_i a_i, after the vector
 

@@ -61,6 +61,7 @@ class FslKeys(AlgorithmKeys):
 @register
 class Fsl(FedAvg):
     name = "fsl"
+    robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
     Keys = FslKeys
     uses_server_set = True
     server_set_hint = "it is D0, e.g. server_data: {size: 500, scheme: iid}"

@@ -83,6 +83,7 @@ class SaflKeys(AlgorithmKeys):
 @register
 class Safl(FedAvg):
     name = "safl"
+    robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
     Keys = SaflKeys
     vectorizable = False
     keeps_client_state = True

@@ -49,6 +49,7 @@ class ScaffoldKeys(AlgorithmKeys):
 @register
 class Scaffold(FedAvg):
     name = "scaffold"
+    robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
     Keys = ScaffoldKeys
     vectorizable = False
     keeps_client_state = True

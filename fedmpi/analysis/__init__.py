@@ -38,8 +38,8 @@ LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "
           "update_sq_norm": "sum_i p_i ||D_i||^2", "aggregate_sq_norm": "||sum_i p_i D_i||^2",
           "client_lr": "client learning rate", "server_lr": "server learning rate",
           "backdoor_acc": "backdoor success rate (triggered non-target test samples -> target)",
-          "detection_precision": "detection precision (malicious among excluded)",
-          "detection_recall": "detection recall (malicious excluded)",
+          "detect_precision": "detection precision (malicious among excluded)",
+          "detect_recall": "detection recall (malicious excluded)",
           "honest_excluded": "share of honest clients excluded"}
 
 

@@ -3,7 +3,7 @@
 Per run: the attack (from the config) and the malicious clients recorded under /attack/malicious, then the
 main-task accuracy (test_acc), the backdoor's success rate (backdoor_acc: triggered non-target test samples
 classified as the target) and, where the run's aggregator recorded them, the detection precision and recall
-of the malicious clients and the share of honest clients excluded (detection_precision, detection_recall,
+of the malicious clients and the share of honest clients excluded (detect_precision, detect_recall,
 honest_excluded), each at the last evaluation (`_last`) and as the mean over the last 10% of rounds
 (`_tail`; at least one round, NaN rounds without an evaluation left out).
 """
@@ -18,7 +18,7 @@ import numpy as np
 from fedmpi.analysis import report
 from fedmpi.io.store import open_run
 
-FIGURES = ("test_acc", "backdoor_acc", "detection_precision", "detection_recall", "honest_excluded")
+FIGURES = ("test_acc", "backdoor_acc", "detect_precision", "detect_recall", "honest_excluded")
 TAIL = 0.1      # the share of the last rounds whose mean is reported
 
 

@@ -1,17 +1,15 @@
 """Attack set-ups that cannot run, refused before anything is written (ConfigError, exit 2), each naming the
 key and what would be valid. The section's own ranges are checked in fedmpi.attacks.keys; these checks need
-the data set (labels, input shape) and the algorithm's declared upload."""
+the data set (labels, input shape) and the algorithm's declared upload. The omniscient attacks' and the
+robust aggregators' own conditions are fedmpi.round.robust_setup.check_robust's (they run through the
+chunked gather, which also serves them with server.aggregator = mean)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fedmpi.algorithms.base import REDUCE
-from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS, DATA_ATTACKS, OMNISCIENT_ATTACKS
-
-# The robust aggregators that see every client's update (robust's gather family); `mean` is the plain
-# reduction of weighted sums, which an omniscient attacker cannot observe before it uploads.
-GATHERING_DEFAULT = "mean"
+from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS, DATA_ATTACKS
 
 
 def problems(cfg, algo_cls, dataset) -> list:
@@ -35,12 +33,6 @@ def problems(cfg, algo_cls, dataset) -> list:
                          f"vectors per client (up_vectors), and the attack replaces one model update; use an "
                          f"algorithm with one upload vector (fedavg, fedprox, moon, ...)"
                          + (" or attack.scale = 1" if attack.name == "backdoor" else ""))
-    if attack.name in OMNISCIENT_ATTACKS:
-        aggregator = getattr(cfg.server, "aggregator", GATHERING_DEFAULT)
-        if aggregator == GATHERING_DEFAULT:
-            found.append(f"{name} is omniscient: it is computed from the round's benign updates, which only a "
-                         f"protocol that gathers every update provides; set server.aggregator to a robust "
-                         f"aggregator (server.aggregator = {aggregator!r} reduces weighted sums)")
     if attack.clients and max(attack.clients) >= cfg.partition.clients:
         found.append(f"attack.clients: client {max(attack.clients)} does not exist (partition.clients = "
                      f"{cfg.partition.clients}: ids 0..{cfg.partition.clients - 1})")

@@ -111,7 +111,8 @@ RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients
 # as it was belongs here; one that changes the computation by default does not.
 HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.tau", "server.lr_schedule",
                  "client.lr_schedule", "eval.divergence", "eval.client_drift", "clients", "client.compress",
-                 "server.deadline", "server.over_select", "server.sampling", "privacy", "attack")
+                 "server.deadline", "server.over_select", "server.sampling", "privacy", "attack",
+                 "server.aggregator", "server.robust")
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from fedmpi.core.errors import ConfigError
 from fedmpi.core.schedules import ScheduleConfig
 from fedmpi.deploy.keys import CompressConfig, DeadlineConfig
 from fedmpi.mpi.runtime import parse_bytes
+from fedmpi.robust.keys import AGGREGATORS, RobustConfig
 
 # runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
 # invalid alike on a login node and on the compute nodes; 4096 is above the hardware threads of any single
@@ -251,9 +252,16 @@ class ServerConfig:
     # fixed: exactly clients_per_round clients per round; poisson: each client joins independently with
     # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/privacy.md)
     sampling: Literal["fixed", "poisson"] = "fixed"
+    # How the round's updates are combined (fedmpi.robust, docs/robustness.md): mean is the weighted mean of the
+    # plain reduction; the robust rules see every counted update through a chunked gather; `robust` their keys.
+    aggregator: str = "mean"
+    robust: RobustConfig = field(default_factory=RobustConfig)
 
     def __post_init__(self):
         c = _Checks("server")
+        c.choice("aggregator", self.aggregator, AGGREGATORS)
+        if self.aggregator in AGGREGATORS:
+            c.errors.extend(self.robust.problems(self.aggregator, self.clients_per_round))
         c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
                   "must be a positive integer")
         c.require(self.lr > 0, "lr", self.lr, "must be > 0")
@@ -338,9 +346,18 @@ class RuntimeConfig:
     # GPU: deterministic kernels (torch.use_deterministic_algorithms, cuDNN, cuBLAS workspace) so that -n
     # invariance and resume hold on GPUs too; costs speed (docs/performance.md).
     deterministic: bool = False
+    # Robust aggregation: rank 0's memory for one chunk of the round's update matrix and the aggregator's working
+    # copies of it, in bytes like client_state_memory; null: a quarter of the memory available at the start
+    # (fedmpi.robust.chunks). Results do not depend on it.
+    gather_memory: str | int | None = None
 
     def __post_init__(self):
         c = _Checks("runtime")
+        if self.gather_memory is not None:
+            try:
+                parse_bytes(self.gather_memory)
+            except ValueError as e:
+                c.require(False, "gather_memory", self.gather_memory, str(e))
         c.require(self.threads is None or 1 <= self.threads <= MAX_THREADS, "threads", self.threads,
                   f"must be a positive integer up to {MAX_THREADS}, or null")
         if self.client_state_memory is not None:
@@ -349,6 +366,11 @@ class RuntimeConfig:
             except ValueError as e:
                 c.require(False, "client_state_memory", self.client_state_memory, str(e))
         c.done()
+
+    @property
+    def gather_bytes(self):
+        """`gather_memory` in bytes (None: sized from the machine, fedmpi.robust.chunks.default_budget)."""
+        return None if self.gather_memory is None else parse_bytes(self.gather_memory)
 
     @property
     def client_state_bytes(self):

@@ -65,6 +65,9 @@ class Comm(Protocol):
     def masked_gather(self, mask: np.ndarray, vectors: list, hosted_selected: dict, dim: int) -> dict:
         """Rank 0: {client id: vector} of the selected clients whose mask entry is set."""
 
+    def gather_rows(self, block: np.ndarray, rows_by_rank: list, width: int) -> np.ndarray:
+        """Rank 0: every rank's [k_r, width] float32 `block` stacked in rank order (None elsewhere)."""
+
     def report_failure(self, text: str) -> None:
         """A worker tells rank 0 why it fails (rank 0 records it and ends the job)."""
 

@@ -233,6 +233,21 @@ class MpiComm:
                     row += 1
         return out
 
+    def gather_rows(self, block, rows_by_rank, width):
+        """One chunk of the round's update matrix (robust aggregation): every rank's `block` ([k_r, width]
+        float32, its clients' rows) by one Gatherv to rank 0, which gets the [sum k_r, width] rows in rank
+        order (None elsewhere). `rows_by_rank[r]` is k_r, which every rank knows from the round's plan."""
+        counts = [int(k) * width for k in rows_by_rank]
+        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+        send = np.ascontiguousarray(block, dtype=np.float32).reshape(-1)
+        received = np.empty((sum(rows_by_rank), width), dtype=np.float32) if self.rank == 0 else None
+        with self._whole():
+            self.sync()
+            with self.timer.phase("reduce"):
+                self.comm.Gatherv(send, [received, counts, displs, self.MPI.FLOAT] if self.rank == 0 else None,
+                                  root=0)
+        return received
+
     # -- setup and failure handling ---------------------------------------------------------------
     def agree(self, code):
         """Collective: every rank's exit code (0 = fine) -> (worst code, lowest rank with that code).

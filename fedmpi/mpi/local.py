@@ -50,6 +50,10 @@ class LocalComm:
         uploaders = [c for c, m in zip(hosted_selected.get(0, []), mask) if m]
         return dict(zip(uploaders, vectors))
 
+    def gather_rows(self, block, rows_by_rank, width):
+        """One chunk of the update matrix: this process's rows are all of them (see MpiComm.gather_rows)."""
+        return np.ascontiguousarray(block, dtype=np.float32).reshape(sum(rows_by_rank), width)
+
     def report_failure(self, text):
         pass
 

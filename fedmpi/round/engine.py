@@ -153,6 +153,11 @@ class Family:
         reduce(parts, tally)
         return Closing()
 
+    def figures(self, state) -> tuple:
+        """Server: the family's own figures of the round just combined, ({metric: value}, {name: [N] row})
+        (e.g. the chunked gather's robust weights); none by default."""
+        return {}, {}
+
     def __repr__(self):
         return f"<protocol {self.name}>"
 
@@ -322,6 +327,9 @@ def _record(parts, plan, stats, sums, evaluated, cosines):
         metrics["weight_divergence"], metrics["weight_divergence_layers"] = shadow.divergence(server.x)
         if evaluated is not None:
             metrics["shadow_acc"] = shadow.accuracy(*parts.test_set(), parts.eval_batch)
+    extra_metrics, extra_clients = parts.protocol.figures(parts.state)
+    metrics.update(extra_metrics)
+    clients.update(extra_clients)
     metrics.update(parts.algo.round_metrics())
     metrics.update(plan.metrics)
     for stage in parts.stages:

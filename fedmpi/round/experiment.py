@@ -39,6 +39,7 @@ from fedmpi.round.engine import RoundParts
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.protocols import PROTOCOLS
 from fedmpi.round.providers import build_participation, build_stages
+from fedmpi.round.robust_setup import check_robust, robust_protocol, robust_stage
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
@@ -100,6 +101,7 @@ class Experiment:
         self.flat = FlatModel(model, self.device)
         algo_cls = lookup(cfg.algorithm.name)
         algo_cls.check(cfg, self.flat)
+        check_robust(cfg, algo_cls)     # server.aggregator and the omniscient attacks (fedmpi.round.robust_setup)
         # The algorithm's context; who trained in round t is the participation provider's plan (built below, on
         # every rank alike; asked for only during the rounds).
         history = PlanHistory(lambda t: self.participation.plan(t))
@@ -120,6 +122,9 @@ class Experiment:
         self.malicious = malicious_clients(cfg.attack, len(parts), cfg.seed)
         poison = DataPoison(cfg.attack, self.malicious, cfg.seed, self.dataset.num_classes, self.dataset.x_train)
         self.stages = build_stages(cfg, algo, self.flat.dim, self.malicious)
+        clip = robust_stage(cfg, self.flat.dim)      # norm_bound under the plain reduction (after the attack)
+        if clip is not None:
+            self.stages.append(clip)
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
@@ -128,6 +133,7 @@ class Experiment:
                                   poison=poison if poison.active else None)
         header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
+        drift_columns += ("robust_weight",) if clip is not None else ()
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
                                  header_extra, up_extra, extra_columns=drift_columns)
         self.evaluation = SplitEvaluation(comm, self.flat, self.dataset.x_test, self.dataset.y_test,
@@ -151,7 +157,9 @@ class Experiment:
             for stage in self.stages:
                 stage.on_server()
         self.participation = build_participation(cfg, algo, [len(p) for p in parts])
-        protocol = PROTOCOLS[algo.protocol]
+        trainer = (self._fltrust_trainer(data, loss) if comm.is_server and cfg.server.aggregator == "fltrust"
+                   else None)
+        protocol = robust_protocol(cfg, len(parts), trainer) or PROTOCOLS[algo.protocol]
         # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
         self.round_parts = RoundParts(
             algo=algo, clients=self.clients, wire=self.wire, server=self.server, participation=self.participation,
@@ -168,6 +176,11 @@ class Experiment:
         idx = torch.from_numpy(self.split.server_idx).to(self.device)
         return ServerTrainer(self.flat, self.cfg.client, *data.train, idx, self.cfg.seed, loss=loss, test=data.test,
                              eval_batch=self.cfg.eval.batch_size)
+
+    def _fltrust_trainer(self, data, loss):
+        """FLTrust's server update trains on the server's set (check_robust made sure there is one)."""
+        idx = torch.from_numpy(self.split.server_idx).to(self.device)
+        return ServerTrainer(self.flat, self.cfg.client, *data.train, idx, self.cfg.seed, loss=loss)
 
     # -- what the run loop and checkpoints see ---------------------------------------------------------
     @property

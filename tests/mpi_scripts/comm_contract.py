@@ -41,6 +41,17 @@ def exercise(comm):
         assert sorted(gathered) == [0, 2, 4]
         assert all(np.array_equal(v, np.full(dim, c, dtype=np.float32)) for c, v in gathered.items())
 
+    # One chunk of an update matrix: client c's row is [c, c + 0.5, ...] over columns 2..4 of it.
+    rows_by_rank = [len(by_rank[r]) for r in range(size)]
+    block = np.array([[c + 0.5 * j for j in range(2, 5)] for c in mine], dtype=np.float32).reshape(len(mine), 3)
+    rows = comm.gather_rows(block, rows_by_rank, 3)
+    if rank == 0:
+        order = [c for r in range(size) for c in by_rank[r]]
+        assert rows.shape == (6, 3) and rows.dtype == np.float32
+        assert np.array_equal(rows, np.array([[c + 0.5 * j for j in range(2, 5)] for c in order], dtype=np.float32))
+    else:
+        assert rows is None
+
     host = np.array([c % size for c in clients])
     seen = []
     comm.gather_states(host, lambda c: {"v": np.arange(c, dtype=np.float64)},

@@ -1,0 +1,69 @@
+"""Set-up of robust aggregation (server.aggregator) and the omniscient attacks: what a config may combine,
+and the protocol family or upload stage that runs it (fedmpi.round.robust_gather, robust_stage).
+
+Refused at set-up, exit 2, before any file is written: a robust aggregator or an omniscient attack with an
+algorithm that does not declare `robust_aggregation` (its upload is not one vector averaged by weight),
+with differential privacy (its noise is calibrated to a sum, not to a robust rule), with
+eval.client_drift (the drift figures need the reduced sums); fltrust without the server's set.
+"""
+
+from __future__ import annotations
+
+from fedmpi.algorithms.registry import REGISTRY
+from fedmpi.attacks import malicious_clients
+from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
+from fedmpi.core.config_checks import Checks
+from fedmpi.robust.chunks import default_budget
+from fedmpi.robust.rules import build_rule
+from fedmpi.round.robust_gather import ChunkedGather, GatherSettings, uses_gather
+from fedmpi.round.robust_stage import NormBoundStage
+
+
+def robust_active(cfg) -> bool:
+    return cfg.server.aggregator != "mean" or cfg.attack.name in OMNISCIENT_ATTACKS
+
+
+def check_robust(cfg, algo_cls):
+    """ConfigError for a combination robust aggregation cannot run (module docstring)."""
+    if not robust_active(cfg):
+        return
+    c = Checks("")
+    aggregator, attack = cfg.server.aggregator, cfg.attack.name
+    what = (f"server.aggregator = {aggregator!r}" if aggregator != "mean"
+            else f"attack.name = {attack!r} (an omniscient attack, run through the gather)")
+    c.require(algo_cls.robust_aggregation, "server.aggregator" if aggregator != "mean" else "attack.name",
+              aggregator if aggregator != "mean" else attack,
+              f"{what} needs an algorithm whose upload is one vector averaged by weight; algorithm.name = "
+              f"{cfg.algorithm.name!r} is not one (it does not declare robust_aggregation); use one of "
+              f"{', '.join(name for name, cls in REGISTRY.items() if cls.robust_aggregation)}")
+    c.require(not cfg.privacy.enabled, "privacy.mechanism", cfg.privacy.mechanism,
+              f"{what} cannot run with differential privacy (its noise is calibrated to the clipped sum); "
+              f"set privacy.mechanism: none")
+    c.require(not (cfg.eval.client_drift and uses_gather(cfg)), "eval.client_drift", cfg.eval.client_drift,
+              f"the drift figures need the reduced sums, which {what} does not form; set eval.client_drift: false")
+    c.require(aggregator != "fltrust" or cfg.server_data.wanted, "server_data.size", cfg.server_data.size,
+              "server.aggregator = 'fltrust' needs the server's own set for its update: set server_data.size > 0 "
+              "(or server_data.fraction > 0)")
+    c.done()
+
+
+def robust_stage(cfg, dim):
+    """norm_bound under the plain reduction: the upload stage that clips each update; else None."""
+    if cfg.server.aggregator == "norm_bound" and not uses_gather(cfg):
+        return NormBoundStage(cfg.server.robust, dim)
+    return None
+
+
+def robust_protocol(cfg, num_clients, server_trainer=None):
+    """The chunked gather family configured for this run, or None where the plain reduction serves."""
+    if not uses_gather(cfg):
+        return None
+    omniscient = cfg.attack.name in OMNISCIENT_ATTACKS
+    budget = cfg.runtime.gather_bytes
+    settings = GatherSettings(
+        rule=build_rule(cfg.server.aggregator, cfg.server.robust),
+        budget=default_budget() if budget is None else budget,
+        malicious=malicious_clients(cfg.attack, num_clients, cfg.seed),
+        attack=cfg.attack if omniscient else None,
+        server_trainer=server_trainer, client_cfg=cfg.client, cfg=cfg)
+    return ChunkedGather(settings)
