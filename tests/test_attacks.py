@@ -265,3 +265,52 @@ def test_report_attack_and_export_carry_backdoor_accuracy(tmp_path, capsys):
     csv_path = tmp_path / "m.csv"
     assert main(["export", str(out), "--csv", str(csv_path)]) == 0
     assert "backdoor_acc" in csv_path.read_text().splitlines()[0].split(",")
+
+
+# -- the robustness study's judgements (tools/robustness.py) --------------------------------------------------
+
+def load_robustness():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "robustness.py"
+    spec = importlib.util.spec_from_file_location("robustness_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["robustness_tool"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_robustness_claims_are_judged_on_the_cells():
+    tool = load_robustness()
+    cells = {}
+    for partition in tool.PARTITIONS:
+        for attack in tool.ATTACKS:
+            for aggregator in tool.AGGREGATORS:
+                cells[(partition, attack, aggregator)] = {"acc": [0.80, 0.82], "backdoor": [np.nan, np.nan]}
+    cells[("IID", "sign flip x4", "FedAvg")] = {"acc": [0.30, 0.32], "backdoor": [np.nan] * 2}   # 0.31 - 0.1 < 0.36
+    cells[("IID", "ALIE", "median")] = {"acc": [0.70, 0.70], "backdoor": [np.nan] * 2}           # 11 points lost
+    cells[("Dir(0.1)", "no attack", "Krum")] = {"acc": [0.70, 0.72], "backdoor": [np.nan] * 2}   # 10 below FedAvg
+    cells[("IID", "backdoor", "median")] = {"acc": [0.8, 0.8], "backdoor": [0.9, 0.7]}
+    cells[("Dir(0.1)", "backdoor", "median")] = {"acc": [0.8, 0.8], "backdoor": [0.6, 0.6]}
+    cells[("IID", "ALIE", "Krum")] = {"refused": "not run"}
+    for partition in tool.PARTITIONS:
+        cells[(partition, "backdoor", "Krum")] = {"acc": [0.8, 0.8], "backdoor": [0.1, 0.2]}
+    judged = {claim: holds for holds, claim, _ in tool.verdicts(cells)}
+
+    def holds(start):
+        (value,) = [h for claim, h in judged.items() if claim.startswith(start)]
+        return value
+
+    assert holds("FedAvg breaks under sign flip x4 (IID") is True
+    assert holds("FedAvg breaks under sign flip x4 (Dir(0.1)") is False
+    assert holds("FedAvg breaks under sign flip (IID") is False
+    assert holds("ALIE evades median (IID") is True and holds("ALIE evades median (Dir(0.1)") is False
+    assert holds("ALIE evades Krum (IID") is None                              # refused: not judged
+    skew = {name: holds(f"{name} loses accuracy under strong label skew") for name in
+            ("median", "trimmed mean", "Krum", "FLTrust")}
+    assert skew == {"median": False, "trimmed mean": False, "Krum": True, "FLTrust": False}
+    assert holds("median does not stop the backdoor") is True and holds("Krum does not stop") is False
+    assert holds("FLTrust does not stop") is None                           # no backdoor accuracy measured
+    assert tool.tail_mean([0.1] * 18 + [0.5, 0.7]) == pytest.approx(0.6)      # the last 10% of 20 rounds

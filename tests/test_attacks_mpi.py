@@ -2,7 +2,8 @@
 give the same figures (backdoor_acc included), the same global model and the same recorded malicious set.
 
 Two launches in all (conftest.run_steps: every run of one -n inside one mpiexec): at each -n every case's
-whole run, then its first HALF rounds and a --resume to R."""
+whole run, then its first HALF rounds and a --resume to R. `sign_flip_median` runs the model attack's upload
+stage inside robust's chunked gather (server.aggregator: median)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ CASES = {
     "label_flip": {"name": "label_flip", "fraction": 0.25},
     "backdoor": {"name": "backdoor", "fraction": 0.25, "target": 3, "poison_fraction": 0.5, "scale": 2.0},
     "gaussian": {"name": "gaussian", "fraction": 0.25, "sigma": 0.01},
+    "sign_flip_median": {"name": "sign_flip", "fraction": 0.25, "scale": 4.0},   # through the chunked gather
 }
+SERVER = {"sign_flip_median": {"aggregator": "median"}}
 
 
 def case_config(d, name):
-    cfg = small_config(str(d / name), rounds=R, attack=dict(CASES[name]), server={"clients_per_round": 6},
+    cfg = small_config(str(d / name), rounds=R, attack=dict(CASES[name]),
+                       server={"clients_per_round": 6, **SERVER.get(name, {})},
                        checkpoint={"every": HALF, "keep": 2})
     return write_config(d / f"{name}.yaml", cfg)
 
@@ -69,7 +73,7 @@ def test_mpi_attacked_runs_do_not_depend_on_n(mpi_runs, name):
     same_metrics(m1, m3, across_n=True)
     assert np.array_equal(read_global(mpi_runs[1] / name), read_global(mpi_runs[3] / name))
     (ids1, attack1), (ids3, attack3) = malicious_of(mpi_runs[1] / name), malicious_of(mpi_runs[3] / name)
-    assert np.array_equal(ids1, ids3) and attack1 == attack3 == name
+    assert np.array_equal(ids1, ids3) and attack1 == attack3 == CASES[name]["name"]
     assert np.array_equal(ids1, malicious_clients(AttackConfig(**CASES[name]), 12, seed=1)) and len(ids1) == 3
     if name == "backdoor":
         assert m1["backdoor_acc"].shape == (R,) and np.all(np.isfinite(m1["backdoor_acc"]))
