@@ -192,6 +192,7 @@ def _dry_run(cfg):
     algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
     algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
+    _dry_run_attack(cfg, algo_cls, dataset, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     from fedmpi.privacy.stage import dry_run_lines
 
@@ -205,6 +206,19 @@ def _dry_run(cfg):
     for line in memory_lines(cfg, dataset, algo.clients(split.parts, split.server_idx), flat, algo):
         print(line)
     return 0
+
+
+def _dry_run_attack(cfg, algo_cls, dataset, num_clients):
+    """The attack's set-up checks (as a real run makes them) and the malicious set it would draw."""
+    from fedmpi.attacks import checks, malicious_clients
+
+    if cfg.attack.inert:
+        return
+    found = checks.problems(cfg, algo_cls, dataset)
+    if found:
+        raise ConfigError(found)
+    ids = malicious_clients(cfg.attack, num_clients, cfg.seed)
+    print(f"attack: {cfg.attack.name}, {len(ids)} malicious clients: {', '.join(map(str, ids.tolist()))}")
 
 
 def _report(args):

@@ -233,6 +233,11 @@ def test_fraction_one_and_a_refused_run_exit_2_before_anything_is_written(tmp_pa
     assert main(["run", str(path)]) == 2
     assert "attack.target" in capsys.readouterr().err
     assert not out.exists() or sorted(os.listdir(out)) == [".fedmpi.lock"]
+    assert main(["run", str(path), "--dry-run"]) == 2
+    ok = write_config(tmp_path / "ok.yaml", small_config(str(out), attack={"name": "backdoor", "clients": [3, 1]}))
+    capsys.readouterr()
+    assert main(["run", str(ok), "--dry-run"]) == 0
+    assert "attack: backdoor, 2 malicious clients: 1, 3" in capsys.readouterr().out
 
 
 # -- fedmpi report --attack and export ----------------------------------------------------------------------
