@@ -319,3 +319,18 @@ def test_robustness_claims_are_judged_on_the_cells():
     assert holds("median does not stop the backdoor") is True and holds("Krum does not stop") is False
     assert holds("FLTrust does not stop") is None                           # no backdoor accuracy measured
     assert tool.tail_mean([0.1] * 18 + [0.5, 0.7]) == pytest.approx(0.6)      # the last 10% of 20 rounds
+
+
+def test_reproduce_keeps_the_robustness_section():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "reproduce.py"
+    spec = importlib.util.spec_from_file_location("reproduce_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["reproduce_tool"] = module
+    spec.loader.exec_module(module)
+    block = "<!-- robustness -->\n## Robustness\nKEPT\n<!-- /robustness -->"
+    text = module.assemble("# old\n<!-- paper:zhao -->\nZHAO\n<!-- /paper:zhao -->\n\n" + block + "\n", {})
+    assert text.count(block) == 1 and text.index("ZHAO") < text.index(block)
