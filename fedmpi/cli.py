@@ -190,10 +190,15 @@ def _dry_run(cfg):
     flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
     algo_cls = lookup(cfg.algorithm.name)
     algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
+    from fedmpi.round.robust_setup import check_robust, dry_run_line
+
+    check_robust(cfg, algo_cls)
     algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     _dry_run_attack(cfg, algo_cls, dataset, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
+    if dry_run_line(cfg, flat.dim):
+        print(dry_run_line(cfg, flat.dim))
     from fedmpi.privacy.stage import dry_run_lines
 
     for line in dry_run_lines(cfg, lookup(cfg.algorithm.name)):     # sampling and privacy: checks, epsilon

@@ -47,6 +47,10 @@ class Comm(Protocol):
     @property
     def node_leader(self) -> bool: ...
 
+    def enter_round(self, t: int) -> None:
+        """Every rank, at the start of round t: a worker's failure report names its round, and the server
+        lets the collectives of an earlier round that the worker finished complete first."""
+
     def bcast(self, buf: np.ndarray) -> np.ndarray:
         """Rank 0's `buf` on every rank (in place)."""
 

@@ -38,6 +38,8 @@ SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
 SLEEP_FRACTION = 0.05     # of the time waited so far: a wait overshoots by at most ~5%
 # How long a failing worker waits for the server to record its error before aborting the job itself.
 FAILURE_GRACE_S = 10.0
+# A worker's failure report starts with the round it failed in (see `_check_failures`).
+ROUND_MARK = "@round "
 # Test aid: split the ranks into this many pretend nodes (contiguous blocks of ranks), see `node_count`.
 
 class _AllOf:
@@ -66,6 +68,8 @@ class MpiComm:
                                              tag=FAILURE_TAG) if self.rank == 0 else None)
         self._status = MPI.Status()
         self._failure = None        # a reported failure not raised yet (see _check_failures)
+        self._failure_round = None  # the round that failure happened in (None: before the first round)
+        self.round = None           # the round this rank is in (`enter_round`; None before the first)
         self._node = None           # the node's communicator (pretend nodes under FEDMPI_TEST_NODES), made once
         self._windows = []          # shared-memory windows of `share_arrays`, freed by `close`
         self._round = None          # the round buffers' NodeBuffers (`round_buffers`), freed by `close`
@@ -93,13 +97,22 @@ class MpiComm:
         # No check once the collective has completed: every rank took part in it, so a failure reported
         # since then is raised at the next wait, after this round's work (its log row) is done.
 
+    def enter_round(self, t):
+        """Every rank, at the start of round t (before anything of the round can fail)."""
+        self.round = t
+
     def _check_failures(self, request):
         """Raises WorkerFailed for a failure a worker reported, unless `request` (the collective waited for)
-        has completed meanwhile: the failing rank took part in it, so the failure waits for the next wait."""
+        has completed meanwhile, or the worker failed in a later round than this one: either way the failing
+        rank took part in this collective (a worker in round t+1 has finished every collective of round t),
+        which completes once the others arrive, so that the server's round finishes and its row is kept; the
+        failure is raised at a later wait."""
         if self._failure is None and self._failure_req is not None and self._failure_req.Test(self._status):
             text = bytes(self._failure_buf).rstrip(b"\0").decode(errors="replace")
+            self._failure_round, text = _split_round(text)
             self._failure = WorkerFailed(self._status.Get_source(), text)
-        if self._failure is not None and not request.Test():
+        ahead = (self._failure_round is not None and self.round is not None and self._failure_round > self.round)
+        if self._failure is not None and not ahead and not request.Test():
             raise self._failure
 
     def sync(self):
@@ -365,6 +378,8 @@ class MpiComm:
         """Worker side: tell the server why this rank fails, give it time to record it, then abort."""
         if self.rank == 0:
             return
+        if self.round is not None:
+            text = f"{ROUND_MARK}{self.round}\n{text}"
         data = text.encode()[: FAILURE_BYTES - 1]
         req = self.comm.Issend([data, self.MPI.BYTE], dest=0, tag=FAILURE_TAG)
         deadline = time.monotonic() + FAILURE_GRACE_S
@@ -394,6 +409,17 @@ class MpiComm:
             self._failure_req.Cancel()
             self._failure_req.Wait()
         self._failure_req = None
+
+
+def _split_round(text):
+    """(the round a worker's failure report names, or None; the report without that line)."""
+    head, _, rest = text.partition("\n")
+    if head.startswith(ROUND_MARK):
+        try:
+            return int(head[len(ROUND_MARK):]), rest
+        except ValueError:
+            pass
+    return None, text
 
 
 def make_comm():

@@ -26,15 +26,17 @@ def weighted_mean(rows, p) -> np.ndarray:
 
 def trimmed_mean(rows, k) -> tuple:
     """Per coordinate, the mean of the values left after dropping the k smallest and the k largest (Yin et al.
-    2018); unweighted. Returns (values [c], how many coordinates of each row were kept [n])."""
+    2018); unweighted. Returns (values [c], how many coordinates of each row were kept [n]): a row counts at a
+    coordinate where its value lies between the smallest and the largest value kept there (with ties at
+    those bounds every tied row counts)."""
     r = as64(rows)
     n = r.shape[0]
     if not 0 <= 2 * k < n:
         raise ValueError(f"trimmed_mean: cannot trim {k} of {n} values at each end")
-    order = np.argsort(r, axis=0, kind="stable")
-    kept = order[k:n - k]
-    values = np.take_along_axis(r, kept, axis=0).mean(axis=0)
-    return values, np.bincount(kept.ravel(), minlength=n)
+    ordered = np.sort(r, axis=0)        # a plain sort: several times faster than a stable argsort here
+    values = ordered[k:n - k].mean(axis=0)
+    low, high = ordered[k], ordered[n - k - 1]
+    return values, ((r >= low) & (r <= high)).sum(axis=1)
 
 
 def coordinate_median(rows) -> tuple:

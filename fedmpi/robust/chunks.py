@@ -18,7 +18,7 @@ import os
 
 BLOCK = 4096
 # Per entry of a chunk on rank 0: the float32 rows as received (4) and in client-id order (4), the float64
-# copy the arithmetic runs in (8), and the order statistics' sort indices (8) and sorted values (8).
+# copy the arithmetic runs in (8), and the order statistics' sorted values (8) or, for Bulyan, sort indices (8).
 BYTES_PER_ENTRY = 32
 GATHER_SHARE = 0.25
 

@@ -46,7 +46,7 @@ class RobustConfig:
     """geomed: smoothed Weiszfeld updates after the starting mean; centered_clip: clipping iterations.
     A fixed count: every rank iterates the same chunk schedule, one pass per iteration."""
 
-    nu: float = 1e-6
+    nu: float = 1e-5
     """geomed: the smoothing of the Weiszfeld weights, alpha_i / max(nu, ||z - u_i||) (Pillutla et al.)."""
 
     tau: float = 1.0

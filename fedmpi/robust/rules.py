@@ -296,15 +296,15 @@ class FLTrust(Rule):
         g0 = np.asarray(server_update, dtype=np.float64)
         g0_sq = sum(float(g0[a:b] @ g0[a:b]) for a, b in blocks(0, dim, block))
         sq, dots = _sq_norms(sweep, n, block, g0)
-        coef, _ = agg.fltrust_coefficients(dots, sq, g0_sq)
+        coef, trust = agg.fltrust_coefficients(dots, sq, g0_sq)
         out = np.empty(dim)
 
         def visit(lo, hi, rows):
             out[lo:hi] = agg.weighted_mean(rows, coef)
 
         sweep(visit)
-        total = coef.sum()
-        return Outcome(out, coef / total if total > 0 else coef)
+        total = trust.sum()     # each rescaled update's share: its trust score's
+        return Outcome(out, trust / total if total > 0 else trust)
 
 
 RULES = {cls.name: cls for cls in (Mean, Median, TrimmedMean, Krum, MultiKrum, Bulyan, GeoMed, CenteredClip,

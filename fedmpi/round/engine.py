@@ -168,6 +168,7 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     outcome's `stop_votes`; True counts as one): non-zero broadcasts CMD_STOP and every rank raises
     StopRequested instead of running round t. `after_broadcast` (server): called right after the broadcast,
     while the workers train (the run loop's deferred log row)."""
+    parts.comm.enter_round(t)
     _inject_fault(parts.comm.rank, t)
     protocol, state = parts.protocol, parts.state
     plan = parts.participation.plan(t)      # who trains, whose update counts: the same on every rank

@@ -13,7 +13,7 @@ from fedmpi.algorithms.registry import REGISTRY
 from fedmpi.attacks import malicious_clients
 from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
 from fedmpi.core.config_checks import Checks
-from fedmpi.robust.chunks import default_budget
+from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
 from fedmpi.robust.rules import build_rule
 from fedmpi.round.robust_gather import ChunkedGather, GatherSettings, uses_gather
 from fedmpi.round.robust_stage import NormBoundStage
@@ -33,7 +33,8 @@ def check_robust(cfg, algo_cls):
             else f"attack.name = {attack!r} (an omniscient attack, run through the gather)")
     c.require(algo_cls.robust_aggregation, "server.aggregator" if aggregator != "mean" else "attack.name",
               aggregator if aggregator != "mean" else attack,
-              f"{what} needs an algorithm whose upload is one vector averaged by weight; algorithm.name = "
+              f"{'an omniscient attack runs through the gather and ' if aggregator == 'mean' else ''}needs an "
+              f"algorithm whose upload is one vector averaged by weight; algorithm.name = "
               f"{cfg.algorithm.name!r} is not one (it does not declare robust_aggregation); use one of "
               f"{', '.join(name for name, cls in REGISTRY.items() if cls.robust_aggregation)}")
     c.require(not cfg.privacy.enabled, "privacy.mechanism", cfg.privacy.mechanism,
@@ -67,3 +68,19 @@ def robust_protocol(cfg, num_clients, server_trainer=None):
         attack=cfg.attack if omniscient else None,
         server_trainer=server_trainer, client_cfg=cfg.client, cfg=cfg)
     return ChunkedGather(settings)
+
+
+def dry_run_line(cfg, dim) -> str:
+    """`--dry-run`'s line on the chunked gather (empty where the run does not use it): the chunks a full round
+    of server.clients_per_round counted clients is cut into, and rank 0's bound for them."""
+    if not uses_gather(cfg):
+        return ""
+    budget = cfg.runtime.gather_bytes
+    budget = default_budget() if budget is None else budget
+    s = cfg.server.clients_per_round
+    width = chunk_width(budget, s, dim)
+    passes = build_rule(cfg.server.aggregator, cfg.server.robust).passes()
+    return (f"robust aggregation: {cfg.server.aggregator} through the chunked gather, {passes} pass(es) (+1 for "
+            f"min_max/min_sum) over {len(chunk_bounds(dim, width))} chunk(s) of {width} coordinates for {s} "
+            f"clients; rank 0 holds {s * width * BYTES_PER_ENTRY / 1e6:.1f} MB for a chunk "
+            f"(runtime.gather_memory {budget / 1e6:.0f} MB)")
