@@ -45,6 +45,9 @@ def _parser():
                           "eval.local_every); with --plot: FILE-RUN-clients.png, its CDF beside the global curve")
     rep.add_argument("--timing", action="store_true",
                      help="per run, mean seconds per round of each phase on each rank (with --plot: FILE-timing.png)")
+    rep.add_argument("--attack", action="store_true",
+                     help="per run, main-task and backdoor accuracy, detection precision/recall and honest clients "
+                          "excluded, at the last evaluation and over the last 10%% of rounds")
     ver = sub.add_parser("verify", help="where two runs' models part (exit 0 identical, 1 they differ)")
     ver.add_argument("run_a", help="run.h5 or run folder")
     ver.add_argument("run_b", help="run.h5 or run folder")
@@ -196,6 +199,7 @@ def _dry_run(cfg):
     check_robust(cfg, algo_cls)
     algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
+    _dry_run_attack(cfg, algo_cls, dataset, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     if dry_run_line(cfg, flat.dim):
         print(dry_run_line(cfg, flat.dim))
@@ -217,12 +221,25 @@ def _dry_run(cfg):
     return 0
 
 
+def _dry_run_attack(cfg, algo_cls, dataset, num_clients):
+    """The attack's set-up checks (as a real run makes them) and the malicious set it would draw."""
+    from fedmpi.attacks import checks, malicious_clients
+
+    if cfg.attack.inert:
+        return
+    found = checks.problems(cfg, algo_cls, dataset)
+    if found:
+        raise ConfigError(found)
+    ids = malicious_clients(cfg.attack, num_clients, cfg.seed)
+    print(f"attack: {cfg.attack.name}, {len(ids)} malicious clients: {', '.join(map(str, ids.tolist()))}")
+
+
 def _report(args):
     from fedmpi.analysis import report_command
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
                           x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
-                          clients=args.clients)
+                          clients=args.clients, attack=args.attack)
 
 
 def _verify(args):

@@ -11,9 +11,10 @@ down), the communication a real deployment would pay; --x sim_time against the s
 server_loss, drift, p_t, uploads, ...), and from the research instruments weight_divergence and
 shadow_acc (centralized SGD), gradient_diversity with update_sq_norm and aggregate_sq_norm (client
 drift), client_lr, server_lr, the local evaluation's local_acc_mean, local_acc_worst10, local_acc_std,
-local_acc_worst, local_below_global (eval.local_every; drawn at the rounds it ran); default test_acc and
-test_loss. A run that did not record a figure (or
-the x axis) is named on stderr and left out of that panel; a malformed run file is skipped with a warning.
+local_acc_worst, local_below_global (eval.local_every; drawn at the rounds it ran), and under an attack
+backdoor_acc (the backdoor's success rate) with the robust aggregators' detect_precision, detect_recall and
+honest_excluded; default test_acc and test_loss. A run that did not record a figure (or the x axis) is named
+on stderr and left out of that panel; a malformed run file is skipped with a warning.
 """
 
 import argparse

@@ -535,9 +535,10 @@ def assemble(existing, sections):
     kept.update(sections)
     body = [kept.get(key, f"<!-- paper:{key} -->\n## {PAPERS[key].title}\n\nNot run yet: "
                           f"`python tools/reproduce.py --paper {key}`.\n<!-- /paper:{key} -->") for key in ORDER]
-    # Sections other tools write (`<!-- extra:NAME -->`, e.g. tools/personalization.py) are kept as they are.
-    body += [m.group(0) for m in re.finditer(r"<!-- extra:([\w-]+) -->.*?<!-- /extra:\1 -->", existing, flags=re.S)]
-    return HEADER + "\n" + "\n\n".join(body) + "\n"
+    # Sections other tools write (`<!-- extra:NAME -->`, e.g. tools/personalization.py, and tools/robustness.py's
+    # `<!-- robustness -->`) are kept as they are, after the papers'.
+    kept = re.finditer(r"<!-- (extra:[\w-]+|robustness) -->.*?<!-- /\1 -->", existing, flags=re.S)
+    return HEADER + "\n" + "\n\n".join(body + [m.group(0) for m in kept]) + "\n"
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from fedmpi.analysis import report
+from fedmpi.analysis.attack_report import attack_section
 from fedmpi.analysis.class_report import class_section
 from fedmpi.analysis.client_report import client_section, plot_clients
 from fedmpi.analysis.plotting import pyplot, save_figure
@@ -42,7 +43,11 @@ LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "
           "local_acc_worst10": "local accuracy, worst 10% of clients",
           "local_acc_worst": "worst client's local accuracy",
           "local_acc_std": "std of the clients' local accuracy",
-          "local_below_global": "share of clients below the global model"}
+          "local_below_global": "share of clients below the global model",
+          "backdoor_acc": "backdoor success rate (triggered non-target test samples -> target)",
+          "detect_precision": "detection precision (malicious among excluded)",
+          "detect_recall": "detection recall (malicious excluded)",
+          "honest_excluded": "share of honest clients excluded"}
 
 
 # --- finding and reading runs ---------------------------------------------------------------------------
@@ -254,7 +259,7 @@ def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
 # --- the command behind `fedmpi report` and tools/compare.py, tools/sweep.py -----------------------------
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
-                   err=None, classes=False, timing=False, clients=False) -> int:
+                   err=None, classes=False, timing=False, clients=False, attack=False) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given), optionally
     the per-class and per-phase views, writes the table as CSV and draws the figures; returns the exit
     status. A file that cannot be read is skipped with a warning; a place that cannot be written is exit 2
@@ -289,6 +294,8 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             print("\n" + section(run, fmt), file=out)
     if clients:
         print("\n" + client_section(runs, fmt), file=out)
+    if attack:
+        print("\n" + attack_section(runs, fmt), file=out)
     try:
         if csv_path:
             report.write_csv(rows, csv_path)

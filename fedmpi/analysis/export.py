@@ -2,7 +2,8 @@
 record; an export can be made again at any time, also from a running job's file).
 
 What goes out, under the same names in both:
-- every per-round figure under /metrics by its name (`test_acc`, `weight_divergence`, ...), its round
+- every per-round figure under /metrics by its name (`test_acc`, `weight_divergence`, an attack's
+  `backdoor_acc`, the robust aggregators' `detect_precision`, `detect_recall`, `honest_excluded`, ...), its round
   as the step; a [round, k] figure as NAME/LABEL per column (`class_acc/3`, the layer names of
   `weight_divergence_layers`);
 - the phase times `/timing/<phase>` [round, rank] as `timing/PHASE/rankR`;

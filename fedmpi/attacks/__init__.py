@@ -22,3 +22,24 @@ def malicious_clients(attack, num_clients, seed) -> np.ndarray:
     count = int(round(attack.fraction * num_clients))
     g = rng.stream(seed, rng.ATTACK)
     return np.sort(g.choice(num_clients, size=count, replace=False)).astype(np.int64)
+
+
+class Recorded(dict):
+    """Datasets of a run.h5 group (name -> array) with the group's attributes in `attrs`."""
+
+    def __init__(self, datasets, attrs):
+        super().__init__(datasets)
+        self.attrs = dict(attrs)
+
+
+def record(attack, malicious) -> Recorded:
+    """/attack in run.h5: the malicious ids (`malicious`) with the attack's name and keys as attributes
+    (lists as arrays, a null `z` as NaN), so that a report reads what attacked without the config."""
+    attrs = {}
+    for key, value in vars(attack).items():
+        if value is None:
+            value = float("nan")
+        elif isinstance(value, tuple):
+            value = np.asarray(value, dtype=np.int64)
+        attrs[key] = value
+    return Recorded({"malicious": np.asarray(malicious, dtype=np.int64)}, attrs)

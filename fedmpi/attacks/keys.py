@@ -34,20 +34,24 @@ class AttackConfig:
     """Explicit malicious client ids (overrides `fraction`)."""
 
     mapping: tuple = ()
-    """label_flip: the new label of each label l (its l-th entry); empty: l -> L-1-l."""
+    """label_flip: the new label of each label l (its l-th entry: L valid labels, checked against the data
+    set at set-up); empty: l -> L-1-l."""
 
     target: int = 0
-    """backdoor: the label a triggered input is to be classified as."""
+    """backdoor: the label a triggered input is to be classified as (a label of the data set)."""
 
     poison_fraction: float = 0.5
-    """backdoor: share of a malicious client's training samples stamped with the trigger each round."""
+    """backdoor: share of each of a malicious client's batches stamped with the trigger and labelled `target`
+    (round(poison_fraction * B) samples of a batch of B, drawn from the client's attack stream)."""
 
     trigger_size: int = 3
-    """backdoor: side of the square pixel patch (images) or length of the token sequence (text)."""
+    """backdoor: side of the square pixel patch in the bottom-right corner (images), or the number of last
+    features (flat inputs) or tokens (text) the trigger replaces; at most the image side or input length."""
 
     scale: float = 1.0
     """scaling: the factor on the malicious update (model replacement: about clients_per_round / malicious
-    per round); backdoor: the model-replacement factor on the backdoored update (1 = none)."""
+    per round); sign_flip: the upload is -scale * update; backdoor: the model-replacement factor on the
+    backdoored update (1 = none)."""
 
     sigma: float = 1.0
     """gaussian: standard deviation of the noise uploaded in place of the update."""

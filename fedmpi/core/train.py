@@ -93,11 +93,12 @@ class LocalTrainer:
         return self.criterion(self.flat.module(xb), yb)
 
     def train(self, indices: torch.Tensor, g: np.random.Generator, sched: Schedule, lr=None, grad_hook=None,
-              loss_fn=None, step_hook=None):
+              loss_fn=None, step_hook=None, poison=None):
         """Runs `sched.steps` SGD steps from the model's current vector. Returns (sum of sample losses,
         samples seen) as a 0-d tensor and an int; the caller reads `flat.vec` for the result.
         `grad_hook(params, grad)` corrects the flat gradient before each step; `step_hook(params)` changes
-        the parameters after each step (SCAFFOLD's `correction: after_step`)."""
+        the parameters after each step (SCAFFOLD's `correction: after_step`). `poison(xb, yb) -> (xb, yb)`
+        changes each batch after augmentation (a malicious client's data attack, fedmpi.attacks.data)."""
         cfg, flat, module = self.cfg, self.flat, self.flat.module
         lr = cfg.lr if lr is None else lr
         params = flat.params
@@ -120,6 +121,8 @@ class LocalTrainer:
                 xb, yb = self.x[idx], self.y[idx]
                 if self.transform is not None:
                     xb = self.transform(xb, g)
+                if poison is not None:
+                    xb, yb = poison(xb, yb)
                 loss = step(loss_of(xb, yb))
                 if step_hook is not None:
                     step_hook(params)

@@ -102,10 +102,11 @@ class GroupTrainer:
         g = matrix.shape[0]
         return [matrix[:, a:b].view(g, *shape) for (a, b), shape in zip(self.spans, self.shapes)]
 
-    def train(self, start, clients, sched, lr=None):
+    def train(self, start, clients, sched, lr=None, poisons=None):
         """`sched.steps` SGD steps for every client of `clients` ([(sample indices as numpy, generator)], all
         with the same sample count) from `start` (the flat vector). Returns (parameters [G, n_params],
-        per-client sums of sample losses [G] float32, samples seen per client)."""
+        per-client sums of sample losses [G] float32, samples seen per client). `poisons`: per client, None
+        or its data attack's batch function, applied after augmentation as in LocalTrainer."""
         cfg, module = self.cfg, self.flat.module
         lr = cfg.lr if lr is None else lr
         g_count, n = len(clients), self.flat.n_params
@@ -126,6 +127,8 @@ class GroupTrainer:
             xb, yb = self.x[idx], self.y[idx]
             if self.transform is not None:
                 xb = torch.stack([self.transform(xb[i], g) for i, (_, g) in enumerate(clients)])
+            if poisons is not None:
+                xb, yb = _poisoned(xb, yb, poisons)
             grads, losses = self._grads(tuple(params), xb, yb)
             self._step(params, list(grads), bufs, lr)
             loss_sums += losses * b
@@ -142,3 +145,12 @@ class GroupTrainer:
             torch._foreach_add_(bufs, grads)
             grads = bufs
         torch._foreach_add_(params, grads, alpha=-lr)
+
+
+def _poisoned(xb, yb, poisons):
+    """The group's batch [G, B, ...] with each malicious client's rows replaced by its poisoned batch."""
+    xb, yb = xb.clone(), yb.clone()
+    for i, poison in enumerate(poisons):
+        if poison is not None:
+            xb[i], yb[i] = poison(xb[i], yb[i])
+    return xb, yb

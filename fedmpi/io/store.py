@@ -152,6 +152,7 @@ class RunLog:
             f.create_group("clients")
             for group, datasets in partition_groups.items():
                 g = f.require_group(group)
+                g.attrs.update(getattr(datasets, "attrs", {}))     # e.g. /attack's name and keys
                 for name, value in datasets.items():
                     g.create_dataset(name, data=np.asarray(value))
             _fsync(f)

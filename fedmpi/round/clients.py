@@ -43,11 +43,13 @@ class ClientIndex:
 
 
 class ClientHost:
-    def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False):
+    def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False, poison=None):
         """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
         device on first use (DeviceData); `keeps_state`: an upload stage keeps per-client state or clients have
-        personal parameters (clients then train on their host)."""
+        personal parameters (clients then train on their host); `poison`: the data attack
+        (fedmpi.attacks.data.DataPoison) or None."""
         self.cfg, self.comm, self.workers, self.algo, self.flat = cfg, comm, workers, algo, flat
+        self.poison = poison
         self.parts = parts
         self.sizes = np.array([len(p) for p in parts])
         self.host = place_clients(self.sizes, workers)
@@ -120,7 +122,7 @@ class ClientHost:
             seed_torch_on(self.flat.device, cfg.seed, rng.CLIENT, t, cid, 1)
             loss_sum, seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid),
                                                 sched, lr=run.lr, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn,
-                                                step_hook=algo.step_hook)
+                                                step_hook=algo.step_hook, poison=self._poison(t, cid))
         run.steps, run.loss_sum, run.seen = sched.steps, loss_sum, seen
         run.figures["loss"] = float(loss_sum) / max(seen, 1)
         return run
@@ -156,13 +158,19 @@ class ClientHost:
         """One batched group from the broadcast vector (`vectorizable`: the start point is the broadcast)."""
         seed = self.cfg.seed
         clients = [(self.parts[run.cid], rng.stream(seed, rng.CLIENT, run.round, run.cid)) for run in runs]
-        weights, loss_sums, seen = self.group_trainer.train(down, clients, sched, lr=runs[0].lr)
+        poisons = [self._poison(run.round, run.cid) for run in runs]
+        weights, loss_sums, seen = self.group_trainer.train(down, clients, sched, lr=runs[0].lr,
+                                                            poisons=poisons if any(poisons) else None)
         losses = loss_sums.tolist()
         for i, run in enumerate(runs):
             run.steps, run.loss_sum, run.seen = sched.steps, loss_sums[i], seen
             run.figures["loss"] = losses[i] / max(seen, 1)
             self.flat.vec.copy_(weights[i])
             yield run
+
+    def _poison(self, t, cid):
+        """The batch function of a malicious client under a data attack; None for every other client."""
+        return self.poison.for_client(t, cid) if self.poison is not None else None
 
     def probe_accuracy(self, vec, indices):
         """Accuracy of model `vec` on training samples `indices` (SAFL's probe sets); loads `vec`."""

@@ -73,6 +73,7 @@ class RoundParts:
     eval_batch: int             # cfg.eval.batch_size
     client_drift: bool          # cfg.eval.client_drift
     local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)
+    backdoor: SplitEvaluation | None = None     # attack.name = backdoor: the triggered test set (backdoor_acc)
 
     @property
     def num_clients(self):
@@ -301,6 +302,11 @@ def _evaluate(parts, plan, evaluate):
     with parts.timer.phase("eval"):
         x = parts.wire.share(server.x if server else None)
         evaluated = parts.evaluation.run(x) if due else None
+        if due and parts.backdoor is not None:
+            # The attack success rate: the share of triggered non-target test samples classified as the target.
+            backdoor = parts.backdoor.run(x)
+            if evaluated is not None and backdoor is not None:
+                evaluated = (*evaluated, backdoor[0])
         return evaluated, (parts.local_eval.run(plan, x) if local else None)
 
 
@@ -325,7 +331,9 @@ def _record(parts, plan, stats, sums, evaluated, cosines, local=None):
         metrics["aggregate_sq_norm"] = float(torch.dot(head, head)) / stats.weight ** 2
         metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
     if evaluated is not None:
-        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
+        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated[:3]
+        if len(evaluated) > 3:
+            metrics["backdoor_acc"] = evaluated[3]
     if cosines is not None:
         clients["update_cosine"][plan.selected] = cosines[plan.selected]
     if local is not None:

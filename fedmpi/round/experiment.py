@@ -22,7 +22,11 @@ from fedmpi.algorithms import algorithm_context, personal_split
 from fedmpi.algorithms.base import PlanHistory, SetupContext
 from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
+from fedmpi.attacks import checks as attack_checks
+from fedmpi.attacks import malicious_clients, record
+from fedmpi.attacks.data import DataPoison, backdoor_test_set
 from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 from fedmpi.core.models import build_model, check_takes
 from fedmpi.core.train import ServerTrainer
@@ -112,8 +116,15 @@ class Experiment:
             self.split.groups["partition/shared"] = partition_stats(self.dataset.y_train, parts,
                                                                    self.dataset.num_classes)
         data = DeviceData(self.dataset, self.device)
-        self.stages = build_stages(cfg, algo, self.flat.dim)
-        clip = robust_stage(cfg, self.flat.dim)      # norm_bound under the plain reduction
+        # The attack (issue 25): refused here where it cannot run, before any file is written; the malicious
+        # set is drawn from the seed alone, the same on every rank.
+        attack_problems = attack_checks.problems(cfg, algo_cls, self.dataset)
+        if attack_problems:
+            raise ConfigError(attack_problems)
+        self.malicious = malicious_clients(cfg.attack, len(parts), cfg.seed)
+        poison = DataPoison(cfg.attack, self.malicious, cfg.seed, self.dataset.num_classes, self.dataset.x_train)
+        self.stages = build_stages(cfg, algo, self.flat.dim, self.malicious)
+        clip = robust_stage(cfg, self.flat.dim)      # norm_bound under the plain reduction (after the attack)
         if clip is not None:
             self.stages.append(clip)
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
@@ -121,7 +132,8 @@ class Experiment:
         bind_client_state(self.client_store, algo, *self.stages)
         self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
                                   keeps_state=(algo.split is not None
-                                               or any(stage.keeps_client_state for stage in self.stages)))
+                                               or any(stage.keeps_client_state for stage in self.stages)),
+                                  poison=poison if poison.active else None)
         header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         drift_columns += ("robust_weight",) if clip is not None else ()
@@ -129,6 +141,12 @@ class Experiment:
                                  header_extra, up_extra, extra_columns=drift_columns)
         self.evaluation = SplitEvaluation(comm, self.flat, self.dataset.x_test, self.dataset.y_test,
                                           cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
+        # The backdoor's success rate: the triggered test set without the target class, split like the test set.
+        self.backdoor = None
+        if cfg.attack.name == "backdoor":
+            x_bd, y_bd = backdoor_test_set(self.dataset.x_test, self.dataset.y_test, cfg.attack, poison.trigger)
+            self.backdoor = SplitEvaluation(comm, self.flat, x_bd, y_bd, cfg.eval.batch_size,
+                                            self.dataset.num_classes, data.tensor, loss=loss)
         self.data = data
         self.local_eval = (LocalEvaluation(cfg, comm, self.clients, algo, self.flat, data, self.split.local_test,
                                            self.client_store, loss=loss)
@@ -156,7 +174,7 @@ class Experiment:
             test_set=lambda: data.test, protocol=protocol,
             state=protocol.new_state(len(parts), cfg.eval.client_drift), rounds=cfg.rounds,
             eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift,
-            local_eval=self.local_eval)
+            local_eval=self.local_eval, backdoor=self.backdoor)
 
     def _server_trainer(self, data, loss):
         if not (self.algo.uses_server_set and len(self.split.server_idx)):
@@ -177,8 +195,12 @@ class Experiment:
 
     @property
     def partition_groups(self):
-        """/partition, /partition/server (and /partition/shared) datasets for the run file."""
-        return dict(self.split.groups)
+        """/partition, /partition/server (and /partition/shared) datasets for the run file; /attack (the
+        malicious ids, the attack's keys as attributes) when an attack is configured."""
+        groups = dict(self.split.groups)
+        if not self.cfg.attack.inert:
+            groups["attack"] = record(self.cfg.attack, self.malicious)
+        return groups
 
     @property
     def metric_attrs(self):

@@ -4,6 +4,7 @@ bases import nothing back."""
 
 from __future__ import annotations
 
+from fedmpi.attacks.stage import AttackStage, needs_stage
 from fedmpi.deploy.compress import randk_indices
 from fedmpi.deploy.participation import participation_for
 from fedmpi.deploy.stage import stages_for
@@ -27,12 +28,14 @@ def build_participation(cfg, algo, part_sizes) -> Participation:
     return Everyone(cfg, algo)
 
 
-def build_stages(cfg, algo, dim) -> list:
-    """The configured stages, in the order an upload passes them: update compression (client.compress),
-    then differential privacy, which must bound exactly what is summed, or secure aggregation, which
-    masks what is summed (the two are exclusive: fedmpi.secagg.checks)."""
+def build_stages(cfg, algo, dim, malicious=()) -> list:
+    """The configured stages, in the order an upload passes them: a model attack on the `malicious` clients'
+    updates (the client crafts its update first, fedmpi.attacks.stage), update compression (client.compress),
+    then differential privacy, which must bound exactly what is summed, or secure aggregation, which masks
+    what is summed (the two are exclusive: fedmpi.secagg.checks)."""
     SecAggStage.check(cfg, type(algo))
-    stages = list(stages_for(cfg, algo, dim))
+    stages = [AttackStage(cfg.attack, malicious, cfg.seed, dim)] if needs_stage(cfg.attack) and len(malicious) else []
+    stages += list(stages_for(cfg, algo, dim))
     if cfg.privacy.enabled:
         PrivacyStage.check(cfg, type(algo))
         stages.append(PrivacyStage(cfg, algo, dim))

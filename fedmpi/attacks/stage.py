@@ -1,0 +1,36 @@
+"""The model attacks in the round loop: an upload stage that replaces each malicious client's update with
+the poisoned one (fedmpi.attacks.model) before anything else on the upload path sees it.
+
+Order on the upload path (fedmpi.round.providers.build_stages): attack, then update compression, then
+differential privacy. The attacker is the client: it crafts its update first and then runs the protocol's
+client-side code on it like any client, so compression sees (and distorts) the malicious update, and DP's
+clipping bounds it as it bounds an honest one (a malicious client that skipped clipping would be no
+different from one with a larger clip, which the server cannot tell apart without secure aggregation's
+checks). The malicious client keeps its honest weight (its sample count).
+"""
+
+from __future__ import annotations
+
+from fedmpi.attacks import model as attacks_model
+from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS
+from fedmpi.uploads.base import UploadStage
+
+
+class AttackStage(UploadStage):
+    name = "attack"
+
+    def __init__(self, attack, malicious, seed, dim):
+        self.attack, self.seed, self.dim = attack, seed, dim
+        self.malicious = frozenset(int(c) for c in malicious)
+
+    def client(self, run, down, model):
+        if run.cid not in self.malicious:
+            return
+        start = down[: self.dim]
+        update = model.vec - start
+        model.vec.copy_(start + attacks_model.poisoned_update(self.attack, update, self.seed, run.round, run.cid))
+
+
+def needs_stage(attack) -> bool:
+    """Whether the attack changes uploads on the client: a model attack, or a backdoor with a boost."""
+    return attack.name in CLIENT_MODEL_ATTACKS or (attack.name == "backdoor" and attack.scale != 1)
