@@ -175,6 +175,14 @@ def run_steps_env(n, steps, timeout=MPI_TIMEOUT_S):
     return proc
 
 
+def pytest_collection_modifyitems(config, items):
+    """The MPI tests whose setup may run the launches shared between files (tests/session_runs.py) get the
+    time those take."""
+    import session_runs
+
+    session_runs.allow_for_the_launches(items)
+
+
 # --- driving algorithm hooks directly (rule tests on hand-computed cases) -----------------------------
 
 class VecModel:
