@@ -35,7 +35,8 @@ WORKLOADS = ("W1", "W3")
 GPU_ROUNDS, DRY_ROUNDS = 20, 2
 # The dry run's clients per round (as tests/test_bench.py's short workloads): minutes on a shared CPU.
 DRY_OVERRIDES = {"W1": {"server": {"clients_per_round": 3}}, "W3": {"server": {"clients_per_round": 6}}}
-# Per launch (three launches): on one GPU the whole check stays under 8 minutes; a shared CPU gets longer.
+# Per launch (three launches, two in the dry run): on one GPU the whole check stays under 8 minutes; a
+# shared CPU gets longer.
 LAUNCH_TIMEOUT_S = {"cuda": 140, "cpu": 420}
 STEPS = r"""
 import json, sys
@@ -113,13 +114,20 @@ def check(dry=False, work=None):
     work = Path(work or tempfile.mkdtemp(prefix="fedmpi-gpu-check-"))
     runs = configs(bench, work, device, rounds, not gpu)
     rows = []
-    code2, s2, err2 = launch(2, [[runs[(wl, "n2")][0], "--overwrite"] for wl in WORKLOADS], device)
+    n2_steps = [[runs[(wl, "n2")][0], "--overwrite"] for wl in WORKLOADS]
+    aware_steps = [[runs[(wl, "cuda_aware")][0], "--overwrite"] for wl in WORKLOADS]
+    if gpu:
+        code2, s2, err2 = launch(2, n2_steps, device)
+    else:
+        # On the CPU the device-buffer runs join the -n 2 launch (one launch fewer): the test aid only acts
+        # on runs with runtime.cuda_aware_mpi set, so the plain -n 2 runs are untouched by it. On a GPU they
+        # stay apart, so that an MPI that is not CUDA-aware, crashing there, cannot take the -n 2 runs along.
+        code2, s2, err2 = launch(2, n2_steps + aware_steps, device, env={"FEDMPI_TEST_DEVICE_MPI": "1"})
     code3, s3, err3 = launch(3, [step for wl in WORKLOADS for step in (
         [runs[(wl, "n3")][0], "--overwrite"], [runs[(wl, "half")][0], "--overwrite"],
         [runs[(wl, "half")][0], "--resume", f"rounds={rounds}"])], device)
     # The device-buffer path on a CPU needs the test aid (fedmpi.round.wire.DEVICE_MPI_TEST); on a GPU it is real.
-    code_c, s_c, err_c = launch(2, [[runs[(wl, "cuda_aware")][0], "--overwrite"] for wl in WORKLOADS], device,
-                                env=None if gpu else {"FEDMPI_TEST_DEVICE_MPI": "1"})
+    code_c, s_c, err_c = launch(2, aware_steps, device) if gpu else (code2, s2, err2)
     for wl in WORKLOADS:
         n2 = _maybe(read_run, runs[(wl, "n2")][1]) if code2 == 0 else None
         n3 = _maybe(read_run, runs[(wl, "n3")][1]) if code3 == 0 else None
@@ -157,7 +165,9 @@ def check(dry=False, work=None):
             if code_c < 0 or code_c in (139, 134) or "Segmentation" in err_c:
                 why = f"crashed (exit {code_c}): is this MPI CUDA-aware? {why}"
             rows.append(("cuda-aware", wl, "-n 2", device, False, why))
-    rows.append(("launches", "-", "-", device, True, f"-n 2 {s2:.0f} s, -n 3 {s3:.0f} s, cuda-aware -n 2 {s_c:.0f} s"
+    launches = (f"-n 2 {s2:.0f} s, -n 3 {s3:.0f} s, cuda-aware -n 2 {s_c:.0f} s" if gpu
+                else f"-n 2 with cuda-aware {s2:.0f} s, -n 3 {s3:.0f} s")
+    rows.append(("launches", "-", "-", device, True, launches
                  + ("" if gpu else "; dry run on the CPU (no GPU visible, or --dry-run): 2 rounds")))
     return rows, all(r[4] for r in rows), work
 

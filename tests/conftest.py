@@ -17,6 +17,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 MPI_TIMEOUT_S = 240
 
+# Every process a test starts (each mpiexec rank, each tool run as a script) imports fedmpi afresh. Where the
+# environment forbids bytecode files (PYTHONDONTWRITEBYTECODE), each of them compiled every fedmpi module from
+# source again: about 0.1-0.2 s of CPU per process, hundreds of processes per suite. Those children write and
+# reuse their bytecode under a cache folder outside the work tree instead (PYTHONPYCACHEPREFIX), so the
+# repository still gets no __pycache__; Python checks each cached file against its source's mtime and size.
+# Nothing a run computes depends on it. This pytest process itself is left as it started.
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    import tempfile
+
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), f"fedmpi-test-pycache-{os.getuid()}")
+
 
 def mpiexec():
     from fedmpi.analysis.batch_report import find_mpiexec
@@ -125,6 +137,50 @@ def run_steps(n, steps, env=None, timeout=MPI_TIMEOUT_S):
         raise AssertionError(f"run_steps -n {n} exited {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\n"
                              f"stderr:\n{proc.stderr[-4000:]}")
     return proc
+
+
+# run_steps with environment variables per command: before each `fedmpi run`, the launch's environment plus
+# that step's variables (a value of None unsets one). For the test aids that fedmpi reads when a run starts
+# (FEDMPI_TEST_NODES, FEDMPI_NODE_BUFFERS, FEDMPI_TEST_DEVICE_MPI), so that runs needing different ones still
+# share one launch.
+STEPS_ENV_DRIVER = r"""
+import json, os, sys
+from fedmpi.cli import main
+base = dict(os.environ)
+for env, args in json.loads(sys.argv[1]):
+    os.environ.clear()
+    os.environ.update(base)
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    code = main(["run", *args])
+    if code:
+        sys.exit(code)
+"""
+
+
+def run_steps_env(n, steps, timeout=MPI_TIMEOUT_S):
+    """Like run_steps, each step an (env, args) pair: `env` ({name: value or None}) applies to that
+    `fedmpi run ARGS` alone. ONE mpiexec launch; asserts exit 0; returns the CompletedProcess."""
+    payload = [[{k: (None if v is None else str(v)) for k, v in env.items()}, [str(a) for a in args]]
+               for env, args in steps]
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", STEPS_ENV_DRIVER, json.dumps(payload)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode != 0:
+        raise AssertionError(f"run_steps_env -n {n} exited {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\n"
+                             f"stderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def pytest_collection_modifyitems(config, items):
+    """The MPI tests whose setup may run the launches shared between files (tests/session_runs.py) get the
+    time those take."""
+    import session_runs
+
+    session_runs.allow_for_the_launches(items)
 
 
 # --- driving algorithm hooks directly (rule tests on hand-computed cases) -----------------------------

@@ -1,31 +1,21 @@
 """The baselines end to end under mpiexec: the same results at -n 1 and -n 3, truthful byte counts, and a
 bit-identical continuation from a checkpoint.
 
-Each launch pays the torch import on every rank, so one launch per rank count runs everything in
-sequence: a tiny driver calls `fedmpi.cli.main(["run", CONFIG, ...])` once per command inside the same MPI
-job, which is exactly what `fedmpi run CONFIG ...` does. The -n 3 launch also runs the FedAvg reference
-and, for the baselines with state, two rounds with a checkpoint after each, then `--resume rounds=3`.
+Each launch pays the torch import on every rank, so one launch per rank count (shared with other files:
+tests/session_runs.py) runs everything in sequence: a driver calls `fedmpi.cli.main(["run", CONFIG, ...])`
+once per command inside the same MPI job, which is exactly what `fedmpi run CONFIG ...` does. The -n 3
+launch also runs the FedAvg reference and, for the baselines with state, two rounds with a checkpoint
+after each, then `--resume rounds=3`.
 (Most of each run's time is loading mnist5k, so the list is kept short.)
 """
-
-import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, mpiexec, read_global, read_metrics, small_config, write_config
+import session_runs
+from conftest import read_global, read_metrics, small_config, write_config
 
 pytestmark = pytest.mark.mpi
-
-DRIVER = """
-import sys
-from fedmpi.cli import main
-for command in sys.argv[1:]:
-    code = main(["run", *command.split("::")])
-    if code:
-        sys.exit(code)
-"""
 
 # The reference every baseline is compared with, run at -n 3 only.
 FEDAVG = {"algorithm": {"name": "fedavg"}}
@@ -50,29 +40,27 @@ RESUMED = ("scaffold", "feddyn", "moon")
 RANKS = (1, 3)
 
 
-def run_all(n, base):
-    runs = {**RUNS, "fedavg": FEDAVG} if n == 3 else RUNS
-    commands = []
-    for name, sections in runs.items():
-        commands.append(write_config(base / f"{name}-n{n}.yaml", small_config(base / f"n{n}" / name, **sections)))
-    if n == 3:
-        for name in RESUMED:
-            sections = RUNS[name]
-            part = write_config(base / f"{name}-part.yaml", small_config(
-                base / "resumed" / name, **sections, rounds=2, checkpoint={"every": 1, "keep": 2}))
-            commands += [part, f"{part}::--resume::rounds=3"]
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, *map(str, commands)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, cwd=ROOT)
-    assert proc.returncode == 0, f"-n {n} exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    return {name: base / f"n{n}" / name for name in runs}
+@session_runs.plan
+def baseline_runs(base):
+    """The commands of each rank count (tests/session_runs.py: in the launches shared with other files)."""
+    steps, runs = {}, {}
+    for n in RANKS:
+        names = {**RUNS, "fedavg": FEDAVG} if n == 3 else RUNS
+        steps[n] = [["run", write_config(base / f"{name}-n{n}.yaml", small_config(base / f"n{n}" / name, **sections))]
+                    for name, sections in names.items()]
+        if n == 3:
+            for name in RESUMED:
+                part = write_config(base / f"{name}-part.yaml", small_config(
+                    base / "resumed" / name, **RUNS[name], rounds=2, checkpoint={"every": 1, "keep": 2}))
+                steps[n] += [["run", part], ["run", part, "--resume", "rounds=3"]]
+        runs[n] = {name: base / f"n{n}" / name for name in names}
+    runs["resumed"] = {name: base / "resumed" / name for name in RESUMED}
+    return steps, runs
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("baselines")
-    runs = {n: run_all(n, base) for n in RANKS}
-    runs["resumed"] = {name: base / "resumed" / name for name in RESUMED}
-    return runs
+def runs(request):
+    return session_runs.result(request, baseline_runs)
 
 
 @pytest.mark.parametrize("name", list(RUNS))

@@ -15,9 +15,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import session_runs
 import torch
 import yaml
-from conftest import ROOT, run_many
+from conftest import ROOT
 
 from fedmpi import config
 from fedmpi.algorithms import SetupContext, build_algorithm, lookup
@@ -372,16 +373,28 @@ def test_dry_run_command_line():
     assert "clients: 10," in proc.stdout and "server set: 40 samples" in proc.stdout
 
 
-@pytest.mark.mpi
-def test_small_configs_run_end_to_end(tmp_path):
-    paths = []
+@session_runs.plan
+def small_config_runs(base):
+    """Every config of jobs/configs/small at -n 3 (tests/session_runs.py: in the launch shared with other
+    files)."""
+    steps = []
     for path in SMALL:
         mapping = yaml.safe_load(path.read_text())
-        mapping.update(rounds=3, out=str(tmp_path / path.stem))     # 3: one FedSkip period (delta 3)
+        mapping.update(rounds=3, out=str(base / path.stem))     # 3: one FedSkip period (delta 3)
         mapping["runtime"] = {"threads": 1, "progress": "off"}
-        paths.append(tmp_path / path.name)
-        paths[-1].write_text(yaml.safe_dump(mapping))
-    run_many(3, paths)
+        (base / path.name).write_text(yaml.safe_dump(mapping))
+        steps.append(["run", base / path.name, "--overwrite"])
+    return {3: steps}, base
+
+
+@pytest.fixture(scope="module")
+def small_runs(request):
+    return session_runs.result(request, small_config_runs)
+
+
+@pytest.mark.mpi
+def test_small_configs_run_end_to_end(small_runs):
+    tmp_path = small_runs
     for path in SMALL:
         with h5py.File(tmp_path / path.stem / "run.h5", "r", locking=False) as f:
             assert f.attrs["status"] == "finished", path.name

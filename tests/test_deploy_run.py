@@ -2,8 +2,8 @@
 deadlines and over-selection, update compression, FedBuff.
 
 In-process cases run through `fedmpi.simulate` (the same Experiment and loop as `fedmpi run` at -n 1);
-the MPI cases run batched, one mpiexec per -n (tests/conftest.py `run_many`), and the resume cases through
-tests/test_resume.py's driver (several runs inside one MPI job).
+the MPI cases, the resume cases included, run batched, one mpiexec per -n shared with other files
+(tests/session_runs.py: several runs inside one MPI job).
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import math
 
 import numpy as np
 import pytest
+import session_runs
 import torch
 from conftest import (
     VecModel,
     read_clients,
     read_global,
     read_metrics,
-    run_many,
     same,
     setup_algo,
     small_config,
@@ -389,18 +389,40 @@ def write_trace(path):
     return path
 
 
-@pytest.fixture(scope="module")
-def mpi_runs(tmp_path_factory):
-    base_dir = tmp_path_factory.mktemp("deploy-mpi")
+@session_runs.plan
+def deploy_runs(base_dir):
+    """Every MPI case of this file, in the launches shared with other files (tests/session_runs.py): at
+    -n 3 the batched runs, then each resumed case's whole run, its first half and the --resume; at -n 1 the
+    batched runs, then the resumes of copies of the first halves (another -n, a fresh process). Returns
+    (the batched runs by -n, the resumed cases' folders)."""
     trace = write_trace(base_dir / "trace.csv")
-    runs = {}
+    runs, steps = {}, {1: [], 3: []}
     for n in (1, 3):
         configs = mpi_configs(base_dir / f"n{n}", trace)
-        paths = [write_config(base_dir / f"n{n}-{name}.yaml", c) for name, c in configs.items()]
-        run_many(n, paths)
+        steps[n] += [["run", write_config(base_dir / f"n{n}-{name}.yaml", c), "--overwrite"]
+                     for name, c in configs.items()]
         runs[n] = {name: base_dir / f"n{n}" / name for name in configs}
-    return runs
+    resume_dir = base_dir / "resume"
+    resume_dir.mkdir()
+    configs = mpi_configs(resume_dir, trace)
+    dirs = {}
+    for name in RESUMED:
+        cfg = write_config(resume_dir / f"{name}.yaml", {**configs[name], "rounds": R})
+        d = dirs[name] = {k: resume_dir / name / k for k in ("ref", "half", "half_n1")}
+        steps[3] += [["run", cfg, f"out={d['ref']}"], ["run", cfg, f"out={d['half']}", f"rounds={HALF}"],
+                     ["copy", d["half"], d["half_n1"]], ["run", cfg, f"out={d['half']}", "--resume"]]
+        steps[1].append(["run", cfg, f"out={d['half_n1']}", "--resume"])
+    return steps, (runs, dirs)
 
+
+@pytest.fixture(scope="module")
+def launches(request):
+    return session_runs.result(request, deploy_runs)
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(launches):
+    return launches[0]
 
 
 @pytest.mark.mpi
@@ -441,22 +463,8 @@ RESUMED = ("fedavg", "fedskip", "safl", "fedbuff")
 
 
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory):
-    from test_resume import drive
-
-    base_dir = tmp_path_factory.mktemp("deploy-resume")
-    trace = write_trace(base_dir / "trace.csv")
-    configs = mpi_configs(base_dir, trace)
-    steps, n1_steps, dirs = [], [], {}
-    for name in RESUMED:
-        cfg = write_config(base_dir / f"{name}.yaml", {**configs[name], "rounds": R})
-        d = dirs[name] = {k: base_dir / name / k for k in ("ref", "half", "half_n1")}
-        steps += [["run", cfg, f"out={d['ref']}"], ["run", cfg, f"out={d['half']}", f"rounds={HALF}"],
-                  ["copy", d["half"], d["half_n1"]], ["run", cfg, f"out={d['half']}", "--resume"]]
-        n1_steps.append(["run", cfg, f"out={d['half_n1']}", "--resume"])
-    drive(3, steps)
-    drive(1, n1_steps)
-    return dirs
+def resumed(launches):
+    return launches[1]
 
 
 @pytest.mark.mpi

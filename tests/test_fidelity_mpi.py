@@ -3,17 +3,14 @@ that continues bit-identically (the new per-client state: SAFL's pending z_k and
 controls stored relative to c0, MOON's previous models).
 
 One -n 3 launch runs every config whole, then its first half and the --resume of it (through
-`fedmpi.cli.main`, as tests/test_resume.py does); one -n 1 launch runs every config whole.
+`fedmpi.cli.main`, as tests/test_resume.py does); one -n 1 launch runs every config whole. Both launches
+are shared with other files (tests/session_runs.py).
 """
-
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, mpiexec, read_global, read_metrics, run_many, small_config, write_config
+import session_runs
+from conftest import read_global, read_metrics, small_config, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -34,37 +31,25 @@ CASES = {
                        "server_data": {"fraction": 0.1, "holdout": 500, "scheme": "classes", "source": "holdout"}},
 }
 
-DRIVER = r"""
-import json, sys
-from fedmpi.cli import main
-
-for args in json.loads(sys.argv[1]):
-    code = main(["run", *args])
-    if code:
-        sys.exit(code)
-"""
+@session_runs.plan
+def fidelity_runs(base):
+    """At -n 3 every case, its first half and the --resume; at -n 1 every case (tests/session_runs.py: in
+    the launches shared with other files)."""
+    steps = {1: [], 3: []}
+    for name, sections in CASES.items():
+        cfg = small_config(base / name / "n3", **{"rounds": R, **sections, "checkpoint": {"every": 1, "keep": 2}})
+        path = write_config(base / f"{name}.yaml", cfg)
+        steps[3] += [["run", path],
+                     ["run", path, f"rounds={HALF}", f"out={base / name / 'half'}"],
+                     ["run", path, "--resume", f"out={base / name / 'half'}"]]
+        cfg = small_config(base / name / "n1", **{"rounds": R, **CASES[name]})
+        steps[1].append(["run", write_config(base / f"{name}-n1.yaml", cfg), "--overwrite"])
+    return steps, base
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("fidelity")
-    configs, steps = {}, []
-    for name, sections in CASES.items():
-        cfg = small_config(base / name / "n3", **{"rounds": R, **sections, "checkpoint": {"every": 1, "keep": 2}})
-        configs[name] = write_config(base / f"{name}.yaml", cfg)
-        steps += [[str(configs[name])],
-                  [str(configs[name]), f"rounds={HALF}", f"out={base / name / 'half'}"],
-                  [str(configs[name]), "--resume", f"out={base / name / 'half'}"]]
-    cmd = [mpiexec(), "-n", "3", sys.executable, "-c", DRIVER, json.dumps(steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, f"-n 3 exited {proc.returncode}\n{proc.stderr[-4000:]}"
-    single = []
-    for name in configs:
-        cfg = small_config(base / name / "n1", **{"rounds": R, **CASES[name]})
-        single.append(write_config(base / f"{name}-n1.yaml", cfg))
-    run_many(1, single, timeout=600)
-    return base
+def runs(request):
+    return session_runs.result(request, fidelity_runs)
 
 
 @pytest.mark.parametrize("name", list(CASES))

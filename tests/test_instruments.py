@@ -11,8 +11,9 @@ import sys
 
 import numpy as np
 import pytest
+import session_runs
 import torch
-from conftest import ROOT, read_clients, read_metrics, run_many, small_config, write_config
+from conftest import ROOT, read_clients, read_metrics, small_config, write_config
 from torch import nn
 
 import fedmpi
@@ -132,16 +133,28 @@ def test_timing_covers_every_phase_of_every_round():
 
 # -- the same figures at every -n, and rank 0 hosting clients --------------------------------------------
 
-@pytest.mark.mpi
-def test_instruments_and_rank0_hosting_do_not_depend_on_the_ranks(tmp_path):
+@session_runs.plan
+def instrumented_runs(base):
+    """The instrumented config at -n 1, 2 (rank 0 training clients, or not) and 3 (tests/session_runs.py:
+    in the launches shared with other files)."""
     sections = dict(rounds=3, eval={"divergence": True, "client_drift": True})
-    runs = {}
+    runs, steps = {}, {1: [], 2: [], 3: []}
     for key, n, trains in [("n1", 1, None), ("n2_host", 2, True), ("n2_server", 2, False), ("n3", 3, None)]:
-        out = tmp_path / key
+        out = base / key
         cfg = small_config(out, server={"clients_per_round": 5, "trains_clients": trains}, **sections)
-        runs[key] = (n, write_config(tmp_path / f"{key}.yaml", cfg), out)
-    for n in (1, 2, 3):
-        run_many(n, [cfg for k, (m, cfg, _) in runs.items() if m == n])
+        runs[key] = (n, write_config(base / f"{key}.yaml", cfg), out)
+        steps[n].append(["run", runs[key][1], "--overwrite"])
+    return steps, runs
+
+
+@pytest.fixture(scope="module")
+def instrumented(request):
+    return session_runs.result(request, instrumented_runs)
+
+
+@pytest.mark.mpi
+def test_instruments_and_rank0_hosting_do_not_depend_on_the_ranks(instrumented):
+    runs = instrumented
     ref, _ = read_metrics(runs["n1"][2])
     for key in ("n2_host", "n2_server", "n3"):
         got, attrs = read_metrics(runs[key][2])

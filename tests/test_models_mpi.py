@@ -1,6 +1,6 @@
 """Every model trains a few steps on its data set under -n 1 and -n 3 with equal results.
 
-All models run in one mpiexec launch per -n (tools/run_batch.py through conftest.run_many), on small files written in
+All models run in one mpiexec launch per -n (tests/session_runs.py, shared with other files), on small files written in
 the official formats, covering every loader, most partition schemes, a held-out server set and CIFAR
 augmentation along the way.
 """
@@ -9,7 +9,8 @@ augmentation along the way.
 import h5py
 import numpy as np
 import pytest
-from conftest import MPI_TIMEOUT_S, read_global, read_metrics, run_many, write_config
+import session_runs
+from conftest import read_global, read_metrics, write_config
 from dataset_files import emnist_names, write_cifar, write_leaf, write_mnist_family
 
 pytestmark = pytest.mark.mpi
@@ -60,14 +61,16 @@ def run_config(base, name, n):
     return write_config(base / f"{name}-n{n}.yaml", mapping)
 
 
-@pytest.fixture(scope="module")
-def model_runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("zoo")
+@session_runs.plan
+def zoo_runs(base):
+    """Every model at -n 1 and -n 3 (tests/session_runs.py: in the launches shared with other files)."""
     write_data(base)
-    for n in (1, 3):
-        configs = [run_config(base, name, n) for name in RUNS]
-        run_many(n, configs, timeout=2 * MPI_TIMEOUT_S)
-    return base
+    return {n: [["run", run_config(base, name, n), "--overwrite"] for name in RUNS] for n in (1, 3)}, base
+
+
+@pytest.fixture(scope="module")
+def model_runs(request):
+    return session_runs.result(request, zoo_runs)
 
 
 @pytest.mark.parametrize("name", list(RUNS))

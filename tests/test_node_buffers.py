@@ -4,10 +4,12 @@ protocol's use of the round buffers: FedAvg's whole buffers with evaluation (the
 it), gated SAFL's statistics-only reduction (a slice), FedSkip's header-only broadcasts and point-to-point
 slots, and rank 0 training clients as well (`server.trains_clients`, -n 2).
 
-One launch per setting and rank count runs every config (tools/run_batch.py)."""
+One launch per rank count (shared with other files, tests/session_runs.py) runs every config with node
+buffers on and then off."""
 
 import pytest
-from conftest import read_global, read_metrics, run_many, same, small_config, write_config
+import session_runs
+from conftest import read_global, read_metrics, same, small_config, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -19,19 +21,22 @@ RUNS = {
 N2 = {"fedavg_rank0_trains": {"server": {"clients_per_round": 6, "trains_clients": True}}}
 
 
-def launch(n, base, setting, runs):
-    paths = [write_config(base / f"{name}-{setting}.yaml", small_config(base / setting / name, **sections))
-             for name, sections in runs.items()]
-    run_many(n, paths, timeout=300, env={"FEDMPI_NODE_BUFFERS": setting})
+@session_runs.plan
+def node_buffer_runs(base):
+    """Every run with node buffers on and off, at -n 3 (RUNS) and -n 2 (N2), in the launches shared with
+    other files (tests/session_runs.py); FEDMPI_NODE_BUFFERS is read when a run sets up its round buffers,
+    so it is set per run."""
+    steps = {n: [[{"FEDMPI_NODE_BUFFERS": setting}, "run",
+                  write_config(base / f"{name}-{setting}.yaml", small_config(base / setting / name, **sections)),
+                  "--overwrite"]
+                 for setting in ("1", "0") for name, sections in runs.items()]
+             for n, runs in ((3, RUNS), (2, N2))}
+    return steps, base
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("node_buffers")
-    for setting in ("1", "0"):
-        launch(3, base, setting, RUNS)
-        launch(2, base, setting, N2)
-    return base
+def runs(request):
+    return session_runs.result(request, node_buffer_runs)
 
 
 @pytest.mark.parametrize("name", [*RUNS, *N2])

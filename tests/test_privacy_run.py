@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import math
 import os
-import subprocess
 import sys
 
 import h5py
 import numpy as np
 import pytest
+import session_runs
 import torch
 import yaml
-from conftest import ROOT, mpiexec, read_global, read_metrics, run_many, same, small_config, write_config
+from conftest import ROOT, read_global, read_metrics, same, small_config, write_config
 
 import fedmpi
 from fedmpi import config
@@ -348,16 +347,6 @@ DP_CASES = {
 TARGET = {"server": {"clients_per_round": 4, "sampling": "poisson"},
           "privacy": {"mechanism": "gaussian", "clip": 0.3, "target_epsilon": 6.0, "delta": DELTA}}
 
-DRIVER = r"""
-import json, sys
-from fedmpi.cli import main
-
-for args in json.loads(sys.argv[1]):
-    code = main(["run", *args])
-    if code:
-        sys.exit(code)
-"""
-
 
 def mpi_config(base, name, **sections):
     cfg = small_config(base / name, rounds=R, checkpoint={"every": 2, "keep": 10},
@@ -365,20 +354,12 @@ def mpi_config(base, name, **sections):
     return write_config(base / f"{name}.yaml", cfg)
 
 
-def drive(n, runs, timeout=300):
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, json.dumps([[str(a) for a in r] for r in runs])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, f"-n {n} exited {proc.returncode}\n{proc.stderr[-4000:]}"
-    return proc
-
-
-@pytest.fixture(scope="module")
-def mpi_runs(tmp_path_factory):
-    """Three launches: the same configs at -n 1 and at -n 3 (run_many), then at -n 3 the DP runs' first
-    halves and their --resume, and a target_epsilon run resumed with more rounds."""
-    base = tmp_path_factory.mktemp("privacy-mpi")
-    runs = {}
+@session_runs.plan
+def privacy_runs(base):
+    """The same configs at -n 1 and at -n 3, where the same launch then runs the DP runs' first halves and
+    their --resume, and a target_epsilon run resumed with more rounds (tests/session_runs.py: in the
+    launches shared with other files)."""
+    runs, batched = {}, {}
     for n in (1, 3):
         d = base / f"n{n}"
         d.mkdir()
@@ -388,11 +369,7 @@ def mpi_runs(tmp_path_factory):
         # the adaptive case again with the broadcast and reduction through the device buffers (on the CPU)
         paths.append(mpi_config(d, "device_mpi", **copy.deepcopy(DP_CASES["adaptive"]),
                                 runtime={"threads": 1, "progress": "lines", "cuda_aware_mpi": True}))
-        os.environ[DEVICE_MPI_TEST] = "1"
-        try:
-            run_many(n, paths)
-        finally:
-            del os.environ[DEVICE_MPI_TEST]
+        batched[n] = paths
         runs[n] = d
     d = base / "resume"
     d.mkdir()
@@ -402,9 +379,17 @@ def mpi_runs(tmp_path_factory):
         steps += [[cfg, f"rounds={HALF}"], [cfg, "--resume"]]
     target = mpi_config(d, "target", **copy.deepcopy(TARGET))
     steps += [[target, f"rounds={HALF}"], [target, "--resume", f"rounds={R}"]]
-    drive(3, steps)
     runs["resume"] = d
-    return runs
+    # The device-buffer test aid (set for the batched runs) acts only on the run with runtime.cuda_aware_mpi.
+    device = {DEVICE_MPI_TEST: "1"}
+    launches = {n: [[device, "run", path, "--overwrite"] for path in batched[n]] for n in (1, 3)}
+    launches[3] += [["run", *step] for step in steps]
+    return launches, runs
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(request):
+    return session_runs.result(request, privacy_runs)
 
 
 def same_metrics(a, b, across_n=False):

@@ -6,7 +6,8 @@ Every config runs at -n 1 and at -n 3 inside one launch per rank count (tools/ru
 import h5py
 import numpy as np
 import pytest
-from conftest import read_clients, read_global, read_metrics, run_many, small_config, write_config
+import session_runs
+from conftest import read_clients, read_global, read_metrics, small_config, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -27,18 +28,21 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("research")
-    out = {}
+@session_runs.plan
+def research_runs(base):
+    """Every case at -n 1 and -n 3 (tests/session_runs.py: in the launches shared with other files)."""
+    out, steps = {}, {1: [], 3: []}
     for n in (1, 3):
-        paths = []
         for name, sections in CASES.items():
             cfg = small_config(base / f"{name}-n{n}", **{"rounds": 4, **sections})
-            paths.append(write_config(base / f"{name}-n{n}.yaml", cfg))
+            steps[n].append(["run", write_config(base / f"{name}-n{n}.yaml", cfg), "--overwrite"])
             out[name, n] = base / f"{name}-n{n}"
-        run_many(n, paths)
-    return out
+    return steps, out
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    return session_runs.result(request, research_runs)
 
 
 def metrics(runs, name, n=1):

@@ -1,13 +1,14 @@
 """--resume, stop requests and killed workers, end to end under mpiexec (docs/design.md §1, §3; issue 4).
 
 Launches are the cost here (each pays the torch import on every rank), so runs are shared:
-- per algorithm, one -n 3 job runs, in sequence inside the same MPI job (as `fedmpi run` would, through
+- one -n 3 job runs, per algorithm, in sequence inside the same MPI job (as `fedmpi run` would, through
   `fedmpi.cli.main`): the whole run (the reference, every checkpoint kept), the first half, and the
   second half with --resume; fedavg's job also resumes a copy of the reference whose newest checkpoint
   was truncated. One -n 1 job then resumes a copy of the first half (another -n, a fresh process).
 - SIGTERM and kill -9 hit real, separately launched fedavg jobs, compared with the fedavg reference.
 
-To cover another algorithm with client state, add it to ALGORITHMS (two launches, about 30 s).
+Every algorithm's jobs share those two launches. To cover another algorithm with client state, add it to
+ALGORITHMS (its runs join the two launches).
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ _RUNS = {}
 
 
 def shared_runs(name, tmp_path_factory):
-    """The per-algorithm jobs described in the module docstring, run once per test session."""
-    if name not in _RUNS:
-        _RUNS[name] = _launch_runs(name, tmp_path_factory)
+    """The jobs described in the module docstring, every algorithm's at once, run once per test session."""
+    if not _RUNS:
+        _RUNS.update(_launch_runs(tmp_path_factory))
     return _RUNS[name]
 
 
@@ -101,21 +102,30 @@ def fedavg(tmp_path_factory):
     return cfg, d
 
 
-def _launch_runs(name, tmp_path_factory):
-    base = tmp_path_factory.mktemp(f"resume-{name}")
-    cfg = algo_config(base, name)
-    d = {k: base / name / k for k in ("ref", "half", "half_n1", "truncated")}
-    steps = [["run", cfg, "checkpoint.keep=100"],
-             ["run", cfg, f"out={d['half']}", f"rounds={HALF}"],
-             ["copy", d["half"], d["half_n1"]],
-             ["run", cfg, f"out={d['half']}", "--resume"]]
-    if name == "fedavg":
-        steps += [["copy", d["ref"], d["truncated"]],
-                  ["truncate", d["truncated"] / "ckpt" / f"ckpt-{R}.h5"],
-                  ["run", cfg, f"out={d['truncated']}", "--resume"]]
-    d["stderr_n3"] = drive(3, steps).stderr
-    d["stderr_n1"] = drive(1, [["run", cfg, f"out={d['half_n1']}", "--resume"]]).stderr
-    return name, cfg, d
+def _launch_runs(tmp_path_factory):
+    """Two launches for all of ALGORITHMS (a launch costs more than these runs): every algorithm's -n 3
+    steps in one job, then every -n 1 resume in another. Each run has its own out; the stderr of a job
+    holds every run's lines, and each assertion on it names its run's own paths."""
+    base = tmp_path_factory.mktemp("resume")
+    steps_n3, steps_n1, out = [], [], {}
+    for name in ALGORITHMS:
+        cfg = algo_config(base, name)
+        d = {k: base / name / k for k in ("ref", "half", "half_n1", "truncated")}
+        steps_n3 += [["run", cfg, "checkpoint.keep=100"],
+                     ["run", cfg, f"out={d['half']}", f"rounds={HALF}"],
+                     ["copy", d["half"], d["half_n1"]],
+                     ["run", cfg, f"out={d['half']}", "--resume"]]
+        if name == "fedavg":
+            steps_n3 += [["copy", d["ref"], d["truncated"]],
+                         ["truncate", d["truncated"] / "ckpt" / f"ckpt-{R}.h5"],
+                         ["run", cfg, f"out={d['truncated']}", "--resume"]]
+        steps_n1.append(["run", cfg, f"out={d['half_n1']}", "--resume"])
+        out[name] = (name, cfg, d)
+    stderr_n3 = drive(3, steps_n3, timeout=len(ALGORITHMS) * LAUNCH_TIMEOUT_S).stderr
+    stderr_n1 = drive(1, steps_n1, timeout=len(ALGORITHMS) * LAUNCH_TIMEOUT_S).stderr
+    for _, _, d in out.values():
+        d["stderr_n3"], d["stderr_n1"] = stderr_n3, stderr_n1
+    return out
 
 
 def ckpt_global(run_dir, k):

@@ -4,14 +4,26 @@ import time
 
 import numpy as np
 import pytest
-from conftest import read_clients, read_global, read_metrics, run_fedmpi, same, small_config, write_config
+from conftest import (
+    read_clients,
+    read_global,
+    read_metrics,
+    run_fedmpi,
+    run_steps,
+    same,
+    small_config,
+    write_config,
+)
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
 def mlp_runs(tmp_path_factory):
-    """One mlp config run at -n 1, 2, 3 and once more at -n 3."""
+    """One mlp config run at -n 1, 2, 3, and once more at -n 3 in a later launch that first runs
+    test_central_sgd_learns's config (four launches: each costs more than these runs). The repeat is a
+    fresh process that has run another experiment before, so the identity also says nothing carries over
+    from one run to the next inside a process."""
     base = tmp_path_factory.mktemp("mlp")
     runs = {}
     for key, n in [("n1", 1), ("n2", 2), ("n3", 3), ("n3again", 3)]:
@@ -19,7 +31,14 @@ def mlp_runs(tmp_path_factory):
         cfg = write_config(base / f"{key}.yaml", small_config(
             out, model={"name": "mlp", "hidden": 32}, client={"lr": 0.05, "batch_size": 10, "steps": 8},
             rounds=4, eval={"every": 1}))
-        proc = run_fedmpi(n, "run", cfg)
+        if key == "n3again":
+            central = base / "central"
+            central_cfg = write_config(base / "central.yaml",
+                                       small_config(central, algorithm={"name": "central"}, rounds=3))
+            proc = run_steps(n, [[central_cfg], [cfg]])
+            runs["central"] = (central, proc)
+        else:
+            proc = run_fedmpi(n, "run", cfg)
         runs[key] = (out, proc)
     return runs
 
@@ -68,10 +87,8 @@ def test_progress_lines_in_a_batch_log(mlp_runs):
     assert "round 4/4" in err and "acc " in err and "s/round" in err
 
 
-def test_central_sgd_learns(tmp_path):
-    out = tmp_path / "central"
-    cfg = write_config(tmp_path / "c.yaml", small_config(out, algorithm={"name": "central"}, rounds=3))
-    run_fedmpi(3, "run", cfg)
+def test_central_sgd_learns(mlp_runs):
+    out = mlp_runs["central"][0]        # run at -n 3 by the mlp_runs fixture
     metrics, attrs = read_metrics(out)
     assert attrs["status"] == "finished" and metrics["test_acc"][-1] > 0.6
     assert np.all(metrics["uploads"] == 1)

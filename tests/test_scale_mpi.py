@@ -2,8 +2,8 @@
 resume with client state spilled to disk, failures while sharing, and a rank out of memory.
 
 Launches are the cost here, so runs are batched: one -n 3 launch on two pretend nodes runs the whole run,
-its first half and the --resume (tests/conftest.py run_steps); one -n 3 launch on one node and one -n 1
-launch run the same whole run."""
+its first half and the --resume, then the same whole run on one node (FEDMPI_TEST_NODES set per run);
+one -n 1 launch runs it once more."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, mpiexec, read_global, read_metrics, run_fedmpi, run_steps, write_config
+from conftest import ROOT, mpiexec, read_global, read_metrics, run_fedmpi, run_steps_env, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -41,9 +41,12 @@ def runs(tmp_path_factory):
     for name, cfg in {"nodes2": scale_config(base / "nodes2"), "half": scale_config(base / "half", rounds=HALF),
                       "node1": scale_config(base / "node1"), "n1": scale_config(base / "n1")}.items():
         paths[name] = (write_config(base / f"{name}.yaml", cfg), base / name)
-    run_steps(3, [[paths["nodes2"][0], "--overwrite"], [paths["half"][0], "--overwrite"],
-                  [paths["half"][0], "--resume", f"rounds={ROUNDS}"]], env={"FEDMPI_TEST_NODES": "2"})
-    run_steps(3, [[paths["node1"][0], "--overwrite"]])
+    # One -n 3 launch for both layouts: each `fedmpi run` makes its own communicator, which reads
+    # FEDMPI_TEST_NODES when it splits the ranks into nodes, so the driver sets it per run.
+    two, one = {"FEDMPI_TEST_NODES": "2"}, {"FEDMPI_TEST_NODES": None}
+    run_steps_env(3, [(two, [paths["nodes2"][0], "--overwrite"]), (two, [paths["half"][0], "--overwrite"]),
+                      (two, [paths["half"][0], "--resume", f"rounds={ROUNDS}"]),
+                      (one, [paths["node1"][0], "--overwrite"])])
     run_fedmpi(1, "run", paths["n1"][0], "--overwrite")
     return {name: out for name, (_, out) in paths.items()}
 
@@ -72,13 +75,12 @@ def test_resume_with_spilled_client_state_is_bit_identical(runs):
 def test_pretend_nodes_choose_devices_threads_and_share_data_per_node(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", scale_config(tmp_path / "out"))
     script = ROOT / "tests" / "mpi_scripts" / "node_sharing.py"
-    seen = {}
-    for nodes in ("1", "2"):
-        proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(script), str(cfg), str(tmp_path / nodes)],
-                              capture_output=True, text=True, timeout=240, cwd=ROOT,
-                              env={**os.environ, "FEDMPI_TEST_NODES": nodes})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        seen[nodes] = [json.loads((tmp_path / f"{nodes}-{r}.json").read_text()) for r in range(3)]
+    # Both layouts in one launch, each with its own communicator (the script sets FEDMPI_TEST_NODES).
+    proc = subprocess.run([mpiexec(), "-n", "3", sys.executable, str(script), str(cfg),
+                           *(f"{nodes}:{tmp_path / nodes}" for nodes in ("1", "2"))],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = {nodes: [json.loads((tmp_path / f"{nodes}-{r}.json").read_text()) for r in range(3)] for nodes in "12"}
     one, two = seen["1"], seen["2"]
     cores = len(os.sched_getaffinity(0))
     assert [(r["node"], r["local_rank"], r["local_size"]) for r in one] == [(0, 0, 3), (0, 1, 3), (0, 2, 3)]

@@ -6,8 +6,9 @@ may add in another order (for the linear model they happen to give identical bit
 
 import numpy as np
 import pytest
+import session_runs
 import torch
-from conftest import read_global, read_metrics, run_fedmpi, write_config
+from conftest import read_global, read_metrics, write_config
 from torch import nn
 
 import fedmpi
@@ -183,14 +184,27 @@ def test_vectorize_on_refuses_algorithms_with_their_own_client_terms(algorithm):
 
 # -- end to end --------------------------------------------------------------------------------------
 
-@pytest.mark.mpi
-def test_vectorized_run_at_three_ranks_equals_the_loop_at_one(tmp_path):
-    runs = {}
+@session_runs.plan
+def vectorized_runs(base):
+    """The per-client loop at -n 1, vectorized at -n 3 (tests/session_runs.py: in the launches shared with
+    other files)."""
+    runs, steps = {}, {}
     for n, mode in [(1, "off"), (3, "on")]:
-        out = tmp_path / f"n{n}-{mode}"
+        out = base / f"n{n}-{mode}"
         cfg = synthetic(out, client={"vectorize": mode}, server={"clients_per_round": 20}, rounds=3)
-        run_fedmpi(n, "run", write_config(tmp_path / f"n{n}-{mode}.yaml", cfg))
+        steps[n] = [["run", write_config(base / f"n{n}-{mode}.yaml", cfg)]]
         runs[n, mode] = out
+    return steps, runs
+
+
+@pytest.fixture(scope="module")
+def vectorized_mpi_runs(request):
+    return session_runs.result(request, vectorized_runs)
+
+
+@pytest.mark.mpi
+def test_vectorized_run_at_three_ranks_equals_the_loop_at_one(vectorized_mpi_runs):
+    runs = vectorized_mpi_runs
     (m1, _), (m3, _) = read_metrics(runs[1, "off"]), read_metrics(runs[3, "on"])
     np.testing.assert_array_equal(m3["test_acc"], m1["test_acc"])
     np.testing.assert_allclose(m3["train_loss"], m1["train_loss"], rtol=RTOL)

@@ -1,12 +1,14 @@
-"""Run under mpiexec (with FEDMPI_TEST_NODES=K for pretend nodes): what each rank sees of its node.
+"""Run under mpiexec: what each rank sees of its node, for each layout of pretend nodes asked for.
 
-Usage: node_sharing.py CONFIG OUT_PREFIX. Writes OUT_PREFIX-<rank>.json with this rank's NodeInfo, the CUDA
-device it would pick on a node with 3 GPUs (torch.cuda stubbed: no GPU is needed), its torch threads, the
-rows it filled in a shared window and the window's contents as it sees them, and whether the node-shared
-data set of CONFIG equals the private loader's on this rank.
+Usage: node_sharing.py CONFIG NODES:OUT_PREFIX [NODES:OUT_PREFIX ...]. For each pair (in one launch: a launch
+costs more than this), with FEDMPI_TEST_NODES=NODES and a fresh communicator, writes OUT_PREFIX-<rank>.json
+with this rank's NodeInfo, the CUDA device it would pick on a node with 3 GPUs (torch.cuda stubbed: no GPU is
+needed), its torch threads, the rows it filled in a shared window and the window's contents as it sees them,
+and whether the node-shared data set of CONFIG equals the private loader's on this rank.
 """
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -17,39 +19,47 @@ from fedmpi.data import load_dataset
 from fedmpi.data.shared import load_shared
 from fedmpi.mpi.comm import make_comm
 from fedmpi.mpi.runtime import pick_device, set_threads
-from fedmpi.mpi.topology import share_of
+from fedmpi.mpi.topology import TEST_NODES, share_of
 
 cfg = config.load(sys.argv[1])
-comm = make_comm()
-node = comm.node_local()
-
-# Node-local device choice on a pretend node of 3 GPUs.
 chosen = []
 torch.cuda.is_available = lambda: True
 torch.cuda.device_count = lambda: 3
 torch.cuda.set_device = chosen.append
-device = pick_device("cuda", node.local_rank)
-threads = set_threads(None, node.local_size, node.cores)
-
-written = []
 
 
-def fill(arrays, part, parts):
-    a = arrays["marks"]
-    lo, hi = share_of(len(a), part, parts)
-    a[lo:hi] = 100 * node.node + part
-    written.extend([lo, hi])
+def report(prefix):
+    """One layout: the communicator reads FEDMPI_TEST_NODES when it first splits the ranks into nodes."""
+    comm = make_comm()
+    node = comm.node_local()
+    # Node-local device choice on a pretend node of 3 GPUs.
+    chosen.clear()
+    device = pick_device("cuda", node.local_rank)
+    threads = set_threads(None, node.local_size, node.cores)
+    written = []
+
+    def fill(arrays, part, parts):
+        a = arrays["marks"]
+        lo, hi = share_of(len(a), part, parts)
+        a[lo:hi] = 100 * node.node + part
+        written.extend([lo, hi])
+
+    marks = comm.share_arrays({"marks": ((12,), np.int64)} if comm.node_leader else None, fill)["marks"]
+    shared = load_shared(cfg, comm)
+    private = load_dataset(cfg)
+    same = all(np.array_equal(getattr(shared, k), getattr(private, k))
+               for k in ("x_train", "y_train", "x_test", "y_test"))
+    same = same and all(np.array_equal(u, v) for u, v in zip(shared.users, private.users))
+    read_only = not shared.x_train.flags.writeable
+    with open(f"{prefix}-{comm.rank}.json", "w") as fh:
+        json.dump({"rank": comm.rank, "local_rank": node.local_rank, "local_size": node.local_size,
+                   "node": node.node, "nodes": node.nodes, "server_here": node.server_here, "cores": node.cores,
+                   "threads": threads, "device": str(device), "set_device": list(chosen), "written": written,
+                   "marks": marks.tolist(), "data_equal": bool(same), "read_only": read_only}, fh)
+    comm.close()
 
 
-marks = comm.share_arrays({"marks": ((12,), np.int64)} if comm.node_leader else None, fill)["marks"]
-shared = load_shared(cfg, comm)
-private = load_dataset(cfg)
-same = all(np.array_equal(getattr(shared, k), getattr(private, k)) for k in ("x_train", "y_train", "x_test", "y_test"))
-same = same and all(np.array_equal(u, v) for u, v in zip(shared.users, private.users))
-read_only = not shared.x_train.flags.writeable
-with open(f"{sys.argv[2]}-{comm.rank}.json", "w") as fh:
-    json.dump({"rank": comm.rank, "local_rank": node.local_rank, "local_size": node.local_size, "node": node.node,
-               "nodes": node.nodes, "server_here": node.server_here, "cores": node.cores, "threads": threads,
-               "device": str(device), "set_device": chosen, "written": written, "marks": marks.tolist(),
-               "data_equal": bool(same), "read_only": read_only}, fh)
-comm.close()
+for pair in sys.argv[2:]:
+    nodes, prefix = pair.split(":", 1)
+    os.environ[TEST_NODES] = nodes
+    report(prefix)

@@ -1,0 +1,132 @@
+"""One launch per -n for the MPI runs of several test files (each launch pays the torch import on every rank,
+more than a small run costs).
+
+A test file registers a plan at import time:
+
+    @session_runs.plan
+    def my_runs(base):                 # base: a fresh folder for this file's runs
+        ...write configs under base...
+        return {3: [step, ...], 1: [step, ...]}, value
+
+and its tests take `session_runs.result(request, my_runs)` (through a module fixture): `value`, once every
+registered plan's steps have run. The steps of every plan whose file has a selected test run together, one
+launch per -n, at -n 3 first, then 2, then 1 (so that a plan may resume at -n 1 a copy of what it ran at
+-n 3). A step is what `DRIVER` takes: ["run", ARGS...] runs `fedmpi run ARGS` (fedmpi.cli.main, exactly as
+the command line does), ["copy", SRC, DST] and ["truncate", FILE] are file steps on rank 0; a step may start
+with a dict of environment variables ({name: value, or None to unset}) that apply to it alone. Each run has
+its own `out`, so runs cannot see each other's files; a failing step fails every plan of the launch, with
+the launch's stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, mpiexec
+
+DRIVER = r"""
+import json, os, shutil, sys
+from mpi4py import MPI
+from fedmpi.cli import main
+
+base = dict(os.environ)
+for step in json.loads(sys.argv[1]):
+    env = step.pop(0) if isinstance(step[0], dict) else {}
+    os.environ.clear()
+    os.environ.update(base)
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    kind, rest = step[0], step[1:]
+    if kind == "run":
+        code = main(["run", *rest])
+        if code:
+            print(f"session_runs: fedmpi run {' '.join(rest)} exited {code}", file=sys.stderr)
+            sys.exit(code)
+    elif MPI.COMM_WORLD.Get_rank() == 0:      # file steps on rank 0; the next run's collectives wait for it
+        if kind == "copy":
+            shutil.copytree(rest[0], rest[1])
+        elif kind == "truncate":
+            with open(rest[0], "r+b") as fh:
+                fh.truncate(os.path.getsize(rest[0]) // 2)
+"""
+
+TIMEOUT_PER_RUN_S = 60       # a launch's timeout: this per `run` step (a loaded 2-core machine), at least 300 s
+# pytest-timeout's limit (pyproject.toml, 300 s) covers a test's setup, where the first test to ask runs every
+# selected file's launches: the MPI tests of files with a plan get this instead. A hung launch still ends at
+# its own timeout above.
+SHARED_SETUP_TIMEOUT_S = 2400
+
+_PLANS = {}         # plan function's qualified name -> (module name, function)
+_RESULTS = {}
+
+
+def plan(fn):
+    _PLANS[_key(fn)] = (fn.__module__, fn)
+    return fn
+
+
+def _key(fn):
+    return f"{fn.__module__}.{fn.__name__}"
+
+
+def _step(step):
+    out = [dict(step[0])] if isinstance(step[0], dict) else []
+    return out + [str(a) for a in step[len(out):]]
+
+
+def _launch(n, steps):
+    timeout = max(300, TIMEOUT_PER_RUN_S * sum(1 for s in steps if "run" in s[:2]))
+    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, json.dumps(steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, (f"session_runs: the -n {n} launch exited {proc.returncode}\n"
+                                  f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def result(request, fn):
+    """The value `fn`'s plan returned, after the launches that ran its steps (and every other selected
+    file's: the first file to ask runs them all)."""
+    key = _key(fn)
+    if key not in _RESULTS:
+        factory = request.getfixturevalue("tmp_path_factory")
+        wanted = {item.module.__name__ for item in request.session.items if getattr(item, "module", None)}
+        todo = {k: f for k, (module, f) in _PLANS.items() if (module in wanted or k == key) and k not in _RESULTS}
+        try:
+            steps, values = {}, {}
+            for k, f in todo.items():
+                by_n, values[k] = f(factory.mktemp(f.__name__))
+                for n, some in by_n.items():
+                    steps.setdefault(n, []).extend(_step(s) for s in some)
+            for n in sorted(steps, reverse=True):
+                _launch(n, steps[n])
+        except Exception as e:       # every plan of the batch fails with it, without launching it again
+            values = {k: _Failed(e) for k in todo}
+        _RESULTS.update(values)
+    value = _RESULTS[key]
+    if isinstance(value, _Failed):
+        raise AssertionError(f"session_runs: the shared launches failed: {value.error}") from value.error
+    return value
+
+
+def allow_for_the_launches(items):
+    """Raises the pytest-timeout limit of the MPI tests of files that registered a plan (conftest calls this
+    from pytest_collection_modifyitems)."""
+    import pytest
+
+    modules = {module for module, _ in _PLANS.values()}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ in modules and item.get_closest_marker("mpi"):
+            item.add_marker(pytest.mark.timeout(SHARED_SETUP_TIMEOUT_S))
+
+
+class _Failed:
+    def __init__(self, error):
+        self.error = error
