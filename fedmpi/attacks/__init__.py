@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmpi.core import rng
 from fedmpi.core.errors import ConfigError
 
 
@@ -19,6 +18,8 @@ def malicious_clients(attack, num_clients, seed) -> np.ndarray:
             raise ConfigError(f"attack.clients: client {int(ids[-1])} does not exist "
                               f"(partition.clients = {num_clients}: ids 0..{num_clients - 1})")
         return ids
+    from fedmpi.core import rng     # here: fedmpi.config imports this package (for .keys), and rng imports torch
+
     count = int(round(attack.fraction * num_clients))
     g = rng.stream(seed, rng.ATTACK)
     return np.sort(g.choice(num_clients, size=count, replace=False)).astype(np.int64)
