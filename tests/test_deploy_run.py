@@ -192,6 +192,7 @@ class Cfg:
     def __init__(self, **compress):
         self.seed = 3
         self.client = type("C", (), {"compress": config.from_dict({"client": {"compress": compress}}).client.compress})
+        self.server = config.from_dict({}).server
 
 
 def test_compression_stage_uploads_x_plus_the_decoded_update_and_keeps_the_residual():

@@ -192,6 +192,10 @@ class Algorithm(abc.ABC):
     # of those: a robust aggregator (server.aggregator, fedmpi.robust) may then replace that mean. Declared, not
     # inferred: a subclass with its own aggregate or upload declares False.
     robust_aggregation: ClassVar[bool] = False
+    # Its upload is the one vector w_i (model - down), whatever the server then does with the sum: secure
+    # aggregation (server.secure_aggregation, fedmpi.secagg) may sum it masked. Declared, not inferred: a
+    # subclass whose accumulate uploads anything else declares False.
+    uploads_model_delta: ClassVar[bool] = False
     grad_hook = None     # optional callable(params, grad): a correction added to the flat gradient
     step_hook = None     # optional callable(params): a change to the parameters after each optimizer step
     round_start = None   # optional callable(round, down): on hosting ranks after each round's broadcast

@@ -22,6 +22,7 @@ class FedAvg(Reduce):
     Keys = FedAvgKeys
     vectorizable = True
     robust_aggregation = True
+    uploads_model_delta = True
 
     def __init__(self, keys, context):
         super().__init__(keys, context)

@@ -35,6 +35,7 @@ class FedDynKeys(AlgorithmKeys):
 class FedDyn(FedAvg):
     name = "feddyn"
     robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
+    uploads_model_delta = False  # its accumulate uploads more than the model's change
     Keys = FedDynKeys
     vectorizable = False
     keeps_client_state = True

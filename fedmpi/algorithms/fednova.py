@@ -45,6 +45,7 @@ class FedNovaKeys(AlgorithmKeys):
 class FedNova(FedAvg):
     name = "fednova"
     robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
+    uploads_model_delta = False  # its accumulate uploads more than the model's change
     Keys = FedNovaKeys
     up_scalars = 1      # sum_i n_i a_i, after the vector
 

@@ -84,6 +84,7 @@ class SaflKeys(AlgorithmKeys):
 class Safl(FedAvg):
     name = "safl"
     robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
+    uploads_model_delta = False  # its accumulate uploads more than the model's change
     Keys = SaflKeys
     vectorizable = False
     keeps_client_state = True

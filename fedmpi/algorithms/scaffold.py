@@ -50,6 +50,7 @@ class ScaffoldKeys(AlgorithmKeys):
 class Scaffold(FedAvg):
     name = "scaffold"
     robust_aggregation = False   # its own aggregate or upload: not a weighted mean of one vector
+    uploads_model_delta = False  # its accumulate uploads more than the model's change
     Keys = ScaffoldKeys
     vectorizable = False
     keeps_client_state = True

@@ -18,7 +18,7 @@ def malicious_clients(attack, num_clients, seed) -> np.ndarray:
             raise ConfigError(f"attack.clients: client {int(ids[-1])} does not exist "
                               f"(partition.clients = {num_clients}: ids 0..{num_clients - 1})")
         return ids
-    from fedmpi.core import rng     # here: fedmpi.config imports this package (for .keys), and rng imports torch
+    from fedmpi.core import rng  # here: fedmpi.config imports this package (for .keys), and rng imports torch
 
     count = int(round(attack.fraction * num_clients))
     g = rng.stream(seed, rng.ATTACK)

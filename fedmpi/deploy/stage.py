@@ -23,7 +23,7 @@ def upload_bytes(cfg, algo) -> int:
     aggregation the masked vector, b bits per uploaded entry (fedmpi.secagg; its key and share messages,
     a few hundred bytes, are not timed on the simulated clock)."""
     dim, compress = algo.dim, UpdateCompression(cfg.client.compress)
-    if getattr(cfg.server, "secure_aggregation", "none") != "none":
+    if cfg.server.secure_aggregation != "none":
         c = cfg.client.compress
         kept = kept_count(c.fraction, dim) if c.name == "randk" else dim
         return math.ceil(kept * cfg.secagg.bits / 8)
@@ -35,7 +35,7 @@ class CompressionStage(UploadStage):
 
     def __init__(self, cfg, algo, dim):
         # Under secure aggregation rand-k's indices are the round's, shared by its clients (fedmpi.secagg).
-        shared = getattr(cfg.server, "secure_aggregation", "none") != "none"
+        shared = cfg.server.secure_aggregation != "none"
         self.compression = UpdateCompression(cfg.client.compress, shared)
         self.seed, self.dim = cfg.seed, dim
         self.dense_rest = (algo.up_vectors - 1) * 4 * dim

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass
 
 from fedmpi.algorithms.base import REDUCE
-from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.secagg.graph import default_neighbours
 from fedmpi.secagg.keys import SecAggConfig
 
@@ -70,9 +69,10 @@ def problems(cfg, algo_cls) -> list:
     elif algo_cls.up_vectors != 1:
         found.append(f"algorithm.name = {name!r} with server.secure_aggregation = {mode!r}: each client "
                      f"uploads {algo_cls.up_vectors} vectors; secure aggregation sums one (the model update)")
-    elif algo_cls.accumulate is not FedAvg.accumulate:
-        found.append(f"algorithm.name = {name!r} with server.secure_aggregation = {mode!r}: its upload is not "
-                     f"the update y_i - x_t summed with uniform weights, which is all the server learns")
+    elif not algo_cls.uploads_model_delta:
+        found.append(f"algorithm.name = {name!r} with server.secure_aggregation = {mode!r}: it does "
+                     f"not declare uploads_model_delta (its upload is not the update y_i - x_t, the one vector "
+                     f"secure aggregation sums)")
     else:
         found += [f"algorithm.name = {name!r} with server.secure_aggregation = {mode!r}: {why}"
                   for why in algo_cls.privacy_problems(cfg.algorithm, cfg.client.steps)]
@@ -88,7 +88,7 @@ def problems(cfg, algo_cls) -> list:
         found.append("privacy.mechanism = 'gaussian' with server.secure_aggregation: the server sees no single "
                      "update, so it can neither clip one nor add central noise to a sum it should not trust "
                      "itself with; use secagg.noise (distributed DP, added by each client in integers)")
-    aggregator = getattr(cfg.server, "aggregator", "mean")
+    aggregator = cfg.server.aggregator
     if aggregator != "mean":
         found.append(f"server.aggregator = {aggregator!r} with server.secure_aggregation: a robust aggregator "
                      f"needs the individual updates, and the server sees only their sum; use mean")
