@@ -71,6 +71,23 @@ def plan(fn):
     return fn
 
 
+def per_n(launch, ns=(1, 3)):
+    """A plan from `launch(base, n) -> (steps, value)`, where a step is the argument list of one `fedmpi run`
+    at -n n under the fresh folder `base`: the plan's value is {n: value}. For files whose runs are the same
+    configs at each rank count."""
+    def by_n(base):
+        steps, values = {}, {}
+        for n in ns:
+            folder = base / f"n{n}"
+            folder.mkdir()
+            some, values[n] = launch(folder, n)
+            steps[n] = [["run", *step] for step in some]
+        return steps, values
+
+    by_n.__module__, by_n.__name__, by_n.__qualname__ = launch.__module__, launch.__name__, launch.__qualname__
+    return plan(by_n)
+
+
 def _key(fn):
     return f"{fn.__module__}.{fn.__name__}"
 

@@ -1,7 +1,7 @@
 """Attacks under mpiexec (issue 25): the same runs at -n 1 and -n 3, and a run stopped half-way and resumed,
 give the same figures (backdoor_acc included), the same global model and the same recorded malicious set.
 
-Two launches in all (conftest.run_steps: every run of one -n inside one mpiexec): at each -n every case's
+In the launches shared with other files (tests/session_runs.py: one mpiexec per -n): at each -n every case's
 whole run, then its first HALF rounds and a --resume to R. `sign_flip_median` runs the model attack's upload
 stage inside robust's chunked gather (server.aggregator: median)."""
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from conftest import read_global, read_metrics, run_steps, same, small_config, write_config
+import session_runs
+from conftest import read_global, read_metrics, same, small_config, write_config
 
 from fedmpi.attacks import malicious_clients
 from fedmpi.attacks.keys import AttackConfig
@@ -32,20 +33,24 @@ def case_config(d, name):
     return write_config(d / f"{name}.yaml", cfg)
 
 
+@session_runs.per_n
+def attack_runs(base, n):
+    whole, half = base / "whole", base / "resumed"
+    whole.mkdir()
+    half.mkdir()
+    steps = []
+    for name in CASES:
+        steps.append([case_config(whole, name)])
+        resumed = case_config(half, name)
+        steps += [[resumed, f"rounds={HALF}"], [resumed, "--resume"]]
+    return steps, (whole, half)
+
+
 @pytest.fixture(scope="module")
-def mpi_runs(tmp_path_factory):
-    base = tmp_path_factory.mktemp("attacks-mpi")
+def mpi_runs(request):
+    launched = session_runs.result(request, attack_runs)    # tests/session_runs.py: shared launches
     runs = {}
-    for n in (1, 3):
-        whole, half = base / f"n{n}", base / f"n{n}-resumed"
-        whole.mkdir()
-        half.mkdir()
-        steps = []
-        for name in CASES:
-            steps.append([case_config(whole, name)])
-            resumed = case_config(half, name)
-            steps += [[resumed, f"rounds={HALF}"], [resumed, "--resume"]]
-        run_steps(n, steps)
+    for n, (whole, half) in launched.items():
         runs[n], runs[f"{n}-resumed"] = whole, half
     return runs
 

@@ -1,5 +1,6 @@
-"""Personalized FL under MPI (issue 24): one launch at -n 1 and one at -n 3 run a few tiny mnist5k runs with
-local test splits and local evaluation, and the tests assert
+"""Personalized FL under MPI (issue 24): the launches at -n 1 and -n 3 shared with other files
+(tests/session_runs.py) run a few tiny mnist5k runs with local test splits and local evaluation, and the
+tests assert
   - the local figures (/metrics local_*, /clients/local_acc and local_loss) and the models are identical at
     -n 1 and -n 3, for FedPer (pathological 2-shard split, fine-tuning on), FedBN with batch norm on
     Dirichlet(0.1), local training and FedAvg with model.personal;
@@ -15,7 +16,8 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from conftest import run_steps, same, write_config
+import session_runs
+from conftest import same, write_config
 
 from fedmpi.io.store import read_clients
 
@@ -51,6 +53,7 @@ RUNS = {
 RESUMED = ("fedper",)
 
 
+@session_runs.per_n
 def _launch(base, n):
     steps, out = [], {}
     for name, sections in RUNS.items():
@@ -60,13 +63,12 @@ def _launch(base, n):
         if name in RESUMED:
             out[f"{name}-resumed"] = half = base / f"{name}-resumed"
             steps += [[path, f"out={half}", f"rounds={HALF}"], [path, f"out={half}", "--resume", f"rounds={R}"]]
-    run_steps(n, steps, timeout=420)
-    return out
+    return steps, out
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return {n: _launch(tmp_path_factory.mktemp(f"personal-n{n}"), n) for n in (1, 3)}
+def runs(request):
+    return session_runs.result(request, _launch)     # tests/session_runs.py: in the launches shared with other files
 
 
 def _read(folder):

@@ -1,8 +1,8 @@
 """The training-based personalized algorithms under mpiexec (issue 24): their limits against FedAvg, the same
 results at -n 1 and -n 3, and a --resume equal to the uninterrupted run for Ditto and IFCA.
 
-One launch per rank count runs every config in sequence (`conftest.run_steps`), with local test splits and
-a local evaluation every round over all clients:
+The launches shared with other files (tests/session_runs.py, one per rank count) run every config in
+sequence, with local test splits and a local evaluation every round over all clients:
   fedavg        the reference (lr model on mnist5k, 10 clients, Dirichlet 0.5)
   ifca1         IFCA with k = 1: FedAvg bit for bit (global model, metrics, local figures)
   apfl0         APFL with alpha = 0: FedAvg's global model bit for bit
@@ -22,7 +22,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import read_clients, read_global, read_metrics, run_steps, small_config, write_config
+import session_runs
+from conftest import read_clients, read_global, read_metrics, small_config, write_config
 
 pytestmark = pytest.mark.mpi
 
@@ -52,7 +53,8 @@ def config_of(name, out):
                         client={"lr": LR, "batch_size": 20, "epochs": 1, "vectorize": "off"}, **LOCAL)
 
 
-def launch(n, base):
+@session_runs.per_n
+def launch(base, n):
     steps, out = [], {}
     for name in [*RUNS, *IID]:
         out[name] = base / name
@@ -61,13 +63,12 @@ def launch(n, base):
         if name in RESUMED:
             out[f"{name}-resumed"] = half = base / f"{name}-resumed"
             steps += [[cfg, f"out={half}", f"rounds={HALF}"], [cfg, f"out={half}", "--resume", f"rounds={R}"]]
-    run_steps(n, steps, timeout=420)
-    return out
+    return steps, out
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return {n: launch(n, tmp_path_factory.mktemp(f"pfl-n{n}")) for n in (1, 3)}
+def runs(request):
+    return session_runs.result(request, launch)      # tests/session_runs.py: in the launches shared with other files
 
 
 def metrics(run_dir):

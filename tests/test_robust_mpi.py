@@ -1,11 +1,13 @@
-"""Robust aggregation under MPI (issue 25, part 1): one launch at -n 1 and one at -n 3 run median and Krum
-whole and stopped halfway then resumed, and every omniscient attack against a robust rule; the runs must be
-bit-identical across -n, and a resumed run identical to the uninterrupted one."""
+"""Robust aggregation under MPI (issue 25, part 1): the launches at -n 1 and -n 3 shared with other files
+(tests/session_runs.py) run median and Krum whole and stopped halfway then resumed, and every omniscient attack
+against a robust rule; the runs must be bit-identical across -n, and a resumed run identical to the
+uninterrupted one."""
 
 import h5py
 import numpy as np
 import pytest
-from conftest import run_steps, small_config, write_config
+import session_runs
+from conftest import small_config, write_config
 
 R, HALF = 4, 2
 MEMORY = {"threads": 1, "progress": "off", "gather_memory": 1}      # one 4096-coordinate block per chunk
@@ -28,6 +30,7 @@ def config_of(name, out):
                         runtime=MEMORY, checkpoint={"every": 2, "keep": 2}, **extra)
 
 
+@session_runs.per_n
 def launch(base, n):
     steps, runs = [], {}
     for name in RUNS:
@@ -38,8 +41,7 @@ def launch(base, n):
             half = runs[f"{name}-resumed"] = base / f"{name}-resumed"
             steps += [[path, f"out={half}", f"rounds={HALF}", "--overwrite"],
                       [path, f"out={half}", "--resume", f"rounds={R}"]]
-    run_steps(n, steps)
-    return runs
+    return steps, runs
 
 
 def read(run):
@@ -49,9 +51,9 @@ def read(run):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return {n: {name: read(path) for name, path in launch(tmp_path_factory.mktemp(f"robust{n}"), n).items()}
-            for n in (1, 3)}
+def runs(request):
+    launched = session_runs.result(request, launch)  # tests/session_runs.py: in the launches shared with other files
+    return {n: {name: read(path) for name, path in launched[n].items()} for n in (1, 3)}
 
 
 @pytest.mark.mpi

@@ -1,5 +1,5 @@
 """Secure aggregation under MPI (issue 26): one launch per -n (1 and 3) runs every case below in sequence
-(`conftest.run_steps`), each also stopped halfway and continued with --resume:
+(tests/session_runs.py, shared with other files), each also stopped halfway and continued with --resume:
   secagg     SecAgg with 30% dropout after the set-up: masks of dropped clients removed through Shamir
   plus       SecAgg+ (4-regular graph) with shared-seed rand-k, error feedback and Skellam distributed DP
   failing    a threshold the survivors often miss: failed rounds keep the model, the run goes on
@@ -8,7 +8,8 @@ bit-identical to the uninterrupted one."""
 
 import numpy as np
 import pytest
-from conftest import read_global, read_metrics, run_steps, same, small_config, write_config
+import session_runs
+from conftest import read_global, read_metrics, same, small_config, write_config
 
 R, HALF = 4, 2
 RUNS = {
@@ -23,9 +24,8 @@ RUNS = {
     "failing": {"server": {"clients_per_round": 6, "secure_aggregation": "secagg"},
                 "clients": {"dropout": 0.4}, "secagg": {"bits": 32, "threshold": 4}},
 }
-_DONE = {}
 
-
+@session_runs.per_n
 def launch(base, n):
     steps, out = [], {}
     for name, sections in RUNS.items():
@@ -34,20 +34,18 @@ def launch(base, n):
         out[name], out[f"{name}-resumed"] = base / name, base / f"{name}-resumed"
         steps += [[cfg], [cfg, f"out={out[name]}-resumed", f"rounds={HALF}"],
                   [cfg, f"out={out[name]}-resumed", "--resume", f"rounds={R}"]]
-    run_steps(n, steps, timeout=420)
-    return out
+    return steps, out
 
 
-def runs(tmp_path_factory, n):
-    if n not in _DONE:
-        _DONE[n] = launch(tmp_path_factory.mktemp(f"secagg-n{n}"), n)
-    return _DONE[n]
+@pytest.fixture(scope="module")
+def runs(request):
+    return session_runs.result(request, launch)      # tests/session_runs.py: in the launches shared with other files
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("name", list(RUNS))
-def test_same_model_at_n1_and_n3_and_after_a_resume(tmp_path_factory, name):
-    one, three = runs(tmp_path_factory, 1), runs(tmp_path_factory, 3)
+def test_same_model_at_n1_and_n3_and_after_a_resume(runs, name):
+    one, three = runs[1], runs[3]
     m1, _ = read_metrics(one[name])
     m3, _ = read_metrics(three[name])
     assert np.array_equal(read_global(one[name]), read_global(three[name]))
@@ -60,8 +58,8 @@ def test_same_model_at_n1_and_n3_and_after_a_resume(tmp_path_factory, name):
 
 
 @pytest.mark.mpi
-def test_dropouts_are_recovered_and_failed_rounds_keep_the_model(tmp_path_factory):
-    out = runs(tmp_path_factory, 3)
+def test_dropouts_are_recovered_and_failed_rounds_keep_the_model(runs):
+    out = runs[3]
     m, attrs = read_metrics(out["secagg"])
     assert (m["secagg_dropped"] > 0).any() and not m["secagg_failed"].any()     # dropouts, all recovered
     assert m["test_acc"][-1] > 0.5

@@ -32,7 +32,8 @@ from fedmpi.core import schedules
 from fedmpi.mpi.runtime import place_clients
 from fedmpi.robust.chunks import BLOCK, chunk_bounds, chunk_width
 from fedmpi.robust.driver import aggregate_chunks, total_passes
-from fedmpi.round.engine import Closing, Family, Training, from_broadcast, reduce, upload_client
+from fedmpi.round.engine import Closing, Family, reduce, upload_client
+from fedmpi.round.protocols import Reduce
 
 DETECTION = ("detect_precision", "detect_recall", "honest_excluded")
 
@@ -66,12 +67,8 @@ class ChunkedGather(Family):
     def new_state(self, num_clients, client_drift):
         return GatherState()
 
-    def training(self, parts, state, plan):
-        clients = parts.clients
-        if not clients.trains:
-            return Training([])
-        down, start = from_broadcast(parts, plan.round)
-        return Training(clients.round_clients(plan.selected), start, down)
+    # Clients train as under REDUCE: a round's clients are dealt to the workers from the broadcast.
+    training = Reduce.training
 
     def trained(self, parts, plan, run, training, tally):
         """(client id, its update as a float32 numpy row) for a counted client, None otherwise."""
