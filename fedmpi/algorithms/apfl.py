@@ -27,6 +27,7 @@ import torch
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core.config_checks import Checks
 
@@ -89,11 +90,7 @@ class Apfl(FedAvg):
         c.require(cfg.client.weight_decay == 0, "weight_decay", cfg.client.weight_decay,
                   "apfl steps its personal model itself (plain SGD on v); use client.weight_decay = 0")
         c.done()
-        c = Checks("model")
-        c.require(not cfg.model.personal, "personal", list(cfg.model.personal),
-                  "apfl keeps a whole personal model per client; personal entries beside it are not supported: "
-                  "leave model.personal empty")
-        c.done()
+        refuse_personal_entries(cfg, "apfl keeps a whole personal model per client")
 
     def __init__(self, keys, context):
         super().__init__(keys, context)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core.config_checks import Checks
 
@@ -59,11 +60,7 @@ class Ditto(FedAvg):
     @classmethod
     def check(cls, cfg, model):
         super().check(cfg, model)
-        c = Checks("model")
-        c.require(not cfg.model.personal, "personal", list(cfg.model.personal),
-                  "ditto keeps a whole personal model per client; personal entries beside it are not supported: "
-                  "leave model.personal empty")
-        c.done()
+        refuse_personal_entries(cfg, "ditto keeps a whole personal model per client")
 
     def __init__(self, keys, context):
         super().__init__(keys, context)

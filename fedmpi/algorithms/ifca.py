@@ -28,6 +28,7 @@ import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce
 from fedmpi.algorithms.catalog import check_declarations, register
+from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
 from fedmpi.core.config_checks import Checks
@@ -88,11 +89,7 @@ class Ifca(Reduce):
                   "ifca replaces each cluster model by the mean of its clients' models (no server step size); "
                   "use server.lr = 1.0 with a constant server.lr_schedule")
         c.done()
-        c = Checks("model")
-        c.require(not cfg.model.personal, "personal", list(cfg.model.personal),
-                  "ifca loads whole cluster models for each client; personal entries are not supported: leave "
-                  "model.personal empty")
-        c.done()
+        refuse_personal_entries(cfg, "ifca loads whole cluster models for each client")
 
     @classmethod
     def privacy_problems(cls, keys, client_steps):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
 
 # What FedBN keeps local: every normalization layer's affine parameters and running statistics.
@@ -46,3 +47,12 @@ def norm_patterns(model) -> tuple:
     none."""
     prefixes = [name for name, m in model.module.named_modules() if isinstance(m, NORM_TYPES) and name]
     return tuple(p + ".*" for p in prefixes if any(_under(n, p) for n, _, _ in model.entries))
+
+
+def refuse_personal_entries(cfg, why):
+    """ConfigError naming model.personal when it is set for an algorithm that loads whole models per client
+    (`why`: what the algorithm keeps instead), so that personal entries could not be kept beside them."""
+    c = Checks("model")
+    c.require(not cfg.model.personal, "personal", list(cfg.model.personal),
+              f"{why}; personal entries beside it are not supported: leave model.personal empty")
+    c.done()
