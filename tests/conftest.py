@@ -139,40 +139,15 @@ def run_steps(n, steps, env=None, timeout=MPI_TIMEOUT_S):
     return proc
 
 
-# run_steps with environment variables per command: before each `fedmpi run`, the launch's environment plus
-# that step's variables (a value of None unsets one). For the test aids that fedmpi reads when a run starts
-# (FEDMPI_TEST_NODES, FEDMPI_NODE_BUFFERS, FEDMPI_TEST_DEVICE_MPI), so that runs needing different ones still
-# share one launch.
-STEPS_ENV_DRIVER = r"""
-import json, os, sys
-from fedmpi.cli import main
-base = dict(os.environ)
-for env, args in json.loads(sys.argv[1]):
-    os.environ.clear()
-    os.environ.update(base)
-    for name, value in env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    code = main(["run", *args])
-    if code:
-        sys.exit(code)
-"""
-
-
 def run_steps_env(n, steps, timeout=MPI_TIMEOUT_S):
     """Like run_steps, each step an (env, args) pair: `env` ({name: value or None}) applies to that
-    `fedmpi run ARGS` alone. ONE mpiexec launch; asserts exit 0; returns the CompletedProcess."""
-    payload = [[{k: (None if v is None else str(v)) for k, v in env.items()}, [str(a) for a in args]]
-               for env, args in steps]
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", STEPS_ENV_DRIVER, json.dumps(payload)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    if proc.returncode != 0:
-        raise AssertionError(f"run_steps_env -n {n} exited {proc.returncode}\nstdout:\n{proc.stdout[-2000:]}\n"
-                             f"stderr:\n{proc.stderr[-4000:]}")
-    return proc
+    `fedmpi run ARGS` alone (for the test aids fedmpi reads when a run starts: FEDMPI_TEST_NODES,
+    FEDMPI_NODE_BUFFERS, FEDMPI_TEST_DEVICE_MPI), so that runs needing different ones still share ONE mpiexec
+    launch (tests/session_runs.py's driver); asserts exit 0; returns the CompletedProcess."""
+    import session_runs
+
+    return session_runs.launch(n, [[{k: (None if v is None else str(v)) for k, v in env.items()}, "run", *args]
+                                   for env, args in steps], timeout)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -97,8 +97,12 @@ def _step(step):
     return out + [str(a) for a in step[len(out):]]
 
 
-def _launch(n, steps):
-    timeout = max(300, TIMEOUT_PER_RUN_S * sum(1 for s in steps if "run" in s[:2]))
+def launch(n, steps, timeout=None):
+    """ONE mpiexec -n `n` of the DRIVER over `steps` (each as a plan's step); asserts exit 0. `timeout`: by
+    default TIMEOUT_PER_RUN_S per `run` step, at least 300 s."""
+    steps = [_step(s) for s in steps]
+    if timeout is None:
+        timeout = max(300, TIMEOUT_PER_RUN_S * sum(1 for s in steps if "run" in s[:2]))
     cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, json.dumps(steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -122,7 +126,7 @@ def result(request, fn):
                 for n, some in by_n.items():
                     steps.setdefault(n, []).extend(_step(s) for s in some)
             for n in sorted(steps, reverse=True):
-                _launch(n, steps[n])
+                launch(n, steps[n])
         except Exception as e:       # every plan of the batch fails with it, without launching it again
             values = {k: _Failed(e) for k in todo}
         _RESULTS.update(values)

@@ -21,14 +21,13 @@ well the exclusions matched the malicious set (/metrics/detect_precision, detect
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from fedmpi.attacks.omniscient import OmniscientAttack
-from fedmpi.core import schedules
+from fedmpi.core.train import schedule
 from fedmpi.mpi.runtime import place_clients
 from fedmpi.robust.chunks import BLOCK, chunk_bounds, chunk_width
 from fedmpi.robust.driver import aggregate_chunks, total_passes
@@ -48,7 +47,7 @@ class GatherSettings:
     attack: object = None           # cfg.attack where it is omniscient, else None
     server_trainer: object = None   # fltrust (rank 0): the server's own training (fedmpi.core.train.ServerTrainer)
     client_cfg: object = None       # fltrust: the clients' training settings the server's update repeats
-    cfg: object = None              # fltrust: for the round's client learning rate
+    client_lr: object = None        # fltrust: round -> the clients' learning rate (schedules.client_lr)
     block: int = BLOCK
 
 
@@ -143,8 +142,8 @@ class ChunkedGather(Family):
         """FLTrust's g0: the clients' local training repeated on the server's set from x_t, minus x_t."""
         s, x = self.settings, parts.server.x
         trainer, client = s.server_trainer, s.client_cfg
-        steps = client.steps or client.epochs * math.ceil(trainer.n / client.batch_size)
-        vec, _ = trainer.train(x, t, steps, client.batch_size, schedules.client_lr(s.cfg, t))
+        steps = schedule(client, trainer.n).steps       # as many local steps as a client of the server set's size
+        vec, _ = trainer.train(x, t, steps, client.batch_size, s.client_lr(t))
         return (vec.double() - x.double()).cpu().numpy()
 
     def _figures(self, parts, counted, weights, is_malicious):

@@ -9,9 +9,12 @@ eval.client_drift (the drift figures need the reduced sums); fltrust without the
 
 from __future__ import annotations
 
+import functools
+
 from fedmpi.algorithms.registry import REGISTRY
 from fedmpi.attacks import malicious_clients
 from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
+from fedmpi.core import schedules
 from fedmpi.core.config_checks import Checks
 from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
 from fedmpi.robust.rules import build_rule
@@ -66,7 +69,8 @@ def robust_protocol(cfg, num_clients, server_trainer=None):
         budget=default_budget() if budget is None else budget,
         malicious=malicious_clients(cfg.attack, num_clients, cfg.seed),
         attack=cfg.attack if omniscient else None,
-        server_trainer=server_trainer, client_cfg=cfg.client, cfg=cfg)
+        server_trainer=server_trainer, client_cfg=cfg.client,
+        client_lr=functools.partial(schedules.client_lr, cfg))
     return ChunkedGather(settings)
 
 
