@@ -129,6 +129,33 @@ def test_a_run_is_read_and_reported_while_its_job_writes_it(runs):
     assert png_shape(runs["base"] / "live.png")[0] > 0
 
 
+def test_every_error_of_a_file_mid_append_is_retried_and_the_last_one_raised(monkeypatch, tmp_path):
+    # HDF5 reports a group whose heap the writer is extending as RuntimeError ("addr overflow"): a reader
+    # that meets it on a live file retries, as it does for OSError, KeyError and ValueError.
+    path = write_run(tmp_path / "run.h5")
+    real, calls = report._read_run, []
+
+    def flaky(p):
+        calls.append(p)
+        if len(calls) <= 3:
+            raise (RuntimeError, OSError, KeyError)[len(calls) - 1]("Unable to get group info (addr overflow)")
+        return real(p)
+
+    monkeypatch.setattr(report, "_read_run", flaky)
+    monkeypatch.setattr(report.time, "sleep", lambda s: None)
+    assert len(report.read_run(str(path)).metrics["round"]) > 0 and len(calls) == 4
+
+    def never_settles(p):
+        calls.append(p)
+        raise RuntimeError("addr overflow")
+
+    calls.clear()
+    monkeypatch.setattr(report, "_read_run", never_settles)
+    with pytest.raises(RuntimeError, match="addr overflow"):
+        report.read_run(str(path), retries=3)
+    assert len(calls) == 3
+
+
 def test_tools_on_a_half_appended_file(half_written, tmp_path):
     proc = tool("compare.py", half_written, "--csv", tmp_path / "t.csv", "--plot", tmp_path / "c.png")
     assert proc.returncode == 0, proc.stderr

@@ -70,7 +70,9 @@ def one_line(error, limit=200):
 
 def read_run(path, retries=READ_RETRIES) -> Run:
     """One run file, also while its job is still appending to it (a read that meets a half-written round
-    is retried). A file that is not HDF5 at all raises OSError at once; a malformed one MalformedRun."""
+    is retried). A file that is not HDF5 at all raises OSError at once; a malformed one MalformedRun.
+    HDF5 reports a half-written object as OSError, KeyError or ValueError, and a group whose heap the writer
+    is extending as RuntimeError ("addr overflow"): all of them are retried."""
     if os.path.isfile(path) and not h5py.is_hdf5(path):
         raise OSError(f"{path} is not an HDF5 file")
     for attempt in range(retries):
@@ -78,7 +80,7 @@ def read_run(path, retries=READ_RETRIES) -> Run:
             return _read_run(path)
         except MalformedRun:
             raise
-        except (OSError, KeyError, ValueError):
+        except (OSError, KeyError, ValueError, RuntimeError):
             if attempt == retries - 1:
                 raise
             time.sleep(0.1 * (attempt + 1))
