@@ -379,9 +379,20 @@ class RuntimeConfig:
     # copies of it, in bytes like client_state_memory; null: a quarter of the memory available at the start
     # (fedmpi.robust.chunks). Results do not depend on it.
     gather_memory: str | int | None = None
+    # Live experiment tracking on rank 0 as the run goes (fedmpi.run.tracking; each an optional extra): any of
+    # tensorboard, mlflow, wandb. run.h5 stays the record; a tracker that fails is reported once and dropped.
+    trackers: tuple[str, ...] = ()
+    tracking_uri: str | None = None      # MLflow tracking URI; null: a file store in the run's folder
+    tracking_project: str | None = None  # MLflow experiment / W&B project; null: the run folder's name
+    # What the broadcast model and each client's upload are rounded to on the wire (sums stay float64 on rank 0).
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def __post_init__(self):
         c = _Checks("runtime")
+        known = ("tensorboard", "mlflow", "wandb")
+        c.require(all(t in known for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
+                  "trackers", list(self.trackers), f"must be a list of distinct names from {', '.join(known)}")
+        c.choice("wire_dtype", self.wire_dtype, ("float32", "bfloat16", "float16"))
         if self.gather_memory is not None:
             try:
                 parse_bytes(self.gather_memory)
