@@ -32,6 +32,27 @@ def _datasets():
     return tuple(LOADERS)
 
 
+def _check_plugin_name(c, key, name, builtin, group, what):
+    """`name` must be a built-in (`builtin`), an installed entry point of `group` or a `package.module:attr`
+    path; the plug-in itself is imported only when the data set or model is made (fedmpi.core.plugin_names)."""
+    from fedmpi.core import plugin_names
+
+    if name in builtin or plugin_names.known(name, group):
+        return
+    if isinstance(name, str) and ":" in name:
+        c.require(False, key, name, f"not a valid plug-in name; write 'package.module:{what}' (an absolute "
+                                    f"module path and a name in it), or one of {', '.join(builtin)}")
+        return
+    installed = tuple(plugin_names.installed(group))
+    c.choice(key, name, builtin + installed + (f"'package.module:{what}'",))
+
+
+def _check_mapping(c, key, value):
+    """A free mapping (data.kwargs, model.kwargs): identifier keys, any YAML values."""
+    c.require(isinstance(value, dict) and all(isinstance(k, str) and k.isidentifier() for k in value), key, value,
+              "must be a mapping of keyword names (identifiers) to values")
+
+
 def _schemes():
     from fedmpi.data.partition import SCHEMES
 
@@ -61,14 +82,29 @@ class DataConfig:
     split: str = "balanced"             # EMNIST split
     classes: int | None = None       # keep only the first `classes` classes (FSL trains on 45 EMNIST classes)
     augment: bool = False               # CIFAR pad-crop-flip on tensors
+    # A plug-in data set's own keyword arguments (`data.name: package.module:function`, fedmpi.data.plugins)
+    kwargs: dict = field(default_factory=dict)
+    # data.name: arrays on a Hugging Face folder: the columns {x: ..., y: ..., client: ...} (fedmpi.data.arrays)
+    columns: dict = field(default_factory=dict)
 
     def __post_init__(self):
         c = _Checks("data")
-        c.choice("name", self.name, _datasets())
+        builtin = _datasets()
+        _check_plugin_name(c, "name", self.name, builtin, "fedmpi.datasets", "function")
+        _check_mapping(c, "kwargs", self.kwargs)
+        c.require(not self.kwargs or self.name not in builtin, "kwargs", self.kwargs,
+                  f"passes keyword arguments to a plug-in data set; data.name = {self.name!r} is built in and "
+                  f"takes none: remove it")
+        if isinstance(self.columns, dict):
+            from fedmpi.data.arrays import check_columns
+
+            c.errors.extend(check_columns(self.columns))
+        else:
+            c.require(False, "columns", self.columns, "must be a mapping {x: COLUMN, y: COLUMN, client: COLUMN}")
         c.require(self.alpha >= 0, "alpha", self.alpha, "must be >= 0")
         c.require(self.beta >= 0, "beta", self.beta, "must be >= 0")
         c.require(self.classes is None or self.classes >= 2, "classes", self.classes, "must be >= 2 or null")
-        if not c.errors:
+        if not c.errors and self.name in builtin:
             from fedmpi.data.sources import USES
 
             refuse_unused(c, self, "name", USES, "data set")
@@ -192,12 +228,19 @@ class ModelConfig:
     # keeps for itself (personalized FL, fedmpi.core.personal); [] = everything is shared
     personal: tuple[str, ...] = ()
     mlp_norm: Literal["none", "batch"] = "none"   # mlp: BatchNorm1d after each hidden layer (FedBN on a small model)
+    # A plug-in model's constructor arguments (`model.name: package.module:Class`, fedmpi.core.model_plugins)
+    kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         c = _Checks("model")
         c.require(all(isinstance(p, str) and p for p in self.personal), "personal", self.personal,
                   "must be a list of non-empty fnmatch patterns over the model's parameter names, e.g. ['3.*']")
-        c.choice("name", self.name, _models())
+        builtin = _models()
+        _check_plugin_name(c, "name", self.name, builtin, "fedmpi.models", "Class")
+        _check_mapping(c, "kwargs", self.kwargs)
+        c.require(not self.kwargs or self.name not in builtin, "kwargs", self.kwargs,
+                  f"passes constructor arguments to a plug-in model; model.name = {self.name!r} is built in "
+                  f"and takes its own keys (hidden, norm, ...): remove it")
         c.require(self.hidden >= 1, "hidden", self.hidden, "must be a positive integer")
         c.require(self.projection is None or self.projection >= 1, "projection", self.projection,
                   "must be a positive integer or null")

@@ -160,9 +160,13 @@ BUILDERS = {"lr": _lr, "mlp": _mlp, "cnn_mnist": _cnn_mnist, "cnn2": _cnn2, "sim
 
 
 def build_model(cfg, input_shape, num_classes) -> nn.Module:
-    if cfg.name not in BUILDERS:
-        raise ConfigError(f"model.name = {cfg.name!r}: not available in this version; "
-                          f"available: {', '.join(BUILDERS)}")
+    if cfg.projection is not None and cfg.name not in BUILDERS:
+        raise ConfigError(f"model.projection = {cfg.projection}: only simple_cnn and resnet18 have a projection "
+                          f"head; set it null for model.name = {cfg.name!r}")
+    if cfg.name not in BUILDERS:        # a model from outside fedmpi (a plug-in or torchvision:NAME)
+        from fedmpi.core.model_plugins import build_plugin
+
+        return build_plugin(cfg, tuple(input_shape), num_classes)
     if cfg.projection is not None and cfg.name not in ("simple_cnn", "resnet18"):
         raise ConfigError(f"model.projection = {cfg.projection}: only simple_cnn and resnet18 have a projection "
                           f"head; set it null for model.name = {cfg.name!r}")

@@ -6,8 +6,9 @@ imports it back.
 
 from __future__ import annotations
 
+from fedmpi.core import plugin_names
 from fedmpi.core.errors import ConfigError, InputError
-from fedmpi.data import sources
+from fedmpi.data import plugins, sources
 from fedmpi.data.augment import make_transform
 from fedmpi.data.dataset import Dataset, keep_first_classes
 from fedmpi.mpi import signals
@@ -16,10 +17,12 @@ from fedmpi.mpi import signals
 def load_dataset(cfg) -> Dataset:
     """Loads `cfg.data.name`; a missing or malformed file raises InputError naming it."""
     loader = sources.LOADERS.get(cfg.data.name)
-    if loader is None:
+    if loader is None and not plugin_names.known(cfg.data.name, plugins.GROUP):
         raise ConfigError(f"data.name = {cfg.data.name!r}: not available in this version; "
-                          f"available: {', '.join(sources.LOADERS)}")
+                          f"available: {', '.join(sources.LOADERS)}, or a plug-in 'package.module:function'")
     signals.test_pause("data")      # a test's Ctrl-C "while the data loads"
+    if loader is None:              # a data set from outside fedmpi (checked as it is made)
+        loader = plugins.load_plugin
     return check_loaded(cfg, loader(cfg))
 
 

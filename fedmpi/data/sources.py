@@ -1,4 +1,5 @@
-"""Data sources: each turns the config into a `Dataset`. New sources register in LOADERS."""
+"""Data sources: each turns the config into a `Dataset`. New sources register in LOADERS; data sets from
+outside fedmpi (`data.name` a plug-in) are fedmpi.data.plugins'."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fedmpi.core.errors import InputError
 from fedmpi.core.output_paths import replace_with
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
+from fedmpi.data.arrays import arrays
 from fedmpi.data.dataset import Dataset
 from fedmpi.mpi.topology import share_of
 
@@ -222,10 +224,11 @@ STREAMED = {"synthetic": (synthetic_specs, synthetic_fill, lambda cfg: True),
 
 LOADERS = {"synthetic": synthetic, "mnist5k": mnist5k, "mnist": tv.mnist, "fashion_mnist": tv.fashion_mnist,
            "emnist": tv.emnist, "cifar10": tv.cifar10, "cifar100": tv.cifar100, "femnist": leaf.femnist,
-           "shakespeare": leaf.shakespeare}
+           "shakespeare": leaf.shakespeare, "arrays": arrays}
 # The data keys each source reads, of those that depend on the source (`classes` and `augment` apply to every
 # one). DataConfig refuses a key only other sources read, set to a value other than its default.
 _FILES, _DOWNLOADED = ("root",), ("root", "download")
 USES = {"synthetic": ("alpha", "beta", "iid"), "mnist5k": _FILES, "mnist": _DOWNLOADED,
         "fashion_mnist": _DOWNLOADED, "emnist": (*_DOWNLOADED, "split"), "cifar10": _DOWNLOADED,
-        "cifar100": _DOWNLOADED, "femnist": _FILES, "shakespeare": _FILES}
+        "cifar100": _DOWNLOADED, "femnist": _FILES, "shakespeare": _FILES,
+        "arrays": (*_FILES, "columns")}

@@ -1,0 +1,110 @@
+"""Names of plug-ins from outside fedmpi (data sets, models), checked and loaded without torch.
+
+A plug-in is named by an entry point of its group (`fedmpi.datasets`, `fedmpi.models`: a package declares
+`[project.entry-points."fedmpi.models"] mynet = "mypkg.nets:MyNet"` and is pip-installed) or by a path
+`package.module:attr` imported as written (the module must be importable on every rank). The config checks
+only the name's shape (`well_formed`) or that the entry point is installed: nothing is imported until the data
+set or the model is made, so reading a stored config needs neither the plug-in nor torch.
+
+Importing a plug-in runs its module's code, as any Python import does. What goes wrong there ends as a
+ConfigError (exit 2) naming the config key: a missing module, one that raises at import, and one that calls
+sys.exit() while being imported (which would otherwise end fedmpi with that status having done nothing).
+A KeyboardInterrupt is not an import error and goes on up. This mirrors fedmpi.algorithms.registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from fedmpi.core.config_checks import show
+from fedmpi.core.errors import ConfigError
+
+
+def _dotted(text):
+    return bool(text) and all(part.isidentifier() for part in text.split("."))
+
+
+def well_formed(name):
+    """Whether `name` has the shape `package.module:attr` (absolute module, attribute path, one colon)."""
+    if not isinstance(name, str) or name.count(":") != 1:
+        return False
+    module, _, attr = name.partition(":")
+    return _dotted(module) and _dotted(attr)
+
+
+def installed(group):
+    """{name: entry point} of the installed plug-ins of `group`."""
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def known(name, group):
+    """Whether a config may name `name` as a plug-in of `group`: an installed entry point or a well-formed path."""
+    return isinstance(name, str) and (well_formed(name) or name in installed(group))
+
+
+def resolve(name, group, key):
+    """The object `name` stands for (entry point of `group` first, then `package.module:attr`); ConfigError
+    naming `key` (e.g. 'model.name') for a malformed name or whatever its import raises."""
+    plugins = installed(group)
+    if name in plugins:
+        ep = plugins[name]
+        return _load(ep.load, key, f"entry point {name!r} ({ep.value})", ep.value.partition(":")[0].strip())
+    if not well_formed(name):
+        raise ConfigError(f"{key} = {show(name)}: not a valid plug-in name; write 'package.module:attr' (an "
+                          f"absolute module path and a name in it, e.g. 'mypkg.data:load'), or the name of an "
+                          f"installed {group} entry point")
+    module, _, attr = name.partition(":")
+    return _load(lambda: import_attr(module, attr), key, repr(name), module)
+
+
+def import_attr(module, attr):
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load(get, key, what, module):
+    """`get()`, with whatever the import raises turned into a ConfigError naming `key`, `what` and the module
+    (a KeyboardInterrupt excepted)."""
+    where = f"module {module!r}"
+    try:
+        return get()
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{key}: cannot load {what}: {type(e).__name__}: {_first(e)}") from None
+    except SystemExit as e:
+        raise ConfigError(f"{key} = {what}: {where} called sys.exit({show(e.code)}) while being imported; a "
+                          f"plug-in module must define its function or class, not exit") from None
+    except Exception as e:  # noqa: BLE001 - any error in a plug-in's own import code is the plug-in's
+        raise ConfigError(f"{key} = {what}: importing {where} failed: {type(e).__name__}: {_first(e)}") from None
+
+
+def _first(error):
+    return (str(error).splitlines() or [""])[0][:300]
+
+
+def keyword_subset(fn, offered):
+    """The entries of `offered` that `fn`'s signature takes: all of them where it has **kwargs, else those it
+    names (an object whose signature cannot be read gets them all)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return dict(offered)
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return dict(offered)
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in offered.items() if k in names}
+
+
+def named_parameters(fn):
+    """The parameter names `fn`'s signature names explicitly (not **kwargs); empty where it cannot be read."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
