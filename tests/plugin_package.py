@@ -89,6 +89,17 @@ class IntegerParameters(nn.Module):
         return x
 
 
+class MetaUnfriendly(nn.Module):
+    """Reads a tensor's value while being built: cannot be built on torch's meta device (--dry-run's sizes)."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.lin = nn.Linear(int(torch.tensor(input_shape).prod().item()), num_classes)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
 class WrongWidth(nn.Module):
     def __init__(self):
         super().__init__()

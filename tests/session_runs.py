@@ -13,7 +13,8 @@ registered plan's steps have run. The steps of every plan whose file has a selec
 launch per -n, at -n 3 first, then 2, then 1 (so that a plan may resume at -n 1 a copy of what it ran at
 -n 3). A step is what `DRIVER` takes: ["run", ARGS...] runs `fedmpi run ARGS` (fedmpi.cli.main, exactly as
 the command line does), ["copy", SRC, DST] and ["truncate", FILE] are file steps on rank 0; a step may start
-with a dict of environment variables ({name: value, or None to unset}) that apply to it alone. Each run has
+with a dict of environment variables ({name: value, or None to unset}) that apply to it alone (a PYTHONPATH
+there also goes in front of the driver's sys.path for that step, so it imports plug-ins from there). Each run has
 its own `out`, so runs cannot see each other's files; a failing step fails every plan of the launch, with
 the launch's stderr.
 """
@@ -32,16 +33,19 @@ import json, os, shutil, sys
 from mpi4py import MPI
 from fedmpi.cli import main
 
-base = dict(os.environ)
+base, base_path = dict(os.environ), list(sys.path)
 for step in json.loads(sys.argv[1]):
     env = step.pop(0) if isinstance(step[0], dict) else {}
     os.environ.clear()
     os.environ.update(base)
+    sys.path[:] = base_path
     for name, value in env.items():
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+    if env.get("PYTHONPATH"):       # this process is already running: so that its imports see the step's folders
+        sys.path[:0] = [p for p in env["PYTHONPATH"].split(os.pathsep) if p]
     kind, rest = step[0], step[1:]
     if kind == "run":
         code = main(["run", *rest])

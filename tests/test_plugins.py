@@ -334,3 +334,13 @@ def test_fedmpi_run_refuses_a_bad_plugin_before_writing_anything(site, tmp_path,
         assert len(err) == 1 and words in err[0], err
         assert (tmp_path / "out" / "run.h5").read_bytes() == before
         assert sorted(p.name for p in (tmp_path / "out").iterdir()) == listing
+
+
+def test_dry_run_takes_a_plugin_model_that_cannot_be_sized_on_meta(site, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml", {
+        "rounds": 1, "out": str(tmp_path / "out"), "data": {"name": "blobs"},
+        "partition": {"clients": 4, "scheme": "natural"}, "server": {"clients_per_round": 2},
+        "model": {"name": "myfl.nets:MetaUnfriendly"}, "runtime": {"threads": 1, "progress": "off"}})
+    assert main(["run", str(cfg), "--dry-run"]) == 0
+    assert main(["run", str(cfg), "--dry-run", "model.name=myfl.nets:Nope"]) == 2
+    assert "model.name: cannot load 'myfl.nets:Nope': AttributeError" in capsys.readouterr().err

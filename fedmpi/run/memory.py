@@ -145,13 +145,18 @@ def model_size(cfg, input_shape, classes):
     storage, so model.hidden = 100000 is counted, not allocated. None where a builder cannot run on meta."""
     import torch
 
-    from fedmpi.core.models import build_model
+    from fedmpi.core.errors import ConfigError
+    from fedmpi.core.models import BUILDERS, build_model
 
     try:
         with torch.device("meta"):
             module = build_model(cfg.model, input_shape, classes)
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return None
+    except ConfigError:
+        if cfg.model.name in BUILDERS:
+            raise
+        return None     # a plug-in model that cannot be built on meta: built for real right after, and refused there
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
     return params, params + sum(b.numel() for b in module.buffers() if b.is_floating_point())
 
