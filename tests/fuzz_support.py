@@ -317,6 +317,8 @@ def valid(tp, key="", sizes="small"):
         group = st.tuples(st.integers(1, 3), st.lists(st.integers(0, 9), min_size=1, max_size=3))
         return st.lists(group, max_size=3).map(
             lambda gs: "[" + ", ".join(f"{{clients: {k}, labels: {ls}}}" for k, ls in gs) + "]")
+    if tp is dict:          # data.kwargs, data.columns, model.kwargs: free mappings
+        return st.sampled_from(["{}", "{x: x}"])
     if tp is bool:
         return st.sampled_from(["true", "false"])
     if tp is int:
@@ -335,9 +337,10 @@ def valid(tp, key="", sizes="small"):
 def value_for(key, tp, sizes="small"):
     """A fragment for one field: plausible for its type (3 in 4) or hostile of any kind."""
     good = valid(tp, key, sizes)
-    if key == "algorithm.name":
+    if key in ("algorithm.name", "data.name", "model.name"):
         # A `module:Class` name is imported by design (any Python module's code runs): only fedmpi's own
-        # and malformed ones, never a random module name that could happen to exist.
+        # and malformed ones, never a random module name that could happen to exist (data sets and models
+        # from outside fedmpi are named so too).
         bad = st.one_of(st.sampled_from([":", "os:", "..foo:Bar", "a:b:c", "fedmpi.algorithms.fedavg:FedAvg",
                                          "fedmpi.algorithms.fedavg:Nope", "fedmpi:__version__", "[fedavg]"]),
                         hostile().filter(lambda f: ":" not in f))

@@ -47,7 +47,8 @@ def natural(labels, cfg, g, pool, users=None):
     """The source's own users as clients (SYNTHETIC users, LEAF writers)."""
     if users is None:
         raise ConfigError(f"partition.scheme = 'natural': data.name = {cfg.data.name!r} has no natural users; "
-                          f"use synthetic, femnist or shakespeare, or another scheme")
+                          f"use synthetic, femnist, shakespeare or your own data with client ids (client_train; "
+                          f"docs/data.md), or another scheme")
     if len(users) != cfg.partition.clients:
         raise ConfigError(f"partition.clients = {cfg.partition.clients}: data.name = {cfg.data.name!r} has "
                           f"{len(users)} natural users")
