@@ -24,8 +24,8 @@ event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.ev
 
 def tracked_config(tmp_path, name, trackers, **runtime):
     out = tmp_path / name
-    cfg = small_config(str(out), rounds=ROUNDS, runtime={"threads": 1, "progress": "off", "trackers": trackers,
-                                                         **runtime})
+    cfg = small_config(str(out), rounds=ROUNDS, checkpoint={"every": 1},
+                       runtime={"threads": 1, "progress": "off", "trackers": trackers, **runtime})
     return write_config(tmp_path / f"{name}.yaml", cfg), out
 
 
@@ -198,6 +198,22 @@ def test_resume_continues_the_same_tracker_runs(tmp_path):
     assert [m.step for m in history] == [0, 1, 2, 2, 3]     # MLflow keeps both values of round 2, newest last
     assert [m.value for m in history][-2:] == list(metrics["train_loss"][2:])
     assert mlflow_client(out).get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_fork_hands_its_trackers_the_parent_rows_first(tracked, tmp_path):
+    """--fork-from OUT@2: run.h5 starts with the parent's rows 0-1 (copied), and so does the fork's new
+    TensorBoard run, before the round it computes itself."""
+    path, out = tracked_config(tmp_path, "fork", ["tensorboard"])
+    assert main(["run", str(path), "--fork-from", f"{tracked}@2"]) == 0
+    metrics, attrs = read_metrics(out)
+    assert attrs["parent_round"] == 2 and len(metrics["round"]) == ROUNDS
+    acc = events(out)
+    for tag, values in number_columns(metrics).items():
+        measured = np.flatnonzero(np.isfinite(values))
+        assert [p.step for p in acc.Scalars(tag)] == list(measured), tag
+        np.testing.assert_array_equal([p.value for p in acc.Scalars(tag)], values[measured].astype(np.float32))
+    assert [h.step for h in acc.Histograms("clients/loss")] == list(range(ROUNDS))
+    assert [p.step for p in acc.Scalars("timing/train/rank0")] == list(range(ROUNDS))
 
 
 def test_wandb_offline_writes_its_run_folder(tmp_path, monkeypatch):

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedmpi.core.timing import PHASES
-from fedmpi.io.store import CORE_METRICS
+from fedmpi.io.client_rows import client_table
+from fedmpi.io.store import CORE_METRICS, open_run
 
 HISTOGRAM_BINS = 30
 STEP = "round"          # the step of every series, not a series itself
@@ -113,3 +114,25 @@ def flat_params(mapping, prefix=""):
         else:
             out[dotted] = value
     return out
+
+
+def stored_rows(path, rows):
+    """The first `rows` rows of the run file at `path` as the run loop appended them: (metric_attrs, [(step,
+    metrics, clients, timing)]), for trackers that join a run whose earlier rows are already in run.h5 (a
+    fork's rows copied from its parent)."""
+    with open_run(path) as f:
+        group = f["metrics"]
+        attrs = {name: dict(ds.attrs) for name, ds in group.items()}
+        columns = {name: ds[:rows] for name, ds in group.items()}
+        table = client_table(f, rows)
+        timing = {phase: f["timing"][phase][:rows] for phase in PHASES if "timing" in f and phase in f["timing"]}
+    out = []
+    for i in range(min(rows, len(columns.get(STEP, ())))):
+        metrics = {name: values[i] for name, values in columns.items()}
+        clients = {name: table.row(name, i) for name in table.names if i < table.length(name)}
+        ranks = max((v.shape[1] for v in timing.values()), default=0)
+        row_timing = None
+        if timing:
+            row_timing = np.stack([timing[p][i] if p in timing else np.full(ranks, np.nan) for p in PHASES], axis=1)
+        out.append((int(metrics[STEP]), metrics, clients, row_timing))
+    return attrs, out

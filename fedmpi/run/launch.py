@@ -107,7 +107,7 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
             log.metric_attrs = exp.metric_attrs
             if fork:
                 fork.record(log)
-            tracking = _open_tracking(cfg, log, resume)
+            tracking = _open_tracking(cfg, log, resume, fork)
         _loop(cfg, comm, exp, log, start.wall_s if start else 0.0, first_round=first_round, tracking=tracking)
         if log:
             log.write_model(exp.global_model())
@@ -190,9 +190,9 @@ def _open_log(cfg, comm, exp, overwrite, resume):
                          device=str(exp.device), threads=exp.threads, **exp.run_attrs())
 
 
-def _open_tracking(cfg, log, resume):
-    """The trackers of runtime.trackers (rank 0), continuing the resumed run's tracker runs; their identities
-    go into run.h5's attributes for the next --resume."""
+def _open_tracking(cfg, log, resume, fork=None):
+    """The trackers of runtime.trackers (rank 0), continuing the resumed run's tracker runs (a fork's start
+    with the rows copied from its parent); their identities go into run.h5's attributes for --resume."""
     if not cfg.runtime.trackers:
         return Tracking()
     previous = None
@@ -203,6 +203,8 @@ def _open_tracking(cfg, log, resume):
     ids = tracking.identities()
     if ids and any((previous or {}).get(k) != v for k, v in ids.items()):
         log.set_attrs(**ids)
+    if fork:
+        tracking.replay(log.path, fork.round)
     return tracking
 
 

@@ -13,6 +13,8 @@ logging is reported once on rank 0's stderr, one line naming the tracker and why
 on. The trackers are called after the row is in run.h5 and never see the model or any random stream, so
 results (fingerprints) are the same with and without them. Packages are imported only when named.
 
+A fork (--fork-from) starts new tracker runs and hands them the rows copied from its parent first.
+
 Resume: each tracker's run identity (TensorBoard's folder, MLflow's run id, W&B's run id) is kept in run.h5's
 attributes (`tracking_<name>`), and `--resume` continues that run; where it cannot (the MLflow store no
 longer knows the id) a new run is started and the note says so.
@@ -96,6 +98,15 @@ class Tracking:
         wall = time.time()
         for tracker in list(self.trackers):
             self._guard(tracker, f"logging round {step}", tracker.log_round, int(step), scalars, per_client, wall)
+
+    def replay(self, path, rows):
+        """The first `rows` rows already in the run file at `path` (a fork's rows copied from its parent),
+        so the trackers' curves start at round 0 as run.h5's do."""
+        if not self.trackers or not rows:
+            return
+        attrs, stored = series.stored_rows(path, rows)
+        for step, metrics, clients, timing in stored:
+            self.log_row(step, metrics, attrs, clients, timing)
 
     def close(self, status):
         """Ends every tracker's run with the run's `status` (finished, preempted, failed, ...)."""
