@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import pathlib
+import sys
 
 import h5py
 import numpy as np
@@ -154,7 +155,8 @@ def test_trackers_change_no_result(tracked, plain):
 
 def test_a_failing_tracker_is_reported_once_and_the_run_finishes_unchanged(tmp_path, plain, capsys, monkeypatch):
     """TensorBoard raises while logging (every round: reported once), MLflow's server is unreachable (its
-    start fails): the run finishes, exit 0, with the fingerprints of the run without trackers."""
+    start fails), W&B's package cannot be imported: the run finishes, exit 0, with the fingerprints and the
+    model of the run without trackers."""
     pytest.importorskip("mlflow", reason="pip install 'fedmpi[mlflow]' (mlflow-skinny)")
     from fedmpi.run.tracking import tb_tracker
 
@@ -162,16 +164,20 @@ def test_a_failing_tracker_is_reported_once_and_the_run_finishes_unchanged(tmp_p
         raise RuntimeError("disk on fire")
 
     monkeypatch.setattr(tb_tracker.TensorBoardTracker, "log_round", broken)
-    path, out = tracked_config(tmp_path, "failing", ["tensorboard", "mlflow"], tracking_uri="http://127.0.0.1:9")
+    monkeypatch.setitem(sys.modules, "wandb", None)             # `import wandb` raises ImportError
+    path, out = tracked_config(tmp_path, "failing", ["tensorboard", "mlflow", "wandb"],
+                               tracking_uri="http://127.0.0.1:9")
     assert main(["run", str(path)]) == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "tracker" in line]
-    assert len(lines) == 2, err
+    assert len(lines) == 3, err
     assert lines[0].startswith("fedmpi: tracker mlflow dropped (cannot start: ") and "the run goes on" in lines[0]
-    assert lines[1] == ("fedmpi: tracker tensorboard dropped (logging round 0 failed: RuntimeError: disk on fire); "
+    assert lines[1].startswith("fedmpi: tracker wandb dropped (cannot start: ") and "import of wandb" in lines[1]
+    assert lines[2] == ("fedmpi: tracker tensorboard dropped (logging round 0 failed: RuntimeError: disk on fire); "
                         "the run goes on, run.h5 has every figure")
     metrics, attrs = read_metrics(out)
     assert attrs["status"] == "finished" and len(metrics["round"]) == ROUNDS
+    assert "tracking_mlflow" not in attrs and "tracking_wandb" not in attrs
     assert np.array_equal(metrics["model_sha256"], plain[0]["model_sha256"])
     assert np.array_equal(read_global(out), plain[1])
 
