@@ -104,7 +104,11 @@ class Tracking:
         so the trackers' curves start at round 0 as run.h5's do."""
         if not self.trackers or not rows:
             return
-        attrs, stored = series.stored_rows(path, rows)
+        try:
+            attrs, stored = series.stored_rows(path, rows)
+        except Exception as e:  # noqa: BLE001 - the curves start later; the run goes on
+            self.say(f"trackers: the {rows} rows copied from the parent run were not replayed ({_reason(e)})")
+            return
         for step, metrics, clients, timing in stored:
             self.log_row(step, metrics, attrs, clients, timing)
 
