@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What live tracking costs rank 0 (docs/jobs_and_tools.md, "Live tracking"), measured on this machine.
 
-    python tools/tracking_cost.py [--rounds 20] [--trackers tensorboard mlflow wandb] [--out /tmp/tracking_cost]
+    python tools/tracking_cost.py [--rounds 20] [--trackers tensorboard mlflow wandb] [--out DIR]
 
 Runs the small mnist5k config (12 clients, 5 per round, logistic regression, one thread) once per tracker
 in this process and prints, per tracker, the seconds its start took (Tracking.open: importing the package
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 
 import h5py
@@ -68,7 +69,8 @@ def parse():
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--trackers", nargs="+", default=["tensorboard", "mlflow", "wandb"],
                    choices=sorted(tracking.TRACKERS))
-    p.add_argument("--out", default="/tmp/tracking_cost", help="folder for the runs (replaced each time)")
+    p.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "tracking_cost"),
+                   help="folder for the runs (replaced each time; default: TMPDIR/tracking_cost)")
     return p.parse_args()
 
 
