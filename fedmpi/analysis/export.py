@@ -29,38 +29,36 @@ import numpy as np
 from fedmpi.analysis import report
 from fedmpi.core.errors import InputError
 from fedmpi.core.output_paths import check_file, check_folder, replace_with
+from fedmpi.io import series as series_names
 from fedmpi.io.client_rows import CLIENT_IDS, client_table
-from fedmpi.io.store import CORE_METRICS, open_run
+from fedmpi.io.series import histogram
+from fedmpi.io.store import open_run
 
 EVENT_FILES = "events.out.tfevents.*"
-HISTOGRAM_BINS = 30
 
 
 # --- what a run holds, as named series --------------------------------------------------------------------
 
 def column_labels(run, name, columns):
-    """Labels of the columns of a [round, k] figure: its `layers` attribute where there is one (layer
-    names), otherwise the column index (classes of class_acc)."""
-    names = run.metric_attrs.get(name, {}).get("layers")
-    if names is not None and len(names) == columns:
-        return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    return [str(j) for j in range(columns)]
+    """Labels of the columns of a [round, k] figure (fedmpi.io.series.column_labels on its attributes)."""
+    return series_names.column_labels(run.metric_attrs.get(name, {}), columns)
 
 
 def scalar_series(run):
-    """[(tag, [row] values)] of every per-round number, in a stable order: the core figures, the other
-    1-D figures by name, the [round, k] figures per column, the phase times per rank."""
+    """[(tag, [row] values)] of every per-round number, in fedmpi.io.series' order and with its tags (the
+    live trackers use the same): the core figures, the other 1-D figures by name, the [round, k] figures
+    per column, the phase times per rank."""
     m = run.metrics
-    one_d = [k for k in CORE_METRICS if k in m and k != "round"]
-    one_d += sorted(k for k in m if k not in CORE_METRICS and k not in report.TEXT_METRICS and np.ndim(m[k]) == 1)
+    numbers = [k for k in m if k not in report.TEXT_METRICS]
+    one_d, two_d = series_names.ordered_names(numbers, lambda k: np.ndim(m[k]))
     series = [(k, np.asarray(m[k], dtype=np.float64)) for k in one_d]
-    for name in sorted(k for k in m if np.ndim(m[k]) == 2):
+    for name in two_d:
         values = np.asarray(m[name], dtype=np.float64)
         labels = column_labels(run, name, values.shape[1])
-        series += [(f"{name}/{label}", values[:, j]) for j, label in enumerate(labels)]
+        series += [(series_names.column_tag(name, label), values[:, j]) for j, label in enumerate(labels)]
     for phase in sorted(run.timing):
         values = np.asarray(run.timing[phase], dtype=np.float64)
-        series += [(f"timing/{phase}/rank{r}", values[:, r]) for r in range(values.shape[1])]
+        series += [(series_names.timing_tag(phase, r), values[:, r]) for r in range(values.shape[1])]
     return series
 
 
@@ -76,16 +74,6 @@ def read_clients(path, rows, notes):
             if name not in table and name != CLIENT_IDS:
                 notes.append(f"/clients/{name} left out: not a [round, client] array of numbers")
     return {name: table[name] for name in table.names}
-
-
-def histogram(values, bins=HISTOGRAM_BINS):
-    """TensorBoard's histogram of finite `values` as (min, max, num, sum, sum_squares, limits, counts).
-    TensorBoard's bucket i holds the values in (limits[i-1], limits[i]] (numpy's bins are closed on the
-    other side), so the counts are taken with that rule: the minimum alone fills the first bucket."""
-    limits = np.histogram_bin_edges(values, bins=min(bins, max(1, len(np.unique(values)))))
-    counts = np.bincount(np.searchsorted(limits, values, side="left"), minlength=len(limits))
-    return (float(values.min()), float(values.max()), float(len(values)), float(values.sum()),
-            float(np.square(values).sum()), [float(x) for x in limits], [float(c) for c in counts])
 
 
 def _wall_times(run):
@@ -143,7 +131,7 @@ def write_tensorboard(run, clients, folder):
                 row = row[np.isfinite(row)]
                 if len(row):
                     lo, hi, num, total, squares, limits, counts = histogram(row)
-                    values.append(Summary.Value(tag=f"clients/{name}", histo=HistogramProto(
+                    values.append(Summary.Value(tag=series_names.client_tag(name), histo=HistogramProto(
                         min=lo, max=hi, num=num, sum=total, sum_squares=squares, bucket_limit=limits, bucket=counts)))
                     hists += 1
             points += sum(1 for v in values if not v.HasField("histo"))

@@ -50,12 +50,13 @@ from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io import checkpoint
 from fedmpi.io.outdir import replacing
 from fedmpi.io.resume import load_into, set_aside
-from fedmpi.io.store import RunLog
+from fedmpi.io.store import RunLog, open_run
 from fedmpi.mpi import signals
 from fedmpi.mpi.base import WorkerFailed
 from fedmpi.round.experiment import Experiment
 from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
 from fedmpi.run.progress import Progress
+from fedmpi.run.tracking import Tracking
 
 INTERRUPTED = "interrupted (SIGINT)"
 
@@ -97,6 +98,7 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
     `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint)."""
     exp = set_up(cfg, comm)
     log = None
+    tracking = Tracking()
     start = resume or fork
     try:
         first_round = load_into(exp, start) if start else 0
@@ -105,10 +107,12 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
             log.metric_attrs = exp.metric_attrs
             if fork:
                 fork.record(log)
-        _loop(cfg, comm, exp, log, start.wall_s if start else 0.0, first_round=first_round)
+            tracking = _open_tracking(cfg, log, resume, fork)
+        _loop(cfg, comm, exp, log, start.wall_s if start else 0.0, first_round=first_round, tracking=tracking)
         if log:
             log.write_model(exp.global_model())
             log.finish("finished")
+            tracking.close("finished")
         signals.ignore_all()
         comm.close()
         return 0
@@ -117,20 +121,22 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
         if log:
             log.write_model(exp.global_model())
             log.finish("preempted", str(stop))
+            tracking.close("preempted")
             _say(str(stop))
         signals.ignore_all()
         comm.close()
         return stop.exit_code
     except Diverged as e:
-        _fail(comm, log, str(e), str(e), e.exit_code, status="diverged")
+        _fail(comm, log, str(e), str(e), e.exit_code, status="diverged", tracking=tracking)
     except KeyboardInterrupt:
         where = f" on rank {comm.rank}" if comm.size > 1 else ""
-        _fail(comm, log, f"interrupted (SIGINT{where})", INTERRUPTED, EXIT_INTERRUPTED, status="interrupted")
+        _fail(comm, log, f"interrupted (SIGINT{where})", INTERRUPTED, EXIT_INTERRUPTED, status="interrupted",
+              tracking=tracking)
     except WorkerFailed as e:
         first = e.text.splitlines()[0] if e.text else f"rank {e.rank} failed: unknown error"
         interrupted = first.startswith("interrupted")
         _fail(comm, log, first, e.text, EXIT_INTERRUPTED if interrupted else EXIT_FAILED,
-              status="interrupted" if interrupted else "failed")
+              status="interrupted" if interrupted else "failed", tracking=tracking)
     except Refused:
         raise       # a collective refusal (load_into's vote): printed once, nothing written
     except Exception as e:  # noqa: BLE001 - every error must end the whole job, not just this rank
@@ -142,10 +148,10 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
             message = (out_of_memory_text(e, comm.rank) if is_out_of_memory(e)
                        else f"rank {comm.rank} failed: {type(e).__name__}: {e}")
             detail = message + "\n" + traceback.format_exc()
-        _fail(comm, log, message, detail, code)
+        _fail(comm, log, message, detail, code, tracking=tracking)
 
 
-def _fail(comm, log, message, detail, code, status="failed"):
+def _fail(comm, log, message, detail, code, status="failed", tracking=None):
     signals.ignore_all()
     if comm.is_server or comm.size == 1:
         _say(message)
@@ -157,6 +163,8 @@ def _fail(comm, log, message, detail, code, status="failed"):
             log.set_attrs(error_detail=detail)
         except Exception as e:  # noqa: BLE001 - the job must still end
             _say(f"could not record the failure in {log.path}: {e}")
+    if tracking:
+        tracking.close(status)      # guarded: a tracker that fails to close is reported and dropped
     if comm.size > 1:
         if not comm.is_server:
             comm.report_failure(detail if status == "failed" else message)
@@ -182,10 +190,29 @@ def _open_log(cfg, comm, exp, overwrite, resume):
                          device=str(exp.device), threads=exp.threads, **exp.run_attrs())
 
 
-def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0):
+def _open_tracking(cfg, log, resume, fork=None):
+    """The trackers of runtime.trackers (rank 0), continuing the resumed run's tracker runs (a fork's start
+    with the rows copied from its parent); their identities go into run.h5's attributes for --resume."""
+    if not cfg.runtime.trackers:
+        return Tracking()
+    previous = None
+    if resume is not None:
+        with open_run(log.path) as f:
+            previous = {k: str(v) for k, v in f.attrs.items()}
+    tracking = Tracking.open(cfg, previous)
+    ids = tracking.identities()
+    if ids and any((previous or {}).get(k) != v for k, v in ids.items()):
+        log.set_attrs(**ids)
+    if fork:
+        tracking.replay(log.path, fork.round)
+    return tracking
+
+
+def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, tracking=None):
     """Rounds `first_round`..cfg.rounds-1, in order (fedmpi.round.engine.run_round); on the server each round's row
     goes to `log` (a RunLog, or the in-memory recorder of `fedmpi.simulate`). A checkpoint is written at
-    every due round boundary and, on a stop request, at the next one (`checkpoints=False`: never).
+    every due round boundary and, on a stop request, at the next one (`checkpoints=False`: never). The row
+    then goes to `tracking` (fedmpi.run.tracking: the live trackers; None: none).
 
     `wall_s` (training seconds before this process started: a resumed run's checkpoint value) keeps the
     wall_s metric counting from the run's beginning across resumes.
@@ -208,7 +235,8 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0):
             record = outcome.record
             if record is not None:
                 wall_s = record.metrics["wall_s"] = time.monotonic() - began
-                pending.append(functools.partial(_write_row, log, progress, exp, t, record, time.monotonic() - t0))
+                pending.append(functools.partial(_write_row, log, progress, exp, t, record, time.monotonic() - t0,
+                                                 tracking))
                 stop_votes = outcome.stop_votes
                 if outcome.nonfinite and cfg.runtime.on_nonfinite == "stop":
                     # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
@@ -236,11 +264,13 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0):
             progress.close()
 
 
-def _write_row(log, progress, exp, t, record, seconds):
-    """Round t's row: the model's fingerprint (x is unchanged until the next round's update), the run log, and
-    the progress line."""
+def _write_row(log, progress, exp, t, record, seconds, tracking=None):
+    """Round t's row: the model's fingerprint (x is unchanged until the next round's update), the run log,
+    then the trackers (once the row is in run.h5; they never raise) and the progress line."""
     metrics = record.metrics
     metrics["model_sha256"] = fingerprint(record.model)
     with signals.deferred():
         log.append(metrics, record.clients, num_clients=exp.num_clients, timing=record.timing)
+    if tracking:
+        tracking.log_row(metrics.get("round", t), metrics, exp.metric_attrs, record.clients, record.timing)
     progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan), seconds)
