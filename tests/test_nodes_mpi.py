@@ -119,17 +119,26 @@ def _reports(runs, prefix, n):
     return [json.loads((runs / f"{prefix}-{r}.json").read_text()) for r in range(n)]
 
 
+def _cores(ranks):
+    """The CPUs that `ranks` bound themselves to (tests/mpi_scripts/node_sharing.py's `bound_cpu`)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return len({cpus[r % len(cpus)] for r in ranks})
+
+
 def test_two_nodes_choose_devices_threads_and_share_data_per_node(runs):
     seen = _reports(runs, "real", 4)
     launch = node_launch(2, 2)
-    cores = len(os.sched_getaffinity(0))
     assert [(r["node"], r["local_rank"], r["local_size"], r["nodes"]) for r in seen] == \
         [(0, 0, 2, 2), (0, 1, 2, 2), (1, 0, 2, 2), (1, 1, 2, 2)], launch
     assert [r["server_here"] for r in seen] == [True, True, False, False]
-    # MPI's own nodes are each this whole machine (its cores); pretend nodes share it by their ranks.
-    node_cores = cores if launch.kind == "mpi" else max(1, cores * 2 // 4)
-    assert [r["cores"] for r in seen] == [node_cores] * 4
-    assert [r["threads"] for r in seen] == [max(1, node_cores // 2)] * 4
+    # A node's cores are those its ranks may run on (each bound to one here); pretend nodes share their
+    # machine's by their ranks.
+    if launch.kind == "mpi":
+        node_cores = [_cores([0, 1])] * 2 + [_cores([2, 3])] * 2
+    else:
+        node_cores = [max(1, _cores(range(4)) * 2 // 4)] * 4
+    assert [r["cores"] for r in seen] == node_cores
+    assert [r["threads"] for r in seen] == [max(1, c // 2) for c in node_cores]
     # Device: node-local rank mod the node's 3 GPUs.
     assert [r["set_device"] for r in seen] == [[0], [1], [0], [1]]
     assert [r["device"] for r in seen] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
@@ -155,7 +164,7 @@ def _round_path(seen, leaders):
 
 def test_pretend_nodes_choose_devices_threads_and_share_data_per_node(runs):
     one, two = _reports(runs, "p1", 3), _reports(runs, "p2", 3)
-    cores = len(os.sched_getaffinity(0))
+    cores = _cores(range(3))
     assert [(r["node"], r["local_rank"], r["local_size"]) for r in one] == [(0, 0, 3), (0, 1, 3), (0, 2, 3)]
     assert [(r["node"], r["local_rank"], r["local_size"]) for r in two] == [(0, 0, 2), (0, 1, 2), (1, 0, 1)]
     assert [r["nodes"] for r in two] == [2, 2, 2] and [r["server_here"] for r in two] == [True, True, False]

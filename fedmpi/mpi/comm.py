@@ -25,7 +25,7 @@ from fedmpi.core.timing import Timer
 from fedmpi.mpi import hierarchy, node_buffers, signals
 from fedmpi.mpi.base import WorkerFailed, error_text, exit_code_of
 from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
-from fedmpi.mpi.runtime import usable_cores
+from fedmpi.mpi.runtime import usable_cpus
 from fedmpi.mpi.shared_arrays import PeerFailed, read_only, shared_layout, views
 from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, recv_state, send_state
 from fedmpi.mpi.topology import NodeInfo, node_count, pretend_node
@@ -33,6 +33,7 @@ from fedmpi.mpi.topology import NodeInfo, node_count, pretend_node
 FAILURE_TAG = 77
 ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfers
 FAILURE_BYTES = 8192
+CPU_IDS = 8192            # node_local: the CPU ids a node's ranks may run on, one mask (CPU_SETSIZE: 1024)
 STATE_TAG = 78            # gather_states: one client's state (fedmpi.mpi.state_codec) to rank 0
 # Sleeps between polls while a rank waits for the others (`MpiComm._sleep_wait`).
 SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
@@ -325,9 +326,14 @@ class MpiComm:
         local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)
         leaders = np.zeros(self.size, dtype=np.int64)
         self.comm.Allgather(np.array([int(local.Get_rank() == 0)], dtype=np.int64), leaders)
-        # Pretend nodes share their machine's cores in proportion to their ranks.
+        # The node's cores: those any of its ranks may run on (a launcher that binds each task to its own
+        # cores, as srun may, still gives the node's ranks their share of the node). Pretend nodes share
+        # their machine's cores in proportion to their ranks.
         machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
-        cores = max(1, usable_cores() * local.Get_size() // machine.Get_size())
+        seen = np.zeros(CPU_IDS, dtype=np.uint8)
+        seen[[c for c in usable_cpus() if c < CPU_IDS]] = 1
+        machine.Allreduce(self.MPI.IN_PLACE, seen, op=self.MPI.MAX)
+        cores = max(1, int(seen.sum()) * local.Get_size() // machine.Get_size())
         machine.Free()
         server_node = np.array([local.Get_size(), cores, gpus], dtype=np.int64)
         self.comm.Bcast(server_node, root=0)

@@ -7,6 +7,7 @@ with this rank's NodeInfo, the CUDA device it would pick on a node with 3 GPUs (
 needed), its torch threads, the rows it filled in a shared window and the window's contents as it sees them, a
 broadcast and a reduction through the round's node-shared buffers,
 and whether the node-shared data set of CONFIG equals the private loader's on this rank, and its host name.
+Each rank binds itself to one CPU (`bound_cpu`) for the report: a node's cores are those of all its ranks.
 Also runs as a step of a shared launch (tests/session_runs.py): torch.cuda is restored at the end.
 """
 
@@ -34,8 +35,18 @@ torch.cuda.device_count = lambda: 3
 torch.cuda.set_device = chosen.append
 
 
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+def bound_cpu(rank):
+    """The one CPU rank `rank` binds itself to for the report, as a launcher binding tasks would
+    (tests/test_nodes_mpi.py counts a node's cores from the same rule)."""
+    return CPUS[rank % len(CPUS)]
+
+
 def report(prefix):
     """One layout: the communicator reads FEDMPI_TEST_NODES when it first splits the ranks into nodes."""
+    os.sched_setaffinity(0, {bound_cpu(MPI.COMM_WORLD.Get_rank())})
     comm = make_comm()
     node = comm.node_local()
     # Node-local device choice on a pretend node of 3 GPUs.
@@ -87,5 +98,6 @@ try:
             os.environ[TEST_NODES] = launched
         report(prefix)
 finally:
+    os.sched_setaffinity(0, CPUS)
     for name, fn in REAL_CUDA.items():
         setattr(torch.cuda, name, fn)
