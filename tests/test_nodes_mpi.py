@@ -25,6 +25,7 @@ pytestmark = pytest.mark.mpi
 ROUNDS, HALF = 6, 3
 TWO_NODES = session_runs.nodes(2, 2)
 SCRIPT = ROOT / "tests" / "mpi_scripts" / "node_sharing.py"
+COUNT = ROOT / "tests" / "mpi_scripts" / "count_collectives.py"
 
 
 def scale_config(out, **sections):
@@ -69,6 +70,9 @@ def node_runs(base):
     nodes += [run(f"flat_{k}", small(f"flat_{k}", v), "--overwrite", env=FLAT) for k, v in SMALL.items()]
     cfg = write_config(base / "report.yaml", scale("report"))
     nodes.append(["script", SCRIPT, cfg, f"-:{base / 'real'}"])
+    counted = write_config(base / "count.yaml", small("count", {"eval": {"every": 10}}))
+    nodes += [[{"FEDMPI_NODE_BUFFERS": setting}, "script", COUNT, counted, base / f"calls{setting}"]
+              for setting in ("1", "0")]
     three = [run("pretend_scale", scale("pretend_scale"), "--overwrite", env=PRETEND2),
              run("one_scale", scale("one_scale"), "--overwrite"),
              run("pretend_fedavg", small("pretend_fedavg", SMALL["fedavg"]), "--overwrite", env=PRETEND2),
@@ -182,3 +186,14 @@ def test_pretend_nodes_choose_devices_threads_and_share_data_per_node(runs):
     assert all(r["data_equal"] and r["read_only"] for r in one + two)
     _round_path(one, leaders=[1, 0, 0])
     _round_path(two, leaders=[2, 0, 2])
+
+
+def test_two_nodes_move_the_round_by_one_collective_among_the_leaders(runs):
+    """FedAvg's two rounds at 2 nodes x 2 ranks: with node buffers, the model's Bcast and the sums' Reduce
+    only among the two node leaders (ranks 0 and 2), every rank's world communicator seeing just the
+    sleeping barriers; flat, every rank in MPI's Bcast and Reduce."""
+    hierarchical = [json.loads((runs / f"calls1-{r}.json").read_text()) for r in range(4)]
+    flat = [json.loads((runs / f"calls0-{r}.json").read_text()) for r in range(4)]
+    leader = {"Ibarrier": 4, "leaders.Bcast": 2, "leaders.Reduce": 2}
+    assert hierarchical == [leader, {"Ibarrier": 4}, leader, {"Ibarrier": 4}]
+    assert flat == [{"Ibarrier": 4, "Bcast": 2, "Reduce": 2}] * 4

@@ -40,6 +40,7 @@ class NodeRound:
         self.node = node
         self.leader = node.Get_rank() == 0
         self.leaders = world.Split(0 if self.leader else mpi.UNDEFINED, key=self.world_rank)
+        self.between_nodes = self.leader and self.leaders.Get_size() > 1    # a leader of one of several nodes
         # Rank 0's node copies straight from rank 0's slot; other nodes wait for their leader's receive.
         self.server_node = bool(node.allreduce(int(self.world_rank == 0), op=mpi.MAX))
 
@@ -55,7 +56,7 @@ class NodeRound:
         if not self.leader:
             return
         self.buffers.sum_into_leader(span)
-        if self.leaders.Get_size() == 1:
+        if not self.between_nodes:
             return
         a, b = span
         mine = self.buffers.up[0][a:b]
@@ -67,7 +68,7 @@ class NodeRound:
     def bcast_leaders(self, buf):
         """After every rank arrived, on the leaders: rank 0's `buf` (in its broadcast slot) into each leader's
         `buf` (its own slot: the node's copy) by one MPI Bcast among the leaders."""
-        if self.leader and self.leaders.Get_size() > 1:
+        if self.between_nodes:
             self.leaders.Bcast(buf, root=0)
 
     def await_leader(self, wait):
