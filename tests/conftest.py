@@ -103,8 +103,12 @@ def _probe_node_launch(nodes, per_node):
     can_unshare = shutil.which("unshare") and shutil.which("hostname") and subprocess.run(
         ["unshare", "-u", "true"], capture_output=True, timeout=30).returncode == 0
     for argv, named in ((base + uts, True), (base, False)) if can_unshare else ((base, False),):
-        proc = subprocess.run([*argv, sys.executable, "-c", NODE_PROBE], capture_output=True, text=True,
-                              timeout=60, cwd=ROOT)
+        try:
+            proc = subprocess.run([*argv, sys.executable, "-c", NODE_PROBE], capture_output=True, text=True,
+                                  timeout=60, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            tried.append(f"{' '.join(argv[:6])} ... did not end within 60 s")
+            continue
         try:
             seen = json.loads(proc.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
