@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import h5py
@@ -37,6 +38,92 @@ def mpiexec():
     if not found:
         pytest.skip("mpiexec not found (pip install mpich, or load your site's MPI)")
     return found
+
+
+# --- several nodes in MPI's own view on one machine (docs/jobs_and_tools.md, "Several nodes on one machine") --
+
+NODE_HOST = "fedmpi-node{}"
+# What the probe launch prints: per rank (node-local rank, node size, processor name), in world-rank order.
+NODE_PROBE = ("from mpi4py import MPI\n"
+              "c = MPI.COMM_WORLD; n = c.Split_type(MPI.COMM_TYPE_SHARED, key=c.rank)\n"
+              "seen = c.gather([n.Get_rank(), n.Get_size(), MPI.Get_processor_name()])\n"
+              "print(__import__('json').dumps(seen)) if c.rank == 0 else None\n")
+_NODE_LAUNCHES = {}
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """How to start `nodes` x `per_node` ranks on this machine as several nodes: `argv` (the mpiexec prefix,
+    the command follows), `env` (added to the launch's environment) and `kind`: "mpi" where MPI itself places
+    the ranks on `nodes` hosts (its shared-memory split gives `nodes` node communicators), "pretend" where it
+    cannot here (fedmpi's FEDMPI_TEST_NODES split instead; `why` says what failed), `hostnames` whether each
+    node also has its own host name (a UTS namespace per rank)."""
+
+    argv: tuple
+    env: dict
+    kind: str
+    hostnames: bool = False
+    why: str = ""
+
+
+def node_launch(nodes, per_node):
+    """The NodeLaunch for `nodes` x `per_node` ranks (probed once per session, ~0.5 s): MPICH's Hydra with a
+    host list of distinct names and its fork launcher (`-launcher fork -hosts fedmpi-node0:2,...`: every
+    "host" is this machine, the names need not resolve), inter-node traffic forced onto UCX's TCP transport
+    (UCX would otherwise notice the one machine and use its own shared memory), and where unshare(1) may
+    make UTS namespaces, each rank's host name set to its node's; else pretend nodes."""
+    key = (nodes, per_node)
+    if key not in _NODE_LAUNCHES:
+        _NODE_LAUNCHES[key] = _probe_node_launch(nodes, per_node)
+    return _NODE_LAUNCHES[key]
+
+
+def mpiexec_nodes(nodes, per_node):
+    """The argv prefix of a launch that MPI itself places on `nodes` hosts of `per_node` ranks each; skips
+    the test, with the reason, where no such launch works here."""
+    found = node_launch(nodes, per_node)
+    if found.kind != "mpi":
+        pytest.skip(f"no launch places ranks on several MPI nodes here: {found.why}")
+    return list(found.argv)
+
+
+def _probe_node_launch(nodes, per_node):
+    import shutil
+
+    n = nodes * per_node
+    pretend = NodeLaunch((mpiexec(), "-n", str(n)), {"FEDMPI_TEST_NODES": str(nodes)}, "pretend")
+    version = subprocess.run([mpiexec(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    if "HYDRA" not in version:
+        return replace(pretend, why=f"{mpiexec()} is not MPICH's Hydra (its -hosts/-launcher fork are needed)")
+    hosts = ",".join(f"{NODE_HOST.format(i)}:{per_node}" for i in range(nodes))
+    base = (mpiexec(), "-launcher", "fork", "-hosts", hosts, "-genv", "UCX_TLS", "tcp,self", "-n", str(n))
+    uts = ("unshare", "-u", "sh", "-c", f"hostname {NODE_HOST.format(f'$((PMI_RANK / {per_node}))')} && "
+           f'exec "$@"', "sh")
+    tried = []
+    can_unshare = shutil.which("unshare") and shutil.which("hostname") and subprocess.run(
+        ["unshare", "-u", "true"], capture_output=True, timeout=30).returncode == 0
+    for argv, named in ((base + uts, True), (base, False)) if can_unshare else ((base, False),):
+        try:
+            proc = subprocess.run([*argv, sys.executable, "-c", NODE_PROBE], capture_output=True, text=True,
+                                  timeout=60, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            tried.append(f"{' '.join(argv[:6])} ... did not end within 60 s")
+            continue
+        try:
+            seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            tried.append(f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+            continue
+        layout = [(r // per_node, r % per_node) for r in range(n)]
+        if [(local, size) for local, size, _ in seen] != [(p, per_node) for _, p in layout]:
+            tried.append(f"MPI's shared split gave {seen}")
+            continue
+        names = [name for _, _, name in seen]
+        if named and names != [NODE_HOST.format(node) for node, _ in layout]:
+            tried.append(f"host names {names}")
+            continue
+        return NodeLaunch(argv, {}, "mpi", named)
+    return replace(pretend, why="; ".join(tried))
 
 
 def fedmpi_cmd(n, *args):

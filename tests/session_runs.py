@@ -16,7 +16,11 @@ the command line does), ["copy", SRC, DST] and ["truncate", FILE] are file steps
 with a dict of environment variables ({name: value, or None to unset}) that apply to it alone (a PYTHONPATH
 there also goes in front of the driver's sys.path for that step, so it imports plug-ins from there). Each run has
 its own `out`, so runs cannot see each other's files; a failing step fails every plan of the launch, with
-the launch's stderr.
+the launch's stderr. ["script", PATH, ARGS...] runs a Python file in the launch's processes (runpy, with
+sys.argv = [PATH, ARGS...]), for checks below `fedmpi run` (what each rank sees of its node).
+
+A plan's key may also be `nodes(K, R)`, a launch of K nodes of R ranks each: MPI's own several nodes where
+this machine allows (conftest.node_launch), else fedmpi's pretend nodes. Those launches run first.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, mpiexec
+from conftest import ROOT, mpiexec, node_launch
 
 DRIVER = r"""
 import json, os, shutil, sys
@@ -52,6 +56,10 @@ for step in json.loads(sys.argv[1]):
         if code:
             print(f"session_runs: fedmpi run {' '.join(rest)} exited {code}", file=sys.stderr)
             sys.exit(code)
+    elif kind == "script":
+        import runpy
+        sys.argv = list(rest)
+        runpy.run_path(rest[0], run_name="__main__")
     elif MPI.COMM_WORLD.Get_rank() == 0:      # file steps on rank 0; the next run's collectives wait for it
         if kind == "copy":
             shutil.copytree(rest[0], rest[1])
@@ -101,15 +109,40 @@ def _step(step):
     return out + [str(a) for a in step[len(out):]]
 
 
+def nodes(count, per_node):
+    """A plan's key for a launch of `count` nodes of `per_node` ranks (see the module's docstring)."""
+    return f"{count}x{per_node}"
+
+
+def _nodes_of(key):
+    """(nodes, ranks per node) of a `nodes` key, None for a plain rank count."""
+    if isinstance(key, str):
+        count, per_node = key.split("x")
+        return int(count), int(per_node)
+    return None
+
+
+def _order(key):
+    """Node launches first, then the rank counts from the largest (see the module's docstring)."""
+    shape = _nodes_of(key)
+    return (0, -shape[0] * shape[1]) if shape else (1, -key)
+
+
 def launch(n, steps, timeout=None):
-    """ONE mpiexec -n `n` of the DRIVER over `steps` (each as a plan's step); asserts exit 0. `timeout`: by
-    default TIMEOUT_PER_RUN_S per `run` step, at least 300 s."""
+    """ONE launch of the DRIVER over `steps` (each as a plan's step): mpiexec -n `n`, or a `nodes(K, R)` key's
+    launch; asserts exit 0. `timeout`: by default TIMEOUT_PER_RUN_S per `run` step, at least 300 s."""
     steps = [_step(s) for s in steps]
     if timeout is None:
         timeout = max(300, TIMEOUT_PER_RUN_S * sum(1 for s in steps if "run" in s[:2]))
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, json.dumps(steps)]
+    shape, env = _nodes_of(n), {}
+    if shape:
+        found = node_launch(*shape)
+        prefix, env = list(found.argv), found.env
+    else:
+        prefix = [mpiexec(), "-n", str(n)]
+    cmd = [*prefix, sys.executable, "-c", DRIVER, json.dumps(steps)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
     assert proc.returncode == 0, (f"session_runs: the -n {n} launch exited {proc.returncode}\n"
                                   f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-5000:]}")
     return proc
@@ -129,7 +162,7 @@ def result(request, fn):
                 by_n, values[k] = f(factory.mktemp(f.__name__))
                 for n, some in by_n.items():
                     steps.setdefault(n, []).extend(_step(s) for s in some)
-            for n in sorted(steps, reverse=True):
+            for n in sorted(steps, key=_order):
                 launch(n, steps[n])
         except Exception as e:       # every plan of the batch fails with it, without launching it again
             values = {k: _Failed(e) for k in todo}

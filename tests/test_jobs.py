@@ -333,3 +333,46 @@ def test_preemptible_forwards_the_warning_signal_and_requeues(bench, tmp_path):
     assert "SIGUSR1 received" in out
     assert ["srun got USR1"] in calls(record)
     assert calls(record, "scontrol") == [["scontrol", "requeue", "4242"]]
+
+
+# --- a real SLURM cluster (opt-in) -----------------------------------------------------------------------
+
+REAL_SLURM = "FEDMPI_TEST_SLURM"
+
+
+def test_slurm_gpu_runs_for_real_on_a_cpu_node(tmp_path):
+    """jobs/slurm_gpu.sbatch under a real SLURM (sbatch --wait; 1 node, GPUS_PER_NODE=2 on CPUs: 3 tasks by
+    its hostfile placement, srun --mpi=pmi2): the run finishes with the models of one process. Opt-in
+    (FEDMPI_TEST_SLURM=1, a node with 3 free CPUs): a job costs about a minute, and CI has no SLURM."""
+    if os.environ.get(REAL_SLURM) != "1":
+        pytest.skip(f"a real SLURM job takes about a minute: set {REAL_SLURM}=1 where sinfo shows an idle node")
+    if shutil.which("sbatch") is None:
+        pytest.skip("sbatch not found (no SLURM client here)")
+    import sys
+
+    import h5py
+    import yaml
+
+    cfg = tmp_path / "c.yaml"
+    mapping = {"seed": 1, "rounds": 2, "data": {"name": "synthetic"}, "model": {"name": "lr"},
+               "partition": {"clients": 12, "scheme": "natural", "samples_per_client": 12},
+               "server": {"clients_per_round": 4}, "checkpoint": {"every": 0},
+               "runtime": {"threads": 1, "progress": "lines"}}
+    cfg.write_text(yaml.safe_dump(mapping))
+    env = {**os.environ, "GPUS_PER_NODE": "2", "FEDMPI": f"{sys.executable} -m fedmpi", "OUT": str(tmp_path / "job"),
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(["sbatch", "--wait", "--nodes=1", "--gpus-per-node=0", "--ntasks-per-node=3",
+                           "--cpus-per-task=1", f"--output={tmp_path / 'job.out'}", "--export=ALL",
+                           str(JOBS / "slurm_gpu.sbatch"), str(cfg)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    assert "1 node(s) x 2 GPU(s) + server = 3 ranks" in log
+    one = subprocess.run([sys.executable, "-m", "fedmpi", "run", str(cfg), f"out={tmp_path / 'one'}"], cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=200)
+    assert one.returncode == 0, one.stderr[-2000:]
+    runs = {}
+    for name in ("job", "one"):
+        with h5py.File(tmp_path / name / "run.h5", "r", locking=False) as f:
+            runs[name] = (f.attrs["status"], int(f.attrs["world_size"]), list(f["metrics/model_sha256"][()]))
+    assert runs["job"][:2] == ("finished", 3) and runs["job"][2] == runs["one"][2]

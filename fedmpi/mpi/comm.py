@@ -10,7 +10,8 @@ Waiting: a rank that waits for others (the server while workers train, a worker 
 evaluates) must not burn a core that a training rank needs. Each phase therefore starts with a tiny
 non-blocking collective polled with sleeps (`_sleep_wait`); once everyone has arrived, the large buffer
 moves with a blocking call at full speed, or, for the round buffers of a job on one node, without MPI at
-all (`round_buffers`, fedmpi.mpi.node_buffers).
+all (`round_buffers`, fedmpi.mpi.node_buffers; on several nodes through the node leaders,
+fedmpi.mpi.hierarchy).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import time
 import numpy as np
 
 from fedmpi.core.timing import Timer
-from fedmpi.mpi import node_buffers, signals
+from fedmpi.mpi import hierarchy, node_buffers, signals
 from fedmpi.mpi.base import WorkerFailed, error_text, exit_code_of
 from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
-from fedmpi.mpi.runtime import usable_cores
+from fedmpi.mpi.runtime import usable_cpus
 from fedmpi.mpi.shared_arrays import PeerFailed, read_only, shared_layout, views
 from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, recv_state, send_state
 from fedmpi.mpi.topology import NodeInfo, node_count, pretend_node
@@ -32,6 +33,7 @@ from fedmpi.mpi.topology import NodeInfo, node_count, pretend_node
 FAILURE_TAG = 77
 ROUTE_TAG = 1000          # + slot index: FedSkip's point-to-point slot transfers
 FAILURE_BYTES = 8192
+CPU_IDS = 8192            # node_local: the CPU ids a node's ranks may run on, one mask (CPU_SETSIZE: 1024)
 STATE_TAG = 78            # gather_states: one client's state (fedmpi.mpi.state_codec) to rank 0
 # Sleeps between polls while a rank waits for the others (`MpiComm._sleep_wait`).
 SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
@@ -72,7 +74,7 @@ class MpiComm:
         self.round = None           # the round this rank is in (`enter_round`; None before the first)
         self._node = None           # the node's communicator (pretend nodes under FEDMPI_TEST_NODES), made once
         self._windows = []          # shared-memory windows of `share_arrays`, freed by `close`
-        self._round = None          # the round buffers' NodeBuffers (`round_buffers`), freed by `close`
+        self._round = None          # the round buffers' hierarchy.NodeRound (`round_buffers`), freed by `close`
 
     @property
     def is_server(self):
@@ -131,11 +133,15 @@ class MpiComm:
         span = self._node_span(buf, "down")
         with self._whole():
             self._arrive(span)
-            with self.timer.phase("bcast"):
-                if span is None:
+            if span is None:
+                with self.timer.phase("bcast"):
                     self.comm.Bcast(buf, root=0)
-                elif self.rank != 0:
-                    self._round.copy_from_server(buf, span)
+                return buf
+            with self.timer.phase("bcast"):
+                self._round.bcast_leaders(buf)
+            self._round.await_leader(self._sleep_wait)      # its sleep counts as `wait`, not `bcast`
+            with self.timer.phase("bcast"):
+                self._round.copy_down(buf, span)
         return buf
 
     def reduce_sum(self, buf):
@@ -145,8 +151,7 @@ class MpiComm:
             self._arrive(span)
             with self.timer.phase("reduce"):
                 if span is not None:
-                    if self.rank == 0:
-                        self._round.sum_into_server(span)
+                    self._round.reduce(span)
                 elif self.rank == 0:
                     self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
                 else:
@@ -172,20 +177,22 @@ class MpiComm:
 
     # -- the round's buffers in node-shared memory (fedmpi.mpi.node_buffers) ---------------------------
     def round_buffers(self, down_len, up_len, host_buffers=True):
-        """Collective: (down float32[down_len], up float64[up_len]), this rank's slots of a node-shared window
-        through which `bcast` and `reduce_sum` of (slices of) them move without MPI's copies, where every
-        rank is on one node and passes `host_buffers` (it moves host memory, not device buffers); else None
-        (the caller allocates its own buffers and MPI moves them)."""
+        """Collective: (down float32[down_len], up float64[up_len]), this rank's slots of its node's shared
+        window, through which `bcast` and `reduce_sum` of (slices of) them move: within a node by shared
+        memory, between nodes by one MPI collective among the node leaders (fedmpi.mpi.hierarchy), where
+        every rank passes `host_buffers` (it moves host memory, not device buffers) and FEDMPI_NODE_BUFFERS
+        is not 0; else None (the caller allocates its own buffers and MPI moves them among all ranks)."""
         if self._round is not None:     # its slots back another experiment's buffers until `close`
             raise RuntimeError("MpiComm.round_buffers: called twice; one experiment per communicator")
         node = self._node_comm()
-        vote = np.array([int(host_buffers and node_buffers.wanted() and node.Get_size() == self.size)])
+        vote = np.array([int(host_buffers and node_buffers.wanted())])
         every = np.zeros(1, dtype=vote.dtype)
         self.comm.Allreduce(vote, every, op=self.MPI.MIN)
         if not every[0]:
             return None
-        self._round = node_buffers.NodeBuffers(self.MPI, node, down_len, up_len)
-        return self._round.down[self.rank], self._round.up[self.rank]
+        self._round = hierarchy.NodeRound(self.MPI, self.comm, node, down_len, up_len)
+        mine = node.Get_rank()
+        return self._round.buffers.down[mine], self._round.buffers.up[mine]
 
     def _node_span(self, buf, kind):
         return self._round.span(buf, kind) if self._round is not None else None
@@ -319,9 +326,14 @@ class MpiComm:
         local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)
         leaders = np.zeros(self.size, dtype=np.int64)
         self.comm.Allgather(np.array([int(local.Get_rank() == 0)], dtype=np.int64), leaders)
-        # Pretend nodes share their machine's cores in proportion to their ranks.
+        # The node's cores: those any of its ranks may run on (a launcher that binds each task to its own
+        # cores, as srun may, still gives the node's ranks their share of the node). Pretend nodes share
+        # their machine's cores in proportion to their ranks.
         machine = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED, key=self.rank)
-        cores = max(1, usable_cores() * local.Get_size() // machine.Get_size())
+        seen = np.zeros(CPU_IDS, dtype=np.uint8)
+        seen[[c for c in usable_cpus() if c < CPU_IDS]] = 1
+        machine.Allreduce(self.MPI.IN_PLACE, seen, op=self.MPI.MAX)
+        cores = max(1, int(seen.sum()) * local.Get_size() // machine.Get_size())
         machine.Free()
         server_node = np.array([local.Get_size(), cores, gpus], dtype=np.int64)
         self.comm.Bcast(server_node, root=0)

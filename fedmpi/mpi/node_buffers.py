@@ -1,7 +1,7 @@
-"""The round's broadcast and reduction buffers in node-shared memory, where every rank is on one node.
+"""The round's broadcast and reduction buffers in node-shared memory: each rank's round buffers are its slot
+of one MPI-3 shared-memory window of its node.
 
-With all ranks on one node (a workstation, one cluster node) each rank's round buffers are its slot of one
-MPI-3 shared-memory window. Then
+With all ranks on one node (a workstation, one cluster node)
 
 - the reduction is rank 0 adding the other slots' float64 entries into its own, in rank order, once every
   rank has arrived (MPI's Reduce would copy each rank's buffer into MPI's own shared segments and back, and
@@ -10,7 +10,8 @@ MPI-3 shared-memory window. Then
 - the broadcast is each other rank copying rank 0's slot into its own once every rank has arrived.
 
 Only buffers inside this rank's slot take this path (`MpiComm.bcast`/`reduce_sum` ask `span`); everything
-else, and every layout with ranks on more than one node, moves through MPI as before. The sums are the same
+else moves through MPI as before. With ranks on several nodes each node has its own window, and the node
+leaders' slots travel by one MPI collective among the leaders (fedmpi.mpi.hierarchy). The sums are the same
 sums in a fixed order (rank 0's slot, then rank 1's, ...), so a run stays bit-for-bit reproducible at a given
 -n and layout.
 
@@ -19,7 +20,8 @@ after reading it (the next round's broadcast is filled after this round's reduct
 its reduction slot only after the next broadcast, which rank 0 sends after it has summed. `Win.Sync`
 (a memory barrier in MPI's unified model) sits on both sides of each barrier.
 
-`FEDMPI_NODE_BUFFERS=0` turns the path off (every buffer through MPI), e.g. to compare the two.
+`FEDMPI_NODE_BUFFERS=0` turns the path off (every buffer through MPI's collectives among all ranks, the
+flat path), e.g. to compare the two.
 """
 
 from __future__ import annotations
@@ -72,15 +74,16 @@ class NodeBuffers:
             return None
         return start, start + buf.size
 
-    def sum_into_server(self, span):
-        """Rank 0: adds every other rank's entries `span` of its reduction slot into its own, in rank order."""
+    def sum_into_leader(self, span):
+        """The node's first rank (rank 0 on its node): adds every other rank's entries `span` of its reduction
+        slot into its own, in node-rank order."""
         a, b = span
         mine = self.up[0][a:b]
         for other in self.up[1:]:
             np.add(mine, other[a:b], out=mine)
 
-    def copy_from_server(self, buf, span):
-        """A rank other than 0: rank 0's broadcast entries `span` into `buf`."""
+    def copy_from_leader(self, buf, span):
+        """A rank other than the node's first: the first rank's broadcast entries `span` into `buf`."""
         a, b = span
         np.copyto(buf, self.down[0][a:b])
 

@@ -111,10 +111,15 @@ def _bounded(size):
 
 
 def usable_cores() -> int:
+    return len(usable_cpus())
+
+
+def usable_cpus() -> set:
+    """The ids of the CPUs this process may run on (all of them where the platform cannot tell)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return os.sched_getaffinity(0)
     except AttributeError:
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
 
 
 def set_threads(setting, computing_ranks_on_node, cores=None) -> int:
