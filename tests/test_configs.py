@@ -63,7 +63,7 @@ def test_the_expected_configs_exist():
     expected |= {f"fedskip/{d}.yaml" for d in ("femnist", "shakespeare", "synthetic")}
     assert expected <= names
     assert len(SMALL) >= 8
-    assert {p.parent.name for p in REPRO} == {"zhao", "fsl", "fedskip", "safl"}
+    assert {p.parent.name for p in REPRO} == {"zhao", "fsl", "fedskip", "fedskip_shakespeare", "safl"}
 
 
 @pytest.mark.parametrize("path", ALL, ids=rel)
@@ -203,6 +203,8 @@ def stand_in(cfg):
     g = np.random.default_rng(0)
     if cfg.data.name in NATURAL:
         users, per_user, n_test, shape, classes, dtype = NATURAL[cfg.data.name]
+        if cfg.partition.scheme == "natural":       # a reduced set (jobs/configs/repro/fedskip_shakespeare)
+            users = cfg.partition.clients
         y_train = g.integers(0, classes, users * per_user)
         y_test = g.integers(0, classes, n_test)
         split = [np.arange(u * per_user, (u + 1) * per_user) for u in range(users)]

