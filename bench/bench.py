@@ -1,31 +1,30 @@
-"""fedmpi's benchmark (issue 8): named workloads through fedmpi at -n 1, 2, 3 and through a plain PyTorch
-reference loop, one table.
+"""fedmpi's benchmark (issues 8 and 30): named workloads through fedmpi at -n 1, 2, 3 and through a plain PyTorch
+reference loop, measured in pairs, one table.
 
-    python bench/bench.py                      # every workload, -n 1 2 3, the loop at -n 2, the reference
-    python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --repeats 3
+    python bench/bench.py                      # W1-W3, QS, W4; -n 1 2 3, the loop at -n 2, one pair each
+    python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --pairs 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
-    python bench/bench.py --workloads QS --ranks 3 --repeats 2   # the quickstart at -n 3 against -n 1
+    python bench/bench.py --done-when --markdown README.md docs/performance.md   # issue 30's measurement
 
-QS is the quickstart (jobs/configs/quickstart.yaml, evaluation every round) with one torch thread per rank;
-its ratios and limit are against fedmpi at -n 1, not against the reference loop.
+Paired (bench/paired.py): every fedmpi run comes right after a run of its baseline (A B A B ...: the
+reference loop, or for QS fedmpi at -n 1), so that both see the same state of a shared host; a row's
+`x base` is the median of its pairs' ratios (seconds per round), with their min-max, and the baseline's row
+shows the host's variation (its own runs' spread about their median).
+
+QS is the quickstart (jobs/configs/quickstart.yaml, evaluation every round) with one torch thread per rank,
+against fedmpi at -n 1. W5 is pfl-research's CIFAR-10 benchmark setup (bench/w5.py), not in the default set.
 
 Every fedmpi row is a real `mpiexec -n P` launch of `fedmpi run` (through bench/_rank.py, which only
 adds each rank's peak memory, CPU seconds and CPU seconds per round) on a generated config. Seconds per
 round come from run.h5's `/metrics/wall_s` (the server's clock, cumulative from the first round); the first
-round (warm-up, first-touch allocations) is reported apart and the median is over the others, then the
-median over repeats. "whole s" is the wall clock of the whole mpiexec process: start-up (imports, data loading,
-partitioning), the rounds, the final evaluation, writing run.h5.
+round (warm-up, first-touch allocations) is reported apart and a run's figure is the median of the others.
+"whole s" is the wall clock of the whole mpiexec process: start-up (imports, data loading, partitioning),
+the rounds, the final evaluation, writing run.h5.
 
-The reference ("ref") is the floor on this hardware: one process, torch threads 1, a plain PyTorch loop
-(nn.Module, torch.optim.SGD, no flat vector, no MPI, no run file) that does exactly the same work: the same
-model and initial weights, data, partition, selected clients, batches (the same (seed, round, client)
-streams), SGD steps, FedAvg average and (W3) FSL server step. It reaches the same accuracy to float
-tolerance (the `acc` column; asserted in tests/test_bench.py).
-
-Every fedmpi rank runs one torch thread (`runtime.threads: 1`), like the reference and like the figures in
-issue 8. The machine the table was made on may be shared: compare ratios in one table, repeat, and read
-the "busy s/rnd" column (per round, the CPU seconds of the busiest rank; the reference's CPU seconds),
-which other processes inflate far less than wall time. The columns are explained in docs/performance.md.
+The reference ("ref", bench/reference_loop.py) is the floor on this hardware: one process, torch threads 1,
+a plain PyTorch loop that does exactly the same work and reaches the same accuracy (the `acc` column;
+asserted in tests/test_bench.py). Every fedmpi rank runs one torch thread (`runtime.threads: 1`). The
+columns are explained in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -47,6 +45,19 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = Path(__file__).resolve().parent / "_rank.py"
+
+def _sibling(name):
+    """bench/NAME.py as a module (the bench folder is not a package)."""
+    key = f"fedmpi_bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent / f"{name}.py")
+        sys.modules[key] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+reference = _sibling("reference_loop").reference     # the plain PyTorch loop, the floor
+
 
 # --- workloads --------------------------------------------------------------------------------------
 
@@ -181,102 +192,6 @@ def mpi_bytes_per_round(n, dim, cfg_map):
 
 # --- the reference loop -----------------------------------------------------------------------------
 
-def reference(cfg_map, device="cpu"):
-    """The plain single-process loop (on `device`: bench/gpu_check.py runs it on the GPU); returns per-round
-    seconds and the final accuracy."""
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
-    torch.set_num_threads(1)
-    device = torch.device(device)
-    from fedmpi import config
-    from fedmpi.core import rng
-    from fedmpi.core.models import build_model
-    from fedmpi.core.train import seed_torch_on
-    from fedmpi.data import load_dataset
-    from fedmpi.data.server_set import split_dataset
-
-    cfg = config.from_dict(cfg_map)
-    ds = load_dataset(cfg)
-    split = split_dataset(cfg, ds)
-    parts, server_idx = split.parts, split.server_idx
-    rng.seed_torch(cfg.seed, rng.INIT)
-    model = build_model(cfg.model, ds.input_shape, ds.num_classes).to(device)
-    x_tr, y_tr = torch.from_numpy(ds.x_train).to(device), torch.from_numpy(ds.y_train).to(device)
-    x_te, y_te = torch.from_numpy(ds.x_test).to(device), torch.from_numpy(ds.y_test).to(device)
-    params = list(model.parameters())
-    glob = [p.detach().clone() for p in params]
-    c, sizes = cfg.client, np.array([len(p) for p in parts])
-    steps = lambda n: c.steps or c.epochs * math.ceil(n / c.batch_size)  # noqa: E731
-
-    def batches(g, n, batch, count):
-        out = []
-        while len(out) < count:
-            perm = g.permutation(n)
-            out.extend(perm[i:i + batch] for i in range(0, n, batch))
-        return out[:count]
-
-    def sgd(indices, g, batch, count, lr, momentum=0.0, wd=0.0):
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
-        model.train()
-        for pos in batches(g, len(indices), batch, count):
-            idx = indices[torch.from_numpy(pos).to(device)]
-            opt.zero_grad()
-            F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
-            opt.step()
-
-    def load(vectors):
-        with torch.no_grad():
-            for p, v in zip(params, vectors):
-                p.copy_(v)
-
-    fsl = cfg.algorithm.name == "fsl"
-    if fsl:   # the FSL paper's default server schedule (B0 = B, E_s from the sizes, eta0 = sqrt(S) eta K / K0)
-        n0, k = len(server_idx), cfg.algorithm
-        b0 = k.server_batch_size or c.batch_size
-        e0 = k.server_epochs or math.ceil(float(sizes.sum()) / (len(sizes) * n0) * c.epochs)
-        k0 = e0 * math.ceil(n0 / b0)
-        k_c = c.steps or c.epochs * math.ceil(float(sizes.mean()) / c.batch_size)
-        lr0 = k.gamma * (k.server_lr or math.sqrt(cfg.server.clients_per_round) * c.lr * k_c / k0)
-        d0 = torch.from_numpy(server_idx).to(device)
-
-    times, cpu, acc = [], [], float("nan")
-    for t in range(cfg.rounds):
-        t0, c0 = time.monotonic(), time.process_time()
-        chosen = rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
-        sums = [torch.zeros_like(v, dtype=torch.float64) for v in glob]
-        weight = 0.0
-        for cid in chosen:
-            load(glob)
-            seed_torch_on(device, cfg.seed, rng.CLIENT, t, cid, 1)    # the client's dropout draws, as fedmpi's
-            sgd(torch.from_numpy(parts[cid]).to(device), rng.stream(cfg.seed, rng.CLIENT, t, cid), c.batch_size,
-                steps(len(parts[cid])), c.lr, c.momentum, c.weight_decay)
-            w = 1.0 if cfg.server.weighting == "uniform" else float(len(parts[cid]))
-            with torch.no_grad():
-                for s, p, v in zip(sums, params, glob):
-                    s.add_(p - v, alpha=w)
-            weight += w
-        glob = [v + (s * (cfg.server.lr / weight)).to(v.dtype) for v, s in zip(glob, sums)]
-        if fsl and cfg.algorithm.gamma > 0:
-            load(glob)
-            sgd(d0, rng.stream(cfg.seed, rng.SERVER, t), b0, k0, lr0)
-            glob = [p.detach().clone() for p in params]
-        if (t + 1) % cfg.eval.every == 0 or t + 1 == cfg.rounds:
-            load(glob)
-            model.eval()
-            correct = 0
-            with torch.no_grad():
-                for i in range(0, len(y_te), cfg.eval.batch_size):
-                    j = i + cfg.eval.batch_size
-                    correct += int((model(x_te[i:j]).argmax(1) == y_te[i:j]).sum())
-            acc = correct / len(y_te)
-        times.append(time.monotonic() - t0)
-        cpu.append(time.process_time() - c0)
-    return {"rounds": times, "busy_rounds": cpu, "acc": acc,
-            "global": torch.cat([v.reshape(-1) for v in glob]).cpu().numpy()}
-
-
 def run_reference(cfg_map, workdir, timeout=3600):
     """The reference loop in its own process (so that its whole-process time counts its imports too)."""
     import resource
@@ -375,16 +290,6 @@ def measure(wl, rows, pairs, base, rounds=None):
 # Issue 30's "Done when": W1, QS, W2 and W5 at the targets' -n values, 3 pairs each, rounds shortened so
 # that the whole measurement takes about 15 minutes on a quiet 2-core machine (medians of rounds 2..).
 DONE_WHEN = {"W1": ((2, 3), 8), "QS": ((3,), 6), "W2": ((2, 3), 30), "W5": ((2, 3), 4)}
-
-
-def _sibling(name):
-    """bench/NAME.py as a module (the bench folder is not a package)."""
-    key = f"fedmpi_bench_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent / f"{name}.py")
-        sys.modules[key] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[key]
 
 
 paired = _sibling("paired")
