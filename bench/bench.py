@@ -369,7 +369,8 @@ def main(argv=None):
         if args.ranks == [1, 2, 3]:
             args.ranks = [1, 2]
     if args.done_when:
-        plan = [(wl, plan_rows(wl, ranks, [], args.vectorize), rounds) for wl, (ranks, rounds) in DONE_WHEN.items()]
+        plan = [(wl, plan_rows(wl, ranks, [], args.vectorize), args.rounds or rounds)
+                for wl, (ranks, rounds) in DONE_WHEN.items()]
     else:
         plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize), args.rounds)
                 for wl in args.workloads if wl != "W4"]

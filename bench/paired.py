@@ -87,12 +87,15 @@ BEGIN, END = "<!-- bench:issue30:begin -->", "<!-- bench:issue30:end -->"
 
 
 def replace_marked(doc, block, begin=BEGIN, end=END):
-    """`doc` with the text between its markers `begin` and `end` replaced by `block` (markers kept);
-    ValueError where the markers are missing or out of order (so that nothing is written)."""
-    start, stop = doc.find(begin), doc.find(end)
-    if start < 0 or stop < start:
-        raise ValueError(f"needs the markers {begin} and {end}, in that order")
-    return doc[: start + len(begin)] + "\n" + block.strip("\n") + "\n" + doc[stop:]
+    """`doc` with the lines between its marker lines `begin` and `end` (each alone on its line; a marker
+    quoted in prose does not count) replaced by `block`, markers kept; ValueError where either is missing
+    or they are out of order (so that nothing is written)."""
+    lines = doc.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.strip() == begin]
+    stops = [i for i, line in enumerate(lines) if line.strip() == end]
+    if len(starts) != 1 or len(stops) != 1 or stops[0] < starts[0]:
+        raise ValueError(f"needs one line {begin} and, after it, one line {end}")
+    return "\n".join(lines[: starts[0] + 1] + block.strip("\n").split("\n") + lines[stops[0]:])
 
 
 # --- one workload's rows -----------------------------------------------------------------------------

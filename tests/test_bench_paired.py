@@ -84,7 +84,11 @@ def test_marked_block_is_replaced_and_missing_markers_refused():
     with pytest.raises(ValueError):
         paired.replace_marked("no markers here", "x")
     with pytest.raises(ValueError):
-        paired.replace_marked(f"{paired.END} {paired.BEGIN}", "x")
+        paired.replace_marked(f"{paired.END}\n{paired.BEGIN}\n", "x")
+    # markers quoted in prose are not markers
+    quoted = f"the markers `{paired.BEGIN}` and `{paired.END}`\n" + doc
+    assert paired.replace_marked(quoted, "new") == f"the markers `{paired.BEGIN}` and `{paired.END}`\n" \
+        f"head\n{paired.BEGIN}\nnew\n{paired.END}\ntail\n"
     assert paired.markdown_table(("a", "b"), [("1", "2")]) == "| a | b |\n| --- | --- |\n| 1 | 2 |"
 
 
