@@ -161,7 +161,7 @@ def format_row(workload, label, s, per_round, is_baseline=False):
             _fig(s["fl_mb"], ".3g"), s["device"], f"{s['acc']:.4f}", target)
 
 
-MARKDOWN_HEADER = ("workload", "run", "pairs", "s/round", "x baseline: median of pairs (min-max)", "clients/s",
+MARKDOWN_HEADER = ("workload", "run", "runs", "s/round", "x baseline: median of pairs (min-max)", "clients/s",
                    "speed-up", "target")
 
 
