@@ -299,6 +299,12 @@ WORKLOADS["W5"] = _w5.WORKLOAD
 PREPARE = {"W5": lambda base: {"data": {"root": str(_w5.write_cifar10_like(base / "W5-data"))}}}
 
 
+def _refuse(message):
+    """Bad input: one line and exit 2, before anything runs or is written (as fedmpi's ConfigError)."""
+    print(f"bench: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _markdown_targets(paths):
     """The documents whose marked block --markdown replaces, checked before anything runs."""
     docs = {}
@@ -307,7 +313,7 @@ def _markdown_targets(paths):
             doc = Path(path).read_text()
             paired.replace_marked(doc, "")
         except (OSError, ValueError) as e:
-            sys.exit(f"bench: --markdown {path}: {e}")
+            _refuse(f"--markdown {path}: {e}")
         docs[path] = doc
     return docs
 
@@ -360,9 +366,10 @@ def main(argv=None):
     if args.reference_worker:
         _reference_worker(*args.reference_worker)
         return 0
-    args.pairs = args.pairs or (3 if args.done_when else 1)
+    if args.pairs is None:
+        args.pairs = 3 if args.done_when else 1
     if args.pairs < 1:
-        sys.exit(f"bench: --pairs must be at least 1, got {args.pairs}")
+        _refuse(f"--pairs must be at least 1, got {args.pairs}")
     docs = _markdown_targets(args.markdown)
     if args.quick:
         args.rounds, args.pairs = args.rounds or 2, 1

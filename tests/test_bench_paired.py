@@ -178,3 +178,18 @@ def test_nonfinite_check_by_float32_sum_keeps_the_float64_answer():
     mixed = torch.cat([big, torch.tensor([-math.inf])])
     assert nonfinite({}, stats, mixed) == "1 non-finite entries in the global model"
     assert nonfinite({}, stats, torch.randn(1000)) == ""
+
+
+def test_bad_bench_options_exit_2_before_anything_runs(tmp_path):
+    import subprocess
+    import sys
+
+    doc = tmp_path / "doc.md"
+    doc.write_text("no markers\n")
+    for args, names in ((["--markdown", str(doc)], str(doc)), (["--pairs", "0"], "--pairs")):
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench.py"), "--workloads", "W2",
+                               "--out", str(tmp_path / "runs"), *args], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT)
+        assert proc.returncode == 2 and names in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "runs").exists() and proc.stdout == ""
+    assert doc.read_text() == "no markers\n"
