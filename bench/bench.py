@@ -1,31 +1,30 @@
-"""fedmpi's benchmark (issue 8): named workloads through fedmpi at -n 1, 2, 3 and through a plain PyTorch
-reference loop, one table.
+"""fedmpi's benchmark (issues 8 and 30): named workloads through fedmpi at -n 1, 2, 3 and through a plain PyTorch
+reference loop, measured in pairs, one table.
 
-    python bench/bench.py                      # every workload, -n 1 2 3, the loop at -n 2, the reference
-    python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --repeats 3
+    python bench/bench.py                      # W1-W3, QS, W4; -n 1 2 3, the loop at -n 2, one pair each
+    python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --pairs 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
-    python bench/bench.py --workloads QS --ranks 3 --repeats 2   # the quickstart at -n 3 against -n 1
+    python bench/bench.py --done-when --markdown README.md docs/performance.md   # issue 30's measurement
 
-QS is the quickstart (jobs/configs/quickstart.yaml, evaluation every round) with one torch thread per rank;
-its ratios and limit are against fedmpi at -n 1, not against the reference loop.
+Paired (bench/paired.py): every fedmpi run comes right after a run of its baseline (A B A B ...: the
+reference loop, or for QS fedmpi at -n 1), so that both see the same state of a shared host; a row's
+`x base` is the median of its pairs' ratios (seconds per round), with their min-max, and the baseline's row
+shows the host's variation (its own runs' spread about their median).
+
+QS is the quickstart (jobs/configs/quickstart.yaml, evaluation every round) with one torch thread per rank,
+against fedmpi at -n 1. W5 is pfl-research's CIFAR-10 benchmark setup (bench/w5.py), not in the default set.
 
 Every fedmpi row is a real `mpiexec -n P` launch of `fedmpi run` (through bench/_rank.py, which only
 adds each rank's peak memory, CPU seconds and CPU seconds per round) on a generated config. Seconds per
 round come from run.h5's `/metrics/wall_s` (the server's clock, cumulative from the first round); the first
-round (warm-up, first-touch allocations) is reported apart and the median is over the others, then the
-median over repeats. "whole s" is the wall clock of the whole mpiexec process: start-up (imports, data loading,
-partitioning), the rounds, the final evaluation, writing run.h5.
+round (warm-up, first-touch allocations) is reported apart and a run's figure is the median of the others.
+"whole s" is the wall clock of the whole mpiexec process: start-up (imports, data loading, partitioning),
+the rounds, the final evaluation, writing run.h5.
 
-The reference ("ref") is the floor on this hardware: one process, torch threads 1, a plain PyTorch loop
-(nn.Module, torch.optim.SGD, no flat vector, no MPI, no run file) that does exactly the same work: the same
-model and initial weights, data, partition, selected clients, batches (the same (seed, round, client)
-streams), SGD steps, FedAvg average and (W3) FSL server step. It reaches the same accuracy to float
-tolerance (the `acc` column; asserted in tests/test_bench.py).
-
-Every fedmpi rank runs one torch thread (`runtime.threads: 1`), like the reference and like the figures in
-issue 8. The machine the table was made on may be shared: compare ratios in one table, repeat, and read
-the "busy s/rnd" column (per round, the CPU seconds of the busiest rank; the reference's CPU seconds),
-which other processes inflate far less than wall time. The columns are explained in docs/performance.md.
+The reference ("ref", bench/reference_loop.py) is the floor on this hardware: one process, torch threads 1,
+a plain PyTorch loop that does exactly the same work and reaches the same accuracy (the `acc` column;
+asserted in tests/test_bench.py). Every fedmpi rank runs one torch thread (`runtime.threads: 1`). The
+columns are explained in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -33,10 +32,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +45,19 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = Path(__file__).resolve().parent / "_rank.py"
+
+def _sibling(name):
+    """bench/NAME.py as a module (the bench folder is not a package)."""
+    key = f"fedmpi_bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).resolve().parent / f"{name}.py")
+        sys.modules[key] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+reference = _sibling("reference_loop").reference     # the plain PyTorch loop, the floor
+
 
 # --- workloads --------------------------------------------------------------------------------------
 
@@ -182,99 +192,6 @@ def mpi_bytes_per_round(n, dim, cfg_map):
 
 # --- the reference loop -----------------------------------------------------------------------------
 
-def reference(cfg_map, device="cpu"):
-    """The plain single-process loop (on `device`: bench/gpu_check.py runs it on the GPU); returns per-round
-    seconds and the final accuracy."""
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-
-    torch.set_num_threads(1)
-    device = torch.device(device)
-    from fedmpi import config
-    from fedmpi.core import rng
-    from fedmpi.core.models import build_model
-    from fedmpi.data import load_dataset
-    from fedmpi.data.server_set import split_dataset
-
-    cfg = config.from_dict(cfg_map)
-    ds = load_dataset(cfg)
-    split = split_dataset(cfg, ds)
-    parts, server_idx = split.parts, split.server_idx
-    rng.seed_torch(cfg.seed, rng.INIT)
-    model = build_model(cfg.model, ds.input_shape, ds.num_classes).to(device)
-    x_tr, y_tr = torch.from_numpy(ds.x_train).to(device), torch.from_numpy(ds.y_train).to(device)
-    x_te, y_te = torch.from_numpy(ds.x_test).to(device), torch.from_numpy(ds.y_test).to(device)
-    params = list(model.parameters())
-    glob = [p.detach().clone() for p in params]
-    c, sizes = cfg.client, np.array([len(p) for p in parts])
-    steps = lambda n: c.steps or c.epochs * math.ceil(n / c.batch_size)  # noqa: E731
-
-    def batches(g, n, batch, count):
-        out = []
-        while len(out) < count:
-            perm = g.permutation(n)
-            out.extend(perm[i:i + batch] for i in range(0, n, batch))
-        return out[:count]
-
-    def sgd(indices, g, batch, count, lr, momentum=0.0, wd=0.0):
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=wd)
-        model.train()
-        for pos in batches(g, len(indices), batch, count):
-            idx = indices[torch.from_numpy(pos).to(device)]
-            opt.zero_grad()
-            F.cross_entropy(model(x_tr[idx]), y_tr[idx]).backward()
-            opt.step()
-
-    def load(vectors):
-        with torch.no_grad():
-            for p, v in zip(params, vectors):
-                p.copy_(v)
-
-    fsl = cfg.algorithm.name == "fsl"
-    if fsl:   # the FSL paper's default server schedule (B0 = B, E_s from the sizes, eta0 = sqrt(S) eta K / K0)
-        n0, k = len(server_idx), cfg.algorithm
-        b0 = k.server_batch_size or c.batch_size
-        e0 = k.server_epochs or math.ceil(float(sizes.sum()) / (len(sizes) * n0) * c.epochs)
-        k0 = e0 * math.ceil(n0 / b0)
-        k_c = c.steps or c.epochs * math.ceil(float(sizes.mean()) / c.batch_size)
-        lr0 = k.gamma * (k.server_lr or math.sqrt(cfg.server.clients_per_round) * c.lr * k_c / k0)
-        d0 = torch.from_numpy(server_idx).to(device)
-
-    times, cpu, acc = [], [], float("nan")
-    for t in range(cfg.rounds):
-        t0, c0 = time.monotonic(), time.process_time()
-        chosen = rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
-        sums = [torch.zeros_like(v, dtype=torch.float64) for v in glob]
-        weight = 0.0
-        for cid in chosen:
-            load(glob)
-            sgd(torch.from_numpy(parts[cid]).to(device), rng.stream(cfg.seed, rng.CLIENT, t, cid), c.batch_size,
-                steps(len(parts[cid])), c.lr, c.momentum, c.weight_decay)
-            with torch.no_grad():
-                for s, p, v in zip(sums, params, glob):
-                    s.add_(p - v, alpha=float(len(parts[cid])))
-            weight += len(parts[cid])
-        glob = [v + (s * (cfg.server.lr / weight)).to(v.dtype) for v, s in zip(glob, sums)]
-        if fsl and cfg.algorithm.gamma > 0:
-            load(glob)
-            sgd(d0, rng.stream(cfg.seed, rng.SERVER, t), b0, k0, lr0)
-            glob = [p.detach().clone() for p in params]
-        if (t + 1) % cfg.eval.every == 0 or t + 1 == cfg.rounds:
-            load(glob)
-            model.eval()
-            correct = 0
-            with torch.no_grad():
-                for i in range(0, len(y_te), cfg.eval.batch_size):
-                    j = i + cfg.eval.batch_size
-                    correct += int((model(x_te[i:j]).argmax(1) == y_te[i:j]).sum())
-            acc = correct / len(y_te)
-        times.append(time.monotonic() - t0)
-        cpu.append(time.process_time() - c0)
-    return {"rounds": times, "busy_rounds": cpu, "acc": acc,
-            "global": torch.cat([v.reshape(-1) for v in glob]).cpu().numpy()}
-
-
 def run_reference(cfg_map, workdir, timeout=3600):
     """The reference loop in its own process (so that its whole-process time counts its imports too)."""
     import resource
@@ -312,55 +229,9 @@ def _reference_worker(cfg_path, out_path):
 
 # --- the table ---------------------------------------------------------------------------------------
 
-def summarize(samples, per_round):
-    """Medians over repeats of: later rounds' median, first round, whole process, CPU seconds."""
-    med = statistics.median
-    later = [med(s["rounds"][1:]) if len(s["rounds"]) > 1 else s["rounds"][0] for s in samples]
-    busy = [med(s["busy_rounds"][1:]) if len(s["busy_rounds"]) > 1 else s["busy_rounds"][0] for s in samples]
-    first = samples[0]
-    return {
-        "s_round": med(later), "spread": (min(later), max(later)), "busy_round": med(busy),
-        "first_s": med(s["rounds"][0] for s in samples),
-        "whole_s": med(s["whole_s"] for s in samples),
-        "cpu_s": med(s["cpu_s"] for s in samples),
-        "server_cpu_s": med(s["server_cpu_s"] for s in samples),
-        "clients_s": per_round / med(later),
-        "rss": max(max(s["peak_rss_mb"]) for s in samples),
-        "rss_ranks": first["peak_rss_mb"],
-        "acc": first["acc"], "device": first["device"],
-        **({"training_ranks": first["training_ranks"]} if "training_ranks" in first else {}),
-        "mpi_mb": first["mpi_bytes_per_round"] / 1e6,
-        "fl_mb": first["fl_bytes"] / 1e6 / max(len(first["rounds"]), 1),
-    }
-
-
-HEADER = ("workload", "run", "s/round", "(min-max)", "x ref", "limit", "eff", "busy s/rnd", "x ref", "1st s",
-          "whole s", "cpu s", "rank 0 cpu", "clients/s", "peak MB/rank", "MPI MB/rnd", "FL MB/rnd", "device", "acc")
-
-
-def _mb(value):
-    return "-" if math.isnan(value) else f"{value:.3g}"
-
-
-def format_row(workload, label, s, ref):
-    """One table row. `limit` is the best a run can do: the reference's seconds per round shared by the
-    ranks that train (`training_ranks` of run.h5: P - 1, or P where rank 0 hosts clients too); `eff` is that
-    limit over the measured seconds per round (1.00 = at the limit)."""
-    ratio = s["s_round"] / ref["s_round"] if ref else float("nan")
-    busy_ratio = s["busy_round"] / ref["busy_round"] if ref else float("nan")
-    limit = ref["s_round"] / s["training_ranks"] if ref and "training_ranks" in s else float("nan")
-    efficiency = limit / s["s_round"] if not math.isnan(limit) else float("nan")
-    rss = "/".join(f"{r:.0f}" for r in s["rss_ranks"])
-    server = "-" if math.isnan(s["server_cpu_s"]) else f"{s['server_cpu_s']:.1f}"
-    return (workload, label, f"{s['s_round']:.4f}", f"{s['spread'][0]:.3f}-{s['spread'][1]:.3f}", f"{ratio:.2f}",
-            _mb(limit), "-" if math.isnan(efficiency) else f"{efficiency:.2f}",
-            f"{s['busy_round']:.4f}", f"{busy_ratio:.2f}", f"{s['first_s']:.2f}", f"{s['whole_s']:.1f}",
-            f"{s['cpu_s']:.1f}", server, f"{s['clients_s']:.0f}", rss, _mb(s["mpi_mb"]), _mb(s["fl_mb"]),
-            s["device"], f"{s['acc']:.4f}")
-
-
-def print_table(rows, header=HEADER, left=2, file=sys.stdout):
+def print_table(rows, header=None, left=2, file=sys.stdout):
     """A fixed-width table: the first `left` columns left-aligned (names), the rest right-aligned (figures)."""
+    header = header or paired.HEADER
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(str(v).rjust(w) if i >= left else str(v).ljust(w)  # noqa: E731
                                for i, (v, w) in enumerate(zip(r, widths)))
@@ -371,31 +242,123 @@ def print_table(rows, header=HEADER, left=2, file=sys.stdout):
     file.flush()
 
 
-def _w4():
-    spec = importlib.util.spec_from_file_location("fedmpi_bench_w4", Path(__file__).resolve().parent / "w4.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# --- one workload, paired ----------------------------------------------------------------------------
+
+def plan_rows(wl, ranks, loop_ranks, vectorize):
+    """The fedmpi rows of workload `wl`: (label, -n, client.vectorize). The baseline (the reference loop;
+    for QS fedmpi at -n 1) is not among them: it runs before each of them in every pair."""
+    if wl == "QS":
+        return [(f"-n {n}", n, vectorize) for n in ranks if n > 1]
+    rows = [(f"-n {n}", n, vectorize) for n in ranks]
+    return rows + [(f"-n {n} loop", n, "off") for n in loop_ranks if not (vectorize == "off" and n in ranks)]
+
+
+def measure(wl, rows, pairs, base, rounds=None):
+    """Runs workload `wl`'s baseline and rows in pairs (paired.launch_order); returns (table rows, record)."""
+    overrides = PREPARE[wl](base) if wl in PREPARE else {}
+    baseline_label = "-n 1" if wl == "QS" else "ref"
+    per_round = (quickstart_config("-") if wl == "QS" else WORKLOADS[wl])["server"]["clients_per_round"]
+    base_runs, runs = {}, {label: [] for label, *_ in rows}
+    for k, (row, p) in enumerate(paired.launch_order(rows, pairs)):
+        label, n, mode = row or (baseline_label, 1 if wl == "QS" else None, "auto")
+        work = base / wl / label.replace(" ", "").replace("-", "") / f"pair{p}-{k}"
+        cfg = (quickstart_config(work / "out", rounds, mode) if wl == "QS"
+               else workload_config(wl, work / "out", rounds, mode or "auto", overrides))
+        sample = run_fedmpi(cfg, n, work) if n else run_reference(cfg, work)
+        if row is None:
+            pending = sample
+            base_runs.setdefault(p, []).append(sample)
+        else:
+            runs[label].append((pending, sample))
+        print(f"  {wl} {label} pair {p + 1}: {paired.later_rounds(sample['rounds']):.4f} s/round, "
+              f"whole {sample['whole_s']:.1f} s, acc {sample['acc']:.4f}"
+              + (f", x base {paired.later_rounds(sample['rounds']) / paired.later_rounds(pending['rounds']):.3f}"
+                 if row else ""), flush=True)
+    every_base = [s for p in sorted(base_runs) for s in base_runs[p]]
+    b = paired.summarize_baseline(every_base)
+    table = [paired.format_row(wl, baseline_label, b, per_round, is_baseline=True)]
+    record = {f"{wl} {baseline_label}": {"summary": b, "samples": every_base}}
+    for label, *_ in rows:
+        s = paired.summarize_row([a for a, _ in runs[label]], [r for _, r in runs[label]])
+        table.append(paired.format_row(wl, label, s, per_round))
+        record[f"{wl} {label}"] = {"summary": s, "samples": [r for _, r in runs[label]]}
+    print(f"  {wl} {baseline_label}: {b['runs']} runs, {b['s_round']:.4f} s/round, host variation "
+          f"{100 * b['variation']:.1f}% (max - min of its runs over their median)", flush=True)
+    return table, record, b["variation"]
+
+
+# Issue 30's "Done when": W1, QS, W2 and W5 at the targets' -n values, 3 pairs each, rounds shortened so
+# that the whole measurement takes about 15 minutes on a quiet 2-core machine (medians of rounds 2..).
+DONE_WHEN = {"W1": ((2, 3), 8), "QS": ((3,), 6), "W2": ((2, 3), 30), "W5": ((2, 3), 4)}
+
+
+paired = _sibling("paired")
+_w5 = _sibling("w5")
+WORKLOADS["W5"] = _w5.WORKLOAD
+# Workloads whose runs need something made first (their data): name -> f(bench folder) -> config overrides.
+PREPARE = {"W5": lambda base: {"data": {"root": str(_w5.write_cifar10_like(base / "W5-data"))}}}
+
+
+def _refuse(message):
+    """Bad input: one line and exit 2, before anything runs or is written (as fedmpi's ConfigError)."""
+    print(f"bench: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _markdown_targets(paths):
+    """The documents whose marked block --markdown replaces, checked before anything runs."""
+    docs = {}
+    for path in paths or ():
+        try:
+            doc = Path(path).read_text()
+            paired.replace_marked(doc, "")
+        except (OSError, ValueError) as e:
+            _refuse(f"--markdown {path}: {e}")
+        docs[path] = doc
+    return docs
+
+
+def _write_markdown(docs, rows, variation, command):
+    block = "\n".join([
+        f"Measured with `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} "
+        f"cores, load {os.getloadavg()[0]:.1f} at the end). Each fedmpi run is paired with a baseline run just "
+        "before it (the reference loop; for QS fedmpi at `-n 1`); the ratio is the median of the pairs' "
+        "ratios of seconds per round (rounds 2..), min-max beside it. The host's variation (max - min of the "
+        "baseline's own runs over their median): " + ", ".join(f"{wl} {100 * v:.1f}%" for wl, v in variation.items())
+        + ".", "", paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))])
+    print("\n" + block)
+    for path, doc in docs.items():
+        tmp = Path(f"{path}.bench-tmp")
+        tmp.write_text(paired.replace_marked(doc, block))
+        os.replace(tmp, path)
+        print(f"bench: table written into {path}")
 
 
 def main(argv=None):
+    everything = [*WORKLOADS, "QS", "W4"]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "QS", "W4"], choices=[*WORKLOADS, "QS", "W4"],
-                   help="W1 W2 W3 (against the reference), QS (the quickstart, evaluation every round, against "
+    p.add_argument("--workloads", nargs="+", default=[w for w in everything if w != "W5"], choices=everything,
+                   help="W1 W2 W3 W5 (against the reference), QS (the quickstart, evaluation every round, against "
                         "fedmpi at -n 1) and W4 (cross-device scale, bench/w4.py; at -n 2 and 3 of --ranks); "
-                        "default all")
+                        "default all but W5 (pfl-research's CIFAR-10 setup, bench/w5.py)")
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 3], help="fedmpi -n values (default 1 2 3)")
     p.add_argument("--loop-ranks", nargs="*", type=int, default=[2],
                    help="-n values also run with client.vectorize=off, the per-client loop (default 2)")
     p.add_argument("--rounds", type=int, help="override every workload's round count (shorter runs)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs of each row, interleaved (every row once, then again); the table shows medians")
+    p.add_argument("--pairs", "--repeats", type=int, dest="pairs",
+                   help="pairs per fedmpi row: the baseline, then the row, this many times (default 1; 3 with "
+                        "--done-when)")
     p.add_argument("--vectorize", default="auto", choices=["auto", "on", "off"],
                    help="client.vectorize of the main fedmpi rows (default auto)")
-    p.add_argument("--no-reference", action="store_true", help="skip the reference loop")
-    p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, -n 1 and 2, one repeat")
+    p.add_argument("--done-when", action="store_true",
+                   help="issue 30's measurement: W1 at -n 2 3, QS at -n 3, W2 at -n 2 3, W5 at -n 2 3, 3 pairs "
+                        "(--pairs to change), shortened rounds; with the targets' status")
+    p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, -n 1 and 2, one pair")
     p.add_argument("--out", default=None, help="folder for run files (default: a temporary folder)")
     p.add_argument("--json", help="also write every measurement to this JSON file")
+    p.add_argument("--markdown", nargs="+", metavar="FILE",
+                   help="also write the table (markdown) between the markers " + paired.BEGIN + " and "
+                        + paired.END + " of each FILE (README.md docs/performance.md)")
     p.add_argument("--w4-scale", type=float, default=1.0,
                    help="W4's client counts times this (a smoke test of its plumbing; default 1)")
     p.add_argument("--reference-worker", nargs=2, help=argparse.SUPPRESS)
@@ -403,47 +366,39 @@ def main(argv=None):
     if args.reference_worker:
         _reference_worker(*args.reference_worker)
         return 0
+    if args.pairs is None:
+        args.pairs = 3 if args.done_when else 1
+    if args.pairs < 1:
+        _refuse(f"--pairs must be at least 1, got {args.pairs}")
+    docs = _markdown_targets(args.markdown)
     if args.quick:
-        args.rounds, args.repeats = args.rounds or 2, 1
+        args.rounds, args.pairs = args.rounds or 2, 1
         if args.ranks == [1, 2, 3]:
             args.ranks = [1, 2]
+    if args.done_when:
+        plan = [(wl, plan_rows(wl, ranks, [], args.vectorize), args.rounds or rounds)
+                for wl, (ranks, rounds) in DONE_WHEN.items()]
+    else:
+        plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize), args.rounds)
+                for wl in args.workloads if wl != "W4"]
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
-    print(f"fedmpi bench: workloads {' '.join(args.workloads)}, -n {' '.join(map(str, args.ranks))}, "
-          f"repeats {args.repeats}, rounds {args.rounds or 'as defined'}, cores {os.cpu_count()}, "
-          f"load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
-    rows, record = [], {}
-    for wl in [w for w in args.workloads if w != "W4"]:
-        # (label, -n or None for the reference loop, client.vectorize, is the baseline of the ratios)
-        if wl == "QS":      # against fedmpi itself at -n 1: evaluation every round is the point
-            plan = [("-n 1", 1, args.vectorize, True)] + [(f"-n {n}", n, args.vectorize, False)
-                                                           for n in args.ranks if n > 1]
-        else:
-            plan = [] if args.no_reference else [("ref", None, None, True)]
-            plan += [(f"-n {n}", n, args.vectorize, False) for n in args.ranks]
-            plan += [(f"-n {n} loop", n, "off", False) for n in args.loop_ranks
-                     if not (args.vectorize == "off" and n in args.ranks)]
-        per_round = (quickstart_config("-", None) if wl == "QS" else WORKLOADS[wl])["server"]["clients_per_round"]
-        samples = {label: [] for label, *_ in plan}
-        for rep in range(args.repeats):      # interleaved, so that a change in the machine's load hits every row
-            for label, n, mode, _ in plan:
-                work = base / wl / label.replace(" ", "").replace("-", "") / f"r{rep}"
-                cfg = (quickstart_config(work / "out", args.rounds, mode) if wl == "QS"
-                       else workload_config(wl, work / "out", args.rounds, mode or "auto"))
-                sample = run_reference(cfg, work) if n is None else run_fedmpi(cfg, n, work)
-                samples[label].append(sample)
-                print(f"  {wl} {label} #{rep + 1}: {statistics.median(sample['rounds'][1:] or sample['rounds']):.4f} "
-                      f"s/round, whole {sample['whole_s']:.1f} s, acc {sample['acc']:.4f}", flush=True)
-        ref = None
-        for label, _n, _, baseline in plan:
-            s = summarize(samples[label], per_round)
-            ref = s if baseline else ref
-            record[f"{wl} {label}"] = {"summary": s, "samples": samples[label]}
-            rows.append(format_row(wl, label, s, ref))
+    print(f"fedmpi bench: workloads {' '.join(wl for wl, *_ in plan) or '-'}, pairs {args.pairs}, cores "
+          f"{os.cpu_count()}, load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
+    rows, record, variation = [], {}, {}
+    for wl, wl_rows, rounds in plan:
+        table, rec, variation[wl] = measure(wl, wl_rows, args.pairs, base, rounds)
+        rows += table
+        record.update(rec)
     if rows:
         print()
         print_table(rows)
-    if "W4" in args.workloads:
-        w4 = _w4()
+        print("x base: the median over pairs of (run / its pair's baseline) in seconds per round, (min-max) "
+              "beside it; for a baseline row, its runs' spread about their median (the host's variation)")
+    if docs or args.done_when:
+        _write_markdown(docs, rows, variation, "python bench/bench.py " + " ".join(argv if argv is not None
+                                                                                  else sys.argv[1:]))
+    if "W4" in args.workloads and not args.done_when:
+        w4 = _sibling("w4")
         ranks = tuple(n for n in args.ranks if n >= 2) or w4.W4_RANKS
         parts = types.SimpleNamespace(_merge=_merge, _COMMON=_COMMON, workload_config_from=workload_config_from,
                                       run_fedmpi=run_fedmpi)

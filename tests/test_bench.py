@@ -22,21 +22,34 @@ def load_bench():
     return module
 
 
-def test_quick_benchmark_prints_the_table(tmp_path):
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--workloads", "W2", "QS", "--ranks", "1", "2",
-                           "--out", str(tmp_path), "--json", str(tmp_path / "bench.json")],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+def test_quick_benchmark_prints_the_paired_table(tmp_path):
+    """W2 and QS with one pair each (the baseline, then fedmpi): the table, the JSON record and the markdown
+    block written between the markers of a document."""
+    import json
+
+    paired = load_bench().paired
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"before\n{paired.BEGIN}\nold table\n{paired.END}\nafter\n")
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--workloads", "W2", "QS", "--ranks", "2",
+                           "--loop-ranks", "--out", str(tmp_path), "--json", str(tmp_path / "bench.json"),
+                           "--markdown", str(doc)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = proc.stdout[proc.stdout.index("\nworkload ") + 1:].splitlines()
-    assert table[0].split()[:3] == ["workload", "run", "s/round"]
-    rows = [line.split() for line in table[2:] if line.strip()]
-    w2, qs = [r for r in rows if r[0] == "W2"], [r for r in rows if r[0] == "QS"]
-    assert [r[1:3] if r[1] == "-n" else r[1:2] for r in w2] == [["ref"], ["-n", "1"], ["-n", "2"], ["-n", "2"]]
-    assert len({r[-1] for r in w2}) == 1, "every row reaches the same accuracy"
-    assert w2[-1][3] == "loop"           # the per-client loop at -n 2 (--loop-ranks default)
-    # The quickstart against fedmpi at -n 1 (its own baseline: ratio 1.00), the same accuracy at -n 2.
-    assert [r[1:3] for r in qs] == [["-n", "1"], ["-n", "2"]] and qs[0][5] == "1.00"
-    assert qs[0][-1] == qs[1][-1] and len(w2) + len(qs) == len(rows)
+    assert table[0].split()[:5] == ["workload", "run", "runs", "s/round", "x"]
+    rows = [line.split() for line in table[2:] if line.strip() and line[:2] in ("W2", "QS")]
+    assert [r[:2] if r[1] == "ref" else r[:3] for r in rows] == [["W2", "ref"], ["W2", "-n", "2"], ["QS", "-n", "1"],
+                                                                 ["QS", "-n", "2"]]
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert list(record) == ["W2 ref", "W2 -n 2", "QS -n 1", "QS -n 2"]
+    for key in ("W2 -n 2", "QS -n 2"):
+        summary = record[key]["summary"]
+        assert len(summary["ratios"]) == 1 and summary["ratio"][0] == summary["ratios"][0]
+    # the same accuracy in every run of a workload: the pairs do the same arithmetic
+    for wl in ("W2", "QS"):
+        assert len({s["acc"] for k, v in record.items() if k.startswith(wl) for s in v["samples"]}) == 1
+    text = doc.read_text()
+    assert text.startswith(f"before\n{paired.BEGIN}\n") and text.endswith(f"{paired.END}\nafter\n")
+    assert "old table" not in text and "| W2 | ref |" in text and "| QS | `-n 2` |" in text
 
 
 # Shortened workloads: the same models, data and rules, fewer rounds and clients per round.

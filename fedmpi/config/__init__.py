@@ -117,7 +117,8 @@ HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.
                  "model.personal", "model.mlp_norm", "partition.local_test", "eval.local_every", "eval.local_clients",
                  "eval.finetune_steps",
                  "server.aggregator", "server.robust",
-                 "server.secure_aggregation", "secagg", "data.kwargs", "data.columns", "model.kwargs")
+                 "server.secure_aggregation", "secagg", "data.kwargs", "data.columns", "model.kwargs",
+                 "server.weighting")
 
 
 @functools.cache

@@ -312,9 +312,17 @@ class ServerConfig:
     # none: the server sums the clients' float updates; secagg / secagg_plus: it sees only the modular sum of
     # masked integer uploads (the `secagg:` section, fedmpi.secagg; docs/privacy.md, "Secure aggregation")
     secure_aggregation: Literal["none", "secagg", "secagg_plus"] = "none"
+    # A client's weight in the average: samples, its sample count n_i (McMahan et al.); uniform, 1 for every
+    # client (pfl-research's `weight_by_samples: false`). Privacy and secure aggregation weigh uniformly anyway.
+    weighting: Literal["samples", "uniform"] = "samples"
 
     def __post_init__(self):
         c = _Checks("server")
+        c.require(self.weighting in ("samples", "uniform"), "weighting", self.weighting,
+                  "must be samples (by sample count) or uniform (every client 1)")
+        c.require(not (self.weighting == "uniform" and self.aggregator != "mean"), "weighting", self.weighting,
+                  f"uniform applies to the plain mean (server.aggregator: mean); {self.aggregator!r} weighs "
+                  f"clients by its own rule")
         c.choice("aggregator", self.aggregator, AGGREGATORS)
         if self.aggregator in AGGREGATORS:
             c.errors.extend(self.robust.problems(self.aggregator, self.clients_per_round))

@@ -89,6 +89,25 @@ def _simple_cnn(cfg, shape, classes):
     return SimpleCNN(shape, classes, cfg.projection)
 
 
+def _pfl_cnn(cfg, shape, classes):
+    # pfl-research's `simple_cnn` (benchmarks/model/pytorch/cnn.py, its CIFAR-10 benchmark model): 3x3 valid
+    # convolutions of 32 and 64 channels with ReLU, 2x2 max pooling, dropout 0.25, a dense layer of 128 with
+    # ReLU, dropout 0.5, the output layer; 1,626,442 parameters on 3x32x32. pfl takes NHWC images and
+    # transposes them; fedmpi's are NCHW already, so the flatten order is the same. Weights Glorot-uniform
+    # (pfl matches its TF2 model), biases PyTorch's default, drawn in the same order as pfl.
+    channels, height, width = _image_shape(shape, "pfl_cnn")
+    if min(height, width) < 6:
+        raise ConfigError(f"model.name = 'pfl_cnn': needs images of at least 6x6, got {height}x{width}")
+    flat = 64 * ((height - 4) // 2) * ((width - 4) // 2)
+    model = nn.Sequential(
+        nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Dropout(0.25), nn.Flatten(), nn.Linear(flat, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, classes))
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(m.weight)
+    return model
+
+
 class CharLSTM(nn.Module):
     """LEAF's Shakespeare model: embedding of 8, two LSTM layers of 256, a linear layer to the vocabulary,
     predicting the next character from the last step's output."""
@@ -156,7 +175,7 @@ def _image_shape(shape, model):
 
 
 BUILDERS = {"lr": _lr, "mlp": _mlp, "cnn_mnist": _cnn_mnist, "cnn2": _cnn2, "simple_cnn": _simple_cnn,
-            "lstm": _lstm, "resnet18": _resnet18}
+            "lstm": _lstm, "resnet18": _resnet18, "pfl_cnn": _pfl_cnn}
 
 
 def build_model(cfg, input_shape, num_classes) -> nn.Module:

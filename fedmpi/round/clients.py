@@ -102,7 +102,9 @@ class ClientHost:
 
     # -- training -------------------------------------------------------------------------------------
     def new_run(self, t, cid):
-        return ClientRun(cid, t, len(self.parts[cid]), lr=schedules.client_lr(self.cfg, t))
+        # server.weighting uniform: every client counts 1 in the average (None: its sample count)
+        weight = 1.0 if self.cfg.server.weighting == "uniform" else None
+        return ClientRun(cid, t, len(self.parts[cid]), lr=schedules.client_lr(self.cfg, t), weight=weight)
 
     def schedule_of(self, run, standard):
         custom = self.algo.schedule(run.cid, self.algo.sizes, standard)

@@ -362,9 +362,11 @@ def nonfinite(metrics, stats, x):
         found.append(f"train_loss {metrics['train_loss']}")
     if "test_loss" in metrics and not math.isfinite(metrics["test_loss"]):
         found.append(f"test_loss {metrics['test_loss']}")
-    # The float64 sum of float32 values cannot overflow, so it is finite exactly when every entry is: one pass
-    # without a mask the size of the model.
-    if not math.isfinite(float(x.sum(dtype=torch.float64))):
+    # A sum is finite only where every entry is, so a finite float32 sum settles it in one vectorised pass
+    # (~0.3 ms for W1's 1.66 M entries, on the path between the reduction and the next broadcast, where every
+    # worker waits). A non-finite one may also be finite entries overflowing: the float64 sum of float32
+    # values cannot overflow, so it decides (~10-20 ms: torch's cast-and-sum kernel is not vectorised).
+    if not math.isfinite(float(x.sum())) and not math.isfinite(float(x.sum(dtype=torch.float64))):
         found.append(f"{int((~torch.isfinite(x)).sum())} non-finite entries in the global model")
     return ", ".join(found)
 

@@ -1,0 +1,195 @@
+"""Issue 30, one process: the benchmark's pairing and statistics (bench/paired.py) on hand-computed numbers,
+pfl-research's simple_cnn in the zoo (`model.name: pfl_cnn`), `server.weighting: uniform` against the
+benchmark's reference loop, and W5's CIFAR-10-shaped batches read by `data.name: cifar10`."""
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, small_config
+
+from fedmpi import config
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.models import build_model
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"test_bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+paired = _load("paired")
+
+
+# -- pairing and statistics ----------------------------------------------------------------------------
+
+def test_every_fedmpi_run_follows_its_own_baseline_run():
+    assert paired.launch_order(["a", "b"], 2) == [(None, 0), ("a", 0), (None, 0), ("b", 0),
+                                                  (None, 1), ("a", 1), (None, 1), ("b", 1)]
+    assert paired.launch_order(["a"], 1) == [(None, 0), ("a", 0)]
+    with pytest.raises(ValueError):
+        paired.launch_order(["a"], 0)
+
+
+def test_figures_of_runs_and_pairs_by_hand():
+    assert paired.later_rounds([9.0, 2.0, 4.0, 3.0]) == 3.0        # the first round left out
+    assert paired.later_rounds([5.0]) == 5.0
+    assert paired.pair_ratios([2.0, 4.0, 1.0], [1.0, 1.0, 0.6]) == [0.5, 0.25, 0.6]
+    assert paired.spread([0.5, 0.25, 0.6]) == (0.5, 0.25, 0.6)
+    assert paired.host_variation([1.0, 1.2, 0.9]) == pytest.approx(0.3)     # (1.2 - 0.9) / 1.0
+    assert paired.host_variation([2.0]) == 0.0
+    with pytest.raises(ValueError):
+        paired.pair_ratios([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        paired.pair_ratios([0.0], [1.0])
+
+
+def _sample(rounds, busy=None, whole=10.0):
+    return {"rounds": rounds, "busy_rounds": busy or rounds, "whole_s": whole, "cpu_s": 1.0, "server_cpu_s": math.nan,
+            "peak_rss_mb": [100.0], "acc": 0.5, "device": "cpu", "mpi_bytes_per_round": 0.0, "fl_bytes": 0.0,
+            "training_ranks": 2}
+
+
+def test_a_row_is_the_median_of_its_pairs_ratios_not_a_ratio_of_medians():
+    # The host slows down in the second pair and speeds up in the third: the baseline varies 2x, the pair
+    # ratios do not. Ratio of medians would be 0.6 / 1.0; the pairs say 0.5, 0.5, 0.6.
+    base = [_sample([9, 1.0, 1.0]), _sample([9, 2.0, 2.0]), _sample([9, 0.5, 0.5])]
+    runs = [_sample([9, 0.5, 0.5], [9, 0.4, 0.4]), _sample([9, 1.0, 1.0], [9, 1.0, 1.0]), _sample([9, 0.3, 0.3])]
+    row = paired.summarize_row(base, runs)
+    assert row["ratio"] == (0.5, 0.5, 0.6) and row["ratios"] == [0.5, 0.5, 0.6]
+    assert row["busy_ratio"] == 0.5                   # median of 0.4, 0.5, 0.6
+    assert row["s_round"] == 0.5 and row["eff"] == pytest.approx(1.0)      # 1 / (2 ranks * 0.5)
+    b = paired.summarize_baseline(base)
+    assert b["s_round"] == 1.0 and b["ratio"] == (1.0, 0.5, 2.0) and b["variation"] == pytest.approx(1.5)
+    cells = paired.format_row("W2", "-n 2", row, 100)
+    assert cells[4:6] == ("0.500", "0.500-0.600") and cells[8] == "200" and cells[9] == "2.00"
+    assert cells[-1] == "NOT met (>= 8x)"
+
+
+def test_target_status_reads_the_bound_the_right_way():
+    assert paired.target_status("W1", "-n 3", 0.53) == "met (<= 0.53)"
+    assert paired.target_status("W1", "-n 3", 0.531) == "NOT met (<= 0.53)"
+    assert paired.target_status("W2", "-n 2", 0.125) == "met (>= 8x)"
+    assert paired.target_status("W2", "-n 2", 0.126) == "NOT met (>= 8x)"
+    assert paired.target_status("W3", "-n 2", 0.1) == ""
+
+
+def test_marked_block_is_replaced_and_missing_markers_refused():
+    doc = f"head\n{paired.BEGIN}\nold\n{paired.END}\ntail\n"
+    assert paired.replace_marked(doc, "| a |\n") == f"head\n{paired.BEGIN}\n| a |\n{paired.END}\ntail\n"
+    with pytest.raises(ValueError):
+        paired.replace_marked("no markers here", "x")
+    with pytest.raises(ValueError):
+        paired.replace_marked(f"{paired.END}\n{paired.BEGIN}\n", "x")
+    # markers quoted in prose are not markers
+    quoted = f"the markers `{paired.BEGIN}` and `{paired.END}`\n" + doc
+    assert paired.replace_marked(quoted, "new") == f"the markers `{paired.BEGIN}` and `{paired.END}`\n" \
+        f"head\n{paired.BEGIN}\nnew\n{paired.END}\ntail\n"
+    assert paired.markdown_table(("a", "b"), [("1", "2")]) == "| a | b |\n| --- | --- |\n| 1 | 2 |"
+
+
+# -- pfl-research's simple_cnn ---------------------------------------------------------------------------
+
+def test_pfl_cnn_has_pfls_layers_and_parameter_count():
+    torch.manual_seed(0)
+    model = build_model(config.from_dict({"model": {"name": "pfl_cnn"}}).model, (3, 32, 32), 10)
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert shapes == [(32, 3, 3, 3), (32,), (64, 32, 3, 3), (64,), (128, 64 * 14 * 14), (128,), (10, 128), (10,)]
+    # pfl's own count (its test_cnn.py): 3x3 conv kernels + biases, then (32 - 4) // 2 = 14 after the pool
+    assert sum(p.numel() for p in model.parameters()) == (27 * 32 + 32) + (9 * 32 * 64 + 64) + (12544 * 128 + 128) \
+        + (128 * 10 + 10) == 1_626_442
+    kinds = [type(m).__name__ for m in model]
+    assert kinds == ["Conv2d", "ReLU", "Conv2d", "ReLU", "MaxPool2d", "Dropout", "Flatten", "Linear", "ReLU",
+                     "Dropout", "Linear"]
+    assert [m.p for m in model if isinstance(m, torch.nn.Dropout)] == [0.25, 0.5]
+    assert all(m.padding == (0, 0) and m.kernel_size == (3, 3) for m in model if isinstance(m, torch.nn.Conv2d))
+    # Glorot-uniform weights: bound sqrt(6 / (fan_in + fan_out)), reached to within a few percent
+    for m in (m for m in model if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))):
+        fan_in, fan_out = torch.nn.init._calculate_fan_in_and_fan_out(m.weight)
+        bound = math.sqrt(6.0 / (fan_in + fan_out))
+        assert 0.95 * bound < float(m.weight.detach().abs().max()) <= bound
+        assert float(m.bias.detach().abs().max()) <= 1.0 / math.sqrt(fan_in)     # PyTorch's default bias, as pfl
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ConfigError, match="pfl_cnn"):
+        build_model(config.from_dict({"model": {"name": "pfl_cnn"}}).model, (784,), 10)
+
+
+# -- server.weighting ------------------------------------------------------------------------------------
+
+def test_weighting_is_checked_and_hash_optional():
+    with pytest.raises(ConfigError, match="server.weighting"):
+        config.from_dict({"server": {"weighting": "equal"}})
+    with pytest.raises(ConfigError, match="server.weighting"):
+        config.from_dict({"server": {"weighting": "uniform", "aggregator": "median"}})
+    assert config.from_dict({"server": {"weighting": "samples"}}).hash() == config.from_dict({}).hash()
+    assert config.from_dict({"server": {"weighting": "uniform"}}).hash() != config.from_dict({}).hash()
+
+
+def test_uniform_weighting_equals_the_reference_loops_mean_of_deltas(tmp_path):
+    """Dirichlet clients of unequal sizes: fedmpi with weights 1 equals the benchmark's reference loop (its
+    own nn.Module / torch.optim.SGD implementation, weight 1 per client), and differs from weights n_i."""
+    import fedmpi
+
+    bench = _load("bench")
+    cfg = small_config(tmp_path / "u", rounds=2, server={"clients_per_round": 5, "weighting": "uniform"},
+                       eval={"every": 2})
+    result = fedmpi.simulate(cfg)
+    uniform = bench.reference(cfg)["global"]
+    by_samples = bench.reference({**cfg, "server": {"clients_per_round": 5}})["global"]
+    np.testing.assert_allclose(result.model, uniform, rtol=1e-5, atol=1e-6)
+    assert np.abs(uniform - by_samples).max() > 1e-3
+
+
+# -- W5's data -------------------------------------------------------------------------------------------
+
+def test_w5_batches_are_read_by_the_cifar10_loader(tmp_path):
+    from fedmpi.data import load_dataset
+
+    w5 = _load("w5")
+    root = w5.write_cifar10_like(tmp_path, train=53, test=7)
+    stamp = (root / "cifar-10-batches-py" / "data_batch_1").stat().st_mtime_ns
+    assert w5.write_cifar10_like(tmp_path, train=53, test=7) == root       # kept: same sizes
+    assert (root / "cifar-10-batches-py" / "data_batch_1").stat().st_mtime_ns == stamp
+    ds = load_dataset(config.from_dict({"data": {"name": "cifar10", "root": str(root)}}))
+    assert ds.x_train.shape == (53, 3, 32, 32) and ds.x_test.shape == (7, 3, 32, 32) and ds.num_classes == 10
+    assert ds.y_train.min() >= 0 and ds.y_train.max() <= 9
+
+
+# -- fedmpi's own cost removed (part 2): the same answers, cheaper ----------------------------------------
+
+def test_nonfinite_check_by_float32_sum_keeps_the_float64_answer():
+    """The global model's check sums in float32 first: finite entries whose float32 sum overflows are still
+    finite (the float64 sum decides), any NaN or inf entry is found and counted."""
+    from types import SimpleNamespace
+
+    from fedmpi.round.engine import nonfinite
+
+    stats = SimpleNamespace(seen=0)
+    big = torch.full((8,), 3e38, dtype=torch.float32)
+    assert not math.isfinite(float(big.sum())) and nonfinite({}, stats, big) == ""
+    for bad in (math.nan, math.inf, -math.inf):
+        x = torch.zeros(1000)
+        x[[3, 700]] = bad
+        assert nonfinite({}, stats, x) == "2 non-finite entries in the global model"
+    mixed = torch.cat([big, torch.tensor([-math.inf])])
+    assert nonfinite({}, stats, mixed) == "1 non-finite entries in the global model"
+    assert nonfinite({}, stats, torch.randn(1000)) == ""
+
+
+def test_bad_bench_options_exit_2_before_anything_runs(tmp_path):
+    import subprocess
+    import sys
+
+    doc = tmp_path / "doc.md"
+    doc.write_text("no markers\n")
+    for args, names in ((["--markdown", str(doc)], str(doc)), (["--pairs", "0"], "--pairs")):
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench.py"), "--workloads", "W2",
+                               "--out", str(tmp_path / "runs"), *args], capture_output=True, text=True, timeout=120,
+                              cwd=ROOT)
+        assert proc.returncode == 2 and names in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "runs").exists() and proc.stdout == ""
+    assert doc.read_text() == "no markers\n"
