@@ -371,6 +371,15 @@ def print_table(rows, header=HEADER, left=2, file=sys.stdout):
     file.flush()
 
 
+def _load(name):
+    """bench/NAME.py as a module (the workloads kept in files of their own)."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"fedmpi_bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _w4():
     spec = importlib.util.spec_from_file_location("fedmpi_bench_w4", Path(__file__).resolve().parent / "w4.py")
     module = importlib.util.module_from_spec(spec)
@@ -380,9 +389,11 @@ def _w4():
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "QS", "W4"], choices=[*WORKLOADS, "QS", "W4"],
+    p.add_argument("--workloads", nargs="+", default=[*WORKLOADS, "QS", "W4", "W6"],
+                   choices=[*WORKLOADS, "QS", "W4", "W6"],
                    help="W1 W2 W3 (against the reference), QS (the quickstart, evaluation every round, against "
-                        "fedmpi at -n 1) and W4 (cross-device scale, bench/w4.py; at -n 2 and 3 of --ranks); "
+                        "fedmpi at -n 1), W4 (cross-device scale, bench/w4.py; at -n 2 and 3 of --ranks) and W6 "
+                        "(a round's fixed cost at -n 2 to 17 and its fitted scaling law, bench/w6.py); "
                         "default all")
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 3], help="fedmpi -n values (default 1 2 3)")
     p.add_argument("--loop-ranks", nargs="*", type=int, default=[2],
@@ -412,7 +423,7 @@ def main(argv=None):
           f"repeats {args.repeats}, rounds {args.rounds or 'as defined'}, cores {os.cpu_count()}, "
           f"load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
     rows, record = [], {}
-    for wl in [w for w in args.workloads if w != "W4"]:
+    for wl in [w for w in args.workloads if w not in ("W4", "W6")]:
         # (label, -n or None for the reference loop, client.vectorize, is the baseline of the ratios)
         if wl == "QS":      # against fedmpi itself at -n 1: evaluation every round is the point
             plan = [("-n 1", 1, args.vectorize, True)] + [(f"-n {n}", n, args.vectorize, False)
@@ -452,6 +463,8 @@ def main(argv=None):
         print_table(w4_rows, w4.HEADER, left=3)
         print(f"W4: a rank's peak memory beyond its share of the data set (PSS - data/P) is at most "
               f"{w4.expected_overhead_note(w4_rows)} MB")
+    if "W6" in args.workloads:
+        record["W6"] = _load("w6").main(["--out", str(base / "W6")] + (["--quick"] if args.quick else []))
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1, default=float))
     if not args.out:
