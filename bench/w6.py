@@ -112,11 +112,12 @@ def measure(protocol, model, n, work, mpiexec, rounds=ROUNDS, timeout=1800):
             "whole_s": time.monotonic() - began}
 
 
-def fit(rows, cores=None):
-    """Least squares of fixed_s on [1, log2 P, bytes] (and max(0, P - cores) where `cores` is given):
-    (names, coefficients, residuals in row order)."""
-    names = ["a (s)", "b (s per log2 P)", "c (s per byte)"]
-    columns = [[1.0, math.log2(r["n"]), 4.0 * r["params"]] for r in rows]
+def fit(rows, cores=None, with_bytes=True):
+    """Least squares of fixed_s on [1, log2 P, bytes] (and max(0, P - cores) where `cores` is given; without
+    the bytes column where `with_bytes` is false, e.g. rows of one model size, where it is the intercept's
+    twin): (names, coefficients, residuals in row order)."""
+    names = ["a (s)", "b (s per log2 P)"] + (["c (s per byte)"] if with_bytes else [])
+    columns = [[1.0, math.log2(r["n"])] + ([4.0 * r["params"]] if with_bytes else []) for r in rows]
     if cores is not None:
         names.append("d (s per rank beyond the cores)")
         columns = [c + [max(0.0, r["n"] - cores)] for c, r in zip(columns, rows)]
@@ -148,14 +149,38 @@ def print_fits(records, cores=None, file=sys.stdout):
     cores = cores or os.cpu_count()
     for protocol in dict.fromkeys(r["protocol"] for r in records):
         mine = [r for r in records if r["protocol"] == protocol]
+        sizes = len({r["params"] for r in mine}) > 1
         for with_cores in (None, cores):
-            if len(mine) < 3 + (with_cores is not None):
+            if len(mine) < 2 + sizes + (with_cores is not None):
                 continue
-            names, coef, resid = fit(mine, with_cores)
+            names, coef, resid = fit(mine, with_cores, with_bytes=sizes)
             terms = ", ".join(f"{n} = {c:.3g}" for n, c in zip(names, coef))
             res = " ".join(f"{x:+.4f}" for x in resid)
             print(f"W6 fit {protocol}{' +oversubscription' if with_cores else ''}: {terms}; residuals (s) {res}",
                   file=file, flush=True)
+
+
+def _status(run_h5):
+    import h5py
+
+    with h5py.File(run_h5, "r", locking=False) as f:
+        return str(f.attrs.get("status", ""))
+
+
+def records_from(base):
+    """The records of an earlier W6 run's folders (BASE/protocol/model/nN/out/run.h5), for a refit."""
+    records = []
+    for h5 in sorted(Path(base).glob("*/*/n*/out/run.h5"), key=lambda p: (p.parts[-5], p.parts[-4],
+                                                                            int(p.parts[-3][1:]))):
+        protocol, model, n = h5.parts[-5], h5.parts[-4], int(h5.parts[-3][1:])
+        if _status(h5) != "finished":      # (a run still going, or one that failed)
+            continue
+        costs = round_costs(h5)
+        med = [statistics.median(c[k] for c in costs) for k in range(6)]
+        records.append({"protocol": protocol, "model": model, "params": MODELS[model][1], "n": n,
+                        "round_s": med[0], "fixed_s": med[1], "bcast_s": med[2], "reduce_s": med[3],
+                        "server_s": med[4], "wait_s": med[5]})
+    return records
 
 
 def main(argv=None):
@@ -166,7 +191,15 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=ROUNDS)
     p.add_argument("--quick", action="store_true", help="plumbing: -n 2 and 3, the small model, 3 rounds")
     p.add_argument("--out", default=None)
+    p.add_argument("--refit", nargs="+", metavar="DIR", help="fit the runs already in these --out folders")
     args = p.parse_args(argv)
+    if args.refit:
+        records = [r for d in args.refit for r in records_from(d)]
+        for r in records:
+            print(f"  W6 {r['protocol']} {r['model']} -n {r['n']}: round {r['round_s']:.4f} s, fixed "
+                  f"{r['fixed_s']:.4f} s, server {r['server_s']:.4f} s, wait {r['wait_s']:.4f} s")
+        print_fits(records)
+        return records
     if args.quick:
         args.ranks, args.models, args.rounds = [2, 3], ["lr"], 3
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-w6-"))

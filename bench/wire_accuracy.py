@@ -1,6 +1,6 @@
 """The accuracy cost of reduced-precision transport (runtime.wire_dtype, docs/performance.md): the quickstart
 (jobs/configs/quickstart.yaml) and W1 (bench/bench.py) at float32, bfloat16 and float16, one process each
-(-n 1: the results are the same at any -n), evaluated every round.
+(-n 1: the results are the same at any -n), evaluated every round, one torch thread.
 
     python bench/wire_accuracy.py [--rounds R] [--out DIR]
 
@@ -37,7 +37,7 @@ def configs(out, rounds):
         cfg["rounds"] = rounds or cfg["rounds"]
         cfg["eval"] = {**cfg.get("eval", {}), "every": 1}
         cfg["checkpoint"] = {"every": 0}
-        cfg["runtime"] = {**cfg.get("runtime", {}), "progress": "off"}
+        cfg["runtime"] = {**cfg.get("runtime", {}), "progress": "off", "threads": 1}
     return out_cfgs
 
 

@@ -151,7 +151,7 @@ class MpiComm:
                     if self.rank == 0:
                         self._round.sum_into_server(span)
                 else:
-                    large_count.reduce_sum(self.comm, self.MPI, buf, root=0)
+                    large_count.reduce_sum(self.comm, self.MPI, buf, self.rank == 0)
         return buf
 
     def reduce_sum_mod(self, buf, bits):
@@ -163,7 +163,7 @@ class MpiComm:
         with self._whole():
             self.sync()
             with self.timer.phase("reduce"):
-                large_count.reduce_sum(self.comm, self.MPI, buf, root=0, datatype=self.MPI.UINT64_T)
+                large_count.reduce_sum(self.comm, self.MPI, buf, self.rank == 0, datatype=self.MPI.UINT64_T)
         if self.rank == 0:
             reduce_mod(buf, bits)
         return buf

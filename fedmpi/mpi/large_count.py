@@ -77,11 +77,11 @@ def bcast(comm, mpi, buf, root=0):
         comm.Bcast(flat[s], root=root)
 
 
-def reduce_sum(comm, mpi, buf, root=0, datatype=None):
-    """Element-wise MPI SUM of every rank's `buf` into `root`'s (in place there), sliced as needed;
-    `datatype` names the MPI type where mpi4py cannot infer it (UINT64_T for secure aggregation)."""
+def reduce_sum(comm, mpi, buf, is_root, root=0, datatype=None):
+    """Element-wise MPI SUM of every rank's `buf` into `root`'s (in place there; `is_root` on that rank),
+    sliced as needed; `datatype` names the MPI type where mpi4py cannot infer it (UINT64_T for secure
+    aggregation). Only the transfers touch `comm` (tests count the calls made on it)."""
     flat = _flat(buf)
-    is_root = comm.Get_rank() == root
     for s in slices(flat.shape[0], _itemsize(buf), limit_bytes(mpi)):
         part = flat[s] if datatype is None else [flat[s], datatype]
         if is_root:
@@ -106,18 +106,18 @@ def irecv(comm, mpi, buf, source, tag):
 
 def gather_rows(comm, mpi, block, width, bound_rows, rows_by_rank=None, received=None, root=0):
     """Gatherv of every rank's float32 rows `block` ([k_r * width] or [k_r, width]) into `root`'s
-    `received` ([sum k_r, width], in rank order). `rows_by_rank[r]` = k_r is needed on `root` only (None
-    elsewhere); `bound_rows`, an upper bound on sum k_r that every rank knows (the round plan's), fixes the
-    number of column slices, so that every rank makes the same calls. One call straight into `received`
-    when bound_rows * width floats fit GATHER_BYTES; else column slices [a, b), each gathered into a
-    scratch [rows, b - a] on `root` and copied into place."""
+    `received` ([sum k_r, width], in rank order). `rows_by_rank[r]` = k_r is needed on `root` only, the
+    rank that passes it (None elsewhere); `bound_rows`, an upper bound on sum k_r that every rank knows
+    (the round plan's), fixes the number of column slices, so that every rank makes the same calls. One
+    call straight into `received` when bound_rows * width floats fit GATHER_BYTES; else column slices
+    [a, b), each gathered into a scratch [rows, b - a] on `root` and copied into place."""
     send = np.ascontiguousarray(block, dtype=np.float32).reshape(-1)
     send = send.reshape(send.size // width if width else 0, width)
     columns = slices(width, 4 * max(1, int(bound_rows)), gather_limit(mpi))
     whole = len(columns) == 1
     for cols in columns:
         part = send.reshape(-1) if whole else np.ascontiguousarray(send[:, cols]).reshape(-1)
-        if comm.Get_rank() != root:
+        if rows_by_rank is None:
             comm.Gatherv(part, None, root=root)
             continue
         w = cols.stop - cols.start
