@@ -3,8 +3,9 @@ secure aggregation's uint64), gathers, routes and state streaming move them exac
 
 Two launches of tests/mpi_scripts/large_count_check.py: one at -n 3 with small vectors and a 64-byte slice
 limit (FEDMPI_MPI_CHUNK_BYTES), so that the slicing itself runs everywhere; one at -n 2 with buffers just
-over 2^31 bytes (the library's own path: MPI-4 large counts where it has them), skipped where the machine's
-free memory cannot hold the copies each rank keeps (about 10 GiB in all at the peak, rank 0's gather).
+over 2^31 bytes, also broadcast as uint8 (a count over 2^31 - 1: the library's own path, MPI-4 large counts
+where it has them), skipped where the machine's free memory cannot hold the copies each rank keeps (about
+10 GiB in all at the peak, rank 0's gather).
 """
 
 import json
@@ -58,8 +59,9 @@ def _launch(tmp_path, n, elements, env):
 @pytest.mark.mpi
 def test_sliced_transfers_are_exact_at_n3(tmp_path):
     calls = _launch(tmp_path, 3, 100, {large_count.CHUNK_ENV: "64"})
-    # 100 float32 in 64-byte slices: 7 broadcasts; 50 float64 (or uint64): 7 reductions each.
-    assert all(c["Bcast"] == 7 and c["Reduce"] == 14 for c in calls), calls
+    # 400 bytes (as float32, then as uint8) in 64-byte slices: 7 broadcasts each; 50 float64 (or uint64):
+    # 7 reductions each.
+    assert all(c["Bcast"] == 14 and c["Reduce"] == 14 for c in calls), calls
     # gather_rows (3 rows of 33: 5 columns a slice, 7 slices), masked_gather (mask, then 4 rows bound: 4
     # columns a slice, 25 slices).
     assert all(c["Gatherv"] == 7 + 1 + 25 for c in calls), calls
@@ -84,7 +86,7 @@ def test_buffers_over_2gib_at_n2(tmp_path):
     calls = _launch(tmp_path, 2, 0, {})
     # One call each where MPI has large counts; the gather over 2^31 bytes is always sliced by columns.
     if large_count.has_large_count(_mpi()):
-        assert all(c["Bcast"] == 1 and c["Reduce"] == 2 for c in calls), calls
+        assert all(c["Bcast"] == 2 and c["Reduce"] == 2 for c in calls), calls
     assert all(c["Gatherv"] == 2 for c in calls), calls
 
 

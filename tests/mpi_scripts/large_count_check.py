@@ -82,6 +82,11 @@ def main():
         pattern(elements, np.float32, out=buf)
     comm.bcast(buf)
     assert equal(buf, 0), f"bcast differs on rank {rank}"
+    # The same bytes as uint8: a count over 2^31 - 1 when big (MPI-4's MPI_Bcast_c, or slices).
+    if rank != 0:
+        buf[:] = 0
+    comm.bcast(arena)
+    assert equal(buf, 0), f"bcast of uint8 differs on rank {rank}"
 
     # reduce_sum (float64, as the round's sums): rank r contributes (r + 1) * pattern.
     half = elements // 2
