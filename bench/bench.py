@@ -1,7 +1,7 @@
 """fedmpi's benchmark (issues 8 and 30): named workloads through fedmpi at -n 1, 2, 3 and through a plain PyTorch
 reference loop, measured in pairs, one table.
 
-    python bench/bench.py                      # W1-W3, QS, W4; -n 1 2 3, the loop at -n 2, one pair each
+    python bench/bench.py                      # W1-W3, QS, W4, W6; -n 1 2 3, the loop at -n 2, one pair each
     python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --pairs 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
     python bench/bench.py --done-when --markdown README.md docs/performance.md   # issue 30's measurement
@@ -335,11 +335,12 @@ def _write_markdown(docs, rows, variation, command):
 
 
 def main(argv=None):
-    everything = [*WORKLOADS, "QS", "W4"]
+    everything = [*WORKLOADS, "QS", "W4", "W6"]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", nargs="+", default=[w for w in everything if w != "W5"], choices=everything,
                    help="W1 W2 W3 W5 (against the reference), QS (the quickstart, evaluation every round, against "
-                        "fedmpi at -n 1) and W4 (cross-device scale, bench/w4.py; at -n 2 and 3 of --ranks); "
+                        "fedmpi at -n 1), W4 (cross-device scale, bench/w4.py; at -n 2 and 3 of --ranks) and W6 "
+                        "(a round's fixed cost at -n 2 to 17 and its fitted scaling law, bench/w6.py); "
                         "default all but W5 (pfl-research's CIFAR-10 setup, bench/w5.py)")
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 3], help="fedmpi -n values (default 1 2 3)")
     p.add_argument("--loop-ranks", nargs="*", type=int, default=[2],
@@ -380,7 +381,7 @@ def main(argv=None):
                 for wl, (ranks, rounds) in DONE_WHEN.items()]
     else:
         plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize), args.rounds)
-                for wl in args.workloads if wl != "W4"]
+                for wl in args.workloads if wl not in ("W4", "W6")]
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
     print(f"fedmpi bench: workloads {' '.join(wl for wl, *_ in plan) or '-'}, pairs {args.pairs}, cores "
           f"{os.cpu_count()}, load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
@@ -407,6 +408,8 @@ def main(argv=None):
         print_table(w4_rows, w4.HEADER, left=3)
         print(f"W4: a rank's peak memory beyond its share of the data set (PSS - data/P) is at most "
               f"{w4.expected_overhead_note(w4_rows)} MB")
+    if "W6" in args.workloads and not args.done_when:
+        record["W6"] = _sibling("w6").main(["--out", str(base / "W6")] + (["--quick"] if args.quick else []))
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1, default=float))
     if not args.out:

@@ -88,6 +88,10 @@ class Config:
         Keys of HASH_OPTIONAL are left out while they change nothing (see there)."""
         ignore = RUNTIME_KEYS if ignore is None else ignore
         d = {k: v for k, v in self.to_dict().items() if k not in ignore}
+        # runtime.wire_dtype changes the results (fedmpi.uploads.precision): hashed when not float32, so that
+        # rounded runs group apart from the others and older runs keep their hash.
+        if self.runtime.wire_dtype != "float32":
+            d["runtime.wire_dtype"] = self.runtime.wire_dtype
         for key in ignore:
             section, _, name = key.partition(".")
             if name and isinstance(d.get(section), dict):

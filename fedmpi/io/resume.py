@@ -33,6 +33,11 @@ def _check_config(path, attrs, cfg):
         raise ConfigError([f"--resume: the config differs from the one checkpoint {path} was written with, in "
                            f"{', '.join(differ)}; only rounds, out, checkpoint.* and runtime.* may change"]
                           + ["  " + line for line in lines])
+    wire = (stored.get("runtime") or {}).get("wire_dtype", "float32")
+    if wire != cfg.runtime.wire_dtype:
+        raise ConfigError(f"--resume: runtime.wire_dtype = {cfg.runtime.wire_dtype}, but checkpoint {path} was written "
+                          f"with {wire}; the wire's rounding changes the results, so it cannot change on resume "
+                          f"(set runtime.wire_dtype={wire})")
     if attrs.get("config_hash") != cfg.hash():
         raise ConfigError(f"--resume: checkpoint {path} has config hash {attrs.get('config_hash')}, this config "
                           f"has {cfg.hash()}; it was written for another config")

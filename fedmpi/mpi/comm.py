@@ -12,6 +12,9 @@ non-blocking collective polled with sleeps (`_sleep_wait`); once everyone has ar
 moves with a blocking call at full speed, or, for the round buffers of a job on one node, without MPI at
 all (`round_buffers`, fedmpi.mpi.node_buffers; on several nodes through the node leaders,
 fedmpi.mpi.hierarchy).
+
+Vectors beyond 2^31 bytes: every large transfer goes through fedmpi.mpi.large_count (MPI-4 large counts
+where the library has them, slices otherwise).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 import numpy as np
 
 from fedmpi.core.timing import Timer
-from fedmpi.mpi import hierarchy, node_buffers, signals
+from fedmpi.mpi import hierarchy, large_count, node_buffers, signals
 from fedmpi.mpi.base import WorkerFailed, error_text, exit_code_of
 from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
 from fedmpi.mpi.runtime import usable_cpus
@@ -135,7 +138,7 @@ class MpiComm:
             self._arrive(span)
             if span is None:
                 with self.timer.phase("bcast"):
-                    self.comm.Bcast(buf, root=0)
+                    large_count.bcast(self.comm, self.MPI, buf, root=0)
                 return buf
             with self.timer.phase("bcast"):
                 self._round.bcast_leaders(buf)
@@ -152,10 +155,8 @@ class MpiComm:
             with self.timer.phase("reduce"):
                 if span is not None:
                     self._round.reduce(span)
-                elif self.rank == 0:
-                    self.comm.Reduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM, root=0)
                 else:
-                    self.comm.Reduce(buf, None, op=self.MPI.SUM, root=0)
+                    large_count.reduce_sum(self.comm, self.MPI, buf, self.rank == 0)
         return buf
 
     def reduce_sum_mod(self, buf, bits):
@@ -167,10 +168,7 @@ class MpiComm:
         with self._whole():
             self.sync()
             with self.timer.phase("reduce"):
-                if self.rank == 0:
-                    self.comm.Reduce(self.MPI.IN_PLACE, [buf, self.MPI.UINT64_T], op=self.MPI.SUM, root=0)
-                else:
-                    self.comm.Reduce([buf, self.MPI.UINT64_T], None, op=self.MPI.SUM, root=0)
+                large_count.reduce_sum(self.comm, self.MPI, buf, self.rank == 0, datatype=self.MPI.UINT64_T)
         if self.rank == 0:
             reduce_mod(buf, bits)
         return buf
@@ -226,18 +224,22 @@ class MpiComm:
                 put_state(cid, recv_state(lambda a, src=owner: self._recv_state_part(a, src)))
 
     def _send_state_part(self, a):
-        self._sleep_wait(self.comm.Isend([a.reshape(-1).view(np.uint8), self.MPI.BYTE], dest=0, tag=STATE_TAG))
+        self._sleep_wait(_AllOf(self.MPI, large_count.isend(self.comm, self.MPI, a.reshape(-1).view(np.uint8),
+                                                            dest=0, tag=STATE_TAG)))
 
     def _recv_state_part(self, a, source):
-        self._sleep_wait(self.comm.Irecv([a.reshape(-1).view(np.uint8), self.MPI.BYTE], source=source,
-                                         tag=STATE_TAG))
+        self._sleep_wait(_AllOf(self.MPI, large_count.irecv(self.comm, self.MPI, a.reshape(-1).view(np.uint8),
+                                                            source=source, tag=STATE_TAG)))
         return a
 
     def route(self, sends, receives):
         """Point-to-point transfers of flat float32 buffers: `sends` are (dest, key, buffer), `receives`
         (source, key, buffer); `key` (e.g. a FedSkip slot) tells concurrent transfers apart."""
-        requests = [self.comm.Isend(buf, dest=dest, tag=ROUTE_TAG + key) for dest, key, buf in sends]
-        requests += [self.comm.Irecv(buf, source=src, tag=ROUTE_TAG + key) for src, key, buf in receives]
+        lc, requests = large_count, []
+        for dest, key, buf in sends:
+            requests += lc.isend(self.comm, self.MPI, buf, dest=dest, tag=ROUTE_TAG + key)
+        for src, key, buf in receives:
+            requests += lc.irecv(self.comm, self.MPI, buf, source=src, tag=ROUTE_TAG + key)
         self._sleep_wait(_AllOf(self.MPI, requests))
 
     def masked_gather(self, mask, vectors, hosted_selected, dim):
@@ -254,19 +256,17 @@ class MpiComm:
             self.sync()
             self.comm.Gatherv(np.ascontiguousarray(mask, dtype=np.int8),
                               [all_mask, counts, displs, self.MPI.INT8_T] if self.rank == 0 else None, root=0)
-            if self.rank != 0:
-                self.comm.Gatherv(send, None, root=0)
+            if self.rank != 0:      # (the selected clients bound the uploads: the same slices everywhere)
+                large_count.gather_rows(self.comm, self.MPI, send, dim, sum(counts))
                 return None
         uploads = [int(all_mask[d:d + c].sum()) for d, c in zip(displs, counts)]
-        vec_counts = [u * dim for u in uploads]
-        received = np.empty(sum(vec_counts), dtype=np.float32)
-        vec_displs = np.concatenate([[0], np.cumsum(vec_counts)[:-1]]).astype(int)
-        self.comm.Gatherv(send, [received, vec_counts, vec_displs, self.MPI.FLOAT], root=0)
+        received = np.empty((sum(uploads), dim), dtype=np.float32)
+        large_count.gather_rows(self.comm, self.MPI, send, dim, sum(counts), uploads, received)
         out, row = {}, 0
         for r in range(self.size):
             for cid, m in zip(hosted_selected.get(r, []), all_mask[displs[r]:displs[r] + counts[r]]):
                 if m:
-                    out[cid] = received[row * dim:(row + 1) * dim]
+                    out[cid] = received[row]
                     row += 1
         return out
 
@@ -274,15 +274,13 @@ class MpiComm:
         """One chunk of the round's update matrix (robust aggregation): every rank's `block` ([k_r, width]
         float32, its clients' rows) by one Gatherv to rank 0, which gets the [sum k_r, width] rows in rank
         order (None elsewhere). `rows_by_rank[r]` is k_r, which every rank knows from the round's plan."""
-        counts = [int(k) * width for k in rows_by_rank]
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
-        send = np.ascontiguousarray(block, dtype=np.float32).reshape(-1)
-        received = np.empty((sum(rows_by_rank), width), dtype=np.float32) if self.rank == 0 else None
+        rows = [int(k) for k in rows_by_rank]
+        received = np.empty((sum(rows), width), dtype=np.float32) if self.rank == 0 else None
         with self._whole():
             self.sync()
             with self.timer.phase("reduce"):
-                self.comm.Gatherv(send, [received, counts, displs, self.MPI.FLOAT] if self.rank == 0 else None,
-                                  root=0)
+                large_count.gather_rows(self.comm, self.MPI, block, width, sum(rows),
+                                        rows if self.rank == 0 else None, received)
         return received
 
     # -- setup and failure handling ---------------------------------------------------------------

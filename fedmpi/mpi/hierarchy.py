@@ -26,6 +26,7 @@ the reduction (each clears its slot for the next round's tally).
 
 from __future__ import annotations
 
+from fedmpi.mpi import large_count
 from fedmpi.mpi.node_buffers import NodeBuffers
 
 
@@ -60,16 +61,13 @@ class NodeRound:
             return
         a, b = span
         mine = self.buffers.up[0][a:b]
-        if self.world_rank == 0:
-            self.leaders.Reduce(self.MPI.IN_PLACE, mine, op=self.MPI.SUM, root=0)
-        else:
-            self.leaders.Reduce(mine, None, op=self.MPI.SUM, root=0)
+        large_count.reduce_sum(self.leaders, self.MPI, mine, self.world_rank == 0)
 
     def bcast_leaders(self, buf):
         """After every rank arrived, on the leaders: rank 0's `buf` (in its broadcast slot) into each leader's
         `buf` (its own slot: the node's copy) by one MPI Bcast among the leaders."""
         if self.between_nodes:
-            self.leaders.Bcast(buf, root=0)
+            large_count.bcast(self.leaders, self.MPI, buf, root=0)
 
     def await_leader(self, wait):
         """Off rank 0's node: the node's ranks wait (`wait(request)`, the communicator's sleeping wait) until

@@ -19,7 +19,7 @@ import warnings
 import torch
 
 from fedmpi.algorithms import algorithm_context, personal_split
-from fedmpi.algorithms.base import PlanHistory, SetupContext
+from fedmpi.algorithms.base import REDUCE, PlanHistory, SetupContext
 from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.attacks import checks as attack_checks
@@ -45,6 +45,7 @@ from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
 from fedmpi.uploads.base import layout
+from fedmpi.uploads.precision import WirePrecision
 
 
 def build_partition(cfg, dataset, parts=None):
@@ -127,6 +128,9 @@ class Experiment:
         clip = robust_stage(cfg, self.flat.dim)      # norm_bound under the plain reduction (after the attack)
         if clip is not None:
             self.stages.append(clip)
+        WirePrecision.check(cfg, algo_cls)      # runtime.wire_dtype (fedmpi.uploads.precision), before any file
+        if cfg.runtime.wire_dtype != "float32" and algo_cls.protocol == REDUCE:
+            self.stages.append(WirePrecision(cfg.runtime.wire_dtype, self.flat.dim))    # last: what leaves
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
@@ -138,7 +142,8 @@ class Experiment:
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         drift_columns += ("robust_weight",) if clip is not None else ()
         self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
-                                 header_extra, up_extra, extra_columns=drift_columns)
+                                 header_extra, up_extra, extra_columns=drift_columns,
+                                 wire_dtype=cfg.runtime.wire_dtype)
         self.evaluation = SplitEvaluation(comm, self.flat, self.dataset.x_test, self.dataset.y_test,
                                           cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
         # The backdoor's success rate: the triggered test set without the target class, split like the test set.

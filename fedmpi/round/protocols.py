@@ -33,6 +33,7 @@ import torch
 from fedmpi.algorithms import base
 from fedmpi.round.drift import ClientDrift
 from fedmpi.round.engine import Closing, Family, Training, from_broadcast, reduce, upload_client
+from fedmpi.uploads.precision import round_to
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Gather(Family):
         vector = None
         if uploaded:
             vector = flat.vec.detach().to("cpu", torch.float32).numpy().copy()
+            round_to(torch.from_numpy(vector), parts.wire.wire_dtype)      # the model travels at the wire dtype
             tally.upload(run)
         return uploaded, vector
 

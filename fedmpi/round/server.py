@@ -14,6 +14,7 @@ import torch
 
 from fedmpi.core import schedules
 from fedmpi.round.server_opt import build_optimizer
+from fedmpi.uploads.precision import itemsize
 
 
 class Server:
@@ -50,7 +51,8 @@ class Server:
         for name, column in client_figures.items():
             clients[name] = np.full(num_clients, np.nan, dtype=np.float32)
             clients[name][selected] = column[selected]
-        dim_bytes = 4 * self.algo.wire_dim     # personal entries are not sent (all of dim without them)
+        # Personal entries are not sent (all of dim without them); the payload at the wire dtype's width.
+        dim_bytes = itemsize(self.cfg.runtime.wire_dtype) * self.algo.wire_dim
         metrics = {
             "round": t,
             "train_loss": stats.loss / stats.seen if stats.seen else np.nan,

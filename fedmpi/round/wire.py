@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from fedmpi.core.timing import PHASES
+from fedmpi.uploads.precision import itemsize, round_to
 
 HEADER = 2
 CMD_RUN, CMD_STOP = 0.0, 1.0
@@ -101,16 +102,20 @@ class ClientSlots:
 
 class RoundBuffers:
     def __init__(self, comm, algo, dim, num_clients, device, cuda_aware_mpi, header_extra=0, up_extra=0,
-                 extra_columns=()):
+                 extra_columns=(), wire_dtype="float32"):
         """`header_extra` floats ride in the broadcast header after [command, round] and `up_extra` float64
         sums after the algorithm's upload sums (the upload stages' room, fedmpi.uploads.base.layout);
-        `extra_columns` are per-client figures beyond the loss and the algorithm's."""
+        `extra_columns` are per-client figures beyond the loss and the algorithm's. `wire_dtype`
+        (runtime.wire_dtype) is what the broadcast payload is rounded to (fedmpi.uploads.precision)."""
         self.comm, self.dim, self.num_clients, self.device = comm, dim, num_clients, device
+        self.wire_dtype = wire_dtype
         pin = device.type == "cuda"
         self.header_len = HEADER + header_extra
         self.up_len = algo.up_vectors * dim + algo.up_scalars + up_extra
-        # Counted as a real client would send them: float32, the shared entries only (personal ones stay home).
-        self.upload_bytes = algo.up_vectors * algo.wire_dim * 4
+        # Counted as a real client would send them: the shared entries only (personal ones stay home), the update
+        # at the wire dtype's width and any further vector (SCAFFOLD's control update) as float32.
+        self.upload_bytes = algo.wire_dim * (itemsize(wire_dtype) + 4 * (algo.up_vectors - 1)) \
+            if algo.up_vectors else 0
         self.columns = ("loss",) + tuple(algo.client_columns) + tuple(extra_columns)
         self.timing_at = self.up_len + N_STATS
         self.blocks_at = self.timing_at + comm.size * len(PHASES)
@@ -148,10 +153,12 @@ class RoundBuffers:
             payload = self.down_host[h:]
             if full and self.down_dev is not None:
                 fill(self.down_dev[h:])
+                round_to(self.down_dev[h:], self.wire_dtype)    # before it leaves: every rank trains from it
                 if not self.device_mpi:
                     payload.copy_(self.down_dev[h:])
             elif full:
                 fill(payload)
+                round_to(payload, self.wire_dtype)
         if self.device_mpi:
             self.down_dev[:h].copy_(self.down_host[:h])
             self._device_ready()
