@@ -125,8 +125,11 @@ class RoundBuffers:
         down_len = self.header_len + algo.down_vectors * dim
         # Room for blocks of every client: a round may select up to N (Poisson sampling, central...).
         up_len = self.blocks_at + len(self.columns) * num_clients
-        # Host buffers in node-shared memory where every rank is on one node (fedmpi.mpi.node_buffers).
-        shared = comm.round_buffers(down_len, up_len, host_buffers=not staged)
+        # Host buffers in node-shared memory (fedmpi.mpi.node_buffers, across nodes fedmpi.mpi.hierarchy),
+        # also on a GPU without CUDA-aware MPI: the device buffers are then staged through this rank's slot
+        # (pageable, not pinned, memory) instead of a pinned buffer of its own, so that GPU ranks take the
+        # node-shared and hierarchical round too. Only device buffers that MPI moves itself stay out.
+        shared = comm.round_buffers(down_len, up_len, host_buffers=not self.device_mpi)
         if shared is not None:
             self.down_host, self.up_host = (torch.from_numpy(a) for a in shared)
         else:
