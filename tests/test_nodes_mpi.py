@@ -19,25 +19,13 @@ import numpy as np
 import pytest
 import session_runs
 from conftest import ROOT, node_launch, read_global, read_metrics, same, small_config, write_config
+from test_scale_mpi import HALF, ROUNDS, scale_config
 
 pytestmark = pytest.mark.mpi
 
-ROUNDS, HALF = 6, 3
 TWO_NODES = session_runs.nodes(2, 2)
 SCRIPT = ROOT / "tests" / "mpi_scripts" / "node_sharing.py"
 COUNT = ROOT / "tests" / "mpi_scripts" / "count_collectives.py"
-
-
-def scale_config(out, **sections):
-    """SCAFFOLD on 60 synthetic users, client state bounded to 5 kB per rank (two of its 2.4 kB controls in
-    memory, the rest in the rank's spill file), evaluated every other round."""
-    cfg = {"seed": 5, "rounds": ROUNDS, "out": str(out), "data": {"name": "synthetic"},
-           "partition": {"clients": 60, "scheme": "natural", "samples_per_client": 12},
-           "model": {"name": "lr"}, "client": {"lr": 0.05, "batch_size": 6}, "server": {"clients_per_round": 10},
-           "algorithm": {"name": "scaffold"}, "eval": {"every": 2}, "checkpoint": {"every": HALF},
-           "runtime": {"threads": 1, "progress": "off", "client_state_memory": "5kB"}}
-    cfg.update(sections)
-    return cfg
 
 
 # Each protocol's use of the round buffers: whole buffers with evaluation (the model shared again), FedSkip's

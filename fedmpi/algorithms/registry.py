@@ -17,7 +17,6 @@ import error and goes on up (Ctrl-C ends the run as everywhere else).
 from __future__ import annotations
 
 import difflib
-import importlib
 from importlib.metadata import entry_points
 
 from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fedmpi's own algorithms
@@ -47,8 +46,10 @@ from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fe
 from fedmpi.algorithms.catalog import REGISTRY, check_declarations, register  # noqa: F401 - register is public here
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.plugin_names import guarded_import, import_attr
 
 ENTRY_POINT_GROUP = "fedmpi.algorithms"
+KEY, KIND = "algorithm.name", "algorithm class"     # what a failed import of a plug-in names
 
 
 def builtin_names():
@@ -64,11 +65,11 @@ def lookup(name):
         return REGISTRY[name]
     plugins = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if name in plugins:
-        return _checked(_load(plugins[name].load, f"entry point {name!r} ({plugins[name].value})",
-                              plugins[name].value.partition(":")[0].strip()), name)
+        return _checked(guarded_import(plugins[name].load, KEY, f"entry point {name!r} ({plugins[name].value})",
+                                       plugins[name].value.partition(":")[0].strip(), KIND), name)
     if ":" in name:
         module, attr = _split_path(name)
-        return _checked(_load(lambda: _import_attr(module, attr), name, module), name)
+        return _checked(guarded_import(lambda: import_attr(module, attr), KEY, name, module, KIND), name)
     known = list(REGISTRY) + sorted(plugins)
     close = difflib.get_close_matches(str(name)[:100], known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -89,30 +90,6 @@ def _split_path(name):
                           f"'package.module:Class' (an absolute module path and a class name, e.g. "
                           f"'mypkg.algo:MyAlgo'), or a built-in or installed algorithm's name")
     return module, attr
-
-
-def _import_attr(module, attr):
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _load(get, what, module=None):
-    """`get()`, with whatever the import raises turned into a ConfigError naming `what` and the module (a
-    KeyboardInterrupt excepted)."""
-    where = f"module {module!r}" if module else what
-    try:
-        return get()
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"algorithm.name: cannot load {what}: {type(e).__name__}: {e}") from None
-    except SystemExit as e:
-        raise ConfigError(f"algorithm.name = {show(what)}: {where} called sys.exit({show(e.code)}) while being "
-                          f"imported; a plug-in module must define its algorithm class, not exit") from None
-    except Exception as e:  # noqa: BLE001 - any error in a plug-in's own import code is the plug-in's
-        first = (str(e).splitlines() or [""])[0]
-        raise ConfigError(f"algorithm.name = {show(what)}: importing {where} failed: "
-                          f"{type(e).__name__}: {first[:300]}") from None
 
 
 def _checked(cls, name):

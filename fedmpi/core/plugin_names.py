@@ -49,13 +49,13 @@ def resolve(name, group, key):
     plugins = installed(group)
     if name in plugins:
         ep = plugins[name]
-        return _load(ep.load, key, f"entry point {name!r} ({ep.value})", ep.value.partition(":")[0].strip())
+        return guarded_import(ep.load, key, f"entry point {name!r} ({ep.value})", ep.value.partition(":")[0].strip())
     if not well_formed(name):
         raise ConfigError(f"{key} = {show(name)}: not a valid plug-in name; write 'package.module:attr' (an "
                           f"absolute module path and a name in it, e.g. 'mypkg.data:load'), or the name of an "
                           f"installed {group} entry point")
     module, _, attr = name.partition(":")
-    return _load(lambda: import_attr(module, attr), key, repr(name), module)
+    return guarded_import(lambda: import_attr(module, attr), key, repr(name), module)
 
 
 def import_attr(module, attr):
@@ -65,9 +65,9 @@ def import_attr(module, attr):
     return obj
 
 
-def _load(get, key, what, module):
+def guarded_import(get, key, what, module, kind="function or class"):
     """`get()`, with whatever the import raises turned into a ConfigError naming `key`, `what` and the module
-    (a KeyboardInterrupt excepted)."""
+    (a KeyboardInterrupt excepted): the one guard of every plug-in (algorithms, data sets, models)."""
     where = f"module {module!r}"
     try:
         return get()
@@ -75,7 +75,7 @@ def _load(get, key, what, module):
         raise ConfigError(f"{key}: cannot load {what}: {type(e).__name__}: {_first(e)}") from None
     except SystemExit as e:
         raise ConfigError(f"{key} = {what}: {where} called sys.exit({show(e.code)}) while being imported; a "
-                          f"plug-in module must define its function or class, not exit") from None
+                          f"plug-in module must define its {kind}, not exit") from None
     except Exception as e:  # noqa: BLE001 - any error in a plug-in's own import code is the plug-in's
         raise ConfigError(f"{key} = {what}: importing {where} failed: {type(e).__name__}: {_first(e)}") from None
 
