@@ -13,18 +13,17 @@ ALGORITHMS (its runs join the two launches).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, fedmpi_cmd, mpiexec, read_global, read_metrics, run_fedmpi, small_config, write_config
+import session_runs
+from conftest import ROOT, fedmpi_cmd, read_global, read_metrics, run_fedmpi, small_config, write_config
 
 from fedmpi import config
 from fedmpi.io import checkpoint, resume
@@ -48,37 +47,10 @@ KILL_DEADLINE_S = 30
 # signal lands mid-run however fast or loaded the machine is; results are unchanged.
 SLOW = {"FEDMPI_ROUND_DELAY_S": "0.3"}
 
-DRIVER = r"""
-import json, os, shutil, sys
-from mpi4py import MPI
-from fedmpi.cli import main
-
-for step in json.loads(sys.argv[1]):
-    kind, rest = step[0], step[1:]
-    if kind == "run":
-        code = main(["run", *rest])
-        if code:
-            sys.exit(code)
-    elif MPI.COMM_WORLD.Get_rank() == 0:      # file steps on rank 0; the next run's collectives wait for it
-        if kind == "copy":
-            shutil.copytree(rest[0], rest[1])
-        elif kind == "truncate":
-            with open(rest[0], "r+b") as fh:
-                fh.truncate(os.path.getsize(rest[0]) // 2)
-"""
-
 
 def algo_config(base, name):
     cfg = small_config(base / name / "ref", rounds=R, algorithm=ALGORITHMS[name], checkpoint={"every": 2, "keep": 2})
     return write_config(base / f"{name}.yaml", cfg)
-
-
-def drive(n, steps, timeout=LAUNCH_TIMEOUT_S):
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-c", DRIVER, json.dumps([[str(a) for a in s] for s in steps])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert proc.returncode == 0, f"-n {n} exited {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc
 
 
 _RUNS = {}
@@ -121,8 +93,8 @@ def _launch_runs(tmp_path_factory):
                          ["run", cfg, f"out={d['truncated']}", "--resume"]]
         steps_n1.append(["run", cfg, f"out={d['half_n1']}", "--resume"])
         out[name] = (name, cfg, d)
-    stderr_n3 = drive(3, steps_n3, timeout=len(ALGORITHMS) * LAUNCH_TIMEOUT_S).stderr
-    stderr_n1 = drive(1, steps_n1, timeout=len(ALGORITHMS) * LAUNCH_TIMEOUT_S).stderr
+    stderr_n3 = session_runs.launch(3, steps_n3, timeout=len(ALGORITHMS) * LAUNCH_TIMEOUT_S).stderr
+    stderr_n1 = session_runs.launch(1, steps_n1, timeout=len(ALGORITHMS) * LAUNCH_TIMEOUT_S).stderr
     for _, _, d in out.values():
         d["stderr_n3"], d["stderr_n1"] = stderr_n3, stderr_n1
     return out
