@@ -24,6 +24,7 @@ BEGAN = time.monotonic()
 SAMPLE_S = 0.25
 SAMPLING = bool(os.environ.get("FEDMPI_BENCH_SAMPLE_MEMORY"))
 PEAKS = {"pss_kb": 0, "uss_kb": 0}
+BATON = None    # bench/pacing.Baton once fedmpi is imported (below), where the bench pairs round by round
 
 
 def _sample_once():
@@ -64,7 +65,8 @@ def _write_stats():
         _sample_once()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     stats = {"rank": _rank(), "peak_rss_mb": usage.ru_maxrss / 1024.0, "cpu_s": usage.ru_utime + usage.ru_stime,
-             "wall_s": time.monotonic() - BEGAN, "round_cpu_s": [cpu for _, cpu in ROUNDS]}
+             "wall_s": time.monotonic() - BEGAN, "round_cpu_s": [cpu for _, cpu in ROUNDS],
+             "round_wall_s": [wall for wall, _ in ROUNDS], "pace_wait_s": BATON.waited if BATON else 0.0}
     if SAMPLING:        # (bench.py reads missing peaks as NaN)
         stats.update(peak_pss_mb=PEAKS["pss_kb"] / 1024.0, peak_uss_mb=PEAKS["uss_kb"] / 1024.0)
     with open(os.path.join(folder, f"rank-{stats['rank']}.json"), "w") as fh:
@@ -73,19 +75,29 @@ def _write_stats():
 
 atexit.register(_write_stats)
 
+import pacing  # noqa: E402 - bench/pacing.py (this script's folder is on sys.path)
+
 import fedmpi.round.engine as engine  # noqa: E402 - the clock above starts before the imports
 from fedmpi.cli import main  # noqa: E402
 
 ROUNDS = []     # (wall s, CPU s) of each fedmpi.round.engine.run_round on this rank
 _run_round = engine.run_round
+# Round-by-round pairing (bench/pacing.py): every rank waits for its turn before a round, rank 0 (whose
+# run_round spans the whole round: the broadcast opens it, the reduction, server step and evaluation close
+# it) reports the round done. None when the bench runs jobs one after the other.
+BATON = pacing.Baton.from_env()
 
 
 def _timed_round(parts, t, **kwargs):
+    if BATON:
+        BATON.wait()
     wall, cpu = time.monotonic(), time.process_time()
     try:
         return _run_round(parts, t, **kwargs)
     finally:
         ROUNDS.append((time.monotonic() - wall, time.process_time() - cpu))
+        if BATON and _rank() == 0:
+            BATON.done()
 
 
 engine.run_round = _timed_round     # the run loop calls it through the module (fedmpi.run.launch._loop)

@@ -6,20 +6,25 @@ reference loop, measured in pairs, one table.
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
     python bench/bench.py --done-when --markdown README.md docs/performance.md   # issue 30's measurement
 
-Paired (bench/paired.py): every fedmpi run comes right after a run of its baseline (A B A B ...: the
-reference loop, or for QS fedmpi at -n 1), so that both see the same state of a shared host; a row's
-`x base` is the median of its pairs' ratios (seconds per round), with their min-max, and the baseline's row
-shows the host's variation (its own runs' spread about their median).
+Paired (bench/paired.py, bench/pacing.py): every fedmpi run has a run of its baseline (the reference loop,
+or for QS fedmpi at -n 1) beside it. By default (`--pace round`) the two are launched together and take
+turns a round at a time (A B A B ... round by round), so that round t of each sees the same state of a
+shared host, a second apart; a pair's ratio is the median over rounds 2.. of round t's ratio. With `--pace
+run` the baseline's whole run comes first, then the row's, and a pair's ratio is that of the runs' medians.
+A row's `x base` is the median of its pairs' ratios, with their min-max, and the baseline's row shows the
+host's variation (its own runs' spread about their median).
 
 QS is the quickstart (jobs/configs/quickstart.yaml, evaluation every round) with one torch thread per rank,
 against fedmpi at -n 1. W5 is pfl-research's CIFAR-10 benchmark setup (bench/w5.py), not in the default set.
 
 Every fedmpi row is a real `mpiexec -n P` launch of `fedmpi run` (through bench/_rank.py, which only
-adds each rank's peak memory, CPU seconds and CPU seconds per round) on a generated config. Seconds per
-round come from run.h5's `/metrics/wall_s` (the server's clock, cumulative from the first round); the first
-round (warm-up, first-touch allocations) is reported apart and a run's figure is the median of the others.
-"whole s" is the wall clock of the whole mpiexec process: start-up (imports, data loading, partitioning),
-the rounds, the final evaluation, writing run.h5.
+adds each rank's peak memory, CPU seconds and CPU seconds per round, and waits for its turn when paced) on a
+generated config. Seconds per round are rank 0's `run_round` (paced; its clock starts after the turn's
+wait) or come from run.h5's `/metrics/wall_s` (the server's clock, cumulative from the first round); the
+first round (warm-up, first-touch allocations) is reported apart and a run's figure is the median of the
+others. "whole s" is the wall clock of the whole mpiexec process (less the time it waited for turns):
+start-up (imports, data loading, partitioning), the rounds, the final evaluation, writing run.h5; paced,
+the two jobs' start-ups overlap.
 
 The reference ("ref", bench/reference_loop.py) is the floor on this hardware: one process, torch threads 1,
 a plain PyTorch loop that does exactly the same work and reaches the same accuracy (the `acc` column;
@@ -57,6 +62,7 @@ def _sibling(name):
 
 
 reference = _sibling("reference_loop").reference     # the plain PyTorch loop, the floor
+pacing = _sibling("pacing")      # round-by-round pairing
 
 
 # --- workloads --------------------------------------------------------------------------------------
@@ -128,12 +134,38 @@ def mpiexec():
     return found
 
 
-def run_fedmpi(cfg_map, n, workdir, timeout=3600, sample_memory=False):
-    """One `mpiexec -n n fedmpi run` of `cfg_map`; returns the measured figures. `sample_memory` adds each
-    rank's peak PSS and USS (sampled from /proc, at a CPU cost the speed workloads should not pay)."""
-    import h5py
-    import numpy as np
+class Job:
+    """One launched benchmark process (fedmpi's `mpiexec`, or the reference loop); `wait()` returns its
+    figures (`collect(whole seconds)`). Output goes to files in its folder, so that a job that talks a lot
+    cannot block on a full pipe while another job has the turn."""
 
+    def __init__(self, name, cmd, env, workdir, collect, timeout):
+        self.name, self.workdir, self.collect, self.timeout = name, Path(workdir), collect, timeout
+        self.stdout, self.stderr = self.workdir / "stdout.txt", self.workdir / "stderr.txt"
+        self.began = time.monotonic()
+        with open(self.stdout, "w") as out, open(self.stderr, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT)
+
+    def wait(self):
+        try:
+            code = self.proc.wait(timeout=max(1.0, self.timeout - (time.monotonic() - self.began)))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"{self.name} ran over {self.timeout} s") from None
+        whole = time.monotonic() - self.began
+        if code != 0:
+            raise RuntimeError(f"{self.name} exited {code}:\n{self.stderr.read_text()[-3000:]}")
+        return self.collect(whole)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_fedmpi(cfg_map, n, workdir, timeout=3600, sample_memory=False, env_extra=None):
+    """Launches one `mpiexec -n n fedmpi run` of `cfg_map` (a Job). `env_extra`: e.g. bench/pacing's
+    $FEDMPI_BENCH_PACE, which makes every rank wait for its turn before each round."""
     workdir = Path(workdir)
     stats_dir = workdir / "stats"
     shutil.rmtree(stats_dir, ignore_errors=True)
@@ -141,15 +173,28 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600, sample_memory=False):
     cfg_path = workdir / "config.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_map, sort_keys=False))
     env = {**os.environ, "FEDMPI_BENCH_STATS": str(stats_dir), "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env_extra or {})}
     if sample_memory:
         env["FEDMPI_BENCH_SAMPLE_MEMORY"] = "1"
     cmd = [mpiexec(), "-n", str(n), sys.executable, str(RANK_SCRIPT), "run", str(cfg_path), "--overwrite"]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-    whole = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"fedmpi -n {n} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    paced = bool(env_extra and pacing.ENV in env_extra)
+    return Job(f"fedmpi -n {n}", cmd, env, workdir,
+               lambda whole: _fedmpi_figures(cfg_map, n, stats_dir, whole, paced), timeout)
+
+
+def run_fedmpi(cfg_map, n, workdir, timeout=3600, sample_memory=False):
+    """One `mpiexec -n n fedmpi run` of `cfg_map`, alone; returns the measured figures. `sample_memory` adds
+    each rank's peak PSS and USS (sampled from /proc, at a CPU cost the speed workloads should not pay)."""
+    return start_fedmpi(cfg_map, n, workdir, timeout, sample_memory).wait()
+
+
+def _fedmpi_figures(cfg_map, n, stats_dir, whole, paced):
+    """A finished fedmpi job's figures from run.h5 and each rank's stats file. Paced (round-by-round
+    pairing), a round's seconds are rank 0's `run_round` (its clock starts after the turn's wait) and the
+    whole-process time leaves out the waits; otherwise the rounds are the differences of run.h5's wall_s."""
+    import h5py
+    import numpy as np
+
     with h5py.File(Path(cfg_map["out"]) / "run.h5", "r", locking=False) as f:
         m = {k: ds[()] for k, ds in f["metrics"].items()}
         device, dim = str(f.attrs.get("device", "?")), int(f.attrs.get("dim", 0))
@@ -160,11 +205,12 @@ def run_fedmpi(cfg_map, n, workdir, timeout=3600, sample_memory=False):
     # less than wall time.
     busy = [max(r["round_cpu_s"][i] for r in ranks) for i in range(min(len(r["round_cpu_s"]) for r in ranks))]
     acc = m["test_acc"][~np.isnan(m["test_acc"])]
+    rounds = ranks[0]["round_wall_s"] if paced else np.diff(np.concatenate([[0.0], wall])).tolist()
     return {
-        "rounds": np.diff(np.concatenate([[0.0], wall])).tolist(),
+        "rounds": rounds,
         "busy_rounds": busy,
-        "whole_s": whole,
-        "loop_s": float(wall[-1]) if len(wall) else 0.0,
+        "whole_s": whole - (ranks[0].get("pace_wait_s", 0.0) if paced else 0.0),
+        "loop_s": float(sum(rounds)),
         "acc": float(acc[-1]) if len(acc) else float("nan"),
         "device": device,
         "training_ranks": training,
@@ -192,27 +238,27 @@ def mpi_bytes_per_round(n, dim, cfg_map):
 
 # --- the reference loop -----------------------------------------------------------------------------
 
-def run_reference(cfg_map, workdir, timeout=3600):
-    """The reference loop in its own process (so that its whole-process time counts its imports too)."""
-    import resource
-
+def start_reference(cfg_map, workdir, timeout=3600, env_extra=None):
+    """Launches the reference loop in its own process (a Job; its whole-process time counts its imports too)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path, out_path = workdir / "config.yaml", workdir / "reference.json"
     cfg_path.write_text(yaml.safe_dump(cfg_map, sort_keys=False))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--reference-worker", str(cfg_path),
-                           str(out_path)], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    whole = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"reference loop exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    out = json.loads(out_path.read_text())
-    out.update(whole_s=whole, cpu_s=(after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
-               server_cpu_s=float("nan"), device="cpu", fl_bytes=float("nan"), mpi_bytes_per_round=0.0)
-    return out
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--reference-worker", str(cfg_path), str(out_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env_extra or {})}
+
+    def collect(whole):
+        out = json.loads(out_path.read_text())
+        out.update(whole_s=whole - out.pop("pace_wait_s"), server_cpu_s=float("nan"), device="cpu",
+                   fl_bytes=float("nan"), mpi_bytes_per_round=0.0)
+        return out
+
+    return Job("reference loop", cmd, env, workdir, collect, timeout)
+
+
+def run_reference(cfg_map, workdir, timeout=3600):
+    """The reference loop alone; returns its figures."""
+    return start_reference(cfg_map, workdir, timeout).wait()
 
 
 def _reference_worker(cfg_path, out_path):
@@ -220,9 +266,13 @@ def _reference_worker(cfg_path, out_path):
 
     with open(cfg_path) as fh:
         cfg_map = yaml.safe_load(fh)
-    out = reference(cfg_map)
+    baton = pacing.Baton.from_env()
+    out = reference(cfg_map, pace=baton)
     out.pop("global")
-    out["peak_rss_mb"] = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["peak_rss_mb"] = [usage.ru_maxrss / 1024.0]
+    out["cpu_s"] = usage.ru_utime + usage.ru_stime
+    out["pace_wait_s"] = baton.waited if baton else 0.0
     out["loop_s"] = sum(out["rounds"])
     Path(out_path).write_text(json.dumps(out))
 
@@ -253,27 +303,31 @@ def plan_rows(wl, ranks, loop_ranks, vectorize):
     return rows + [(f"-n {n} loop", n, "off") for n in loop_ranks if not (vectorize == "off" and n in ranks)]
 
 
-def measure(wl, rows, pairs, base, rounds=None):
-    """Runs workload `wl`'s baseline and rows in pairs (paired.launch_order); returns (table rows, record)."""
+def measure(wl, rows, pairs, base, rounds=None, pace="round"):
+    """Runs workload `wl`'s baseline and rows in pairs (paired.launch_order); returns (table rows, record,
+    the host's variation). `pace`: "round", the pair's two jobs side by side taking turns a round at a time
+    (bench/pacing.py); "run", the baseline's run, then the row's."""
     overrides = PREPARE[wl](base) if wl in PREPARE else {}
     baseline_label = "-n 1" if wl == "QS" else "ref"
     per_round = (quickstart_config("-") if wl == "QS" else WORKLOADS[wl])["server"]["clients_per_round"]
     base_runs, runs = {}, {label: [] for label, *_ in rows}
-    for k, (row, p) in enumerate(paired.launch_order(rows, pairs)):
-        label, n, mode = row or (baseline_label, 1 if wl == "QS" else None, "auto")
-        work = base / wl / label.replace(" ", "").replace("-", "") / f"pair{p}-{k}"
-        cfg = (quickstart_config(work / "out", rounds, mode) if wl == "QS"
-               else workload_config(wl, work / "out", rounds, mode or "auto", overrides))
-        sample = run_fedmpi(cfg, n, work) if n else run_reference(cfg, work)
-        if row is None:
-            pending = sample
-            base_runs.setdefault(p, []).append(sample)
-        else:
-            runs[label].append((pending, sample))
-        print(f"  {wl} {label} pair {p + 1}: {paired.later_rounds(sample['rounds']):.4f} s/round, "
-              f"whole {sample['whole_s']:.1f} s, acc {sample['acc']:.4f}"
-              + (f", x base {paired.later_rounds(sample['rounds']) / paired.later_rounds(pending['rounds']):.3f}"
-                 if row else ""), flush=True)
+    order = paired.launch_order(rows, pairs)
+    for k in range(0, len(order), 2):
+        (_, p), (row, _) = order[k], order[k + 1]
+        label = row[0]
+        jobs = []
+        for j, (lab, n, mode) in enumerate([(baseline_label, 1 if wl == "QS" else None, "auto"), row]):
+            work = base / wl / lab.replace(" ", "").replace("-", "") / f"pair{p}-{k + j}"
+            cfg = (quickstart_config(work / "out", rounds, mode) if wl == "QS"
+                   else workload_config(wl, work / "out", rounds, mode or "auto", overrides))
+            jobs.append((cfg, n, work))
+        pending, sample = run_pair(jobs, pace)
+        base_runs.setdefault(p, []).append(pending)
+        runs[label].append((pending, sample))
+        for lab, s, other in ((baseline_label, pending, None), (label, sample, pending)):
+            print(f"  {wl} {lab} pair {p + 1}: {paired.later_rounds(s['rounds']):.4f} s/round, whole "
+                  f"{s['whole_s']:.1f} s, acc {s['acc']:.4f}"
+                  + (f", x base {paired.pair_ratio(other, s):.3f}" if other else ""), flush=True)
     every_base = [s for p in sorted(base_runs) for s in base_runs[p]]
     b = paired.summarize_baseline(every_base)
     table = [paired.format_row(wl, baseline_label, b, per_round, is_baseline=True)]
@@ -285,6 +339,38 @@ def measure(wl, rows, pairs, base, rounds=None):
     print(f"  {wl} {baseline_label}: {b['runs']} runs, {b['s_round']:.4f} s/round, host variation "
           f"{100 * b['variation']:.1f}% (max - min of its runs over their median)", flush=True)
     return table, record, b["variation"]
+
+
+def _start(cfg, n, work, env_extra=None):
+    """A fedmpi job at -n n, or the reference loop where n is None."""
+    if n:
+        return start_fedmpi(cfg, n, work, env_extra=env_extra)
+    return start_reference(cfg, work, env_extra=env_extra)
+
+
+def run_pair(jobs, pace="round", turn_timeout=900):
+    """One pair's two runs [(config, -n or None for the reference, folder)], baseline first; returns both
+    figures. Paced by round, both jobs are launched at once and take turns, a round each."""
+    if pace == "run":
+        return [_start(cfg, n, work).wait() for cfg, n, work in jobs]
+    turns, launched = [], []
+    try:
+        for cfg, n, work in jobs:
+            work.mkdir(parents=True, exist_ok=True)
+            turns.append(pacing.Turns(work / "pace", n or 1))
+            launched.append(_start(cfg, n, work, turns[-1].env))
+        rounds = jobs[0][0]["rounds"]
+        if not pacing.take_turns([(t, job.proc) for t, job in zip(turns, launched)], rounds, turn_timeout):
+            for job in launched:
+                if job.proc.poll() is not None:
+                    job.wait()          # raises the job's failure
+            raise RuntimeError(f"a paced job ended before its {rounds} rounds")
+        return [{**job.wait(), "paced": True} for job in launched]
+    finally:
+        for job in launched:
+            job.kill()      # (a no-op for a job that has ended; one still waiting for a turn when the other failed)
+        for t in turns:
+            t.close()
 
 
 # Issue 30's "Done when": W1, QS, W2 and W5 at the targets' -n values, 3 pairs each, rounds shortened so
@@ -349,6 +435,9 @@ def main(argv=None):
     p.add_argument("--pairs", "--repeats", type=int, dest="pairs",
                    help="pairs per fedmpi row: the baseline, then the row, this many times (default 1; 3 with "
                         "--done-when)")
+    p.add_argument("--pace", default="round", choices=["round", "run"],
+                   help="how a pair's two runs alternate: round (default: side by side, taking turns a round at a "
+                        "time, bench/pacing.py) or run (the baseline's whole run, then the row's)")
     p.add_argument("--vectorize", default="auto", choices=["auto", "on", "off"],
                    help="client.vectorize of the main fedmpi rows (default auto)")
     p.add_argument("--done-when", action="store_true",
@@ -387,7 +476,7 @@ def main(argv=None):
           f"{os.cpu_count()}, load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
     rows, record, variation = [], {}, {}
     for wl, wl_rows, rounds in plan:
-        table, rec, variation[wl] = measure(wl, wl_rows, args.pairs, base, rounds)
+        table, rec, variation[wl] = measure(wl, wl_rows, args.pairs, base, rounds, args.pace)
         rows += table
         record.update(rec)
     if rows:

@@ -31,6 +31,19 @@ def later_rounds(seconds):
     return statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
 
 
+def pair_ratio(baseline, run, key="rounds"):
+    """One pair's ratio run / baseline of seconds per round (`key`: "rounds", wall; "busy_rounds", CPU).
+    Paced by round (both samples "paced", as many rounds each), the median over rounds 2.. of the per-round
+    ratios: round t of the run against round t of the baseline, a second apart. Otherwise the ratio of the
+    runs' figures (`later_rounds`)."""
+    a, b = list(baseline[key]), list(run[key])
+    if baseline.get("paced") and run.get("paced") and len(a) == len(b) > 1:
+        if any(x <= 0 for x in a[1:]):
+            raise ValueError("baseline rounds must take positive time")
+        return statistics.median(y / x for x, y in zip(a[1:], b[1:]))
+    return pair_ratios([later_rounds(a)], [later_rounds(b)])[0]
+
+
 def pair_ratios(baseline, runs):
     """Per-pair ratios run / baseline of two equally long lists of per-run figures."""
     if len(baseline) != len(runs) or not runs:
@@ -115,9 +128,10 @@ def summarize_baseline(samples):
 
 def summarize_row(baseline, samples, training_ranks=None):
     """A fedmpi row from its runs and the baseline run of each one's pair (equally long lists)."""
-    ratios = pair_ratios([later_rounds(b["rounds"]) for b in baseline], [later_rounds(s["rounds"]) for s in samples])
-    busy = pair_ratios([later_rounds(b["busy_rounds"]) for b in baseline],
-                       [later_rounds(s["busy_rounds"]) for s in samples])
+    if len(baseline) != len(samples) or not samples:
+        raise ValueError(f"need a baseline run per run, got {len(baseline)} and {len(samples)}")
+    ratios = [pair_ratio(b, s) for b, s in zip(baseline, samples)]
+    busy = [pair_ratio(b, s, "busy_rounds") for b, s in zip(baseline, samples)]
     med = spread(ratios)
     out = {"runs": len(samples), "s_round": statistics.median(later_rounds(s["rounds"]) for s in samples),
            "ratio": med, "busy_ratio": statistics.median(busy), "ratios": ratios, **_common(samples)}

@@ -11,9 +11,10 @@ import math
 import time
 
 
-def reference(cfg_map, device="cpu"):
+def reference(cfg_map, device="cpu", pace=None):
     """The plain single-process loop (on `device`: bench/gpu_check.py runs it on the GPU); returns per-round
-    seconds and the final accuracy."""
+    seconds and the final accuracy. `pace` (bench/pacing.Baton, or None): wait for the turn before each
+    round, report it done after (outside the round's clock)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -73,6 +74,8 @@ def reference(cfg_map, device="cpu"):
 
     times, cpu, acc = [], [], float("nan")
     for t in range(cfg.rounds):
+        if pace is not None:
+            pace.wait()
         t0, c0 = time.monotonic(), time.process_time()
         chosen = rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
         sums = [torch.zeros_like(v, dtype=torch.float64) for v in glob]
@@ -103,5 +106,7 @@ def reference(cfg_map, device="cpu"):
             acc = correct / len(y_te)
         times.append(time.monotonic() - t0)
         cpu.append(time.process_time() - c0)
+        if pace is not None:
+            pace.done()
     return {"rounds": times, "busy_rounds": cpu, "acc": acc,
             "global": torch.cat([v.reshape(-1) for v in glob]).cpu().numpy()}

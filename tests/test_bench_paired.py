@@ -70,6 +70,93 @@ def test_a_row_is_the_median_of_its_pairs_ratios_not_a_ratio_of_medians():
     assert cells[-1] == "NOT met (>= 8x)"
 
 
+def test_paced_pair_ratio_is_the_median_of_round_by_round_ratios():
+    # Paced (both samples "paced"): round t against round t, rounds 2..; the host slows down for rounds 3-4
+    # and both jobs see it. Ratio of the runs' medians would be 1.0 / 2.0; the neighbours say 0.5, 0.5, 0.6.
+    base = {**_sample([9, 2.0, 4.0, 4.0]), "paced": True}
+    run = {**_sample([1, 1.0, 2.0, 2.4], [1, 0.9, 1.8, 2.4]), "paced": True}
+    assert paired.pair_ratio(base, run) == 0.5
+    assert paired.pair_ratio(base, run, "busy_rounds") == 0.45
+    # Not paced (runs one after the other): the ratio of the runs' figures.
+    assert paired.pair_ratio(_sample([9, 2.0, 4.0, 4.0]), _sample([1, 1.0, 2.0, 2.4])) == 0.5
+    assert paired.pair_ratio(base, {**run, "paced": False}) == 0.5     # 2.0 / 4.0
+    row = paired.summarize_row([base, base], [run, {**run, "rounds": [1, 1.2, 2.4, 2.4]}])
+    assert row["ratios"] == [0.5, 0.6] and row["ratio"] == (0.55, 0.5, 0.6)
+
+
+pacing = _load("pacing")
+
+# A job of `processes` processes that take turns through bench/pacing.py: each waits for its turn, logs
+# (name, round, start, end), and process 0 reports the round done.
+_PACED_JOB = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import pacing
+name, proc, rounds, log = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+baton = pacing.Baton.from_env()
+for t in range(rounds):
+    baton.wait()
+    began = time.monotonic()
+    time.sleep(0.02)
+    with open(log, "a") as fh:
+        fh.write(f"{name} {proc} {t} {began} {time.monotonic()}\\n")
+    if proc == 0:
+        baton.done()
+"""
+
+
+def test_paced_jobs_take_strict_turns_and_never_overlap(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_PACED_JOB)
+    log, rounds = tmp_path / "log.txt", 4
+    jobs = []
+    for name, processes in (("A", 1), ("B", 2)):
+        turns = pacing.Turns(tmp_path / name, processes)
+        args = [sys.executable, str(script), str(ROOT / "bench"), name]
+        procs = [subprocess.Popen([*args, str(i), str(rounds), str(log)], env={**os.environ, **turns.env})
+                 for i in range(processes)]
+        jobs.append((turns, procs))
+    try:
+        assert pacing.take_turns([(turns, procs[0]) for turns, procs in jobs], rounds, timeout=60)
+        for _, procs in jobs:
+            assert [p.wait(timeout=60) for p in procs] == [0] * len(procs)
+    finally:
+        for turns, procs in jobs:
+            for p in procs:
+                p.kill()
+            turns.close()
+    lines = [line.split() for line in log.read_text().splitlines()]
+    # Round t of A, then round t of B (both of its processes), then round t + 1 of A...
+    starts = sorted((float(began), name, int(t)) for name, _, t, began, _ in lines)
+    assert [(name, t) for _, name, t in starts] == [(n, t) for t in range(rounds) for n in ("A", "B", "B")]
+    # ...and the reporting process's round ends before the other job's next round begins.
+    def span(name, proc, t):
+        return next((float(began), float(end)) for n, p, tt, began, end in lines
+                    if n == name and int(p) == proc and int(tt) == t)
+
+    for t in range(rounds):
+        assert span("A", 0, t)[1] <= min(span("B", 0, t)[0], span("B", 1, t)[0])
+        if t + 1 < rounds:
+            assert span("B", 0, t)[1] <= span("A", 0, t + 1)[0]
+
+
+def test_a_paced_job_that_fails_stops_the_turns(tmp_path):
+    import subprocess
+    import sys
+
+    turns = pacing.Turns(tmp_path / "job", 1)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        assert pacing.take_turns([(turns, proc)], 5, timeout=60) is False
+        assert proc.wait(timeout=60) == 3
+    finally:
+        turns.close()
+
+
 def test_target_status_reads_the_bound_the_right_way():
     assert paired.target_status("W1", "-n 3", 0.53) == "met (<= 0.53)"
     assert paired.target_status("W1", "-n 3", 0.531) == "NOT met (<= 0.53)"

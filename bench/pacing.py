@@ -1,0 +1,117 @@
+"""Round-by-round pairing (issue 30): a baseline job and a fedmpi job run side by side and take turns, one round
+each (A B A B ... at the scale of a round, not of a whole run).
+
+Why: on a shared host the machine's speed drifts over tens of seconds (the same reference loop measured
+0.89-1.65 s a round in runs a minute apart), so two runs made one after the other can still see different
+machines. Taking turns a round at a time puts a round of each job within about a second of the other; the
+per-round ratio of two such neighbours is what `bench.py` reports.
+
+How: the driver (`Turns`) owns two named pipes per job, `<prefix>.go` and `<prefix>.done`, and passes the
+prefix in $FEDMPI_BENCH_PACE. Before each round every process of the job (each MPI rank, or the reference
+loop) reads one byte from `go`; after it, the job's timekeeper (rank 0) writes one byte to `done`. The driver
+writes one byte per process to A's `go`, waits for A's `done`, then does the same for B, round after round.
+A job that is not on its turn sleeps in a blocking read: no CPU, no polling. Each job's own per-round clock
+starts after its wait, so neither job's figures include the other's rounds.
+
+Nothing here is fedmpi: the pacing lives in the benchmark (bench/_rank.py wraps `run_round`, the reference
+loop takes a `pace` object), and without $FEDMPI_BENCH_PACE nothing waits.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+ENV = "FEDMPI_BENCH_PACE"
+
+
+class Baton:
+    """A job's side: `wait()` before a round (blocks until the driver says go), `done()` after it (the job's
+    timekeeper only). `waited` is the seconds spent waiting for turns, which the job's whole-process time
+    leaves out."""
+
+    def __init__(self, prefix):
+        self.prefix = str(prefix)
+        self._go = self._done = None
+        self.waited = 0.0
+
+    @classmethod
+    def from_env(cls):
+        prefix = os.environ.get(ENV)
+        return cls(prefix) if prefix else None
+
+    def wait(self):
+        began = time.monotonic()
+        if self._go is None:
+            self._go = os.open(self.prefix + ".go", os.O_RDONLY)
+        if not os.read(self._go, 1):
+            raise RuntimeError(f"{ENV}: the benchmark's driver closed {self.prefix}.go")
+        self.waited += time.monotonic() - began
+
+    def done(self):
+        if self._done is None:
+            self._done = os.open(self.prefix + ".done", os.O_WRONLY)
+        os.write(self._done, b"d")
+
+
+class JobEnded(Exception):
+    """The job's process ended before it finished its turn (its last round was the previous turn, or it
+    failed: the caller reads its exit code)."""
+
+
+class Turns:
+    """The driver's side for one job: `prefix` (a path in a folder of the driver's; the pipes are made here),
+    `processes` (how many of the job's processes read `go`: its MPI ranks, 1 for the reference)."""
+
+    def __init__(self, prefix, processes):
+        self.prefix, self.processes = str(prefix), int(processes)
+        for end in (".go", ".done"):
+            path = self.prefix + end
+            if os.path.exists(path):
+                os.unlink(path)
+            os.mkfifo(path)
+        # Read-write opens of a FIFO do not block, and keep both pipes open whichever side opens first.
+        self._go = os.open(self.prefix + ".go", os.O_RDWR)
+        self._done = os.open(self.prefix + ".done", os.O_RDWR)
+
+    @property
+    def env(self):
+        return {ENV: self.prefix}
+
+    def turn(self, proc, timeout):
+        """Lets the job run one round and waits until it has; JobEnded where `proc` (its Popen) ends first,
+        TimeoutError after `timeout` seconds."""
+        os.write(self._go, b"g" * self.processes)
+        deadline = time.monotonic() + timeout
+        while True:
+            ready, _, _ = select.select([self._done], [], [], 0.5)
+            if ready:
+                os.read(self._done, 1)
+                return
+            if proc.poll() is not None:
+                raise JobEnded(self.prefix)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.prefix}: no round finished in {timeout:.0f} s")
+
+    def close(self):
+        for fd in (self._go, self._done):
+            os.close(fd)
+        for end in (".go", ".done"):
+            try:
+                os.unlink(self.prefix + end)
+            except FileNotFoundError:
+                pass
+
+
+def take_turns(jobs, rounds, timeout):
+    """Runs `rounds` rounds of every job in `jobs` [(Turns, Popen)], in turn: round t of the first, round t
+    of the second, ..., then round t + 1. A job that ends early (a failure) stops the alternation; the
+    caller reads the exit codes."""
+    for _ in range(rounds):
+        for turns, proc in jobs:
+            try:
+                turns.turn(proc, timeout)
+            except JobEnded:
+                return False
+    return True
