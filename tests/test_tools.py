@@ -51,8 +51,9 @@ def png_shape(path):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("tools")
+    # runtime.log_flush_s 0: a row per round (the whole run takes about a second), for the reader to catch
     live_cfg = small_config(base / "live", rounds=LIVE_ROUNDS, seed=3, partition={"clients": 12, "scheme": "iid"},
-                            checkpoint={"every": 0})
+                            checkpoint={"every": 0}, runtime={"threads": 1, "progress": "lines", "log_flush_s": 0})
     paths = [write_config(base / "live.yaml", live_cfg)]
     for name, sections in SWEEP.items():
         cfg = small_config(base / "sweep" / name, rounds=4, server_data=SERVER, **sections)

@@ -107,6 +107,47 @@ def test_group_trainer_with_convolutions_and_augmentation():
         torch.testing.assert_close(weights[i], vec, rtol=RTOL, atol=ATOL)
 
 
+def test_dense_chain_gradients_equal_vmaps_and_other_models_keep_vmap():
+    """DenseChain (batched matrix products, one backward pass) gives vmap(grad)'s per-client gradients and
+    losses; a model that is not an nn.Sequential of dense layers (a convolution, a custom forward, a
+    Linear that sees [B, T, features]) keeps the vmap path."""
+    torch.manual_seed(4)
+    module = nn.Sequential(nn.Flatten(), nn.Sequential(nn.Linear(12, 9), nn.GELU()), nn.Linear(9, 7, bias=False),
+                           nn.LeakyReLU(0.2), nn.Identity(), nn.Linear(7, 4))
+    flat = FlatModel(module)
+    x, y = torch.randn(40, 3, 4), torch.randint(0, 4, (40,))
+    group = vectorized.GroupTrainer(flat, config.ClientConfig(), x, y)
+    assert group.chain is not None
+    names = [n for n, _ in module.named_parameters()]
+
+    def loss(params, xb, yb):
+        out = torch.func.functional_call(module, dict(zip(names, params)), (xb,))
+        value = torch.nn.functional.cross_entropy(out, yb)
+        return value, value.detach()
+
+    weights = flat.vec.unsqueeze(0).repeat(6, 1) + 0.01 * torch.randn(6, flat.n_params)
+    params = tuple(group._views(weights))
+    idx = torch.randint(0, 40, (6, 5))
+    got, got_losses = group.chain.grads(params, x[idx], y[idx])
+    want, want_losses = torch.func.vmap(torch.func.grad(loss, has_aux=True))(params, x[idx], y[idx])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got_losses, want_losses, rtol=1e-6, atol=1e-7)
+
+    class Custom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(12, 4)
+
+        def forward(self, xb):
+            return self.fc(xb.flatten(1)) * 2
+
+    for other, shape in ((nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 2 * 2, 3)), (1, 4, 4)),
+                         (Custom(), (3, 4)), (nn.Sequential(nn.Linear(4, 3)), (3, 4))):
+        data = torch.randn(10, *shape)
+        assert vectorized.GroupTrainer(FlatModel(other), config.ClientConfig(), data, y[:10]).chain is None
+
+
 def test_models_that_cannot_vectorize_say_why():
     assert vectorized.unsupported(FlatModel(nn.Sequential(nn.Linear(4, 3)))) is None
     assert "buffers" in vectorized.unsupported(FlatModel(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))))

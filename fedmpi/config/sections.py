@@ -417,6 +417,10 @@ class RuntimeConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = None       # torch threads per rank; null = node cores / ranks on the node
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    # Rank 0 writes run-log rows in batches, once the oldest unwritten row has waited this long (seconds; 0:
+    # every round's row at once), and always before a checkpoint, a stop, a failure and the end
+    # (fedmpi.run.rows). Each HDF5 write costs ~10 ms however many rows it takes.
+    log_flush_s: float = 1.0
     cuda_aware_mpi: bool = False
     on_nonfinite: Literal["stop", "continue"] = "stop"   # a NaN/inf loss or model: stop (status diverged) or go on
     shared_data: bool = True         # the ranks of a node share one read-only copy of the data set (MPI-3 window)
@@ -444,6 +448,9 @@ class RuntimeConfig:
         c.require(all(t in known for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
                   "trackers", list(self.trackers), f"must be a list of distinct names from {', '.join(known)}")
         c.choice("wire_dtype", self.wire_dtype, ("float32", "bfloat16", "float16"))
+        c.require(isinstance(self.log_flush_s, (int, float)) and not isinstance(self.log_flush_s, bool)
+                  and 0 <= self.log_flush_s <= 3600, "log_flush_s", self.log_flush_s,
+                  "must be a number of seconds from 0 (every row at once) to 3600")
         if self.gather_memory is not None:
             try:
                 parse_bytes(self.gather_memory)

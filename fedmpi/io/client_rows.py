@@ -59,26 +59,29 @@ def rows_room(group, n, count, new):
 
 
 def append_rows(group, n, ids, values, num_clients):
-    """Row n of the rows layout: the ids, each figure at them, every other dataset's row at its fill. Whole
-    rows are written (a resumed run re-writes rows whose old contents a truncation may have kept)."""
+    """Rows n.. of the rows layout, one per entry of `ids` (each round's client ids) and `values` (each
+    round's {figure: values at its ids}): the ids, each figure at them, every other dataset's row at its
+    fill. Whole rows are written (a resumed run re-writes rows whose old contents a truncation may have
+    kept); every dataset is resized and written once."""
     if CLIENT_IDS not in group:
-        if not values:          # no per-client figures yet: nothing to lay out
+        if not any(values):          # no per-client figures yet: nothing to lay out
             return
         group.attrs["layout"], group.attrs["num_clients"] = ROWS, int(num_clients)
-        width = max(len(ids), 1)
+        width = max(max(len(i) for i in ids), 1)
         group.create_dataset(CLIENT_IDS, shape=(n, width), maxshape=(None, None), dtype="i4", fillvalue=-1,
                              chunks=(CLIENT_CHUNK, width))
-    width = max(group[CLIENT_IDS].shape[1], len(ids))
-    for name in values:
+    width = max(group[CLIENT_IDS].shape[1], max(len(i) for i in ids))
+    for name in dict.fromkeys(name for row in values for name in row):
         if name not in group:
             ds = group.create_dataset(name, shape=(n, width), maxshape=(None, None), dtype="f4", fillvalue=np.nan,
                                       chunks=(CLIENT_CHUNK, group[CLIENT_IDS].chunks[1]))
             ds.attrs["fill"] = fill_of(name)
     for name, ds in group.items():
-        ds.resize((n + 1, width))
-        row = np.full(width, -1 if name == CLIENT_IDS else np.nan, dtype=ds.dtype)
-        row[: len(ids)] = ids if name == CLIENT_IDS else values.get(name, ds.attrs.get("fill", np.nan))
-        ds[n] = row
+        ds.resize((n + len(ids), width))
+        block = np.full((len(ids), width), -1 if name == CLIENT_IDS else np.nan, dtype=ds.dtype)
+        for j, (row_ids, row) in enumerate(zip(ids, values)):
+            block[j, : len(row_ids)] = row_ids if name == CLIENT_IDS else row.get(name, ds.attrs.get("fill", np.nan))
+        ds[n:] = block
 
 
 class ClientTable:

@@ -10,11 +10,14 @@ grows with the clients selected, not with N. `client_table` reads either this la
 [round, client] datasets of older files as the same [round, client] view; a resumed or forked old file
 keeps its dense layout.
 
-Written by rank 0 only. `append` keeps the file open from one round to the next (reopening it each round
-cost ~1.5 ms, a tenth of a round of many tiny clients) and flushes it after every row; every other write
-closes that handle and opens, writes and closes the file as before. So between rounds the file is
-complete on disk: a running job's log can be read by `fedmpi report` or `tools/`, and a crashed job
-leaves every finished round behind. The appending handle takes no HDF5 file lock and readers open with
+Written by rank 0 only. `append` / `append_rows` keep the file open from one write to the next (reopening
+it each round cost ~1.5 ms, a tenth of a round of many tiny clients) and flush it after every batch of
+rows (the run loop writes batches at most `runtime.log_flush_s` apart, fedmpi.run.rows: HDF5 charges
+~0.4 ms per dataset and call, whatever the rows' count); every other write closes that handle and opens,
+writes and closes the file as before. So between batches the file is complete on disk: a running job's
+log can be read by `fedmpi report` or `tools/`, and a job that fails or is stopped leaves every finished
+round behind (one killed outright loses at most the rows of the last `log_flush_s`, which lie after its
+newest checkpoint: a --resume recomputes them). The appending handle takes no HDF5 file lock and readers open with
 locking off (`open_run`), so neither blocks the other; in the writing process itself, another handle
 on the file during the run must also use locking=False (HDF5 refuses mixed flags).
 
@@ -31,6 +34,7 @@ import platform
 import shutil
 import socket
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import h5py
@@ -56,6 +60,15 @@ from fedmpi.mpi import signals
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
 READ_RETRIES = 5
 METRIC_CHUNK = 256     # rows per chunk of /metrics datasets
+
+
+@dataclass(frozen=True)
+class LogRow:
+    """One round's row for `RunLog.append_rows`: as `RunLog.append`'s arguments."""
+
+    metrics: dict
+    clients: dict | None = None
+    timing: np.ndarray | None = None
 
 
 def _versions():
@@ -157,44 +170,71 @@ class RunLog:
                     g.create_dataset(name, data=np.asarray(value))
             _fsync(f)
 
-    @_held
     def append(self, metrics: dict, clients: dict | None = None, num_clients=None, timing=None):
         """One row: `metrics` maps name -> a float (missing core figures become NaN; new names get a column
         padded with NaN for earlier rounds), a string (/metrics/model_sha256) or a 1-D array (a row of a
         [round, k] figure such as class_acc); `clients` maps name -> [num_clients] array; `timing` is the
         round's [rank, phase] seconds (/timing/<phase> [round, rank])."""
+        self.append_rows([LogRow(metrics, clients, timing)], num_clients)
+
+    @_held
+    def append_rows(self, rows, num_clients=None):
+        """Rows (`LogRow`s, in round order) as `append` writes them one by one, with one resize and one write
+        per dataset for all of them (HDF5 charges ~0.4 ms per dataset and call, whatever the rows' count)."""
+        if not rows:
+            return
         f = self._file()
-        group = f["metrics"]
+        group, k = f["metrics"], len(rows)
         n = group["round"].shape[0]
-        new_metrics = {name: metrics[name] for name in set(metrics) - set(group)}
+        new_metrics = {}
+        for row in rows:
+            for name, value in row.metrics.items():
+                if name not in group and name not in new_metrics:
+                    new_metrics[name] = value
         dense = dense_layout(f["clients"])
-        if not dense:
-            ids, clients = client_row(clients or {}, num_clients or 0)
-        new_clients = [name for name in clients or {} if name not in f["clients"]]
-        new_timing = timing is not None and "timing" not in f
+        per_row = [client_row(row.clients or {}, num_clients or 0) for row in rows] if not dense else None
+        names = dict.fromkeys(name for row in rows for name in (row.clients or {}))
+        new_clients = [name for name in names if name not in f["clients"]]
+        timed = [row.timing for row in rows if row.timing is not None]
+        new_timing = bool(timed) and "timing" not in f
         grown = {"metrics": sum(_new_metric_chunk(v) for v in new_metrics.values()),
                  "clients": len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4 if dense else 0,
-                 "timing": len(PHASES) * METRIC_CHUNK * 8 * timing.shape[0] if new_timing else 0}
-        # Row n starts a new chunk of every dataset of a group when n is a multiple of its chunk rows; new
-        # datasets start theirs now. Checked before anything changes: a refused row leaves no trace.
-        ensure_room(self.path, sum(grown.values()) +
-                     (self._chunk_bytes["metrics"] + self._chunk_bytes["timing"] if n % METRIC_CHUNK == 0 else 0) +
-                     ((self._chunk_bytes["clients"] if n % CLIENT_CHUNK == 0 else 0) if dense else
-                      rows_room(f["clients"], n, len(ids), len(new_clients))))
+                 "timing": len(PHASES) * METRIC_CHUNK * 8 * timed[0].shape[0] if new_timing else 0}
+        # Row i starts a new chunk of every dataset of a group when n + i is a multiple of its chunk rows; new
+        # datasets start theirs now. Checked before anything changes: a refused batch leaves no trace.
+        need = sum(grown.values())
+        widest = max((len(ids) for ids, _ in per_row), default=0) if per_row else 0
+        for i in range(k):
+            if (n + i) % METRIC_CHUNK == 0:
+                need += self._chunk_bytes["metrics"] + self._chunk_bytes["timing"]
+            if dense:
+                need += self._chunk_bytes["clients"] if (n + i) % CLIENT_CHUNK == 0 else 0
+            else:
+                need += rows_room(f["clients"], n + i, widest, len(new_clients) if i == 0 else 0)
+        try:
+            ensure_room(self.path, need)
+        except WriteFailed:
+            if k == 1:
+                raise
+            for row in rows:        # no room for the batch: row by row, so that every row that fits lands
+                self.append_rows([row], num_clients)
+            return
         for name, more in grown.items():
             self._chunk_bytes[name] += more
         try:
             for name, value in new_metrics.items():
                 _metric_dataset(group, name, value, n, self.metric_attrs.get(name, {}))
             for name, ds in group.items():
-                ds.resize((n + 1,) + ds.shape[1:])
-                ds[n] = _cell(ds, metrics.get(name))
+                ds.resize((n + k,) + ds.shape[1:])
+                ds[n:n + k] = np.array([_cell(ds, row.metrics.get(name)) for row in rows], dtype=ds.dtype)
             if dense:
-                append_dense(f["clients"], n, clients or {}, num_clients)
+                for i, row in enumerate(rows):
+                    append_dense(f["clients"], n + i, row.clients or {}, num_clients)
             else:
-                append_rows(f["clients"], n, ids, clients, num_clients)
-            if timing is not None:
-                _append_timing(f.require_group("timing"), n, timing)
+                append_rows(f["clients"], n, [ids for ids, _ in per_row], [values for _, values in per_row],
+                            num_clients)
+            if timed:
+                _append_timing(f.require_group("timing"), n, [row.timing for row in rows])
             f.flush()
         except Exception as e:  # noqa: BLE001 - h5py raises OSError, RuntimeError... for a failed write
             self._abandon()
@@ -317,15 +357,21 @@ def _metric_dataset(group, name, value, length, attrs):
     return ds
 
 
-def _append_timing(group, n, timing):
-    """Row n of /timing/<phase> [round, rank] (NaN where a resumed run has another number of ranks)."""
+def _append_timing(group, n, timings):
+    """Rows n.. of /timing/<phase> [round, rank], one per [rank, phase] array of `timings` (NaN for a row
+    without one, or where a resumed run has another number of ranks)."""
+    ranks = next(t for t in timings if t is not None).shape[0]
     for i, phase in enumerate(PHASES):
         ds = group.get(phase)
         if ds is None:
-            ds = group.create_dataset(phase, shape=(n, timing.shape[0]), maxshape=(None, timing.shape[0]),
-                                      dtype="f8", fillvalue=np.nan, chunks=(METRIC_CHUNK, timing.shape[0]))
-        ds.resize((n + 1, ds.shape[1]))
-        ds[n] = timing[:, i] if timing.shape[0] == ds.shape[1] else np.nan
+            ds = group.create_dataset(phase, shape=(n, ranks), maxshape=(None, ranks), dtype="f8", fillvalue=np.nan,
+                                      chunks=(METRIC_CHUNK, ranks))
+        block = np.full((len(timings), ds.shape[1]), np.nan)
+        for j, timing in enumerate(timings):
+            if timing is not None and timing.shape[0] == ds.shape[1]:
+                block[j] = timing[:, i]
+        ds.resize((n + len(timings), ds.shape[1]))
+        ds[n:] = block
 
 
 def _cell(ds, value):

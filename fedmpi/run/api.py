@@ -43,6 +43,11 @@ class MemoryLog:
         self.client_rows.append(dict(clients or {}))
         self.timing_rows.append(timing)
 
+    def append_rows(self, rows, num_clients=None):
+        """`append` for each fedmpi.io.store.LogRow, in order (the run loop writes rows in batches)."""
+        for row in rows:
+            self.append(row.metrics, row.clients, num_clients, row.timing)
+
     def metrics(self):
         names = dict.fromkeys(k for row in self.rows for k in row)
         return {k: _column([row.get(k) for row in self.rows]) for k in names}

@@ -33,8 +33,6 @@ import sys
 import time
 import traceback
 
-import numpy as np
-
 import fedmpi.round.engine as engine
 from fedmpi.core import console
 from fedmpi.core.errors import (
@@ -46,7 +44,6 @@ from fedmpi.core.errors import (
     StopRequested,
     report_lines,
 )
-from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io import checkpoint
 from fedmpi.io.outdir import replacing
 from fedmpi.io.resume import load_into, set_aside
@@ -56,6 +53,7 @@ from fedmpi.mpi.base import WorkerFailed
 from fedmpi.round.experiment import Experiment
 from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
 from fedmpi.run.progress import Progress
+from fedmpi.run.rows import DeferredRows
 from fedmpi.run.tracking import Tracking
 
 INTERRUPTED = "interrupted (SIGINT)"
@@ -219,58 +217,41 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, trac
     """
     progress = Progress(cfg.rounds, first_round, cfg.runtime.progress) if comm.is_server else None
     began = time.monotonic() - wall_s
-    # Rank 0 writes a round's row right after the next round's broadcast, while the workers train, instead
-    # of keeping them waiting for it; before a checkpoint, a stop or the end it is written at once.
-    pending = []
-
-    def flush():
-        while pending:
-            pending.pop()()
-
+    # Rank 0 seals a round's row right after the next round's broadcast, while the workers train, instead of
+    # keeping them waiting for it, and writes rows in batches (fedmpi.run.rows); before a checkpoint, a stop
+    # or the end every row is written at once.
+    rows = DeferredRows(log, progress, exp.num_clients, cfg.runtime.log_flush_s, tracking, exp.metric_attrs)
     stop_votes = 0      # server: ranks that asked to stop in the latest round; the next broadcast stops them all
     try:
         for t in range(first_round, cfg.rounds):
             t0 = time.monotonic()
-            outcome = engine.run_round(exp.round_parts, t, stopping=stop_votes, after_broadcast=flush)
+            outcome = engine.run_round(exp.round_parts, t, stopping=stop_votes, after_broadcast=rows.seal)
             record = outcome.record
             if record is not None:
                 wall_s = record.metrics["wall_s"] = time.monotonic() - began
-                pending.append(functools.partial(_write_row, log, progress, exp, t, record, time.monotonic() - t0,
-                                                 tracking))
+                rows.add(t, record, time.monotonic() - t0)
                 stop_votes = outcome.stop_votes
                 if outcome.nonfinite and cfg.runtime.on_nonfinite == "stop":
                     # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
                     # workers, waiting for the next round, end with the job (as on a failure).
-                    flush()
+                    rows.flush()
                     raise Diverged(f"diverged in round {t}: {outcome.nonfinite}; the newest checkpoint holds "
                                    f"the last finite model (runtime.on_nonfinite: continue would go on)")
             if checkpoints and checkpoint.due(cfg, t + 1):
-                flush()     # a checkpoint never gets ahead of the log (--resume checks the rows)
+                rows.flush()     # a checkpoint never gets ahead of the log (--resume checks the rows)
                 checkpoint.save(exp, t + 1, wall_s)
-        flush()
+        rows.flush()
     except StopRequested as stop:
-        flush()
+        rows.flush()
         if checkpoints and not checkpoint.due(cfg, stop.round):     # else written at the end of the round
             checkpoint.save(exp, stop.round, wall_s)
         raise
     except Exception:
         try:        # a finished round's row is kept whatever ends the run (a full disk aside)
-            flush()
+            rows.flush()
         except Exception:  # noqa: BLE001 - the original error is the one to report
             pass
         raise
     finally:
         if progress:
             progress.close()
-
-
-def _write_row(log, progress, exp, t, record, seconds, tracking=None):
-    """Round t's row: the model's fingerprint (x is unchanged until the next round's update), the run log,
-    then the trackers (once the row is in run.h5; they never raise) and the progress line."""
-    metrics = record.metrics
-    metrics["model_sha256"] = fingerprint(record.model)
-    with signals.deferred():
-        log.append(metrics, record.clients, num_clients=exp.num_clients, timing=record.timing)
-    if tracking:
-        tracking.log_row(metrics.get("round", t), metrics, exp.metric_attrs, record.clients, record.timing)
-    progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan), seconds)
