@@ -238,13 +238,15 @@ def mpi_bytes_per_round(n, dim, cfg_map):
 
 # --- the reference loop -----------------------------------------------------------------------------
 
-def start_reference(cfg_map, workdir, timeout=3600, env_extra=None):
-    """Launches the reference loop in its own process (a Job; its whole-process time counts its imports too)."""
+def start_reference(cfg_map, workdir, timeout=3600, env_extra=None, share=None):
+    """Launches the reference loop in its own process (a Job; its whole-process time counts its imports too);
+    `share` (k, K): only its k-th share of each round's clients (the two-process floor)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path, out_path = workdir / "config.yaml", workdir / "reference.json"
     cfg_path.write_text(yaml.safe_dump(cfg_map, sort_keys=False))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--reference-worker", str(cfg_path), str(out_path)]
+    cmd += ["--share", str(share[0]), str(share[1])] if share else []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env_extra or {})}
 
     def collect(whole):
@@ -256,18 +258,45 @@ def start_reference(cfg_map, workdir, timeout=3600, env_extra=None):
     return Job("reference loop", cmd, env, workdir, collect, timeout)
 
 
+class FloorJob:
+    """The two-process floor ("ref x2"): K reference processes side by side, each training its share of
+    every round's clients as fedmpi's K training ranks would (one launch, one pace: each reports its rounds
+    done). A round lasts as long as its slower process: what two plain PyTorch processes on this machine
+    achieve, with no communication, server or log at all."""
+
+    def __init__(self, cfg_map, workdir, env_extra=None, processes=2):
+        self.jobs = [start_reference(cfg_map, Path(workdir) / f"share{k}", env_extra=env_extra, share=(k, processes))
+                     for k in range(processes)]
+        self.proc = self      # take_turns polls the group: any process that ended
+
+    def poll(self):
+        return next((code for code in (job.proc.poll() for job in self.jobs) if code is not None), None)
+
+    def wait(self):
+        samples = [job.wait() for job in self.jobs]
+        per_round = lambda key: [max(values) for values in zip(*(s[key] for s in samples))]  # noqa: E731
+        return {**samples[0], "rounds": per_round("rounds"), "busy_rounds": per_round("busy_rounds"),
+                "whole_s": max(s["whole_s"] for s in samples), "cpu_s": sum(s["cpu_s"] for s in samples),
+                "peak_rss_mb": [r for s in samples for r in s["peak_rss_mb"]], "training_ranks": len(samples),
+                "acc": float("nan")}
+
+    def kill(self):
+        for job in self.jobs:
+            job.kill()
+
+
 def run_reference(cfg_map, workdir, timeout=3600):
     """The reference loop alone; returns its figures."""
     return start_reference(cfg_map, workdir, timeout).wait()
 
 
-def _reference_worker(cfg_path, out_path):
+def _reference_worker(cfg_path, out_path, share=None):
     import resource
 
     with open(cfg_path) as fh:
         cfg_map = yaml.safe_load(fh)
     baton = pacing.Baton.from_env()
-    out = reference(cfg_map, pace=baton)
+    out = reference(cfg_map, pace=baton, share=share)
     out.pop("global")
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out["peak_rss_mb"] = [usage.ru_maxrss / 1024.0]
@@ -294,12 +323,13 @@ def print_table(rows, header=None, left=2, file=sys.stdout):
 
 # --- one workload, paired ----------------------------------------------------------------------------
 
-def plan_rows(wl, ranks, loop_ranks, vectorize):
-    """The fedmpi rows of workload `wl`: (label, -n, client.vectorize). The baseline (the reference loop;
-    for QS fedmpi at -n 1) is not among them: it runs before each of them in every pair."""
+def plan_rows(wl, ranks, loop_ranks, vectorize, floor=False):
+    """The rows of workload `wl`: (label, -n, client.vectorize), fedmpi's and with `floor` the two-process
+    floor ("ref x2": two reference processes, each training half of every round's clients) first. The
+    baseline (the reference loop; for QS fedmpi at -n 1) is not among them: it is paired with each."""
     if wl == "QS":
         return [(f"-n {n}", n, vectorize) for n in ranks if n > 1]
-    rows = [(f"-n {n}", n, vectorize) for n in ranks]
+    rows = ([("ref x2", FLOOR, "auto")] if floor else []) + [(f"-n {n}", n, vectorize) for n in ranks]
     return rows + [(f"-n {n} loop", n, "off") for n in loop_ranks if not (vectorize == "off" and n in ranks)]
 
 
@@ -341,8 +371,13 @@ def measure(wl, rows, pairs, base, rounds=None, pace="round"):
     return table, record, b["variation"]
 
 
+FLOOR = "floor"      # a row's -n for the two-process floor ("ref x2", FloorJob)
+
+
 def _start(cfg, n, work, env_extra=None):
-    """A fedmpi job at -n n, or the reference loop where n is None."""
+    """A fedmpi job at -n n, the reference loop where n is None, the two-process floor where n is FLOOR."""
+    if n == FLOOR:
+        return FloorJob(cfg, work, env_extra)
     if n:
         return start_fedmpi(cfg, n, work, env_extra=env_extra)
     return start_reference(cfg, work, env_extra=env_extra)
@@ -353,11 +388,12 @@ def run_pair(jobs, pace="round", turn_timeout=900):
     figures. Paced by round, both jobs are launched at once and take turns, a round each."""
     if pace == "run":
         return [_start(cfg, n, work).wait() for cfg, n, work in jobs]
+    # (a FloorJob's two processes both read `go` and both report `done`)
     turns, launched = [], []
     try:
         for cfg, n, work in jobs:
             work.mkdir(parents=True, exist_ok=True)
-            turns.append(pacing.Turns(work / "pace", n or 1))
+            turns.append(pacing.Turns(work / "pace", 2 if n == FLOOR else n or 1, 2 if n == FLOOR else 1))
             launched.append(_start(cfg, n, work, turns[-1].env))
         rounds = jobs[0][0]["rounds"]
         if not pacing.take_turns([(t, job.proc) for t, job in zip(turns, launched)], rounds, turn_timeout):
@@ -376,6 +412,9 @@ def run_pair(jobs, pace="round", turn_timeout=900):
 # Issue 30's "Done when": W1, QS, W2 and W5 at the targets' -n values, 3 pairs each, rounds shortened so
 # that the whole measurement takes about 15 minutes on a quiet 2-core machine (medians of rounds 2..).
 DONE_WHEN = {"W1": ((2, 3), 8), "QS": ((3,), 6), "W2": ((2, 3), 30), "W5": ((2, 3), 4)}
+# Where --done-when also measures the two-process floor ("ref x2"): the compute-bound workloads whose
+# targets sit near 0.50 of the reference.
+FLOOR_WORKLOADS = ("W1", "W5")
 
 
 paired = _sibling("paired")
@@ -438,6 +477,10 @@ def main(argv=None):
     p.add_argument("--pace", default="round", choices=["round", "run"],
                    help="how a pair's two runs alternate: round (default: side by side, taking turns a round at a "
                         "time, bench/pacing.py) or run (the baseline's whole run, then the row's)")
+    p.add_argument("--floor", action="store_true",
+                   help="also a row \"ref x2\": two reference processes side by side, each training half of "
+                        "every round's clients (the two-process floor of this machine; on with --done-when for "
+                        + " and ".join(FLOOR_WORKLOADS) + ")")
     p.add_argument("--vectorize", default="auto", choices=["auto", "on", "off"],
                    help="client.vectorize of the main fedmpi rows (default auto)")
     p.add_argument("--done-when", action="store_true",
@@ -452,9 +495,10 @@ def main(argv=None):
     p.add_argument("--w4-scale", type=float, default=1.0,
                    help="W4's client counts times this (a smoke test of its plumbing; default 1)")
     p.add_argument("--reference-worker", nargs=2, help=argparse.SUPPRESS)
+    p.add_argument("--share", nargs=2, type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.reference_worker:
-        _reference_worker(*args.reference_worker)
+        _reference_worker(*args.reference_worker, share=tuple(args.share) if args.share else None)
         return 0
     if args.pairs is None:
         args.pairs = 3 if args.done_when else 1
@@ -466,10 +510,10 @@ def main(argv=None):
         if args.ranks == [1, 2, 3]:
             args.ranks = [1, 2]
     if args.done_when:
-        plan = [(wl, plan_rows(wl, ranks, [], args.vectorize), args.rounds or rounds)
+        plan = [(wl, plan_rows(wl, ranks, [], args.vectorize, wl in FLOOR_WORKLOADS), args.rounds or rounds)
                 for wl, (ranks, rounds) in DONE_WHEN.items()]
     else:
-        plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize), args.rounds)
+        plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize, args.floor), args.rounds)
                 for wl in args.workloads if wl not in ("W4", "W6")]
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
     print(f"fedmpi bench: workloads {' '.join(wl for wl, *_ in plan) or '-'}, pairs {args.pairs}, cores "

@@ -62,10 +62,11 @@ class JobEnded(Exception):
 
 class Turns:
     """The driver's side for one job: `prefix` (a path in a folder of the driver's; the pipes are made here),
-    `processes` (how many of the job's processes read `go`: its MPI ranks, 1 for the reference)."""
+    `processes` (how many of the job's processes read `go`: its MPI ranks, 1 for the reference), `reporters`
+    (how many write `done` after each round: 1, or each of the independent processes of "ref x2")."""
 
-    def __init__(self, prefix, processes):
-        self.prefix, self.processes = str(prefix), int(processes)
+    def __init__(self, prefix, processes, reporters=1):
+        self.prefix, self.processes, self.reporters = str(prefix), int(processes), int(reporters)
         for end in (".go", ".done"):
             path = self.prefix + end
             if os.path.exists(path):
@@ -84,11 +85,14 @@ class Turns:
         TimeoutError after `timeout` seconds."""
         os.write(self._go, b"g" * self.processes)
         deadline = time.monotonic() + timeout
+        pending = self.reporters
         while True:
             ready, _, _ = select.select([self._done], [], [], 0.5)
             if ready:
-                os.read(self._done, 1)
-                return
+                pending -= len(os.read(self._done, pending))
+                if not pending:
+                    return
+                continue
             if proc.poll() is not None:
                 raise JobEnded(self.prefix)
             if time.monotonic() > deadline:

@@ -11,10 +11,13 @@ import math
 import time
 
 
-def reference(cfg_map, device="cpu", pace=None):
+def reference(cfg_map, device="cpu", pace=None, share=None):
     """The plain single-process loop (on `device`: bench/gpu_check.py runs it on the GPU); returns per-round
     seconds and the final accuracy. `pace` (bench/pacing.Baton, or None): wait for the turn before each
-    round, report it done after (outside the round's clock)."""
+    round, report it done after (outside the round's clock). `share` (k, K): train only the k-th of K
+    shares of each round's clients, dealt as fedmpi deals them to K training ranks
+    (fedmpi.mpi.runtime.place_clients): K such processes side by side are the two-process floor ("ref x2"),
+    whose server step averages its own share only (the timing, not the model, is the point)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -78,6 +81,11 @@ def reference(cfg_map, device="cpu", pace=None):
             pace.wait()
         t0, c0 = time.monotonic(), time.process_time()
         chosen = rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
+        if share is not None:
+            from fedmpi.mpi.runtime import place_clients
+
+            dealt = place_clients([len(parts[cid]) for cid in chosen], list(range(share[1])))
+            chosen = [cid for cid, k in zip(chosen, dealt) if k == share[0]]
         sums = [torch.zeros_like(v, dtype=torch.float64) for v in glob]
         weight = 0.0
         for cid in chosen:

@@ -144,6 +144,31 @@ def test_paced_jobs_take_strict_turns_and_never_overlap(tmp_path):
             assert span("B", 0, t)[1] <= span("A", 0, t + 1)[0]
 
 
+def test_a_turn_waits_for_every_reporter(tmp_path):
+    """The two-process floor ("ref x2"): both processes report each round; the turn ends when both have."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_PACED_JOB.replace("if proc == 0:", "if True:"))
+    log, rounds = tmp_path / "log.txt", 3
+    turns = pacing.Turns(tmp_path / "floor", 2, reporters=2)
+    procs = [subprocess.Popen([sys.executable, str(script), str(ROOT / "bench"), "F", str(i), str(rounds), str(log)],
+                              env={**os.environ, **turns.env}) for i in range(2)]
+    try:
+        for t in range(rounds):
+            turns.turn(procs[0], timeout=60)
+            done = [line.split() for line in log.read_text().splitlines()]
+            expected = [(r, q) for r in range(t + 1) for q in (0, 1)]
+            assert sorted((int(tt), int(p)) for _, p, tt, _, _ in done) == expected
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+        turns.close()
+
+
 def test_a_paced_job_that_fails_stops_the_turns(tmp_path):
     import subprocess
     import sys
