@@ -443,14 +443,20 @@ def _markdown_targets(paths):
     return docs
 
 
-def _write_markdown(docs, rows, variation, command):
+def _write_markdown(docs, rows, variation, command, pace="round"):
+    how = ("Each fedmpi run and a baseline run (the reference loop; for QS fedmpi at `-n 1`) were launched "
+           "together and took turns a round at a time (bench/pacing.py); a pair's ratio is the median over "
+           "rounds 2.. of round t's seconds over the baseline's round t" if pace == "round" else
+           "Each fedmpi run is paired with a baseline run just before it (the reference loop; for QS fedmpi at "
+           "`-n 1`); a pair's ratio is that of their medians of seconds per round (rounds 2..)")
     block = "\n".join([
         f"Measured with `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} "
-        f"cores, load {os.getloadavg()[0]:.1f} at the end). Each fedmpi run is paired with a baseline run just "
-        "before it (the reference loop; for QS fedmpi at `-n 1`); the ratio is the median of the pairs' "
-        "ratios of seconds per round (rounds 2..), min-max beside it. The host's variation (max - min of the "
-        "baseline's own runs over their median): " + ", ".join(f"{wl} {100 * v:.1f}%" for wl, v in variation.items())
-        + ".", "", paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))])
+        f"cores, load {os.getloadavg()[0]:.1f} at the end). " + how + "; the row's figure is the median of its "
+        "pairs' ratios, min-max beside it. `ref x2` is the two-process floor: two reference processes side by "
+        "side, each training the half of every round's clients that fedmpi deals a training rank, no "
+        "communication, server or log. The host's variation (max - min of the baseline's own runs over their "
+        "median): " + ", ".join(f"{wl} {100 * v:.1f}%" for wl, v in variation.items()) + ".", "",
+        paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))])
     print("\n" + block)
     for path, doc in docs.items():
         tmp = Path(f"{path}.bench-tmp")
@@ -530,7 +536,7 @@ def main(argv=None):
               "beside it; for a baseline row, its runs' spread about their median (the host's variation)")
     if docs or args.done_when:
         _write_markdown(docs, rows, variation, "python bench/bench.py " + " ".join(argv if argv is not None
-                                                                                  else sys.argv[1:]))
+                                                                                  else sys.argv[1:]), args.pace)
     if "W4" in args.workloads and not args.done_when:
         w4 = _sibling("w4")
         ranks = tuple(n for n in args.ranks if n >= 2) or w4.W4_RANKS

@@ -27,7 +27,7 @@ def _rows(num_clients):
         clients = dense_rows(num_clients, list(range(t % 3, 2 + t)))        # rows widen from 2 to 7 clients
         if t == 3:
             clients = {}                                    # a round without per-client figures
-        rows.append(LogRow(metrics, clients, timing(t) if t != 1 else None))
+        rows.append(LogRow(metrics, clients, timing(t) if t not in (1, 6) else None))     # the last without
     return rows
 
 
@@ -66,4 +66,5 @@ def test_rows_in_batches_equal_rows_one_by_one(tmp_path, batches):
         assert attrs_a.keys() == attrs_b.keys(), key
     assert a["metrics/round"][2].tolist() == list(range(7))
     assert np.isnan(a["timing/train"][2][1]).all() and a["timing/train"][2][2].tolist() == [2.0, 8.0]
+    assert a["timing/train"][0] == (6, 2)        # the last row had no timing: /timing ends a row earlier
     assert np.isnan(a["metrics/late_figure"][2][:5]).all() and a["metrics/late_figure"][2][6] == 6.0

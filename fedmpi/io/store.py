@@ -360,6 +360,8 @@ def _metric_dataset(group, name, value, length, attrs):
 def _append_timing(group, n, timings):
     """Rows n.. of /timing/<phase> [round, rank], one per [rank, phase] array of `timings` (NaN for a row
     without one, or where a resumed run has another number of ranks)."""
+    while timings[-1] is None:      # as rows one by one: a row without timing adds nothing at the end
+        timings = timings[:-1]
     ranks = next(t for t in timings if t is not None).shape[0]
     for i, phase in enumerate(PHASES):
         ds = group.get(phase)
