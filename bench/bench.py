@@ -388,11 +388,11 @@ def run_pair(jobs, pace="round", turn_timeout=900):
     figures. Paced by round, both jobs are launched at once and take turns, a round each."""
     if pace == "run":
         return [_start(cfg, n, work).wait() for cfg, n, work in jobs]
-    # (a FloorJob's two processes both read `go` and both report `done`)
     turns, launched = [], []
     try:
         for cfg, n, work in jobs:
             work.mkdir(parents=True, exist_ok=True)
+            # a FloorJob's two processes both read `go` and both report `done`
             turns.append(pacing.Turns(work / "pace", 2 if n == FLOOR else n or 1, 2 if n == FLOOR else 1))
             launched.append(_start(cfg, n, work, turns[-1].env))
         rounds = jobs[0][0]["rounds"]

@@ -30,6 +30,7 @@ def reference(cfg_map, device="cpu", pace=None, share=None):
     from fedmpi.core.train import seed_torch_on
     from fedmpi.data import load_dataset
     from fedmpi.data.server_set import split_dataset
+    from fedmpi.mpi.runtime import place_clients
 
     cfg = config.from_dict(cfg_map)
     ds = load_dataset(cfg)
@@ -82,8 +83,6 @@ def reference(cfg_map, device="cpu", pace=None, share=None):
         t0, c0 = time.monotonic(), time.process_time()
         chosen = rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
         if share is not None:
-            from fedmpi.mpi.runtime import place_clients
-
             dealt = place_clients([len(parts[cid]) for cid in chosen], list(range(share[1])))
             chosen = [cid for cid, k in zip(chosen, dealt) if k == share[0]]
         sums = [torch.zeros_like(v, dtype=torch.float64) for v in glob]

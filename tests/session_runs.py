@@ -17,7 +17,8 @@ with a dict of environment variables ({name: value, or None to unset}) that appl
 there also goes in front of the driver's sys.path for that step, so it imports plug-ins from there). Each run has
 its own `out`, so runs cannot see each other's files; a failing step fails every plan of the launch, with
 the launch's stderr. ["script", PATH, ARGS...] runs a Python file in the launch's processes (runpy, with
-sys.argv = [PATH, ARGS...]), for checks below `fedmpi run` (what each rank sees of its node).
+sys.argv = [PATH, ARGS...] and its folder first on sys.path, as `python PATH` runs it), for checks below
+`fedmpi run` (what each rank sees of its node).
 
 A plan's key may also be `nodes(K, R)`, a launch of K nodes of R ranks each: MPI's own several nodes where
 this machine allows (conftest.node_launch), else fedmpi's pretend nodes. Those launches run first.
@@ -59,6 +60,7 @@ for step in json.loads(sys.argv[1]):
     elif kind == "script":
         import runpy
         sys.argv = list(rest)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(rest[0])))     # as `python PATH` puts it there
         runpy.run_path(rest[0], run_name="__main__")
     elif MPI.COMM_WORLD.Get_rank() == 0:      # file steps on rank 0; the next run's collectives wait for it
         if kind == "copy":

@@ -208,8 +208,8 @@ class DenseChain:
         return grads, losses.detach()
 
 
-_CHAIN_LAYERS = (nn.Linear, nn.Flatten, nn.Identity, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.Tanh, nn.Sigmoid,
-                 nn.Softplus)
+# DENSE_LAYERS but Bilinear (two inputs, no place in a chain)
+_CHAIN_LAYERS = tuple(t for t in DENSE_LAYERS if t is not nn.Bilinear)
 
 
 def _chain(module):

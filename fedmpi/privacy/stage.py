@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from fedmpi.algorithms.base import REDUCE
-from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.errors import InputError
 from fedmpi.privacy import accounting, plan
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
@@ -55,11 +55,11 @@ def problems(cfg, algo_cls) -> list:
 class PrivacyStage(UploadStage):
     name = "privacy"
 
+    problems = staticmethod(problems)
+
     @classmethod
     def check(cls, cfg, algo_cls):
-        found = problems(cfg, algo_cls)
-        if found:
-            raise ConfigError(found)
+        super().check(cfg, algo_cls)
         accounting.library()        # not installed: exit 2 with the pip command
 
     def __init__(self, cfg, algo, dim):

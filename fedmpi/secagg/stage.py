@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from fedmpi.core import rng
-from fedmpi.core.errors import ConfigError
 from fedmpi.secagg import agreement, costs
 from fedmpi.secagg.checks import noise_stddev, plan_of, problems, warnings
 from fedmpi.secagg.graph import degrees
@@ -38,11 +37,7 @@ class SecAggStage(UploadStage):
     name = "secagg"
     up_scalars = 2
 
-    @classmethod
-    def check(cls, cfg, algo_cls):
-        found = problems(cfg, algo_cls)
-        if found:
-            raise ConfigError(found)
+    problems = staticmethod(problems)
 
     def __init__(self, cfg, algo, dim, kept_indices=None, epsilon_curve=None):
         """`kept_indices(round)`: the coordinates every client of the round uploads (shared rand-k), None

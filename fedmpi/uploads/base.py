@@ -19,6 +19,8 @@ default, so the broadcast and the reduction stay exactly the algorithm's):
 
 from __future__ import annotations
 
+from fedmpi.core.errors import ConfigError
+
 
 class UploadStage:
     name = ""
@@ -28,9 +30,18 @@ class UploadStage:
     header_offset = 0   # where this stage's header values start among all stages' (set by `layout`)
     up_offset = 0       # where its sums start in the reduced upload vector (set by `layout`)
 
+    @staticmethod
+    def problems(cfg, algo_cls) -> list:
+        """What makes this stage unable to serve `cfg` with algorithm class `algo_cls` (one message each)."""
+        return []
+
     @classmethod
     def check(cls, cfg, algo_cls):
-        """Raises ConfigError for an algorithm this stage cannot serve (before anything is written)."""
+        """Raises ConfigError for an algorithm this stage cannot serve (before anything is written): every
+        one of its `problems` at once."""
+        found = cls.problems(cfg, algo_cls)
+        if found:
+            raise ConfigError(found)
 
     def on_server(self):
         """Rank 0, once at set-up: work only the server needs (e.g. the privacy accountant's curve)."""

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import torch
 
-from fedmpi.core.errors import ConfigError
 from fedmpi.uploads.base import UploadStage
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,11 +69,9 @@ class WirePrecision(UploadStage):
 
     name = "wire"
 
-    @classmethod
-    def check(cls, cfg, algo_cls):
-        found = problems(cfg, algo_cls.protocol)
-        if found:
-            raise ConfigError(found)
+    @staticmethod
+    def problems(cfg, algo_cls):
+        return problems(cfg, algo_cls.protocol)
 
     def __init__(self, wire_dtype, dim):
         self.wire_dtype, self.dim = wire_dtype, dim

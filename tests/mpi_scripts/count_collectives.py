@@ -6,24 +6,15 @@ joins several nodes through their leaders (fedmpi.mpi.hierarchy), the calls on t
 as "leaders.METHOD" too.
 """
 
-import collections
 import json
 import sys
+
+from call_counter import Recorder
 
 from fedmpi import config
 from fedmpi.mpi.comm import make_comm
 from fedmpi.round.engine import run_round
 from fedmpi.round.experiment import Experiment
-
-
-class Recorder:
-    def __init__(self, inner):
-        self.inner, self.calls = inner, collections.Counter()
-
-    def __getattr__(self, name):
-        self.calls[name] += 1
-        return getattr(self.inner, name)
-
 
 cfg = config.load(sys.argv[1])
 comm = make_comm()

@@ -8,28 +8,17 @@ how many calls of each mpi4py method the rank made (the slicing under FEDMPI_MPI
 after every check passed; an assertion failure exits non-zero and aborts the job.
 """
 
-import collections
 import gc
 import json
 import sys
 
 import numpy as np
+from call_counter import Recorder
 
 from fedmpi.mpi.comm import MpiComm
 
 BIG_BYTES = 2**31 + 4096
 PRIME = 65521       # patterns i % PRIME: exact in float32 and float64, different in every slice
-
-
-class Recorder:
-    """Counts the calls made on the wrapped mpi4py communicator."""
-
-    def __init__(self, inner):
-        self.inner, self.calls = inner, collections.Counter()
-
-    def __getattr__(self, name):
-        self.calls[name] += 1
-        return getattr(self.inner, name)
 
 
 _TEMPLATES = {}
