@@ -46,12 +46,9 @@ def signalled_at(where, sig, args, tmp_path, n=None):
     """Runs `fedmpi ARGS` (under `mpiexec -n n` if given), sends `sig` once it is paused at `where` (under
     mpiexec to the whole process group, as a terminal's Ctrl-C does): (exit code, stderr)."""
     cmd = fedmpi_cmd(n, *args) if n else [sys.executable, "-m", "fedmpi", *map(str, args)]
-    # Under mpiexec the pause is long (the signal cuts it short): on a loaded machine the signal may come
-    # seconds after the marker, and a rank 0 past its pause, blocked in MPI's shared-window set-up while the
-    # other ranks sit out their grace period, could not print its line (seen once in CI with 3 s).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
                             start_new_session=bool(n),
-                            env=child_env(FEDMPI_TEST_SLEEP_AT=where, FEDMPI_TEST_SLEEP_S="20" if n else "3"))
+                            env=child_env(FEDMPI_TEST_SLEEP_AT=where, FEDMPI_TEST_SLEEP_S="3"))
     seen = b""
     try:
         deadline = time.monotonic() + CHILD_TIMEOUT_S
