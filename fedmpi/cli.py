@@ -98,14 +98,18 @@ ABORT_GRACE_S = 2.0     # how long an interrupted worker leaves rank 0 to print 
 def _abort_peers(code):
     """Ends the whole MPI job where this process is one rank of several (nothing to do otherwise). A worker
     first gives rank 0 a moment: after a Ctrl-C, which reaches every rank, rank 0's abort (after its one
-    line) should be the one that ends the job."""
+    line) should be the one that ends the job. A worker still alive after that says so itself: rank 0 did not
+    get the signal, or cannot act on it (blocked in a collective the interrupted ranks will not join)."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
         return
-    if mpi.COMM_WORLD.Get_rank() != 0:
+    rank = mpi.COMM_WORLD.Get_rank()
+    if rank != 0:
         import time
 
         time.sleep(ABORT_GRACE_S)
+        console.say(f"fedmpi: interrupted (SIGINT on rank {rank}; rank 0 did not end the job)")
+    console.drain()     # the line must reach the terminal before the abort ends the job
     mpi.COMM_WORLD.Abort(code)
 
 

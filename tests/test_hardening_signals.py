@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import h5py
@@ -21,7 +22,7 @@ import pytest
 from conftest import ROOT, fedmpi_cmd, small_config, write_config
 
 from fedmpi.algorithms.registry import lookup
-from fedmpi.cli import main
+from fedmpi.cli import RANK_VARIABLES, main
 from fedmpi.core import console
 from fedmpi.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError, InputError
 from fedmpi.deploy import availability as av
@@ -42,13 +43,17 @@ def config(tmp_path, **sections):
     return write_config(tmp_path / "c.yaml", small_config(out, **sections)), out
 
 
-def signalled_at(where, sig, args, tmp_path, n=None):
+def signalled_at(where, sig, args, tmp_path, n=None, rank=None):
     """Runs `fedmpi ARGS` (under `mpiexec -n n` if given), sends `sig` once it is paused at `where` (under
-    mpiexec to the whole process group, as a terminal's Ctrl-C does): (exit code, stderr)."""
+    mpiexec to the whole process group, as a terminal's Ctrl-C does; to that one rank's process if `rank` is
+    given): (exit code, stderr)."""
     cmd = fedmpi_cmd(n, *args) if n else [sys.executable, "-m", "fedmpi", *map(str, args)]
+    # Under mpiexec the pause is long (the signal cuts it short): the marker reaches the test through Hydra's
+    # forwarding, and a rank 0 already past a short pause, blocked in a collective the interrupted workers
+    # never join, could not print its line before their grace ran out (seen in CI with 3 s).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
                             start_new_session=bool(n),
-                            env=child_env(FEDMPI_TEST_SLEEP_AT=where, FEDMPI_TEST_SLEEP_S="3"))
+                            env=child_env(FEDMPI_TEST_SLEEP_AT=where, FEDMPI_TEST_SLEEP_S="20" if n else "3"))
     seen = b""
     try:
         deadline = time.monotonic() + CHILD_TIMEOUT_S
@@ -58,7 +63,9 @@ def signalled_at(where, sig, args, tmp_path, n=None):
             chunk = os.read(proc.stderr.fileno(), 4096) if ready else b""
             assert chunk, f"no pause at {where}; stderr so far: {seen.decode(errors='replace')}"
             seen += chunk
-        if n:
+        if rank is not None:
+            os.kill(rank_pid(tmp_path, rank), sig)
+        elif n:
             os.killpg(proc.pid, sig)
         else:
             proc.send_signal(sig)
@@ -68,6 +75,22 @@ def signalled_at(where, sig, args, tmp_path, n=None):
             os.killpg(proc.pid, signal.SIGKILL) if n else proc.kill()
             proc.wait()
     return proc.returncode, (seen + rest).decode(errors="replace")
+
+
+def rank_pid(cwd, rank):
+    """The process of MPI rank `rank` among those running in `cwd` (each test's own tmp_path), as its
+    launcher's environment names it."""
+    for entry in os.listdir("/proc"):
+        try:
+            if not entry.isdigit() or os.readlink(f"/proc/{entry}/cwd") != str(cwd):
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
+        except OSError:
+            continue
+        if any(env.get(name.encode()) == str(rank).encode() for name in RANK_VARIABLES):
+            return int(entry)
+    raise AssertionError(f"no process of rank {rank} runs in {cwd}")
 
 
 def fedmpi_lines(err):
@@ -104,6 +127,17 @@ def test_ctrl_c_while_the_data_loads_at_three_ranks_ends_the_job_with_one_line(t
     cfg, out = config(tmp_path)
     got, err = signalled_at("data", signal.SIGINT, ["run", cfg], tmp_path, n=3)
     assert got == EXIT_INTERRUPTED and fedmpi_lines(err) == ["fedmpi: interrupted"], err
+    assert "Traceback" not in err and not (out / "run.h5").exists()
+
+
+@pytest.mark.mpi
+def test_ctrl_c_at_a_worker_alone_ends_the_job_with_that_workers_line(tmp_path):
+    # `kill -INT` to rank 1 while rank 0 loads the data: rank 0 never hears of it, so the worker, after its
+    # grace, says so itself (its line reaching the terminal ahead of its abort) and ends the job.
+    cfg, out = config(tmp_path)
+    got, err = signalled_at("data", signal.SIGINT, ["run", cfg], tmp_path, n=3, rank=1)
+    assert got == EXIT_INTERRUPTED, err
+    assert fedmpi_lines(err) == ["fedmpi: interrupted (SIGINT on rank 1; rank 0 did not end the job)"], err
     assert "Traceback" not in err and not (out / "run.h5").exists()
 
 
@@ -153,6 +187,31 @@ def test_console_and_progress_write_into_a_broken_pipe_without_raising():
     finally:
         stream.close()
     assert Progress(3, 0, "auto", stream=None).mode in ("off", "bar", "lines")
+
+
+def test_drain_waits_until_the_pipe_is_read_and_no_longer():
+    # What rank 0 does before MPI_Abort: its last line must have left the pipe to mpiexec's proxy.
+    read, write = os.pipe()
+    try:
+        os.write(write, b"fedmpi: interrupted\n")
+        reader = threading.Timer(0.3, lambda: os.read(read, 100))
+        began = time.monotonic()
+        reader.start()
+        console.drain(timeout_s=5.0, fds=(write,))
+        waited = time.monotonic() - began
+        reader.join()
+        assert 0.25 < waited < 4.0, waited
+        os.write(write, b"nobody reads this\n")        # a reader that never comes costs the timeout, no more
+        began = time.monotonic()
+        console.drain(timeout_s=0.2, fds=(write,))
+        assert 0.15 < time.monotonic() - began < 2.0
+    finally:
+        os.close(read)
+        os.close(write)
+    with open(os.devnull, "w") as null:                 # not a pipe: nothing to wait for
+        began = time.monotonic()
+        console.drain(timeout_s=5.0, fds=(null.fileno(),))
+        assert time.monotonic() - began < 1.0
 
 
 # --- finding 5: bounded work ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from fedmpi.core import console
 from fedmpi.core.timing import Timer
 from fedmpi.mpi import hierarchy, large_count, node_buffers, signals
 from fedmpi.mpi.base import WorkerFailed, error_text, exit_code_of
@@ -417,6 +418,7 @@ class MpiComm:
             time.sleep(0.05)
 
     def abort(self, code):
+        console.drain()         # what this rank printed last (its error line) must not die with the job
         self.comm.Abort(code)
 
     def close(self):
