@@ -1,0 +1,117 @@
+"""runtime.memory_format (fedmpi.core.memory_format): channels-last activations change the layout only, never
+what is computed; dropout after a convolution draws the same elements; auto applies to the declared zoo
+models on the CPU only."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import small_config
+from torch import nn
+
+import fedmpi
+from fedmpi import config
+from fedmpi.core import memory_format as mf
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.flat import FlatModel
+from fedmpi.core.models import CHANNELS_LAST, build_model
+from fedmpi.core.train import LocalTrainer, schedule
+
+
+def flat_pair(name, shape):
+    """The same zoo model twice as FlatModels: PyTorch's default layout, and channels-last."""
+    cfg = config.from_dict({"data": {"name": "synthetic"}, "model": {"name": name}, "out": "unused"})
+    torch.manual_seed(0)
+    model = build_model(cfg.model, shape, 10)
+    return FlatModel(copy.deepcopy(model)), mf.use_channels_last(FlatModel(copy.deepcopy(model)))
+
+
+def relative(a, b):
+    return float((a - b).detach().norm() / b.detach().norm())
+
+
+def test_auto_means_the_declared_zoo_models_on_the_cpu_only():
+    assert CHANNELS_LAST == {"cnn_mnist", "cnn2", "pfl_cnn"}
+    assert mf.wanted("auto", "cnn_mnist", "cpu") and mf.wanted("auto", "pfl_cnn", torch.device("cpu"))
+    assert not mf.wanted("auto", "cnn_mnist", "cuda")           # not measured there
+    assert not mf.wanted("auto", "simple_cnn", "cpu")           # its own forward: not declared
+    assert not mf.wanted("auto", None, "cpu")                   # a model passed in, whatever the config names
+    assert not mf.wanted("contiguous", "cnn_mnist", "cpu")
+    assert mf.wanted("channels_last", "resnet18", "cuda")
+
+
+def test_the_layout_changes_strides_not_the_vector():
+    plain, fast = flat_pair("cnn_mnist", (1, 28, 28))
+    assert torch.equal(plain.vec, fast.vec)
+    conv1, conv2 = fast.trainable[0], fast.trainable[2]
+    # One input channel: the same memory either way, so the view into the vector gets channels-last strides.
+    assert conv1.stride() == (25, 1, 5, 1) and conv1.data_ptr() == fast.vec.data_ptr()
+    assert conv2.stride() == (800, 25, 5, 1)                    # 32 input channels: left as it is
+    seen = {}
+    fast.module[3].register_forward_hook(lambda m, i, o: seen.update(conv2=o))
+    fast.module[6].register_forward_hook(lambda m, i, o: seen.update(flatten_in=i[0]))
+    x = torch.rand(4, 1, 28, 28)
+    out = fast.module(x)
+    assert seen["conv2"].is_contiguous(memory_format=torch.channels_last) and not seen["conv2"].is_contiguous()
+    assert seen["flatten_in"].is_contiguous()                  # Flatten sees the default layout again
+    assert relative(out, plain.module(x)) < 1e-5
+
+
+def test_gradients_and_training_agree_with_the_default_layout_to_rounding():
+    plain, fast = flat_pair("cnn_mnist", (1, 28, 28))
+    x, y = torch.rand(160, 1, 28, 28), torch.randint(0, 10, (160,))
+    for f in (plain, fast):
+        f.zero_grad()
+        F.cross_entropy(f.module(x[:10]), y[:10]).backward()
+        assert f.check_grads_bound()        # the restrided weight's gradient still lands in the flat gradient
+    assert relative(fast.grad, plain.grad) < 1e-5
+    cfg = config.from_dict({"data": {"name": "synthetic"}, "out": "unused",
+                            "client": {"lr": 0.05, "batch_size": 10, "epochs": 1, "momentum": 0.5}})
+    start = plain.vec.clone()
+    for f in (plain, fast):
+        LocalTrainer(f, cfg.client, x, y).train(torch.arange(80), np.random.default_rng(3), schedule(cfg.client, 80))
+    assert relative(fast.vec - start, plain.vec - start) < 1e-4     # 8 steps with momentum
+    assert not torch.equal(fast.vec, start)
+
+
+def test_dropout_after_a_convolution_drops_the_same_elements():
+    # pfl_cnn's Dropout(0.25) follows the pooling: its mask, drawn in memory order, must hit the elements it
+    # hits in PyTorch's default layout (else the run differs from a plain loop by far more than rounding).
+    plain, fast = flat_pair("pfl_cnn", (3, 12, 12))
+    x = torch.rand(6, 3, 12, 12)
+    outs = []
+    for f in (plain, fast):
+        f.module.train()
+        torch.manual_seed(5)
+        outs.append(f.module(x))
+    assert relative(outs[1], outs[0]) < 1e-5
+    bare = copy.deepcopy(plain.module).to(memory_format=torch.channels_last).train()    # what the hooks prevent
+    torch.manual_seed(5)
+    assert relative(bare(x.contiguous(memory_format=torch.channels_last)), outs[0]) > 1e-2
+
+
+def test_runs_agree_across_layouts_and_the_key_is_checked(tmp_path):
+    cnn = small_config(tmp_path / "out", rounds=1, model={"name": "cnn_mnist"},
+                       partition={"clients": 6, "scheme": "iid"}, server={"clients_per_round": 2},
+                       client={"lr": 0.05, "batch_size": 20, "epochs": 1, "steps": 2})
+    models = {}
+    for layout in ("auto", "contiguous"):
+        models[layout] = fedmpi.simulate({**cnn, "runtime": {**cnn["runtime"], "memory_format": layout}}).model
+    gap = np.linalg.norm(models["auto"] - models["contiguous"]) / np.linalg.norm(models["contiguous"])
+    assert 0 < gap < 1e-5, gap          # auto did change the layout (rounding differs), and only the rounding
+    with pytest.raises(ConfigError, match="runtime.memory_format"):
+        config.from_dict({**cnn, "runtime": {"memory_format": "nhwc"}})
+
+
+def test_a_model_of_layers_the_hooks_do_not_know_keeps_working():
+    # Channels-last forced on a model with a Linear on 4-D input and a BatchNorm2d: the unknown leaves get
+    # the default layout back, so the result is unchanged.
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Linear(6, 3))
+    plain, fast = FlatModel(copy.deepcopy(model)), mf.use_channels_last(FlatModel(copy.deepcopy(model)))
+    x = torch.rand(3, 2, 6, 6)
+    assert relative(fast.module(x), plain.module(x)) < 1e-5
