@@ -441,13 +441,13 @@ class RuntimeConfig:
     tracking_project: str | None = None  # MLflow experiment / W&B project; null: the run folder's name
     # What the broadcast model and each client's upload are rounded to on the wire (sums stay float64 on rank 0).
     wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # The activations' layout in memory (fedmpi.core.memory_format): auto = channels_last for the zoo's CNNs that
-    # declare it, on the CPU (~20% faster there), else PyTorch's default (contiguous). Same results to rounding.
-    memory_format: Literal["auto", "contiguous", "channels_last"] = "auto"
+    # fedmpi.core.cpu_kernels: auto = channels-last activations and small batches through big dense layers as
+    # W x^T, for the zoo's CNNs that declare them, on the CPU; plain = PyTorch's defaults. Same results to rounding.
+    kernels: Literal["auto", "plain"] = "auto"
 
     def __post_init__(self):
         c = _Checks("runtime")
-        c.choice("memory_format", self.memory_format, ("auto", "contiguous", "channels_last"))
+        c.choice("kernels", self.kernels, ("auto", "plain"))
         known = ("tensorboard", "mlflow", "wandb")
         c.require(all(t in known for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
                   "trackers", list(self.trackers), f"must be a list of distinct names from {', '.join(known)}")

@@ -174,9 +174,9 @@ def _image_shape(shape, model):
     return shape
 
 
-# Zoo models that train with channels-last activations under `runtime.memory_format: auto` on the CPU
-# (fedmpi.core.memory_format): plain Sequentials of convolutions, pooling, ReLU and layers the hooks cover.
-CHANNELS_LAST = frozenset({"cnn_mnist", "cnn2", "pfl_cnn"})
+# Zoo models that train with fedmpi.core.cpu_kernels' fast paths under `runtime.kernels: auto` on the CPU:
+# plain Sequentials of convolutions, pooling, ReLU and layers the hooks cover.
+FAST_CPU_KERNELS = frozenset({"cnn_mnist", "cnn2", "pfl_cnn"})
 
 BUILDERS = {"lr": _lr, "mlp": _mlp, "cnn_mnist": _cnn_mnist, "cnn2": _cnn2, "simple_cnn": _simple_cnn,
             "lstm": _lstm, "resnet18": _resnet18, "pfl_cnn": _pfl_cnn}

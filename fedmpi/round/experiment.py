@@ -25,7 +25,7 @@ from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_clien
 from fedmpi.attacks import checks as attack_checks
 from fedmpi.attacks import malicious_clients, record
 from fedmpi.attacks.data import DataPoison, backdoor_test_set
-from fedmpi.core import memory_format, rng
+from fedmpi.core import cpu_kernels, rng
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 from fedmpi.core.models import build_model, check_takes
@@ -96,14 +96,14 @@ class Experiment:
         set_deterministic(cfg.runtime.deterministic)      # before the device's first kernels
         self.device = pick_device(cfg.runtime.device, node.local_rank)
         self.split = build_partition(cfg, self.dataset, parts)
-        zoo_model = model is None       # `memory_format: auto` trusts only the zoo's own declared models
+        zoo_model = model is None       # `kernels: auto` trusts only the zoo's own declared models
         if model is None:
             rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
             model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes)
             check_takes(model, cfg, self.dataset.x_train, self.dataset.num_classes)   # before any file is written
         self.flat = FlatModel(model, self.device)
-        if memory_format.wanted(cfg.runtime.memory_format, cfg.model.name if zoo_model else None, self.device):
-            memory_format.use_channels_last(self.flat)
+        if cpu_kernels.wanted(cfg.runtime.kernels, cfg.model.name if zoo_model else None, self.device):
+            cpu_kernels.use_fast_kernels(self.flat)
         algo_cls = lookup(cfg.algorithm.name)
         algo_cls.check(cfg, self.flat)
         split = personal_split(cfg, self.flat, algo_cls)     # the entries that stay with each client (or None)

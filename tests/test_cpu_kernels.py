@@ -1,6 +1,6 @@
-"""runtime.memory_format (fedmpi.core.memory_format): channels-last activations change the layout only, never
-what is computed; dropout after a convolution draws the same elements; auto applies to the declared zoo
-models on the CPU only."""
+"""runtime.kernels (fedmpi.core.cpu_kernels): channels-last activations and small batches as W x^T change the
+layout and the order of sums only, never what is computed; dropout draws the same elements; auto applies to
+the declared zoo models on the CPU only."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ from torch import nn
 
 import fedmpi
 from fedmpi import config
-from fedmpi.core import memory_format as mf
+from fedmpi.core import cpu_kernels as ck
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
-from fedmpi.core.models import CHANNELS_LAST, build_model
+from fedmpi.core.models import FAST_CPU_KERNELS, build_model
 from fedmpi.core.train import LocalTrainer, schedule
 
 
 def flat_pair(name, shape):
-    """The same zoo model twice as FlatModels: PyTorch's default layout, and channels-last."""
+    """The same zoo model twice as FlatModels: PyTorch's defaults, and the fast kernels."""
     cfg = config.from_dict({"data": {"name": "synthetic"}, "model": {"name": name}, "out": "unused"})
     torch.manual_seed(0)
     model = build_model(cfg.model, shape, 10)
-    return FlatModel(copy.deepcopy(model)), mf.use_channels_last(FlatModel(copy.deepcopy(model)))
+    return FlatModel(copy.deepcopy(model)), ck.use_fast_kernels(FlatModel(copy.deepcopy(model)))
 
 
 def relative(a, b):
@@ -35,13 +35,12 @@ def relative(a, b):
 
 
 def test_auto_means_the_declared_zoo_models_on_the_cpu_only():
-    assert CHANNELS_LAST == {"cnn_mnist", "cnn2", "pfl_cnn"}
-    assert mf.wanted("auto", "cnn_mnist", "cpu") and mf.wanted("auto", "pfl_cnn", torch.device("cpu"))
-    assert not mf.wanted("auto", "cnn_mnist", "cuda")           # not measured there
-    assert not mf.wanted("auto", "simple_cnn", "cpu")           # its own forward: not declared
-    assert not mf.wanted("auto", None, "cpu")                   # a model passed in, whatever the config names
-    assert not mf.wanted("contiguous", "cnn_mnist", "cpu")
-    assert mf.wanted("channels_last", "resnet18", "cuda")
+    assert FAST_CPU_KERNELS == {"cnn_mnist", "cnn2", "pfl_cnn"}
+    assert ck.wanted("auto", "cnn_mnist", "cpu") and ck.wanted("auto", "pfl_cnn", torch.device("cpu"))
+    assert not ck.wanted("auto", "cnn_mnist", "cuda")           # not measured there
+    assert not ck.wanted("auto", "simple_cnn", "cpu")           # its own forward: not declared
+    assert not ck.wanted("auto", None, "cpu")                   # a model passed in, whatever the config names
+    assert not ck.wanted("plain", "cnn_mnist", "cpu")
 
 
 def test_the_layout_changes_strides_not_the_vector():
@@ -99,19 +98,37 @@ def test_runs_agree_across_layouts_and_the_key_is_checked(tmp_path):
                        partition={"clients": 6, "scheme": "iid"}, server={"clients_per_round": 2},
                        client={"lr": 0.05, "batch_size": 20, "epochs": 1, "steps": 2})
     models = {}
-    for layout in ("auto", "contiguous"):
-        models[layout] = fedmpi.simulate({**cnn, "runtime": {**cnn["runtime"], "memory_format": layout}}).model
-    gap = np.linalg.norm(models["auto"] - models["contiguous"]) / np.linalg.norm(models["contiguous"])
-    assert 0 < gap < 1e-5, gap          # auto did change the layout (rounding differs), and only the rounding
-    with pytest.raises(ConfigError, match="runtime.memory_format"):
-        config.from_dict({**cnn, "runtime": {"memory_format": "nhwc"}})
+    for kernels in ("auto", "plain"):
+        models[kernels] = fedmpi.simulate({**cnn, "runtime": {**cnn["runtime"], "kernels": kernels}}).model
+    gap = np.linalg.norm(models["auto"] - models["plain"]) / np.linalg.norm(models["plain"])
+    assert 0 < gap < 1e-5, gap          # auto did take other kernels (rounding differs), and only the rounding
+    with pytest.raises(ConfigError, match="runtime.kernels"):
+        config.from_dict({**cnn, "runtime": {"kernels": "fast"}})
 
 
 def test_a_model_of_layers_the_hooks_do_not_know_keeps_working():
-    # Channels-last forced on a model with a Linear on 4-D input and a BatchNorm2d: the unknown leaves get
-    # the default layout back, so the result is unchanged.
+    # The fast paths on a model with a Linear on 4-D input and a BatchNorm2d: the unknown leaves get the
+    # default layout back, so the result is unchanged.
     torch.manual_seed(1)
     model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Linear(6, 3))
-    plain, fast = FlatModel(copy.deepcopy(model)), mf.use_channels_last(FlatModel(copy.deepcopy(model)))
+    plain, fast = FlatModel(copy.deepcopy(model)), ck.use_fast_kernels(FlatModel(copy.deepcopy(model)))
     x = torch.rand(3, 2, 6, 6)
     assert relative(fast.module(x), plain.module(x)) < 1e-5
+
+
+def test_big_dense_layers_take_small_batches_as_w_times_x_transposed():
+    plain, fast = flat_pair("cnn_mnist", (1, 28, 28))
+    fc1, fc2 = fast.module[7], fast.module[9]
+    assert type(fc1) is ck.SmallBatchLinear and type(fc2) is nn.Linear       # 3136 x 512 swapped, 512 x 10 not
+    assert fast.vec.data_ptr() <= fc1.weight.data_ptr() < fast.vec.data_ptr() + 4 * fast.dim   # still a view
+    for rows in (3, 10, ck.SWAP_MAX_BATCH, ck.SWAP_MAX_BATCH + 1):     # both sides of the batch rule
+        x = torch.rand(rows, 3136)
+        got, want = fc1(x), F.linear(x, fc1.weight, fc1.bias)
+        assert got.shape == want.shape and relative(got, want) < 1e-5
+        assert got.is_contiguous() == (rows > ck.SWAP_MAX_BATCH)       # W x^T's result is a transposed view
+    seen = {}
+    fc2.register_forward_pre_hook(lambda m, args: seen.update(fc2_in=args[0]))
+    fast.module(torch.rand(4, 1, 28, 28))
+    assert seen["fc2_in"].is_contiguous()      # the small layer after it gets the default layout back
+    copied = copy.deepcopy(fast.module)        # a copy (MOON's previous model, a shadow) keeps the class
+    assert type(copied[7]) is ck.SmallBatchLinear

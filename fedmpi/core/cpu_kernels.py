@@ -1,0 +1,94 @@
+"""Faster CPU kernels for the zoo's CNNs (`runtime.kernels: auto`), the same arithmetic to float rounding.
+
+Two things a plain PyTorch loop leaves on the table on the CPU at federated batch sizes (one thread, batches
+of 10; docs/performance.md has the measurements):
+- **Channels-last activations.** oneDNN's convolutions and PyTorch's max pooling are much faster on NHWC
+  than on NCHW tensors: a cnn_mnist step took ~20% less time.
+- **Small batches through big dense layers as W xᵀ.** MKL's sgemm computes `x Wᵀ` for 10 rows of 3136
+  inputs and 512 outputs in ~1.1 ms and `(W xᵀ)ᵀ` in ~0.5 ms: the same products, summed in another order.
+
+Neither changes an operation, only the order of elements in memory and of the terms in a sum, so results
+agree with PyTorch's defaults to float rounding; every rank takes the same paths, so `-n` invariance and
+resume still hold bit for bit.
+
+What it takes, for an `nn.Sequential`-style model whose layers are its own leaf modules:
+- the model's input is made channels-last (a copy, for images of more than one channel);
+- a 4-D weight whose two layouts are the same memory (one input channel, or a 1x1 kernel) is given
+  channels-last strides over its view into the flat vector, at no cost: its convolution then writes NHWC
+  even where the input's layout is ambiguous (one-channel images);
+- every `nn.Linear` of at least SWAP_MIN_WEIGHTS weights becomes a `SmallBatchLinear` (the class swapped,
+  the parameters kept), which computes `(W xᵀ)ᵀ` for batches of at most SWAP_MAX_BATCH rows (where it was
+  measured faster) and `x Wᵀ` otherwise: a rule on shapes, never on timings, so every rank decides alike;
+- every other leaf module outside `KEEPS_LAYOUT` (dropout, flatten, small linear layers, ...) gets its
+  inputs back in the default contiguous layout first, so that what it does, and which elements its random
+  draws hit, is what it does under PyTorch's defaults: pfl_cnn's dropouts drop the same elements.
+
+A model's own `forward` that reshapes with `.view` or draws from tensors itself would not be covered by these
+hooks, so `auto` applies them only to the zoo models that declare it (`models.FAST_CPU_KERNELS`), built by
+fedmpi, and only on the CPU, where they were measured."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+CHANNELS_LAST = torch.channels_last
+SWAP_MIN_WEIGHTS = 1 << 16     # dense layers smaller than this were measured slower as W xᵀ (5 vs 7.6 us)
+SWAP_MAX_BATCH = 64            # 0.47 of the time at 10 rows, 0.79 at 64, about even at 100 (3136 x 512)
+
+# Leaf modules that take and give activations in either layout with the same result (to float rounding).
+KEEPS_LAYOUT = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.ReLU)
+
+
+def wanted(setting, model_name, device) -> bool:
+    """Whether `runtime.kernels` = `setting` gives this run's model the fast paths (`model_name` None: the
+    model was passed in, not built from the zoo)."""
+    from fedmpi.core.models import FAST_CPU_KERNELS
+
+    return setting == "auto" and model_name in FAST_CPU_KERNELS and torch.device(device).type == "cpu"
+
+
+class SmallBatchLinear(nn.Linear):
+    """nn.Linear that computes a small batch as (W xᵀ)ᵀ (see the module docstring); its output is then the
+    transpose of a contiguous tensor, which the next layer outside KEEPS_LAYOUT gets contiguous."""
+
+    def forward(self, x):
+        if x.dim() != 2 or x.shape[0] > SWAP_MAX_BATCH:
+            return super().forward(x)
+        if self.bias is None:
+            return (self.weight @ x.t()).t()
+        return torch.addmm(self.bias.unsqueeze(1), self.weight, x.t()).t()
+
+
+def use_fast_kernels(flat):
+    """Gives the FlatModel `flat` the fast paths of the module docstring. The parameters stay views into
+    `flat.vec`, in the same element order; only classes, hooks and strides change."""
+    module = flat.module
+    for p in flat.trainable:
+        if p.dim() == 4 and p.data.is_contiguous(memory_format=CHANNELS_LAST):    # the same memory either way
+            p.data = p.data.as_strided(p.shape, _channels_last_strides(p.shape))
+    module.register_forward_pre_hook(_to_channels_last)
+    for leaf in module.modules():
+        if type(leaf) is nn.Linear and leaf.weight.numel() >= SWAP_MIN_WEIGHTS:
+            leaf.__class__ = SmallBatchLinear
+        if leaf is not module and not list(leaf.children()) and not isinstance(leaf, KEEPS_LAYOUT):
+            leaf.register_forward_pre_hook(_to_default_layout)
+    return flat
+
+
+def _channels_last_strides(shape):
+    n, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
+
+
+def _to_channels_last(module, args):
+    x = args[0] if args else None
+    if isinstance(x, torch.Tensor) and x.dim() == 4 and not x.is_contiguous(memory_format=CHANNELS_LAST):
+        return (x.contiguous(memory_format=CHANNELS_LAST), *args[1:])
+    return None
+
+
+def _to_default_layout(module, args):
+    if any(isinstance(a, torch.Tensor) and not a.is_contiguous() for a in args):
+        return tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+    return None
