@@ -132,3 +132,43 @@ def test_big_dense_layers_take_small_batches_as_w_times_x_transposed():
     assert seen["fc2_in"].is_contiguous()      # the small layer after it gets the default layout back
     copied = copy.deepcopy(fast.module)        # a copy (MOON's previous model, a shadow) keeps the class
     assert type(copied[7]) is ck.SmallBatchLinear
+
+
+def one_step_config(**client):
+    return config.from_dict({"data": {"name": "synthetic"}, "out": "unused",
+                             "client": {"lr": 0.05, "batch_size": 10, "epochs": 1, "steps": 1, **client}})
+
+
+@pytest.mark.parametrize("client, loss_fn, fused", [({}, None, True), ({"momentum": 0.9}, None, False),
+                                                    ({"weight_decay": 1e-3}, None, False),
+                                                    ({}, "own", False)])
+def test_big_dense_layers_step_themselves_only_under_plain_sgd_on_the_plain_loss(client, loss_fn, fused):
+    plain, fast = flat_pair("cnn_mnist", (1, 28, 28))
+    cfg = one_step_config(**client)
+    x, y = torch.rand(10, 1, 28, 28), torch.randint(0, 10, (10,))
+    seen = []
+    fast.module[7].register_forward_hook(lambda m, i, o: seen.append(m.fused_lr))
+    start = plain.vec.clone()
+    for f in (plain, fast):
+        trainer = LocalTrainer(f, cfg.client, x, y)
+        own = (lambda xb, yb, t=trainer: t.loss(xb, yb)) if loss_fn else None
+        trainer.train(torch.arange(10), np.random.default_rng(0), schedule(cfg.client, 10), loss_fn=own)
+    assert seen == [0.05 if fused else None] and fast.module[7].fused_lr is None     # and reset after
+    assert relative(fast.vec - start, plain.vec - start) < 1e-5         # the same step, to rounding
+
+
+def test_a_fused_step_is_plain_sgd_to_rounding_and_frozen_layers_keep_their_weights():
+    torch.manual_seed(2)
+    x, g = torch.rand(10, 300), torch.rand(10, 400)
+    layer = ck.SmallBatchLinear(300, 400)
+    w0, b0 = layer.weight.detach().clone(), layer.bias.detach().clone()
+    x.requires_grad_(True)
+    with ck.fused_sgd(layer, 0.1):
+        (layer(x) * g).sum().backward()
+    assert layer.weight.grad is None and layer.bias.grad is None                # never made
+    assert torch.allclose(layer.weight, w0 - 0.1 * g.t() @ x.detach(), atol=1e-6)
+    assert torch.allclose(layer.bias, b0 - 0.1 * g.sum(0), atol=1e-6)
+    assert torch.allclose(x.grad, g @ w0, atol=1e-5)                            # from the weight as it was
+    layer.weight.requires_grad_(False)                                          # e.g. a frozen body
+    with ck.fused_sgd(layer, 0.1):
+        assert layer.fused_lr is None

@@ -29,6 +29,8 @@ fedmpi, and only on the CPU, where they were measured."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -50,14 +52,62 @@ def wanted(setting, model_name, device) -> bool:
 
 class SmallBatchLinear(nn.Linear):
     """nn.Linear that computes a small batch as (W xᵀ)ᵀ (see the module docstring); its output is then the
-    transpose of a contiguous tensor, which the next layer outside KEEPS_LAYOUT gets contiguous."""
+    transpose of a contiguous tensor, which the next layer outside KEEPS_LAYOUT gets contiguous. Inside
+    `fused_sgd` it also takes its own plain SGD step in the backward pass (`_FusedSGD`)."""
+
+    fused_lr = None         # set by `fused_sgd` for the duration of a client's local steps
 
     def forward(self, x):
         if x.dim() != 2 or x.shape[0] > SWAP_MAX_BATCH:
             return super().forward(x)
+        if self.fused_lr is not None and torch.is_grad_enabled():
+            return _FusedSGD.apply(x, self.weight, self.bias, self.fused_lr)
         if self.bias is None:
             return (self.weight @ x.t()).t()
         return torch.addmm(self.bias.unsqueeze(1), self.weight, x.t()).t()
+
+
+class _FusedSGD(torch.autograd.Function):
+    """(W xᵀ)ᵀ + b whose backward, after the input's gradient (from W as it was), steps W -= lr gᵀ x and
+    b -= lr Σ g in place, as one GEMM with beta 1: the weight's gradient is never made. For 3136 x 512 that
+    saves allocating, writing and reading back 6.4 MB a step (a fresh tensor each time: the kernel's page
+    faults included). Returns no gradient for W and b (the flat path's hooks then have nothing to step)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, lr):
+        ctx.save_for_backward(x, weight)
+        ctx.lr, ctx.has_bias = lr, bias is not None
+        ctx.bias = bias
+        if bias is None:
+            return (weight @ x.t()).t()
+        return torch.addmm(bias.unsqueeze(1), weight, x.t()).t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+        with torch.no_grad():
+            weight.addmm_(grad.t(), x, alpha=-ctx.lr)
+            if ctx.has_bias:
+                ctx.bias.add_(grad.sum(0), alpha=-ctx.lr)
+        return grad_x, None, None, None
+
+
+@contextlib.contextmanager
+def fused_sgd(module, lr):
+    """While open, `module`'s SmallBatchLinear layers whose parameters all train step themselves in the
+    backward pass with plain SGD at `lr` (no momentum, no weight decay: the caller's to check), the step
+    `LocalTrainer` would take; every other parameter steps as before. Only for a loss that runs `module`
+    once per step (a second forward would find its weight changed under it)."""
+    layers = [m for m in module.modules() if isinstance(m, SmallBatchLinear)
+              and all(p.requires_grad for p in m.parameters())]
+    for layer in layers:
+        layer.fused_lr = lr
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.fused_lr = None
 
 
 def use_fast_kernels(flat):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedmpi.core import rng
+from fedmpi.core import cpu_kernels, rng
 
 
 @dataclass(frozen=True)
@@ -109,10 +109,15 @@ class LocalTrainer:
         seen = 0
         loss_of = loss_fn or self.loss
         # Without a grad_hook nothing needs the whole gradient at once: each parameter steps inside the backward
-        # pass. The two ways give bit-identical parameters (the same element-wise operations; tested).
+        # pass. The two ways give bit-identical parameters (the same element-wise operations; tested). Plain
+        # SGD on the plain loss also lets the fast kernels' big dense layers step themselves inside their own
+        # backward (cpu_kernels.fused_sgd: the same step to rounding, never their gradient made).
         if grad_hook is None:
             step = self._steps_in_backward(lr)
-            stepping = flat.stepping_in_backward(lambda i, p, grad: self._param_step(i, p, grad, lr))
+            stepping = contextlib.ExitStack()
+            stepping.enter_context(flat.stepping_in_backward(lambda i, p, grad: self._param_step(i, p, grad, lr)))
+            if loss_fn is None and not (self.cfg.weight_decay or self.momentum_buf is not None):
+                stepping.enter_context(cpu_kernels.fused_sgd(module, lr))
         else:
             step, stepping = self._flat_step(lr, grad_hook), contextlib.nullcontext()
         with stepping:
