@@ -265,12 +265,18 @@ class FloorJob:
     achieve, with no communication, server or log at all."""
 
     def __init__(self, cfg_map, workdir, env_extra=None, processes=2):
-        self.jobs = [start_reference(cfg_map, Path(workdir) / f"share{k}", env_extra=env_extra, share=(k, processes))
+        paced = bool(env_extra and pacing.ENV in env_extra)     # then each process reads a `go` pipe of its own
+        self.jobs = [start_reference(cfg_map, Path(workdir) / f"share{k}", share=(k, processes),
+                                     env_extra={**env_extra, pacing.PART_ENV: str(k)} if paced else env_extra)
                      for k in range(processes)]
-        self.proc = self      # take_turns polls the group: any process that ended
+        self.proc = self      # take_turns polls the group
 
     def poll(self):
-        return next((code for code in (job.proc.poll() for job in self.jobs) if code is not None), None)
+        """A failed process's exit code, or 0 once all have ended; None while any runs. (One that finished its
+        last round may end while the other still runs that round: the turn is not over then.)"""
+        codes = [job.proc.poll() for job in self.jobs]
+        failed = [code for code in codes if code not in (None, 0)]
+        return failed[0] if failed else (0 if all(code == 0 for code in codes) else None)
 
     def wait(self):
         samples = [job.wait() for job in self.jobs]

@@ -24,6 +24,11 @@ import select
 import time
 
 ENV = "FEDMPI_BENCH_PACE"
+# The k-th of a job's independent processes ("ref x2") reads its own `go` pipe, `<prefix>.go<k>`: from one
+# shared pipe, the first to finish a round could read the byte meant for the other, not yet at its first
+# wait, and run ahead. (A job's MPI ranks share one pipe safely: no rank finishes a round the others have
+# not started.)
+PART_ENV = "FEDMPI_BENCH_PACE_PART"
 
 
 class Baton:
@@ -31,22 +36,23 @@ class Baton:
     timekeeper only). `waited` is the seconds spent waiting for turns, which the job's whole-process time
     leaves out."""
 
-    def __init__(self, prefix):
+    def __init__(self, prefix, part=None):
         self.prefix = str(prefix)
+        self.go_path = self.prefix + (".go" if part is None else f".go{part}")
         self._go = self._done = None
         self.waited = 0.0
 
     @classmethod
     def from_env(cls):
-        prefix = os.environ.get(ENV)
-        return cls(prefix) if prefix else None
+        prefix, part = os.environ.get(ENV), os.environ.get(PART_ENV)
+        return cls(prefix, int(part) if part else None) if prefix else None
 
     def wait(self):
         began = time.monotonic()
         if self._go is None:
-            self._go = os.open(self.prefix + ".go", os.O_RDONLY)
+            self._go = os.open(self.go_path, os.O_RDONLY)
         if not os.read(self._go, 1):
-            raise RuntimeError(f"{ENV}: the benchmark's driver closed {self.prefix}.go")
+            raise RuntimeError(f"{ENV}: the benchmark's driver closed {self.go_path}")
         self.waited += time.monotonic() - began
 
     def done(self):
@@ -63,27 +69,38 @@ class JobEnded(Exception):
 class Turns:
     """The driver's side for one job: `prefix` (a path in a folder of the driver's; the pipes are made here),
     `processes` (how many of the job's processes read `go`: its MPI ranks, 1 for the reference), `reporters`
-    (how many write `done` after each round: 1, or each of the independent processes of "ref x2")."""
+    (how many write `done` after each round: 1, or each of the independent processes of "ref x2", which then
+    read a `go` pipe each: `part_env(k)`)."""
 
     def __init__(self, prefix, processes, reporters=1):
         self.prefix, self.processes, self.reporters = str(prefix), int(processes), int(reporters)
-        for end in (".go", ".done"):
+        go_ends = [".go"] if self.reporters == 1 else [f".go{k}" for k in range(self.reporters)]
+        self._ends = [*go_ends, ".done"]
+        for end in self._ends:
             path = self.prefix + end
             if os.path.exists(path):
                 os.unlink(path)
             os.mkfifo(path)
         # Read-write opens of a FIFO do not block, and keep both pipes open whichever side opens first.
-        self._go = os.open(self.prefix + ".go", os.O_RDWR)
+        self._gos = [os.open(self.prefix + end, os.O_RDWR) for end in go_ends]
         self._done = os.open(self.prefix + ".done", os.O_RDWR)
 
     @property
     def env(self):
         return {ENV: self.prefix}
 
+    def part_env(self, k):
+        """The environment of the k-th independent process (reporters > 1)."""
+        return {ENV: self.prefix, PART_ENV: str(k)}
+
     def turn(self, proc, timeout):
         """Lets the job run one round and waits until it has; JobEnded where `proc` (its Popen) ends first,
         TimeoutError after `timeout` seconds."""
-        os.write(self._go, b"g" * self.processes)
+        if len(self._gos) == 1:
+            os.write(self._gos[0], b"g" * self.processes)
+        else:
+            for go in self._gos:
+                os.write(go, b"g")
         deadline = time.monotonic() + timeout
         pending = self.reporters
         while True:
@@ -99,9 +116,9 @@ class Turns:
                 raise TimeoutError(f"{self.prefix}: no round finished in {timeout:.0f} s")
 
     def close(self):
-        for fd in (self._go, self._done):
+        for fd in (*self._gos, self._done):
             os.close(fd)
-        for end in (".go", ".done"):
+        for end in self._ends:
             try:
                 os.unlink(self.prefix + end)
             except FileNotFoundError:

@@ -1,15 +1,16 @@
 """Faster CPU kernels for the zoo's CNNs (`runtime.kernels: auto`), the same arithmetic to float rounding.
 
-Two things a plain PyTorch loop leaves on the table on the CPU at federated batch sizes (one thread, batches
-of 10; docs/performance.md has the measurements):
+Three things a plain PyTorch loop leaves on the table on the CPU at federated batch sizes (one thread, batches
+of 10; docs/performance.md has the measurements, bench/kernels.py measures them again):
 - **Channels-last activations.** oneDNN's convolutions and PyTorch's max pooling are much faster on NHWC
   than on NCHW tensors: a cnn_mnist step took ~20% less time.
 - **Small batches through big dense layers as W xᵀ.** MKL's sgemm computes `x Wᵀ` for 10 rows of 3136
   inputs and 512 outputs in ~1.1 ms and `(W xᵀ)ᵀ` in ~0.5 ms: the same products, summed in another order.
+- **Those layers' SGD step inside their own backward** (`fused_sgd`), so their weight gradient is never made.
 
-Neither changes an operation, only the order of elements in memory and of the terms in a sum, so results
-agree with PyTorch's defaults to float rounding; every rank takes the same paths, so `-n` invariance and
-resume still hold bit for bit.
+None changes an operation, only the order of elements in memory and of the terms in a sum, so results agree
+with PyTorch's defaults to float rounding; every rank takes the same paths, so `-n` invariance and resume
+still hold bit for bit.
 
 What it takes, for an `nn.Sequential`-style model whose layers are its own leaf modules:
 - the model's input is made channels-last (a copy, for images of more than one channel);

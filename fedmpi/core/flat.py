@@ -78,8 +78,8 @@ class FlatModel:
     def stepping_in_backward(self, step):
         """While open, `backward()` calls `step(i, p, g)` for trainable parameter i as soon as its gradient
         g is complete (a post-accumulate-grad hook; not for one that got no gradient), then drops g; `grad` is
-        not written. The hooks exist only
-        inside the block (a module copied outside it carries none), and the views are bound again after it."""
+        not written. The hooks exist only inside the block (a module copied outside it carries none), and the
+        views are bound again after it."""
         def ready(i, p):
             if p.grad is not None:      # None: a layer that stepped itself (cpu_kernels.fused_sgd)
                 step(i, p, p.grad)
