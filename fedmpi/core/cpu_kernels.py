@@ -63,9 +63,14 @@ class SmallBatchLinear(nn.Linear):
             return super().forward(x)
         if self.fused_lr is not None and torch.is_grad_enabled():
             return _FusedSGD.apply(x, self.weight, self.bias, self.fused_lr)
-        if self.bias is None:
-            return (self.weight @ x.t()).t()
-        return torch.addmm(self.bias.unsqueeze(1), self.weight, x.t()).t()
+        return _swapped(x, self.weight, self.bias)
+
+
+def _swapped(x, weight, bias):
+    """(W xᵀ)ᵀ + b: F.linear's result with the GEMM the other way round."""
+    if bias is None:
+        return (weight @ x.t()).t()
+    return torch.addmm(bias.unsqueeze(1), weight, x.t()).t()
 
 
 class _FusedSGD(torch.autograd.Function):
@@ -77,11 +82,8 @@ class _FusedSGD(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, lr):
         ctx.save_for_backward(x, weight)
-        ctx.lr, ctx.has_bias = lr, bias is not None
-        ctx.bias = bias
-        if bias is None:
-            return (weight @ x.t()).t()
-        return torch.addmm(bias.unsqueeze(1), weight, x.t()).t()
+        ctx.lr, ctx.bias = lr, bias
+        return _swapped(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -89,7 +91,7 @@ class _FusedSGD(torch.autograd.Function):
         grad_x = grad @ weight if ctx.needs_input_grad[0] else None
         with torch.no_grad():
             weight.addmm_(grad.t(), x, alpha=-ctx.lr)
-            if ctx.has_bias:
+            if ctx.bias is not None:
                 ctx.bias.add_(grad.sum(0), alpha=-ctx.lr)
         return grad_x, None, None, None
 
