@@ -68,3 +68,42 @@ def test_rows_in_batches_equal_rows_one_by_one(tmp_path, batches):
     assert np.isnan(a["timing/train"][2][1]).all() and a["timing/train"][2][2].tolist() == [2.0, 8.0]
     assert a["timing/train"][0] == (6, 2)        # the last row had no timing: /timing ends a row earlier
     assert np.isnan(a["metrics/late_figure"][2][:5]).all() and a["metrics/late_figure"][2][6] == 6.0
+
+
+def test_a_row_is_written_after_the_next_broadcast_never_before_it():
+    """DeferredRows: `add` (between rounds, before the next broadcast the workers wait for) only queues the
+    row; `seal` (right after the broadcast) fingerprints it and writes the batch once its oldest row has
+    waited `flush_s`; `flush` writes everything."""
+    from types import SimpleNamespace
+
+    from fedmpi.run.rows import DeferredRows
+
+    class Log:
+        def __init__(self):
+            self.writes = []
+
+        def append_rows(self, rows, num_clients):
+            self.writes.append([r.metrics["round"] for r in rows])
+
+    def record(t):
+        return SimpleNamespace(metrics={"round": t}, clients={}, timing=None, model=np.full(4, t, np.float32))
+
+    log = Log()
+    rows = DeferredRows(log, None, 2, flush_s=0.0)      # every sealed row due at once
+    rows.add(0, record(0), 1.0)
+    assert log.writes == []                 # round 0's row waits for round 1's broadcast
+    rows.seal()
+    assert log.writes == [[0]]
+    rows.add(1, record(1), 1.0)
+    rows.add(2, record(2), 1.0)             # no broadcast sealed round 1's row: sealed here, still not written
+    assert log.writes == [[0]]
+    rows.flush()
+    assert log.writes == [[0], [1, 2]]
+    slow = DeferredRows(log := Log(), None, 2, flush_s=3600.0)
+    slow.add(0, record(0), 1.0)
+    slow.seal()
+    slow.add(1, record(1), 1.0)
+    slow.seal()
+    assert log.writes == []                 # not due yet
+    slow.flush()
+    assert log.writes == [[0, 1]]

@@ -33,12 +33,19 @@ class DeferredRows:
 
     def add(self, t, record, seconds):
         """Round t's record (fedmpi.round.engine.RoundRecord), `seconds` its wall time; sealed by the next
-        `seal` (after the next broadcast) or `flush`."""
-        self.seal()
+        `seal` (after the next broadcast) or `flush`. Writes nothing: `add` comes before the next broadcast,
+        which the workers wait for (a batch's write, ~12 ms for the quickstart's rows, used to fall due here
+        about once a second)."""
+        self._seal_waiting()        # (only where no broadcast sealed the previous row)
         self._waiting = (t, record, seconds)
 
     def seal(self):
         """The waiting row's fingerprint, while its model is unchanged; the batch goes to the log when due."""
+        self._seal_waiting()
+        if self._batch and time.monotonic() - self._oldest >= self.flush_s:
+            self._write()
+
+    def _seal_waiting(self):
         if self._waiting is not None:
             t, record, seconds = self._waiting
             self._waiting = None
@@ -46,8 +53,6 @@ class DeferredRows:
             self._batch.append((t, LogRow(record.metrics, record.clients, record.timing), seconds))
             if self._oldest is None:
                 self._oldest = time.monotonic()
-        if self._batch and time.monotonic() - self._oldest >= self.flush_s:
-            self._write()
 
     def flush(self):
         """Every row to the log now."""
