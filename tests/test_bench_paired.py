@@ -103,6 +103,10 @@ for t in range(rounds):
         fh.write(f"{name} {proc} {t} {began} {time.monotonic()}\\n")
     if proc == 0:
         baton.done()
+if len(sys.argv) > 7:           # a shutdown that takes time after the last round (the log's last writes)
+    time.sleep(float(sys.argv[7]))
+    with open(log, "a") as fh:
+        fh.write(f"{name} {proc} exit {time.monotonic()} {time.monotonic()}\\n")
 """
 
 
@@ -143,6 +147,35 @@ def test_paced_jobs_take_strict_turns_and_never_overlap(tmp_path):
         assert span("A", 0, t)[1] <= min(span("B", 0, t)[0], span("B", 1, t)[0])
         if t + 1 < rounds:
             assert span("B", 0, t)[1] <= span("A", 0, t + 1)[0]
+
+
+def test_a_jobs_last_round_waits_until_the_jobs_before_it_have_exited(tmp_path):
+    """A's shutdown (0.6 s after its last round) does not share the machine with B's last round; B's earlier
+    rounds still follow A's at once."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(_PACED_JOB)
+    log, rounds = tmp_path / "log.txt", 3
+    jobs = []
+    for name, teardown in (("A", "0.6"), ("B", "0")):
+        turns = pacing.Turns(tmp_path / name, 1)
+        proc = subprocess.Popen([sys.executable, str(script), str(ROOT / "bench"), name, "0", str(rounds), str(log),
+                                 "0", teardown], env={**os.environ, **turns.env})
+        jobs.append((turns, proc))
+    try:
+        assert pacing.take_turns(jobs, rounds, timeout=60)
+        assert [p.wait(timeout=60) for _, p in jobs] == [0, 0]
+    finally:
+        for turns, p in jobs:
+            p.kill()
+            turns.close()
+    lines = [line.split() for line in log.read_text().splitlines()]
+    began = {(n, t): float(b) for n, _, t, b, _ in lines}
+    assert began[("B", str(rounds - 1))] >= began[("A", "exit")]
+    assert began[("B", "0")] < began[("A", "exit")]
 
 
 def test_a_turn_waits_for_every_reporter(tmp_path):
