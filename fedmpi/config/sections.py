@@ -444,10 +444,15 @@ class RuntimeConfig:
     # fedmpi.core.cpu_kernels: auto = channels-last activations and small batches through big dense layers as
     # W x^T, for the zoo's CNNs that declare them, on the CPU; plain = PyTorch's defaults. Same results to rounding.
     kernels: Literal["auto", "plain"] = "auto"
+    # Clients dealt afresh each round (stateless, under the plain reduction): auto = to the workers as they
+    # become free, on one node, where clients train one by one (fedmpi.mpi.tickets); static = fixed shares
+    # balanced by sample count. The same results to float64 rounding of the sums (docs/performance.md).
+    client_dealing: Literal["auto", "static"] = "auto"
 
     def __post_init__(self):
         c = _Checks("runtime")
         c.choice("kernels", self.kernels, ("auto", "plain"))
+        c.choice("client_dealing", self.client_dealing, ("auto", "static"))
         known = ("tensorboard", "mlflow", "wandb")
         c.require(all(t in known for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
                   "trackers", list(self.trackers), f"must be a list of distinct names from {', '.join(known)}")

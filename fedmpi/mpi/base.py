@@ -65,6 +65,11 @@ class Comm(Protocol):
     def round_buffers(self, down_len: int, up_len: int, host_buffers: bool = True):
         """Node-shared round buffers (fedmpi.mpi.node_buffers) or None where MPI moves them."""
 
+    def ticket_counter(self):
+        """Collective: a job-wide counter (fedmpi.mpi.tickets.TicketCounter: `take`, `reset`) that deals a
+        round's clients to the workers as they become free, or None where it cannot (one process, several
+        nodes)."""
+
     def sync(self) -> None:
         """A sleeping barrier."""
 

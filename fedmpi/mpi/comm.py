@@ -32,6 +32,7 @@ from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
 from fedmpi.mpi.runtime import usable_cpus
 from fedmpi.mpi.shared_arrays import PeerFailed, read_only, shared_layout, views
 from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, recv_state, send_state
+from fedmpi.mpi.tickets import TicketCounter
 from fedmpi.mpi.topology import NodeInfo, node_count, pretend_node
 
 FAILURE_TAG = 77
@@ -79,6 +80,7 @@ class MpiComm:
         self._node = None           # the node's communicator (pretend nodes under FEDMPI_TEST_NODES), made once
         self._windows = []          # shared-memory windows of `share_arrays`, freed by `close`
         self._round = None          # the round buffers' hierarchy.NodeRound (`round_buffers`), freed by `close`
+        self._tickets = None        # the clients' tickets.TicketCounter (`ticket_counter`), freed by `close`
 
     @property
     def is_server(self):
@@ -192,6 +194,15 @@ class MpiComm:
         self._round = hierarchy.NodeRound(self.MPI, self.comm, node, down_len, up_len)
         mine = node.Get_rank()
         return self._round.buffers.down[mine], self._round.buffers.up[mine]
+
+    def ticket_counter(self):
+        """Collective: a job-wide tickets.TicketCounter where every rank is on one node, else None."""
+        node = self._node_comm()
+        if node.Get_size() != self.size:
+            return None
+        if self._tickets is None:
+            self._tickets = TicketCounter(self.MPI, node)
+        return self._tickets
 
     def _node_span(self, buf, kind):
         return self._round.span(buf, kind) if self._round is not None else None
@@ -428,6 +439,9 @@ class MpiComm:
         for win in self._windows:
             win.Free()
         self._windows = []
+        if self._tickets is not None:
+            self._tickets.free()
+            self._tickets = None
         if self._round is not None:
             self._round.free()
             self._round = None

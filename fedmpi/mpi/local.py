@@ -55,6 +55,9 @@ class LocalComm:
         """One rank's integers are already the sum; reduced modulo 2^bits (see MpiComm.reduce_sum_mod)."""
         return reduce_mod(_uint64(buf), bits)
 
+    def ticket_counter(self):
+        return None         # one process: nothing to deal
+
     def round_buffers(self, down_len, up_len, host_buffers=True):
         """One process needs no shared buffers (see MpiComm.round_buffers)."""
         return None

@@ -14,6 +14,9 @@ Training: a client copies the start point into the rank's one FlatModel, trains 
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import torch
 
@@ -42,6 +45,40 @@ class ClientIndex:
         return idx
 
 
+def _slow_clients_delay(rank):
+    """Test aid: FEDMPI_TEST_SLOW_CLIENTS="RANK:SECONDS" makes that rank sleep before each client it trains
+    one by one (a slow worker, to see the dealing follow who is free); results do not change."""
+    spec = os.environ.get("FEDMPI_TEST_SLOW_CLIENTS", "")
+    who, _, seconds = spec.partition(":")
+    return float(seconds) if spec and int(who) == rank else 0.0
+
+
+def deal_order(selected, sizes) -> list:
+    """The order in which a round's clients are dealt to free workers: largest first (ties: lowest id), so
+    that the last ones handed out, which decide who finishes last, are the smallest."""
+    return sorted((int(c) for c in selected), key=lambda c: (-int(sizes[c]), c))
+
+
+class DealtClients:
+    """A rank's clients of a round dealt as the workers become free: iterating takes a ticket per client
+    (ticket k is `order[k]`) until the tickets run past the round's clients. Iterable once; `taken` lists
+    this rank's clients in the order taken."""
+
+    def __init__(self, order, tickets):
+        self.order, self.tickets, self.taken = order, tickets, None
+
+    def __bool__(self):
+        return bool(self.order)     # there may be clients to take (whether this rank gets one is known after)
+
+    def __iter__(self):
+        if self.taken is not None:
+            raise RuntimeError("DealtClients: iterated twice (every ticket taken is a client trained here)")
+        self.taken = []
+        while (k := self.tickets.take()) < len(self.order):
+            self.taken.append(self.order[k])
+            yield self.order[k]
+
+
 class ClientHost:
     def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False, poison=None):
         """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
@@ -63,14 +100,20 @@ class ClientHost:
             self.client_idx = ClientIndex(parts, flat.device)
             self.trainer = LocalTrainer(flat, cfg.client, self.x_train, self.y_train,
                                         transform=make_transform(cfg.data, data.dataset.input_shape), loss=loss)
-        self._plan_vectorize(loss)
+        batched = self._plan_vectorize(loss)
+        # runtime.client_dealing auto: dealt clients go to the workers as they become free (fedmpi.mpi.tickets),
+        # where they train one by one; a batched group needs its clients known before it trains. The same
+        # decision on every rank (the counter is made collectively); None: fixed shares (place_clients).
+        self.tickets = (comm.ticket_counter()
+                        if self.balanced and cfg.runtime.client_dealing == "auto" and not batched else None)
 
     def _plan_vectorize(self, loss):
         """`client.vectorize`: off, or auto/on when the algorithm and the model allow batched groups; `on`
-        with an algorithm or model that cannot fails here, on every rank."""
+        with an algorithm or model that cannot fails here, on every rank. Whether clients may train in batched
+        groups (the same on every rank)."""
         mode = self.cfg.client.vectorize
         if mode == "off":
-            return
+            return False
         blocker = vectorized.unsupported(self.flat)
         if not self.algo.vectorizable:
             blocker = f"algorithm.name = {self.algo.name!r} does not declare its clients vectorizable"
@@ -82,19 +125,31 @@ class ClientHost:
             if mode == "on":
                 raise ConfigError(f"client.vectorize = 'on': {blocker}; use auto (batch clients where possible) "
                                   f"or off")
-            return
-        if self.trains and (mode == "on" or vectorized.worthwhile(self.flat)):
+            return False
+        if not (mode == "on" or vectorized.worthwhile(self.flat)):
+            return False
+        if self.trains:
             self.group_trainer = vectorized.GroupTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
                                                          transform=self.trainer.transform)
+        return True
 
     # -- which clients train here --------------------------------------------------------------------
-    def round_clients(self, selected):
-        """This rank's clients among the round's `selected`, in increasing id: its hosted ones, or with
-        `balanced` its share of a largest-first deal of the selected clients (the same on every rank)."""
+    def round_clients(self, selected, as_free=False):
+        """This rank's clients among the round's `selected`: its hosted ones in increasing id, or with `balanced`
+        its share of a deal of the selected clients: with `as_free` and a ticket counter, the ones it takes
+        as it becomes free (DealtClients; the protocol needs only each rank's sums), else the fixed share of
+        a largest-first deal (the same on every rank), in increasing id."""
         if not self.balanced:
             return [int(c) for c in selected if int(c) in self.mine]
+        if as_free and self.tickets is not None:
+            return DealtClients(deal_order(selected, self.sizes), self.tickets)
         share = place_clients([len(self.parts[c]) for c in selected], self.workers)
         return [int(c) for c, rank in zip(selected, share) if rank == self.comm.rank]
+
+    def open_deal(self):
+        """Every rank, before the round's broadcast: rank 0 sets the tickets back to the first."""
+        if self.tickets is not None and self.comm.rank == 0:
+            self.tickets.reset()
 
     def hosted(self, clients):
         """The clients of `clients` this rank hosts, in the given order."""
@@ -135,13 +190,18 @@ class ClientHost:
         groups, rest = self._vector_groups(t, cids, standard)
         for runs, sched in groups:
             yield from self._train_group(runs, sched, down)
+        slow = _slow_clients_delay(self.comm.rank)
         for cid in rest:
+            if slow:
+                time.sleep(slow)
             yield self.train_one(t, cid, standard, load_start, down)
 
     def _vector_groups(self, t, cids, standard):
         """([(runs, schedule)] trained as batched groups, [client ids] for the per-client loop)."""
         auto = self.cfg.client.vectorize == "auto"
-        if self.group_trainer is None or (auto and len(cids) < vectorized.MIN_GROUP):
+        if self.group_trainer is None:
+            return [], cids             # as they come (DealtClients takes a ticket per client)
+        if auto and len(cids) < vectorized.MIN_GROUP:
             return [], list(cids)
         by_key = {}
         for cid in cids:

@@ -132,6 +132,9 @@ class Family:
 
     name = ""
     drift_figures = False    # the reduced sums are the clients' weighted updates (gradient diversity applies)
+    # Dealt clients may go to whichever worker is free (ClientHost.round_clients): no rank needs to know who
+    # trained which client, only each rank's sums.
+    deals_as_free = False
 
     def new_state(self, num_clients, client_drift):
         return None
@@ -199,6 +202,7 @@ def _broadcast(parts, plan, full, stopping, after_broadcast):
     t, wire, server = plan.round, parts.wire, parts.server
     command = CMD_STOP if stopping else CMD_RUN
     wire.start_round(plan.selected)
+    parts.clients.open_deal()       # before the broadcast: no ticket of this round is taken before it
     fill = server.fill_down if server else None
     extra = _header_extra(parts.stages) if server and wire.header_len > HEADER else ()
     received, round_ = wire.broadcast(t, command, fill, full, extra)

@@ -44,6 +44,7 @@ class ReduceState:
 class Reduce(Family):
     name = base.REDUCE
     drift_figures = True
+    deals_as_free = True        # runtime.client_dealing auto may deal the round's clients to whoever is free
 
     def new_state(self, num_clients, client_drift):
         return ReduceState(ClientDrift(num_clients, client_drift))
@@ -53,7 +54,8 @@ class Reduce(Family):
         if not clients.trains:
             return Training([])
         down, start = from_broadcast(parts, plan.round)
-        return Training(clients.round_clients(plan.selected), start, down)
+        # Only each rank's sums leave it: which worker trains which client may follow who is free first.
+        return Training(clients.round_clients(plan.selected, as_free=self.deals_as_free), start, down)
 
     def trained(self, parts, plan, run, training, tally):
         if not plan.counts(run.cid):    # dropped or too late: its update and its state are lost

@@ -66,8 +66,10 @@ class ChunkedGather(Family):
     def new_state(self, num_clients, client_drift):
         return GatherState()
 
-    # Clients train as under REDUCE: a round's clients are dealt to the workers from the broadcast.
+    # Clients train as under REDUCE: a round's clients are dealt to the workers from the broadcast, in the fixed
+    # shares of `round_hosts` (the rows' senders must be known to every rank).
     training = Reduce.training
+    deals_as_free = False
 
     def trained(self, parts, plan, run, training, tally):
         """(client id, its update as a float32 numpy row) for a counted client, None otherwise."""

@@ -45,7 +45,9 @@ class RoundTally:
     """One rank's running totals for a round; `acc` is the upload accumulator on the rank's device."""
 
     acc: torch.Tensor
-    loss: torch.Tensor
+    # float64 on the host: float32 loss sums added in float64 do not depend on their order (clients dealt as
+    # workers become free, or over a different number of ranks), so train_loss does not either
+    loss: float
     columns: dict
     upload_bytes: int          # what one upload costs unless a stage says otherwise (up_vectors float32 vectors)
     weight: float = 0.0
@@ -61,7 +63,7 @@ class RoundTally:
 
     def record(self, run):
         """Adds a trained client's loss and per-client figures."""
-        self.loss += run.loss_sum
+        self.loss += float(run.loss_sum)
         self.seen += run.seen
         for name, value in run.figures.items():
             self.columns[name][run.cid] = value
@@ -201,7 +203,7 @@ class RoundBuffers:
         self.up_host[: self.up_end].zero_()
         if self.acc.data_ptr() != self.up_host.data_ptr():
             self.acc.zero_()
-        return RoundTally(self.acc, torch.zeros((), device=self.device), self.client_figures(), self.upload_bytes)
+        return RoundTally(self.acc, 0.0, self.client_figures(), self.upload_bytes)
 
     def reduce(self, tally, stop_requested, sums=True):
         """Writes this rank's totals and does the round's one reduction to rank 0. `sums=False` reduces
@@ -211,7 +213,7 @@ class RoundBuffers:
         if target.data_ptr() != tally.acc.data_ptr():
             target.copy_(tally.acc)
         stats = self.up_host[self.up_len: self.up_len + N_STATS]
-        stats[WEIGHT], stats[LOSS], stats[SEEN] = tally.weight, float(tally.loss), tally.seen
+        stats[WEIGHT], stats[LOSS], stats[SEEN] = tally.weight, tally.loss, tally.seen
         stats[UPLOADS], stats[BYTES_UP], stats[UPDATE_SQ] = tally.uploads, tally.bytes_up, tally.update_sq
         stats[STOP] = float(stop_requested)
         row = self.timing_at + self.comm.rank * len(PHASES)
