@@ -2,9 +2,10 @@
 
 Placement: clients go to worker ranks largest first onto the least-loaded worker (`runtime.place_clients`),
 the same on every rank. Clients that keep nothing between rounds (the REDUCE protocol, no client state)
-need not train on their host: each round the selected clients are dealt to the workers by the same
-largest-first rule, so every worker gets an equal share of every draw (a fixed placement splits W1's 10
-of 50 clients 6/4 on average).
+need not train on their host: each round the selected clients are dealt to the workers afresh (a fixed
+placement splits W1's 10 of 50 clients 6/4 on average): under the plain reduction, where clients train one
+by one on one node, to whichever worker is free (`runtime.client_dealing: auto`, DealtClients over
+fedmpi.mpi.tickets), else in fixed shares by the same largest-first rule, equal in samples.
 
 Training: a client copies the start point into the rank's one FlatModel, trains with its own stream
 (seed, CLIENT, round, client) and leaves its result in `flat.vec`; where the algorithm and the model allow
