@@ -267,7 +267,7 @@ class FloorJob:
     def __init__(self, cfg_map, workdir, env_extra=None, processes=2):
         paced = bool(env_extra and pacing.ENV in env_extra)     # then each process reads a `go` pipe of its own
         self.jobs = [start_reference(cfg_map, Path(workdir) / f"share{k}", share=(k, processes),
-                                     env_extra={**env_extra, pacing.PART_ENV: str(k)} if paced else env_extra)
+                                     env_extra=pacing.part_env(env_extra, k) if paced else env_extra)
                      for k in range(processes)]
         self.proc = self      # take_turns polls the group
 

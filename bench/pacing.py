@@ -31,6 +31,11 @@ ENV = "FEDMPI_BENCH_PACE"
 PART_ENV = "FEDMPI_BENCH_PACE_PART"
 
 
+def part_env(env, k):
+    """A paced job's environment `env` (Turns.env) for the k-th of its independent processes (reporters > 1)."""
+    return {**env, PART_ENV: str(k)}
+
+
 class Baton:
     """A job's side: `wait()` before a round (blocks until the driver says go), `done()` after it (the job's
     timekeeper only). `waited` is the seconds spent waiting for turns, which the job's whole-process time
@@ -70,7 +75,7 @@ class Turns:
     """The driver's side for one job: `prefix` (a path in a folder of the driver's; the pipes are made here),
     `processes` (how many of the job's processes read `go`: its MPI ranks, 1 for the reference), `reporters`
     (how many write `done` after each round: 1, or each of the independent processes of "ref x2", which then
-    read a `go` pipe each: `part_env(k)`)."""
+    read a `go` pipe each: `part_env(env, k)`)."""
 
     def __init__(self, prefix, processes, reporters=1):
         self.prefix, self.processes, self.reporters = str(prefix), int(processes), int(reporters)
@@ -88,10 +93,6 @@ class Turns:
     @property
     def env(self):
         return {ENV: self.prefix}
-
-    def part_env(self, k):
-        """The environment of the k-th independent process (reporters > 1)."""
-        return {ENV: self.prefix, PART_ENV: str(k)}
 
     def turn(self, proc, timeout):
         """Lets the job run one round and waits until it has; JobEnded where `proc` (its Popen) ends first,

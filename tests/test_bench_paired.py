@@ -191,7 +191,7 @@ def test_a_turn_waits_for_every_reporter(tmp_path):
     log, rounds = tmp_path / "log.txt", 3
     turns = pacing.Turns(tmp_path / "floor", 2, reporters=2)
     procs = [subprocess.Popen([sys.executable, str(script), str(ROOT / "bench"), "F", str(i), str(rounds), str(log),
-                               str(1.5 * i)], env={**os.environ, **turns.part_env(i)}) for i in range(2)]
+                               str(1.5 * i)], env={**os.environ, **pacing.part_env(turns.env, i)}) for i in range(2)]
     try:
         for t in range(rounds):
             turns.turn(procs[0], timeout=60)
