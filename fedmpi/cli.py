@@ -32,7 +32,9 @@ def _parser():
                           "with accuracy, weight divergence and per-class accuracy where the run recorded them")
     rep.add_argument("--x", choices=("round", "bytes", "wall", "sim_time"), default="round",
                      help="x axis of --plot: rounds, bytes moved, wall time or simulated time (default round)")
-    rep.add_argument("--csv", metavar="FILE.csv", help="also write the table as CSV")
+    rep.add_argument("--csv", metavar="FILE.csv", help="also write the table as CSV (an existing FILE is kept "
+                                                       "unless --force)")
+    rep.add_argument("--force", action="store_true", help="replace existing --csv and --plot files")
     rep.add_argument("--target", type=float, metavar="ACC",
                      help="add the rounds and bytes until the test accuracy first reaches ACC, e.g. 0.8")
     rep.add_argument("--by", action="append", default=[], metavar="KEY",
@@ -192,6 +194,9 @@ def _dry_run(cfg):
     from fedmpi.run.memory import preflight
 
     print(cfg.to_yaml())
+    from fedmpi.core.output_paths import check_place
+
+    check_place(cfg.out, "out =")       # the place rule a real run applies, before anything is loaded
     # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
     # reason, not a MemoryError from making the data set or the model (synthetic's size is the config's).
     dataset = None if cfg.data.name == "synthetic" else load_dataset(cfg)
@@ -263,7 +268,7 @@ def _report(args):
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
                           x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
-                          clients=args.clients, attack=args.attack)
+                          clients=args.clients, attack=args.attack, force=args.force)
 
 
 def _verify(args):

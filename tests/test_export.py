@@ -145,12 +145,13 @@ def test_earlier_event_files_are_kept_unless_overwrite(run, tmp_path, capsys):
 
 
 def test_bad_inputs_and_places_exit_2_naming_them(run, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")        # missing folders are made (mkdir -p); a file in the way is not
     cases = [
         ([run], "nothing to export"),
         ([tmp_path / "none", "--csv", tmp_path / "x.csv"], str(tmp_path / "none")),
-        ([run, "--csv", tmp_path / "missing" / "x.csv"], str(tmp_path / "missing")),
+        ([run, "--csv", tmp_path / "a-file" / "x.csv"], f"{tmp_path / 'a-file'} is a file"),
         ([run, "--csv", tmp_path], f"--csv {tmp_path}: is a folder"),
-        ([run, "--tensorboard", tmp_path / "missing" / "deeper"], str(tmp_path / "missing")),
+        ([run, "--tensorboard", tmp_path / "a-file" / "deeper"], f"{tmp_path / 'a-file'} is a file"),
         ([run, "--tensorboard", run], f"--tensorboard {run}: is a file"),
     ]
     for args, named in cases:

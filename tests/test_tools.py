@@ -514,17 +514,18 @@ def unwritable_folder(tmp_path):
 def test_unwritable_places_exit_2_naming_the_path_before_any_output(tmp_path, capsys):
     run = write_run(tmp_path / "run" / "run.h5")
     read_only = unwritable_folder(tmp_path)
-    cases = [("--csv", tmp_path, "is a folder"), ("--csv", tmp_path / "missing" / "t.csv", "does not exist"),
+    (tmp_path / "a-file").write_text("")        # missing folders are made (mkdir -p); a file in the way is not
+    cases = [("--csv", tmp_path, "is a folder"), ("--csv", tmp_path / "a-file" / "t.csv", "is a file"),
              ("--csv", read_only / "t.csv", "cannot write there"),
              ("--plot", read_only / "p.png", "cannot write there"),
-             ("--plot", tmp_path / "missing" / "p.png", "does not exist")]
+             ("--plot", tmp_path / "a-file" / "p.png", "is a file")]
     for option, path, reason in cases:
         code, out, err = report_cli(capsys, run, option, path)
         assert code == 2 and out == "", (option, path, out)
         assert err.startswith(f"fedmpi: error: {option} {path}") and reason in err, err
         assert len(err.strip().splitlines()) == 1
-    proc = tool("sweep.py", run, "--by", "seed", "--csv", tmp_path / "missing" / "s.csv")
-    assert proc.returncode == 2 and str(tmp_path / "missing") in proc.stderr and "Traceback" not in proc.stderr
+    proc = tool("sweep.py", run, "--by", "seed", "--csv", tmp_path / "a-file" / "s.csv")
+    assert proc.returncode == 2 and str(tmp_path / "a-file") in proc.stderr and "Traceback" not in proc.stderr
     proc = tool("curves.py", run, "--out", read_only / "c.png")
     assert proc.returncode == 2 and str(read_only / "c.png") in proc.stderr and "Traceback" not in proc.stderr
 

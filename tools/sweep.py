@@ -28,9 +28,10 @@ def main(argv=None):
     p.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
     p.add_argument("--plot", metavar="FILE.png", help="also draw mean +- std accuracy curves per group")
     p.add_argument("--x", choices=sorted(analysis.X_AXES), default="round", help="x axis of --plot")
+    p.add_argument("--force", action="store_true", help="replace existing --csv and --plot files")
     args = p.parse_args(argv)
     return analysis.report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv,
-                                   plot=args.plot, x=args.x, fmt=args.format)
+                                   plot=args.plot, x=args.x, fmt=args.format, force=args.force)
 
 
 if __name__ == "__main__":

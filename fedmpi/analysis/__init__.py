@@ -23,8 +23,8 @@ from fedmpi.analysis.client_report import client_section, plot_clients
 from fedmpi.analysis.plotting import pyplot, save_figure
 from fedmpi.analysis.run_figure import has_instruments, plot_run
 from fedmpi.analysis.timing_report import plot_timing, timing_section
-from fedmpi.core.errors import EXIT_USAGE, InputError
-from fedmpi.core.output_paths import check_file, check_not_input, sibling
+from fedmpi.core.errors import EXIT_FAILED, EXIT_USAGE, InputError
+from fedmpi.core.output_paths import check_figure, check_file, sibling
 
 X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
           "sim_time": "simulated time (s)"}
@@ -259,34 +259,37 @@ def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
 # --- the command behind `fedmpi report` and tools/compare.py, tools/sweep.py -----------------------------
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
-                   err=None, classes=False, timing=False, clients=False, attack=False) -> int:
+                   err=None, classes=False, timing=False, clients=False, attack=False, force=False) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given), optionally
     the per-class and per-phase views, writes the table as CSV and draws the figures; returns the exit
-    status. A file that cannot be read is skipped with a warning; a place that cannot be written is exit 2
-    before anything is read."""
+    status. A path that names no run, or a file that cannot be read, is skipped with a warning (exit 2 only
+    where no run is left); a place that cannot be written, or an existing file there without `force`, is
+    exit 2 before anything is read or written."""
     out, err = out or sys.stdout, err or sys.stderr
+    files, unmatched = find_run_files(paths)        # names only: nothing is read before the places are checked
     try:
-        for path, option in ((csv_path, "--csv"), (plot, "--plot")):
-            if path:
-                check_file(path, option)
+        # `report RUN/run.h5 --csv RUN/run.h5` keeps the run, --force or not
+        if csv_path is not None:
+            check_file(csv_path, "--csv", inputs=files, replace=force)
+        if plot is not None:
+            check_figure(plot, "--plot", inputs=files, replace=force)
     except InputError as e:
         print(f"fedmpi: error: {e}", file=err)
         return EXIT_USAGE
-    files, unmatched = find_run_files(paths)
-    if unmatched:
-        print(f"fedmpi: error: no run file at {', '.join(unmatched)}", file=err)
-        return EXIT_USAGE
-    try:
-        for path, option in ((csv_path, "--csv"), (plot, "--plot")):
-            if path:
-                check_not_input(path, option, files)    # `report RUN/run.h5 --csv RUN/run.h5` keeps the run
-    except InputError as e:
-        print(f"fedmpi: error: {e}", file=err)
-        return EXIT_USAGE
+    for path in unmatched:
+        print(f"fedmpi: warning: skipping {path}: no run file there (a run.h5, a run folder or a folder of runs)",
+              file=err)
     runs = load_runs(files, err=err)
     if not runs:
         print("fedmpi: error: none of the run files could be read", file=err)
         return EXIT_USAGE
+    if plot is not None:
+        try:
+            for path in figure_paths(runs, by, plot, timing, clients)[1:]:
+                check_file(path, "--plot", inputs=files, replace=force)     # the figures beside PLOT too
+        except InputError as e:
+            print(f"fedmpi: error: {e} (a figure --plot writes beside {plot})", file=err)
+            return EXIT_USAGE
     rows = sweep_rows(runs, by, target) if by else report.summarize(runs, target)
     print(report.format_table(rows, fmt, left=len(by) if by else 3), file=out)
     for wanted, section in ((classes, class_section), (timing, timing_section)):
@@ -297,14 +300,31 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     if attack:
         print("\n" + attack_section(runs, fmt), file=out)
     try:
-        if csv_path:
+        if csv_path is not None:
             report.write_csv(rows, csv_path)
-        if plot:
+        if plot is not None:
             _draw(runs, by, plot, x, timing, out, err, clients)
     except OSError as e:
+        # The places were checked: this is the disk failing while writing (full, I/O error).
         print(f"fedmpi: error: cannot write {e.filename or csv_path or plot}: {e.strerror or e}", file=err)
-        return EXIT_USAGE
+        return EXIT_FAILED
     return 0
+
+
+def figure_paths(runs, by, plot, timing, clients):
+    """Every file `--plot PLOT` may write, PLOT first: the per-run figures (PLOT-RUN.png, not for sweeps), the
+    local-accuracy CDFs (PLOT-RUN-clients.png) and the phase bars (PLOT-timing.png), named as `_draw` names
+    them, so that each can be checked before the first is drawn."""
+    names = {"timing"} if timing else set()
+    paths = [plot]
+    for run in runs if not by else ():
+        if has_instruments(run):
+            paths.append(sibling(plot, _unique(run.name, names)))
+    for run in runs if clients else ():
+        paths.append(sibling(plot, _unique(f"{run.name}-clients", names)))
+    if timing:
+        paths.append(sibling(plot, "timing"))
+    return paths
 
 
 def _draw(runs, by, plot, x, timing, out, err, clients=False):

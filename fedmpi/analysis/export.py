@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from fedmpi.analysis import report
-from fedmpi.core.errors import InputError
+from fedmpi.core.errors import FedmpiError, InputError
 from fedmpi.core.output_paths import check_file, check_folder, replace_with
 from fedmpi.io import series as series_names
 from fedmpi.io.client_rows import CLIENT_IDS, client_table
@@ -100,14 +100,21 @@ def _tensorboard():
     return Event, HistogramProto, Summary, EventFileWriter
 
 
-def prepare_folder(folder, overwrite):
-    """A folder for one run's event files: earlier event files there are refused (TensorBoard would show
-    both exports mixed), or removed with `overwrite`."""
+def check_event_folder(folder, overwrite):
+    """The folder for one run's event files under the place rule (fedmpi.core.output_paths): earlier event
+    files there are refused (TensorBoard would show both exports mixed) unless `overwrite`; returns them
+    (removed by `clear_event_files` once every other check has passed)."""
     check_folder(folder, "--tensorboard")
-    old = sorted(glob.glob(os.path.join(folder, EVENT_FILES)))
+    old = sorted(glob.glob(os.path.join(glob.escape(folder), EVENT_FILES)))
     if old and not overwrite:
         raise InputError(f"--tensorboard {folder}: already holds {len(old)} TensorBoard event file(s) (an earlier "
                          f"export?); choose another folder, or replace them with --overwrite")
+    return old
+
+
+def clear_event_files(folder, old):
+    """Makes `folder` (as mkdir -p) and removes the earlier event files found by `check_event_folder`."""
+    os.makedirs(folder, exist_ok=True)
     for path in old:
         os.remove(path)
 
@@ -177,15 +184,16 @@ def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=N
     """Exports the run at `path` (a run.h5 or its folder); InputError (exit 2) for bad inputs or places.
     An existing file at `csv_path` is replaced only with `force`, and never when it is the run file itself."""
     out, err = out or sys.stdout, err or sys.stderr
-    if not tensorboard and not csv_path:
+    if tensorboard is None and csv_path is None:
         raise InputError("nothing to export: name --tensorboard DIR and/or --csv FILE")
     file = os.path.join(path, "run.h5") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise InputError(f"{path}: no run file there (expected a run.h5 or a run folder holding one)")
-    if tensorboard:
+    old_events = []
+    if tensorboard is not None:
         _tensorboard()                  # a missing package is exit 2 before anything is written
-        prepare_folder(tensorboard, overwrite)
-    if csv_path:
+        old_events = check_event_folder(tensorboard, overwrite)
+    if csv_path is not None:
         check_file(csv_path, "--csv", inputs=[file], replace=force, force_flag="--force")
     try:
         run = report.read_run(file)
@@ -194,7 +202,8 @@ def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=N
     rows = len(run.metrics["round"])
     status = f"{rows} rounds, status {run.attrs.get('status', '?')}"
     try:
-        if tensorboard:
+        if tensorboard is not None:
+            clear_event_files(tensorboard, old_events)
             notes = []
             clients = read_clients(file, rows, notes)
             for note in notes:
@@ -202,9 +211,10 @@ def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=N
             points, hists = write_tensorboard(run, clients, tensorboard)
             print(f"{file} ({status}): {points} scalar points and {hists} client histograms written to "
                   f"{tensorboard} (tensorboard --logdir {tensorboard})", file=out)
-        if csv_path:
+        if csv_path is not None:
             write_csv(run, csv_path)
             print(f"{file} ({status}): {rows} rows written to {csv_path}", file=out)
     except OSError as e:
-        raise InputError(f"cannot write {e.filename or tensorboard or csv_path}: {e.strerror or e}") from None
+        # The places were checked: this is the disk failing while writing (full, I/O error): exit 1, one line.
+        raise FedmpiError(f"cannot write {e.filename or tensorboard or csv_path}: {e.strerror or e}") from None
     return 0

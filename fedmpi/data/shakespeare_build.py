@@ -32,6 +32,7 @@ import tempfile
 
 from fedmpi.core import rng
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.output_paths import check_folder, make_parents
 from fedmpi.data.leaf import SHAKESPEARE_SEQ, SHAKESPEARE_VOCAB
 from fedmpi.data.shakespeare_plays import parse_play
 
@@ -147,26 +148,53 @@ def _write_part(path, users, part):
         os.fsync(fh.fileno())
 
 
-def check_args(source, out, fraction, min_samples, overwrite):
-    """Every check that can fail, before anything is read or written."""
+OWN_MARKER = "build.json"       # what the builder writes last; its presence makes a folder this builder's
+PARTS = ("train", "test")
+
+
+def part_file(part):
+    return os.path.join(part, f"shakespeare_{part}.json")
+
+
+BUILT_FILES = (part_file("train"), part_file("test"), OWN_MARKER)      # everything a build writes
+
+
+def built_here(folder):
+    """Whether `folder` holds a build of this command: its build.json is a plain file written by it."""
+    marker = os.path.join(folder, OWN_MARKER)
+    if os.path.islink(marker) or not os.path.isfile(marker):
+        return False
+    try:
+        with open(marker, encoding="utf-8") as fh:
+            summary = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and {"source", "plays", "roles", "samples"} <= set(summary)
+
+
+def check_args(source, out, fraction, min_samples, overwrite, seed=0):
+    """Every check that can fail, before anything is read or written (the place rule of
+    fedmpi.core.output_paths: an existing non-empty --out is replaced only where it holds an earlier build
+    and --overwrite is given)."""
     if not 0 < fraction <= 1:
         raise ConfigError(f"--fraction {fraction}: must be in (0, 1] (LEAF's --sf, the share of all samples)")
     if min_samples < 0:
         raise ConfigError(f"--min-samples {min_samples}: must be 0 or more (LEAF's -k)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"--out {out!r}: exists and is not a folder")
-    if os.path.isdir(out) and os.listdir(out) and not overwrite:
-        raise ConfigError(f"--out {out!r}: exists and is not empty; choose a new folder or pass --overwrite")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--out {out!r}: its parent folder {parent} does not exist")
+    if not 0 <= seed < 2**63:
+        raise ConfigError(f"--seed {seed}: must be an integer in [0, 2^63)")
+    check_folder(out, "--out", owned=built_here, overwrite=overwrite)
+    for name in BUILT_FILES if os.path.isdir(out) and os.listdir(out) else ():
+        target = os.path.join(out, name)
+        if os.path.islink(target) or os.path.isdir(target):
+            raise ConfigError(f"--out {out}: {target} is not a file this command wrote; nothing was replaced")
     return play_files(source)
 
 
 def build(source, out, fraction=1.0, min_samples=0, seed=0, overwrite=False):
-    """Build the data set into `out` (atomically: a temporary folder beside it, renamed at the end; an old
-    `out` is removed only after the new one is in place). Returns the summary also written to out/build.json."""
-    files = check_args(source, out, fraction, min_samples, overwrite)
+    """Build the data set into `out`: every file is written into a temporary folder beside it first, then
+    moved into place; an earlier build's files are replaced, nothing else in `out` is touched. Returns the
+    summary also written to out/build.json."""
+    files = check_args(source, out, fraction, min_samples, overwrite, seed)
     roles, unknown = all_roles(files)
     users = plan(roles, fraction, min_samples, seed)
     if not users:
@@ -179,29 +207,30 @@ def build(source, out, fraction=1.0, min_samples=0, seed=0, overwrite=False):
                "train_samples": sum(u[2] for u in users), "test_samples": sum(n - u[3] for *u, n in users),
                "unknown_characters": unknown}
     out = os.path.abspath(out)
+    make_parents(out)
     stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.building-", dir=os.path.dirname(out))
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(stage, 0o777 & ~umask)       # mkdtemp's 0700 would make the data set private
-        for part in ("train", "test"):
+        for part in PARTS:
             os.makedirs(os.path.join(stage, part))
-            _write_part(os.path.join(stage, part, f"shakespeare_{part}.json"), users, part)
-        with open(os.path.join(stage, "build.json"), "w", encoding="utf-8") as fh:
+            _write_part(os.path.join(stage, part_file(part)), users, part)
+        with open(os.path.join(stage, OWN_MARKER), "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=1)
-        _swap_in(stage, out)
-    except BaseException:
+        _move_in(stage, out)
+    finally:
         shutil.rmtree(stage, ignore_errors=True)
-        raise
     return summary
 
 
-def _swap_in(stage, out):
-    """Put the finished folder at `out`; a previous `out` (empty, or replaced under --overwrite) goes last."""
-    if not os.path.exists(out):
-        os.rename(stage, out)
+def _move_in(stage, out):
+    """Put the finished build at `out`: a missing or empty `out` becomes the build folder (one rename);
+    into an earlier build the files are moved one by one, the marker last, so that only files this builder
+    writes are ever replaced."""
+    if not os.path.isdir(out) or not os.listdir(out):
+        os.rename(stage, out)       # rename(2) replaces an empty folder
         return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
-    os.rename(out, os.path.join(old, "data"))
-    os.rename(stage, out)
-    shutil.rmtree(old, ignore_errors=True)
+    for name in BUILT_FILES:
+        os.makedirs(os.path.dirname(os.path.join(out, name)), exist_ok=True)
+        os.replace(os.path.join(stage, name), os.path.join(out, name))

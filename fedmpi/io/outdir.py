@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.output_paths import check_place
 from fedmpi.io.checkpoint import ckpt_dir, list_checkpoints
 from fedmpi.io.rank0 import decide
 
@@ -106,6 +107,12 @@ def claim_here(out, overwrite=False, resume=False):
 def _make_folder(out):
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"out = {_named(out)} is a file, not a folder; choose another out=...")
+    try:
+        # The place rule shared by every command (never '', the current folder or a parent, $HOME, a repository's
+        # root, a link); a run only adds run.h5, ckpt/ and its lock to the folder, so other files may be there.
+        check_place(out, "out =")
+    except InputError as e:
+        raise ConfigError(str(e)) from None
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
