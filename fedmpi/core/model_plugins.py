@@ -6,12 +6,14 @@ How a plug-in learns the data's shape: it is called with `model.kwargs` as keywo
 `input_shape=` (one sample's shape, e.g. (3, 32, 32) or (60,)) and `num_classes=` where its signature names
 those parameters and model.kwargs does not set them. torchvision's builders take no input shape; they get
 `num_classes=` the data's class count unless model.kwargs sets it. What it returns must be a torch.nn.Module
-whose parameters are all floating point; `check_takes` then runs one training sample through it. Every
-problem is a ConfigError (exit 2) naming model.name, raised before any file is written.
+whose parameters are all floating point, and float32 like its floating buffers; `check_takes` then runs one
+training sample through it. Every problem is a ConfigError (exit 2) naming model.name, raised before any file
+is written.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from fedmpi.core import plugin_names
@@ -56,7 +58,22 @@ def build_plugin(cfg, input_shape, num_classes) -> nn.Module:
                           f"floating point (SGD and the flat model vector are float)")
     if not any(True for _ in model.parameters()):
         raise ConfigError(f"{where}: the model has no parameters; there is nothing to train")
+    _check_float32(model, where)
     return model
+
+
+def _check_float32(model, where):
+    """Refuses floating parameters and buffers other than float32: FlatModel lays them onto one float32 vector
+    (what travels and what the server averages), which would silently cast them, and a forward that
+    computes in its own dtype (x.double()) would then fail in round 0 instead of here. Refused, not cast, as
+    torch itself refuses mixed dtypes: the plug-in's author says which precision it wants."""
+    entries = [*model.named_parameters(), *model.named_buffers()]
+    other = [(n, t.dtype) for n, t in entries if t.is_floating_point() and t.dtype != torch.float32]
+    if other:
+        raise ConfigError(f"{where}: {other[0][0]!r} has dtype {other[0][1]}; fedmpi trains float32 models "
+                          f"(its flat model vector and what travels are float32): build the model in "
+                          f"float32, torch's default (drop .double() / dtype=torch.float64, or return "
+                          f"model.float())")
 
 
 def _torchvision(arch, where):

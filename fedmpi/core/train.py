@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from fedmpi.core import cpu_kernels, rng
 
@@ -88,6 +89,8 @@ class LocalTrainer:
         self._momentum_views = ([b.view_as(p) for b, p in zip(self.momentum_buf.split(sizes), flat.trainable)]
                                 if self.momentum_buf is not None else None)
         self._stepped = [False] * len(sizes)
+        # Batch-norm layers, which cannot take the statistics of a one-sample batch (`_batch_statistics_off`).
+        self._batch_norms = [m for m in flat.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
     def loss(self, xb, yb):
         return self.criterion(self.flat.module(xb), yb)
@@ -128,7 +131,8 @@ class LocalTrainer:
                     xb = self.transform(xb, g)
                 if poison is not None:
                     xb, yb = poison(xb, yb)
-                loss = step(loss_of(xb, yb))
+                with _batch_statistics_off(self._batch_norms if len(positions) == 1 else ()):
+                    loss = step(loss_of(xb, yb))
                 if step_hook is not None:
                     step_hook(params)
                 loss_sum += loss.detach() * len(positions)
@@ -180,6 +184,23 @@ class LocalTrainer:
             momentum_buf.mul_(self.cfg.momentum).add_(grad)
             grad = momentum_buf
         params.add_(grad, alpha=-lr)
+
+
+@contextlib.contextmanager
+def _batch_statistics_off(batch_norms):
+    """While open, the batch-norm layers `batch_norms` that are training normalize with their running
+    statistics and leave them unchanged, as in eval mode: for a batch of one sample (a client's short last
+    batch, or a client of one sample), whose batch variance torch's BatchNorm refuses in training ("Expected
+    more than 1 value per channel"). The batch still takes its gradient step; `client.drop_last: true` drops
+    such batches instead (a client of one sample keeps its one)."""
+    training = [m for m in batch_norms if m.training]
+    for m in training:
+        m.train(False)
+    try:
+        yield
+    finally:
+        for m in training:
+            m.train(True)
 
 
 @torch.no_grad()

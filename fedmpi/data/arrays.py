@@ -8,17 +8,21 @@
                      pickle). `data.columns` names the columns: {x: ..., y: ..., client: ...} (defaults x, y,
                      and no client column). An Image column becomes float32 N x C x H x W in [0, 1].
 
-The arrays then go through the same checks as a plug-in's (fedmpi.data.checked_arrays).
+The arrays then go through the same checks as a plug-in's (fedmpi.data.checked_arrays). The .npz's and the
+HDF5 file's shapes and dtypes are read first: arrays beyond this node's memory are refused before any is
+read (fedmpi.data.array_sizes).
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
 
 import numpy as np
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.data.array_sizes import refuse_beyond_memory
 from fedmpi.data.checked_arrays import OPTIONAL, REQUIRED, dataset_from_mapping
 from fedmpi.data.dataset import Dataset
 
@@ -48,13 +52,35 @@ def arrays(cfg) -> Dataset:
 
 
 def _npz(path, where):
+    if not zipfile.is_zipfile(path):    # np.load would take other bytes for a pickle and say so
+        raise InputError(f"{where}: not a valid .npz file (a zip archive of .npy arrays, as np.savez writes)")
     try:
+        refuse_beyond_memory(_npz_specs(path), where)
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files if k in REQUIRED + OPTIONAL}
     except ValueError as e:     # an object array, which would need unpickling
         raise InputError(f"{where}: {e}; save plain numeric arrays (np.savez)") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
         raise InputError(f"{where}: not a readable .npz file ({type(e).__name__}: {e})") from None
+
+
+def _npz_specs(path):
+    """{key: (shape, dtype)} of the .npz's arrays, from their .npy headers alone (object arrays and header
+    versions numpy has no public reader for are left to np.load)."""
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    specs = {}
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            key = name[:-len(".npy")] if name.endswith(".npy") else name
+            if key not in REQUIRED + OPTIONAL:
+                continue
+            with archive.open(name) as fh:
+                reader = readers.get(np.lib.format.read_magic(fh))
+                if reader is not None:
+                    shape, _, dtype = reader(fh)
+                    if not dtype.hasobject:
+                        specs[key] = (shape, dtype)
+    return specs
 
 
 def _hdf5(path, where):
@@ -62,13 +88,13 @@ def _hdf5(path, where):
 
     try:
         with h5py.File(path, "r", locking=False) as f:
-            out = {}
             for key in REQUIRED + OPTIONAL:
-                if key in f:
-                    if not isinstance(f[key], h5py.Dataset):
-                        raise InputError(f"{where}: {key} is an HDF5 group; expected a dataset (array)")
-                    out[key] = np.asarray(f[key][()])
-            return out
+                if key in f and not isinstance(f[key], h5py.Dataset):
+                    raise InputError(f"{where}: {key} is an HDF5 group; expected a dataset (array)")
+            present = [key for key in REQUIRED + OPTIONAL if key in f]
+            # Shapes first: a dataset may declare far more than the file holds (chunked, compressed, unwritten).
+            refuse_beyond_memory({key: (f[key].shape, f[key].dtype) for key in present}, where)
+            return {key: np.asarray(f[key][()]) for key in present}
     except OSError as e:
         raise InputError(f"{where}: not a readable HDF5 file ({e})") from None
 
@@ -127,8 +153,15 @@ def _column(part, column, datasets, where):
             raise InputError(f"{where}: the images differ in size; fedmpi needs images of one size") from None
         stack = stack[:, None] if stack.ndim == 3 else stack.transpose(0, 3, 1, 2)
         return (stack.astype(np.float32) / 255.0).astype(np.float32)
+    ragged = InputError(f"{where}: holds rows of different lengths or non-numeric values; fedmpi needs one "
+                        f"fixed-shape numeric array per column (every row of one shape, numbers only)")
     values = part.with_format("numpy")[column]
     if isinstance(values, list) or getattr(getattr(values, "dtype", None), "kind", "") == "O":
-        raise InputError(f"{where}: holds rows of different lengths or non-numeric values; fedmpi needs one "
-                         f"fixed-shape numeric array per column")
-    return np.asarray(values)
+        raise ragged
+    try:        # newer `datasets` give a lazy column, which numpy stacks only here
+        values = np.asarray(values)
+    except (ValueError, TypeError):
+        raise ragged from None
+    if values.dtype.kind == "O":
+        raise ragged
+    return values

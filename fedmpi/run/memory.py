@@ -18,6 +18,7 @@ import resource
 import numpy as np
 
 from fedmpi.algorithms.state import ClientVectors
+from fedmpi.data.array_sizes import node_memory_bytes
 from fedmpi.mpi.runtime import place_clients
 
 GB = 1e9
@@ -159,16 +160,6 @@ def model_size(cfg, input_shape, classes):
         return None     # a plug-in model that cannot be built on meta: built for real right after, and refused there
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
     return params, params + sum(b.numel() for b in module.buffers() if b.is_floating_point())
-
-
-def node_memory_bytes():
-    """This node's total memory (MemTotal), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as fh:
-            info = dict(line.split(":", 1) for line in fh)
-        return int(info["MemTotal"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError, IndexError):
-        return None
 
 
 def preflight(cfg, dataset=None):
