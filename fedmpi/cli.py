@@ -8,7 +8,7 @@ import os
 import sys
 
 from fedmpi.core import console
-from fedmpi.core.errors import EXIT_INTERRUPTED, ConfigError, FedmpiError, report_lines
+from fedmpi.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError, FedmpiError, report_lines
 from fedmpi.mpi import signals
 
 EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE: what a shell reports for `yes | head`
@@ -166,7 +166,16 @@ def _run(args):
 
     comm = make_comm()
     # Rank 0 locks `out` and checks it before anything is loaded; a refusal exits 2 on every rank.
-    claim(cfg, comm, overwrite=args.overwrite, resume=args.resume)
+    held = claim(cfg, comm, overwrite=args.overwrite, resume=args.resume)
+    try:
+        return _claimed_run(cfg, comm, args)
+    except FedmpiError as e:
+        if held is not None and e.exit_code == EXIT_USAGE:
+            held.undo_if_untouched()        # a refused run leaves no folder or lock file of its own behind
+        raise
+
+
+def _claimed_run(cfg, comm, args):
     resume = fork = None
     if args.resume:
         from fedmpi.io.resume import plan_resume

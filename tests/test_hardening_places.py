@@ -149,3 +149,15 @@ def test_a_run_refuses_protected_and_linked_outs_before_anything_is_loaded(here,
             err = capsys.readouterr().err.strip().splitlines()
             assert err and err[-1].startswith("fedmpi: ") and "out = " in err[-1], (out, err)
     assert listing(tmp_path) == before
+
+
+def test_a_refused_run_leaves_no_folder_or_lock_of_its_own(here, tmp_path, capsys):
+    cfg = here.parent / "c.yaml"
+    cfg.write_text(yaml.safe_dump(small_config("unused", rounds=1, data={"name": "arrays",
+                                                                          "root": str(tmp_path / "none.npz")})))
+    (here / "existing").mkdir()
+    (here / "existing" / "x.txt").write_text("x")
+    assert main(["run", str(cfg), "out=new/nested"]) == 2
+    assert main(["run", str(cfg), "out=existing"]) == 2
+    assert not os.path.exists("new") and sorted(os.listdir("existing")) == ["x.txt"]
+    assert capsys.readouterr().err.count("data.root") == 2

@@ -56,9 +56,25 @@ class Claim:
     """The held lock of one `out` (rank 0). `release` lets another job in; otherwise the lock lasts as long
     as this process."""
 
-    def __init__(self, out, fd):
+    def __init__(self, out, fd, made=(), lock_made=False):
         self.out, self.fd = out, fd
+        self.made, self.lock_made = list(made), lock_made     # what claiming created (folders, top first)
         _HELD[_key(out)] = self
+
+    def undo_if_untouched(self):
+        """After a refusal (exit 2) before the run wrote anything: removes the lock file and the folders that
+        claiming created, where nothing else was put in them, so that a refused run leaves no trace."""
+        lock = os.path.join(self.out, LOCK_NAME)
+        if self.lock_made and not any(os.path.lexists(os.path.join(self.out, name)) for name in RUN_PARTS):
+            try:
+                os.remove(lock)
+            except OSError:
+                return
+        for folder in reversed(self.made):
+            try:
+                os.rmdir(folder)        # only ever an empty folder
+            except OSError:
+                return
 
     def release(self):
         if self.fd is not None:
@@ -92,13 +108,17 @@ def claim_here(out, overwrite=False, resume=False):
     if resume and not os.path.isdir(out):       # refused without creating the folder
         raise InputError(f"--resume: no checkpoint in {_named(out)}: that folder does not exist; nothing to "
                          f"continue (start a new run without --resume)")
-    _make_folder(out)
+    made = _make_folder(out)
     already = _key(out) in _HELD
+    lock_made = not os.path.lexists(os.path.join(out, LOCK_NAME))
     held = _lock(out)
+    if not already:
+        held.made, held.lock_made = made, lock_made
     try:
         _check_contents(out, overwrite, resume)
     except BaseException:
         if not already:
+            held.undo_if_untouched()
             held.release()
         raise
     return held
@@ -113,11 +133,16 @@ def _make_folder(out):
         check_place(out, "out =")
     except InputError as e:
         raise ConfigError(str(e)) from None
+    made, folder = [], os.path.abspath(out)
+    while not os.path.lexists(folder):
+        made.insert(0, folder)
+        folder = os.path.dirname(folder)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"out = {_named(out)}: cannot create this folder ({e.strerror}); choose a writable "
                           f"place with out=...") from None
+    return made
 
 
 def _lock(out):
