@@ -31,8 +31,20 @@ def check_loaded(cfg, dataset) -> Dataset:
     _check_arrays(dataset)
     if cfg.data.classes is not None:
         dataset = keep_first_classes(dataset, cfg.data.classes)
+    _check_not_empty(cfg, dataset)
     make_transform(cfg.data, dataset.input_shape)    # data.augment on non-images fails here, on every rank
     return dataset
+
+
+def _check_not_empty(cfg, ds):
+    """An empty training or test set is refused: the run would record a test accuracy and loss of 0 every
+    round (issue 38: a figure that is not true), or train nothing."""
+    where = f" (data.root = {cfg.data.root!r})" if cfg.data.root else ""
+    classes = f" after data.classes = {cfg.data.classes}" if cfg.data.classes is not None else ""
+    for part, y in (("training", ds.y_train), ("test", ds.y_test)):
+        if len(y) == 0:
+            raise InputError(f"data.name = {ds.name!r}{where}: the {part} set is empty{classes}; every run needs "
+                             f"{part} samples (the global evaluation reads the test set)")
 
 
 def _check_arrays(ds):
