@@ -31,3 +31,62 @@ def test_an_empty_evaluation_or_training_set_is_refused_naming_the_key(tmp_path,
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "data.root" in err[0] and f"the {part} set is empty" in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+# --- a fork that turns a mechanism on: epsilon covers exactly the rounds that had it ----------------------
+
+DP = {"privacy": {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0, "delta": 1e-3}}
+SECAGG = {"server": {"clients_per_round": 4, "secure_aggregation": "secagg"},
+          "secagg": {"bits": 40, "clip": 2.0, "scale": 100000.0, "noise": "skellam", "noise_multiplier": 0.5,
+                     "delta": 0.01}}
+MECHANISMS = {"privacy": DP, "secagg": SECAGG}
+
+
+def _run_attrs(out):
+    import h5py
+
+    with h5py.File(out / "run.h5", "r", locking=False) as f:
+        return dict(f.attrs), f["metrics/epsilon"][()] if "epsilon" in f["metrics"] else None
+
+
+def _fork_case(tmp_path, sections, parent_sections, rounds=6, at=2):
+    base = small_config(tmp_path / "parent", rounds=rounds, data={"name": "synthetic"},
+                        partition={"clients": 8, "scheme": "iid"}, server={"clients_per_round": 4},
+                        checkpoint={"every": at, "keep": 5})
+    parent = write_config(tmp_path / "parent.yaml", {**base, **parent_sections})
+    assert main(["run", str(parent)]) == 0
+    child = write_config(tmp_path / "child.yaml", {**base, **sections, "out": str(tmp_path / "child")})
+    assert main(["run", str(child), "--fork-from", f"{tmp_path / 'parent'}@{at}"]) == 0
+    fresh = write_config(tmp_path / "fresh.yaml", {**base, **sections, "rounds": rounds - at,
+                                                   "out": str(tmp_path / "fresh")})
+    assert main(["run", str(fresh)]) == 0
+    return _run_attrs(tmp_path / "child"), _run_attrs(tmp_path / "fresh")
+
+
+@pytest.mark.parametrize("prefix", sorted(MECHANISMS))
+def test_a_fork_turning_a_mechanism_on_records_an_unbounded_epsilon_and_says_why(tmp_path, prefix):
+    pytest.importorskip("dp_accounting")
+    from fuzz_support import release_claims
+
+    try:
+        (attrs, eps), (fresh_attrs, fresh_eps) = _fork_case(tmp_path, MECHANISMS[prefix], {})
+    finally:
+        release_claims()
+    assert attrs[f"{prefix}_epsilon"] == np.inf and "without this mechanism" in attrs[f"{prefix}_epsilon_note"]
+    # the noised rounds 3..6 alone: what a fresh run of those 4 rounds with the same noise reaches
+    assert attrs[f"{prefix}_epsilon_rounds"] == pytest.approx(fresh_attrs[f"{prefix}_epsilon"], rel=1e-12)
+    np.testing.assert_allclose(eps[2:], fresh_eps, rtol=1e-12)
+
+
+def test_a_fork_of_a_parent_that_ran_the_mechanism_keeps_the_whole_runs_epsilon(tmp_path):
+    pytest.importorskip("dp_accounting")
+    from fuzz_support import release_claims
+
+    try:
+        (attrs, eps), _ = _fork_case(tmp_path, DP, DP)
+    finally:
+        release_claims()
+    parent, parent_eps = _run_attrs(tmp_path / "parent")
+    assert np.isfinite(attrs["privacy_epsilon"]) and attrs["privacy_epsilon"] == parent["privacy_epsilon"]
+    assert "privacy_epsilon_note" not in attrs
+    np.testing.assert_array_equal(eps, parent_eps)

@@ -38,6 +38,16 @@ class ForkPoint(resume.ResumePoint):
     parent_config_hash: str = ""
     parent_fingerprint: str = ""
     partial: bool = True        # the new algorithm's state not in the checkpoint starts as on a fresh run
+    parent_config: dict | None = None     # the parent's stored config, as parsed YAML
+
+    def tell_stages(self, stages):
+        """Rank 0, before the run file is made: each upload stage that accounts a mechanism (`forked`) learns
+        the fork's round and what the parent ran, so that its privacy figures cover exactly the rounds that
+        had the mechanism (fedmpi/uploads/forked.py)."""
+        for stage in stages:
+            forked = getattr(stage, "forked", None)
+            if forked is not None:
+                forked(self.round, self.parent_config)
 
     def record(self, log):
         """The parent's rows up to the fork and the parent's identity, into the new run's log."""
@@ -85,7 +95,7 @@ def choose(cfg, spec) -> ForkPoint:
         vec = f["global"][()]
     return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
                      parent_config_hash=str(attrs["config_hash"]),
-                     parent_fingerprint=fingerprint(vec))
+                     parent_fingerprint=fingerprint(vec), parent_config=parent_cfg)
 
 
 def _check_parent_log(log, round_):

@@ -25,6 +25,7 @@ from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
 from fedmpi.privacy.sampling import PoissonSampling
 from fedmpi.uploads.base import UploadStage
+from fedmpi.uploads.forked import ForkAccounting, parent_value
 
 CLIPPED, COUNT = 0, 1      # the stage's sums in the reduction: updates clipped, updates counted
 
@@ -72,6 +73,7 @@ class PrivacyStage(UploadStage):
         self.plan = self.estimator = self.curve = None     # rank 0 (`on_server`)
         self._clipped = 0.0
         self._figures = {}
+        self.fork = ForkAccounting()
 
     # -- rank 0 at set-up and on resume -----------------------------------------------------------------
     def on_server(self, noise_multiplier=None):
@@ -99,11 +101,16 @@ class PrivacyStage(UploadStage):
         if self.estimator is not None and "clip" in state:
             self.estimator.load_state(state)
 
+    def forked(self, fork_round, parent_cfg):
+        """A fork's parent without client-level DP: the whole model's epsilon is unbounded (uploads/forked.py)."""
+        self.fork.forked(fork_round, parent_value(parent_cfg, "privacy.mechanism") == "gaussian")
+
     def attrs(self) -> dict:
         p = self.plan
         return {"privacy_noise_multiplier": p.noise_multiplier,
                 "privacy_update_noise_multiplier": p.update_noise_multiplier,
-                "privacy_epsilon": p.epsilon, "privacy_delta": p.delta, "privacy_accountant": p.accountant}
+                **self.fork.attrs("privacy", self.curve, p.epsilon), "privacy_delta": p.delta,
+                "privacy_accountant": p.accountant}
 
     # -- every rank, each round --------------------------------------------------------------------------
     def header(self) -> list:
@@ -137,7 +144,7 @@ class PrivacyStage(UploadStage):
         return p.sampling.expected_size
 
     def round_metrics(self, t) -> dict:
-        return {"epsilon": float(self.curve[t]), **self._figures}
+        return {"epsilon": self.fork.at(self.curve, t), **self._figures}
 
 
 def dry_run_lines(cfg, algo_cls) -> list:

@@ -101,6 +101,8 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
     try:
         first_round = load_into(exp, start) if start else 0
         if comm.is_server:
+            if fork:
+                fork.tell_stages(exp.stages)    # privacy figures of the rounds that had the mechanism
             log = _open_log(cfg, comm, exp, overwrite, resume)
             log.metric_attrs = exp.metric_attrs
             if fork:

@@ -29,6 +29,7 @@ from fedmpi.secagg.graph import degrees
 from fedmpi.secagg.masks import NOISE_SAMPLERS, from_ring, quantize, to_ring
 from fedmpi.secagg.protocol import masked_upload, setup, unmask
 from fedmpi.uploads.base import UploadStage
+from fedmpi.uploads.forked import ForkAccounting, parent_value
 
 MASK_SECONDS, CLIPPED = 0, 1    # the stage's sums in the reduction: the clients' masking seconds, updates clipped
 
@@ -52,6 +53,7 @@ class SecAggStage(UploadStage):
         self.setup = self.plan_t = self.total = self.kept = None
         self._mask_s = self._clipped = 0.0
         self._figures = {}
+        self.fork = ForkAccounting()
 
     def on_server(self):
         if self.keys.noise != "none":
@@ -62,8 +64,13 @@ class SecAggStage(UploadStage):
         out = {"secagg_mode": p.mode, "secagg_bits": self.keys.bits, "secagg_threshold": p.threshold,
                "secagg_neighbours": p.neighbours, "secagg_min_bits": p.min_bits}
         if self.curve is not None:
-            out["secagg_epsilon"] = float(self.curve[-1]) if len(self.curve) else 0.0
+            out.update(self.fork.attrs("secagg", self.curve, float(self.curve[-1]) if len(self.curve) else 0.0))
         return out
+
+    def forked(self, fork_round, parent_cfg):
+        """A fork's parent without the distributed noise: the model's epsilon is unbounded (uploads/forked.py)."""
+        self.fork.forked(fork_round, parent_value(parent_cfg, "server.secure_aggregation", "none") != "none"
+                         and parent_value(parent_cfg, "secagg.noise", "none") != "none")
 
     # -- every rank ------------------------------------------------------------------------------------
     def round_plan(self, plan):
@@ -157,7 +164,7 @@ class SecAggStage(UploadStage):
     def round_metrics(self, t) -> dict:
         out = dict(self._figures)
         if self.curve is not None:
-            out["epsilon"] = float(self.curve[t])
+            out["epsilon"] = self.fork.at(self.curve, t)
         return out
 
 
