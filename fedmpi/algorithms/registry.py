@@ -39,6 +39,7 @@ from fedmpi.algorithms import (  # noqa: F401 - imported for their @register: fe
     local,
     moon,
     perfedavg,
+    pfedme,
     qffl,
     safl,
     scaffold,

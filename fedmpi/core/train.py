@@ -96,12 +96,14 @@ class LocalTrainer:
         return self.criterion(self.flat.module(xb), yb)
 
     def train(self, indices: torch.Tensor, g: np.random.Generator, sched: Schedule, lr=None, grad_hook=None,
-              loss_fn=None, step_hook=None, poison=None):
+              loss_fn=None, step_hook=None, poison=None, repeat=1):
         """Runs `sched.steps` SGD steps from the model's current vector. Returns (sum of sample losses,
         samples seen) as a 0-d tensor and an int; the caller reads `flat.vec` for the result.
         `grad_hook(params, grad)` corrects the flat gradient before each step; `step_hook(params)` changes
         the parameters after each step (SCAFFOLD's `correction: after_step`). `poison(xb, yb) -> (xb, yb)`
-        changes each batch after augmentation (a malicious client's data attack, fedmpi.attacks.data)."""
+        changes each batch after augmentation (a malicious client's data attack, fedmpi.attacks.data).
+        `repeat` steps are taken on each batch (pFedMe's K steps towards its personal model), the batch drawn
+        and augmented once; every step's loss counts."""
         cfg, flat, module = self.cfg, self.flat, self.flat.module
         lr = cfg.lr if lr is None else lr
         params = flat.params
@@ -131,12 +133,13 @@ class LocalTrainer:
                     xb = self.transform(xb, g)
                 if poison is not None:
                     xb, yb = poison(xb, yb)
-                with _batch_statistics_off(self._batch_norms if len(positions) == 1 else ()):
-                    loss = step(loss_of(xb, yb))
-                if step_hook is not None:
-                    step_hook(params)
-                loss_sum += loss.detach() * len(positions)
-                seen += len(positions)
+                for _ in range(repeat):
+                    with _batch_statistics_off(self._batch_norms if len(positions) == 1 else ()):
+                        loss = step(loss_of(xb, yb))
+                    if step_hook is not None:
+                        step_hook(params)
+                    loss_sum += loss.detach() * len(positions)
+                    seen += len(positions)
         return loss_sum, seen
 
     def _flat_step(self, lr, grad_hook):

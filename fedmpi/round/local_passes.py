@@ -29,9 +29,10 @@ class LocalPasses:
         self.batch_size = sched.batch_size
         self.epoch_steps = steps_per_epoch(run.n_samples, sched.batch_size, sched.drop_last)   # steps of one epoch
 
-    def train(self, steps=None, grad_hook=None, loss_fn=None, step_hook=None, lr=None, stream=0):
+    def train(self, steps=None, grad_hook=None, loss_fn=None, step_hook=None, lr=None, stream=0, repeat=1):
         """One pass of `steps` SGD steps (None: the client's schedule) at `lr` (None: the round's eta_l), with
-        the trainer's hooks; returns (sum of sample losses as a 0-d tensor, samples seen)."""
+        the trainer's hooks, `repeat` steps on each batch; returns (sum of sample losses as a 0-d tensor,
+        samples seen)."""
         host, run = self.host, self.run
         sched = self.sched if steps is None else Schedule(self.sched.batch_size, int(steps), self.sched.drop_last)
         purpose, keys = (rng.CLIENT, ()) if stream == 0 else (rng.PERSONAL, (int(stream),))
@@ -39,7 +40,7 @@ class LocalPasses:
         seed_torch_on(host.flat.device, seed, purpose, run.round, run.cid, *keys, 1)
         return host.trainer.train(host.client_idx[run.cid], rng.stream(seed, purpose, run.round, run.cid, *keys),
                                   sched, lr=run.lr if lr is None else lr, grad_hook=grad_hook, loss_fn=loss_fn,
-                                  step_hook=step_hook)
+                                  step_hook=step_hook, repeat=repeat)
 
     def loss(self):
         """Mean training loss of the model's current vector over the client's whole training set (no
