@@ -76,6 +76,7 @@ def main(argv=None) -> int:
     # `fedmpi.cli:main` and `python -m fedmpi` both come here with nothing heavy imported yet.
     previous = signals.install_early()
     try:
+        signals.test_pause("start")
         return _main(argv)
     except KeyboardInterrupt:
         # Ctrl-C before the run's own handling took over (torch's import, config, data loading, a report):

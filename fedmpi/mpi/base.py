@@ -17,6 +17,21 @@ def error_text(error):
     return str(error) if isinstance(error, FedmpiError) else f"{type(error).__name__}: {error}"
 
 
+# A worker's failure report starts with the round it failed in (MpiComm.report_failure, `split_round`).
+ROUND_MARK = "@round "
+
+
+def split_round(text):
+    """(the round a worker's failure report names, or None; the report without that line)."""
+    head, _, rest = text.partition("\n")
+    if head.startswith(ROUND_MARK):
+        try:
+            return int(head[len(ROUND_MARK):]), rest
+        except ValueError:
+            pass
+    return None, text
+
+
 def exit_code_of(error):
     """The exit code a rank ends with for `error`: a FedmpiError's own, else 1."""
     return error.exit_code if isinstance(error, FedmpiError) else 1
