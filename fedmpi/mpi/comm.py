@@ -27,7 +27,7 @@ import numpy as np
 from fedmpi.core import console
 from fedmpi.core.timing import Timer
 from fedmpi.mpi import hierarchy, large_count, node_buffers, signals
-from fedmpi.mpi.base import ROUND_MARK, WorkerFailed, error_text, exit_code_of, split_round
+from fedmpi.mpi.base import ROUND_MARK, WorkerFailed, arrive_first, error_text, exit_code_of, split_round
 from fedmpi.mpi.launcher import start_mpi
 from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
 from fedmpi.mpi.runtime import usable_cpus
@@ -175,6 +175,7 @@ class MpiComm:
         return buf
 
     # -- the round's buffers in node-shared memory (fedmpi.mpi.node_buffers) ---------------------------
+    @arrive_first
     def round_buffers(self, down_len, up_len, host_buffers=True):
         """Collective: (down float32[down_len], up float64[up_len]), this rank's slots of its node's shared
         window, through which `bcast` and `reduce_sum` of (slices of) them move: within a node by shared
@@ -183,7 +184,6 @@ class MpiComm:
         is not 0; else None (the caller allocates its own buffers and MPI moves them among all ranks)."""
         if self._round is not None:     # its slots back another experiment's buffers until `close`
             raise RuntimeError("MpiComm.round_buffers: called twice; one experiment per communicator")
-        signals.test_pause("round_buffers")
         node = self._node_comm()
         vote = np.array([int(host_buffers and node_buffers.wanted())])
         every = np.zeros(1, dtype=vote.dtype)
@@ -194,6 +194,7 @@ class MpiComm:
         mine = node.Get_rank()
         return self._round.buffers.down[mine], self._round.buffers.up[mine]
 
+    @arrive_first
     def ticket_counter(self):
         """Collective: a job-wide tickets.TicketCounter where every rank is on one node, else None."""
         node = self._node_comm()
@@ -327,10 +328,10 @@ class MpiComm:
         """This rank is the first of its node (collective the first time: see `_node_comm`)."""
         return self._node_comm().Get_rank() == 0
 
+    @arrive_first
     def node_local(self, gpus=0):
         """Collective: this rank's NodeInfo (its place on its node, its node's cores, and rank 0's node: ranks,
         cores and the `gpus` rank 0 counted there)."""
-        signals.test_pause("node_local")
         local = self._node_comm()
         lowest = np.zeros(1, dtype=np.int64)
         local.Allreduce(np.array([self.rank], dtype=np.int64), lowest, op=self.MPI.MIN)

@@ -15,7 +15,8 @@ collective ends (`interrupt_after`).
 Before any of that, from the entry point's first line (`install_early`, before torch is imported: a
 Ctrl-C in the first seconds used to print a 50-line traceback from inside torch's import and die by SIGINT):
 SIGINT raises one KeyboardInterrupt, which `fedmpi.cli.main` turns into the line `fedmpi: interrupted`
-and exit 130 (a second Ctrl-C exits 130 at once); SIGTERM prints one line and exits 143; SIGPIPE is
+and exit 130 (a second Ctrl-C exits 130 at once, except in a rank of several, which ends its job through
+MPI whatever happens: see `_early_interrupt`); SIGTERM prints one line and exits 143; SIGPIPE is
 ignored (a closed pipe is an error on the write, which `fedmpi.core.console` absorbs, not a silent death); a
 closed stdin/stdout/stderr is reopened on /dev/null, so no file the run opens lands on descriptor 2.
 
@@ -56,8 +57,11 @@ def _interrupt(signum, frame):
 
 def _early_interrupt(signum, frame):
     """The first Ctrl-C before the run's handlers: one KeyboardInterrupt (cli.main prints the line); a second
-    one, e.g. while a swallowed first one left the process running, ends it at once."""
-    signal.signal(signal.SIGINT, _interrupt_now)
+    one, e.g. while a swallowed first one left the process running, ends it at once. Not so for a rank of
+    several: mpiexec forwards the terminal's Ctrl-C to every rank, which the terminal reached already, so a
+    second one is the rule there, and it must not cut short the first one's ending of the job (an exit
+    before MPI_Init would leave the other ranks waiting inside theirs: fedmpi.mpi.launcher)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN if launcher.one_of_several() else _interrupt_now)
     _interrupts.append(signum)
     raise KeyboardInterrupt
 
@@ -127,7 +131,7 @@ def _open_missing_std_fds():
 # model; the first round's broadcast), then the final model write.
 SETUP_PAUSES = ("start", "import", "mpi_init", "claim", "node_local", "data", "partition", "model",
                 "round_buffers", "broadcast")
-PAUSE_POINTS = SETUP_PAUSES + ("model_write",)
+PAUSE_POINTS = SETUP_PAUSES + ("ticket_counter", "model_write")     # (dealt clients only: not in a small run)
 _paused = set()
 
 
