@@ -78,10 +78,12 @@ def main(argv=None) -> int:
     # `fedmpi.cli:main` and `python -m fedmpi` both come here with nothing heavy imported yet.
     previous = signals.install_early()
     try:
+        signals.test_pause("start")
         return _main(argv)
     except KeyboardInterrupt:
         # Ctrl-C before the run's own handling took over (torch's import, config, data loading, a report):
-        # one line, no traceback, exit 130. The other ranks of an MPI job would wait for this one forever.
+        # one line, no traceback, exit 130. The other ranks of an MPI job would wait for this one forever:
+        # a rank of several never returns from here, it ends the job (`_abort_peers`).
         if launcher_rank() in (None, 0):
             console.say("fedmpi: interrupted")
         _abort_peers(EXIT_INTERRUPTED)
@@ -98,12 +100,15 @@ ABORT_GRACE_S = 2.0     # how long an interrupted worker leaves rank 0 to print 
 
 
 def _abort_peers(code):
-    """Ends the whole MPI job where this process is one rank of several (nothing to do otherwise). A worker
-    first gives rank 0 a moment: after a Ctrl-C, which reaches every rank, rank 0's abort (after its one
-    line) should be the one that ends the job. A worker still alive after that says so itself: rank 0 did not
-    get the signal, or cannot act on it (blocked in a collective the interrupted ranks will not join)."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() == 1:
+    """Ends the whole MPI job where this process is one rank of several (nothing to do otherwise), starting
+    MPI first where the run had not yet (fedmpi.mpi.launcher.world: the ranks inside MPI_Init would wait for
+    this one forever). A worker first gives rank 0 a moment: after a Ctrl-C, which reaches every rank, rank
+    0's abort (after its one line) should be the one that ends the job. A worker still alive after that says
+    so itself: rank 0 did not get the signal, or cannot act on it."""
+    from fedmpi.mpi.launcher import world
+
+    mpi = world()
+    if mpi is None:
         return
     rank = mpi.COMM_WORLD.Get_rank()
     if rank != 0:

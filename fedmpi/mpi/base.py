@@ -3,18 +3,52 @@ the round engine is written against), and the errors that travel between ranks."
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from fedmpi.core.errors import FedmpiError
 from fedmpi.core.timing import Timer
+from fedmpi.mpi import signals
 from fedmpi.mpi.topology import NodeInfo
 
 
 def error_text(error):
     """What a rank says about an error it raised: the message of a FedmpiError, else 'Type: message'."""
     return str(error) if isinstance(error, FedmpiError) else f"{type(error).__name__}: {error}"
+
+
+# A worker's failure report starts with the round it failed in (MpiComm.report_failure, `split_round`).
+ROUND_MARK = "@round "
+
+
+def split_round(text):
+    """(the round a worker's failure report names, or None; the report without that line)."""
+    head, _, rest = text.partition("\n")
+    if head.startswith(ROUND_MARK):
+        try:
+            return int(head[len(ROUND_MARK):]), rest
+        except ValueError:
+            pass
+    return None, text
+
+
+def arrive_first(method):
+    """For MpiComm's collectives of set-up that are made of blocking MPI calls (communicators, windows, small
+    reductions): every rank first waits until all have arrived, asleep (`MpiComm.sync`), and a worker holds a
+    Ctrl-C back until the collective has ended (`MpiComm._whole`). A rank inside a blocking MPI call runs no
+    Python code, so it hears no Ctrl-C, and MPICH's spins at full CPU: rank 0, having run ahead into one while
+    an interrupted worker never came, could not end the job, which the worker then ended after its grace
+    with its own line instead of rank 0's. Asleep, rank 0 ends it at once. A test may pause at the entry
+    (signals.test_pause with the method's name)."""
+    @functools.wraps(method)
+    def together(self, *args, **kwargs):
+        signals.test_pause(method.__name__)
+        with self._whole():
+            self.sync()
+            return method(self, *args, **kwargs)
+    return together
 
 
 def exit_code_of(error):

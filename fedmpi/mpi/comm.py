@@ -1,8 +1,8 @@
 """Communication between the server (rank 0) and the workers (ranks >= 1).
 
-The only module that imports mpi4py. `MpiComm` moves flat numpy float32 buffers with buffer-based
-(uppercase) calls; `LocalComm` is its single-process twin with the same methods, so every algorithm runs
-unchanged at `-n 1`.
+With fedmpi.mpi.launcher (MPI's start), the only module that imports mpi4py. `MpiComm` moves flat numpy
+float32 buffers with buffer-based (uppercase) calls; `LocalComm` is its single-process twin with the same
+methods, so every algorithm runs unchanged at `-n 1`.
 
 Node-local data: `share_arrays` (fedmpi.mpi.shared_arrays); pretend nodes: fedmpi.mpi.topology.
 
@@ -27,7 +27,8 @@ import numpy as np
 from fedmpi.core import console
 from fedmpi.core.timing import Timer
 from fedmpi.mpi import hierarchy, large_count, node_buffers, signals
-from fedmpi.mpi.base import WorkerFailed, error_text, exit_code_of
+from fedmpi.mpi.base import ROUND_MARK, WorkerFailed, arrive_first, error_text, exit_code_of, split_round
+from fedmpi.mpi.launcher import start_mpi
 from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
 from fedmpi.mpi.runtime import usable_cpus
 from fedmpi.mpi.shared_arrays import PeerFailed, read_only, shared_layout, views
@@ -45,9 +46,6 @@ SLEEP_MIN_S, SLEEP_MAX_S = 5e-5, 2e-3
 SLEEP_FRACTION = 0.05     # of the time waited so far: a wait overshoots by at most ~5%
 # How long a failing worker waits for the server to record its error before aborting the job itself.
 FAILURE_GRACE_S = 10.0
-# A worker's failure report starts with the round it failed in (see `_check_failures`).
-ROUND_MARK = "@round "
-# Test aid: split the ranks into this many pretend nodes (contiguous blocks of ranks), see `node_count`.
 
 class _AllOf:
     """Adapts a list of requests to the single-request `Test()` that `_sleep_wait` polls."""
@@ -117,7 +115,7 @@ class MpiComm:
         failure is raised at a later wait."""
         if self._failure is None and self._failure_req is not None and self._failure_req.Test(self._status):
             text = bytes(self._failure_buf).rstrip(b"\0").decode(errors="replace")
-            self._failure_round, text = _split_round(text)
+            self._failure_round, text = split_round(text)
             self._failure = WorkerFailed(self._status.Get_source(), text)
         ahead = (self._failure_round is not None and self.round is not None and self._failure_round > self.round)
         if self._failure is not None and not ahead and not request.Test():
@@ -177,6 +175,7 @@ class MpiComm:
         return buf
 
     # -- the round's buffers in node-shared memory (fedmpi.mpi.node_buffers) ---------------------------
+    @arrive_first
     def round_buffers(self, down_len, up_len, host_buffers=True):
         """Collective: (down float32[down_len], up float64[up_len]), this rank's slots of its node's shared
         window, through which `bcast` and `reduce_sum` of (slices of) them move: within a node by shared
@@ -195,6 +194,7 @@ class MpiComm:
         mine = node.Get_rank()
         return self._round.buffers.down[mine], self._round.buffers.up[mine]
 
+    @arrive_first
     def ticket_counter(self):
         """Collective: a job-wide tickets.TicketCounter where every rank is on one node, else None."""
         node = self._node_comm()
@@ -328,6 +328,7 @@ class MpiComm:
         """This rank is the first of its node (collective the first time: see `_node_comm`)."""
         return self._node_comm().Get_rank() == 0
 
+    @arrive_first
     def node_local(self, gpus=0):
         """Collective: this rank's NodeInfo (its place on its node, its node's cores, and rank 0's node: ranks,
         cores and the `gpus` rank 0 counted there)."""
@@ -454,21 +455,8 @@ class MpiComm:
         self._failure_req = None
 
 
-def _split_round(text):
-    """(the round a worker's failure report names, or None; the report without that line)."""
-    head, _, rest = text.partition("\n")
-    if head.startswith(ROUND_MARK):
-        try:
-            return int(head[len(ROUND_MARK):]), rest
-        except ValueError:
-            pass
-    return None, text
-
-
 def make_comm():
     """MpiComm when launched under an MPI launcher with more than one rank, else LocalComm."""
-    from mpi4py import MPI
-
-    if MPI.COMM_WORLD.Get_size() == 1:
+    if start_mpi().COMM_WORLD.Get_size() == 1:
         return LocalComm()
     return MpiComm()

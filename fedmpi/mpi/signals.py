@@ -15,7 +15,8 @@ collective ends (`interrupt_after`).
 Before any of that, from the entry point's first line (`install_early`, before torch is imported: a
 Ctrl-C in the first seconds used to print a 50-line traceback from inside torch's import and die by SIGINT):
 SIGINT raises one KeyboardInterrupt, which `fedmpi.cli.main` turns into the line `fedmpi: interrupted`
-and exit 130 (a second Ctrl-C exits 130 at once); SIGTERM prints one line and exits 143; SIGPIPE is
+and exit 130 (a second Ctrl-C exits 130 at once, except in a rank of several, which ends its job through
+MPI whatever happens: see `_early_interrupt`); SIGTERM prints one line and exits 143; SIGPIPE is
 ignored (a closed pipe is an error on the write, which `fedmpi.core.console` absorbs, not a silent death); a
 closed stdin/stdout/stderr is reopened on /dev/null, so no file the run opens lands on descriptor 2.
 
@@ -36,6 +37,7 @@ import threading
 import time
 
 from fedmpi.core.errors import StopRequested
+from fedmpi.mpi import launcher
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _received = []
@@ -55,8 +57,11 @@ def _interrupt(signum, frame):
 
 def _early_interrupt(signum, frame):
     """The first Ctrl-C before the run's handlers: one KeyboardInterrupt (cli.main prints the line); a second
-    one, e.g. while a swallowed first one left the process running, ends it at once."""
-    signal.signal(signal.SIGINT, _interrupt_now)
+    one, e.g. while a swallowed first one left the process running, ends it at once. Not so for a rank of
+    several: mpiexec forwards the terminal's Ctrl-C to every rank, which the terminal reached already, so a
+    second one is the rule there, and it must not cut short the first one's ending of the job (an exit
+    before MPI_Init would leave the other ranks waiting inside theirs: fedmpi.mpi.launcher)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN if launcher.one_of_several() else _interrupt_now)
     _interrupts.append(signum)
     raise KeyboardInterrupt
 
@@ -121,18 +126,34 @@ def _open_missing_std_fds():
             setattr(sys, name, open(fd, mode, closefd=False))
 
 
+# Where `test_pause` may pause, in the order a run passes them: set-up (the entry point; before the config is
+# read; before and after MPI_Init; set-up's collectives among the node's ranks; the data; the partition; the
+# model; the first round's broadcast), then the final model write.
+SETUP_PAUSES = ("start", "import", "mpi_init", "claim", "node_local", "data", "partition", "model",
+                "round_buffers", "broadcast")
+PAUSE_POINTS = SETUP_PAUSES + ("ticket_counter", "model_write")     # (dealt clients only: not in a small run)
+_paused = set()
+
+
 def test_pause(where):
-    """Test aid: FEDMPI_TEST_SLEEP_AT=WHERE (import, data, model_write) pauses here for FEDMPI_TEST_SLEEP_S
-    seconds (default 5) after writing `fedmpi-test: paused at WHERE` to stderr, so that a test can send a
-    signal at that moment instead of guessing when it comes. `model_write` sleeps inside a weakref callback,
-    where the interpreter swallows exceptions, as it does inside h5py's object registry."""
-    if os.environ.get("FEDMPI_TEST_SLEEP_AT") != where:
+    """Test aid: FEDMPI_TEST_SLEEP_AT=WHERE (one of PAUSE_POINTS) pauses here, the first time a process comes
+    by, for FEDMPI_TEST_SLEEP_S seconds (default 5) after writing `fedmpi-test: paused at WHERE` to stderr, so
+    that a test can send a signal at that moment instead of guessing when it comes. FEDMPI_TEST_SLEEP_RANK=R
+    pauses only the rank its launcher numbered R; the others write `fedmpi-test: passed WHERE` and run on,
+    into whatever waits for rank R.
+    `model_write` sleeps inside a weakref callback, where the interpreter swallows exceptions, as it does
+    inside h5py's object registry."""
+    if where not in PAUSE_POINTS:
+        raise ValueError(f"test_pause({where!r}): not one of signals.PAUSE_POINTS")
+    if os.environ.get("FEDMPI_TEST_SLEEP_AT") != where or where in _paused:
+        return
+    _paused.add(where)
+    rank = os.environ.get("FEDMPI_TEST_SLEEP_RANK", "").strip()
+    if rank and str(launcher.launcher_rank()) != rank:
+        _test_line(f"fedmpi-test: passed {where}")     # into what comes next (what waits for rank R)
         return
     seconds = float(os.environ.get("FEDMPI_TEST_SLEEP_S", "5"))
-    try:
-        os.write(2, f"fedmpi-test: paused at {where}\n".encode())
-    except OSError:
-        pass
+    _test_line(f"fedmpi-test: paused at {where}")
     if where != "model_write":
         # In slices: a signal the kernel hands to one of torch's or MPI's threads does not cut a long sleep of
         # the main thread short, and Python runs the handler only once the main thread is back in bytecode.
@@ -148,6 +169,13 @@ def test_pause(where):
     probe = _Probe()
     ref = weakref.ref(probe, lambda _: time.sleep(seconds))     # the callback runs when `probe` goes
     del probe, ref
+
+
+def _test_line(text):
+    try:
+        os.write(2, f"{text}\n".encode())
+    except OSError:
+        pass
 
 
 def install():

@@ -200,6 +200,7 @@ def _broadcast(parts, plan, full, stopping, after_broadcast):
     """The round's broadcast (header only unless `full`); every rank leaves here on a stop. Rank 0 then
     writes the deferred row and trains the divergence shadow while the workers train their clients."""
     t, wire, server = plan.round, parts.wire, parts.server
+    signals.test_pause("broadcast")     # (the first round's: a test's Ctrl-C at the end of set-up)
     command = CMD_STOP if stopping else CMD_RUN
     wire.start_round(plan.selected)
     parts.clients.open_deal()       # before the broadcast: no ticket of this round is taken before it

@@ -33,6 +33,7 @@ from fedmpi.core.train import ServerTrainer
 from fedmpi.data.server_set import split_dataset
 from fedmpi.data.shared import load_shared
 from fedmpi.data.stats import partition_stats
+from fedmpi.mpi import signals
 from fedmpi.mpi.runtime import pick_device, set_deterministic, set_threads
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
@@ -95,12 +96,14 @@ class Experiment:
         self.threads = set_threads(cfg.runtime.threads, computing, node.cores)
         set_deterministic(cfg.runtime.deterministic)      # before the device's first kernels
         self.device = pick_device(cfg.runtime.device, node.local_rank)
+        signals.test_pause("partition")
         self.split = build_partition(cfg, self.dataset, parts)
         zoo_model = model is None       # `kernels: auto` trusts only the zoo's own declared models
         if model is None:
             rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
             model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes)
             check_takes(model, cfg, self.dataset.x_train, self.dataset.num_classes)   # before any file is written
+        signals.test_pause("model")
         self.flat = FlatModel(model, self.device)
         if cpu_kernels.wanted(cfg.runtime.kernels, cfg.model.name if zoo_model else None, self.device):
             cpu_kernels.use_fast_kernels(self.flat)
