@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from fedmpi.core import console
 from fedmpi.core.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError, FedmpiError, report_lines
 from fedmpi.mpi import signals
+from fedmpi.mpi.launcher import RANK_VARIABLES, launcher_rank  # noqa: F401 - RANK_VARIABLES is public here
 
 EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE: what a shell reports for `yes | head`
 
@@ -140,19 +140,6 @@ def _main(argv):
             for line in report_lines(e):
                 console.say(line)
         return e.exit_code
-
-
-# Where MPI launchers put a process's rank before MPI starts: MPICH/hydra and Intel MPI, Open MPI, PMIx, srun.
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-
-def launcher_rank():
-    """This process's rank as its launcher announced it, or None outside a known launcher."""
-    for name in RANK_VARIABLES:
-        value = os.environ.get(name, "").strip()
-        if value.isdigit():
-            return int(value)
-    return None
 
 
 def _run(args):
