@@ -24,6 +24,7 @@ checkpoint's closing and renaming), tracker (one round of a tracker).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import sys
@@ -34,6 +35,10 @@ from fedmpi.core.errors import FedmpiError
 from fedmpi.io.disk_room import WriteFailed, reason
 
 FAIL_ENV = "FEDMPI_TEST_WRITE_FAIL"
+# The writes the test aid can fail, and what one of them is.
+KINDS = {"rows": "a batch of run.h5 rows", "model": "the final model into run.h5",
+         "checkpoint": "one dataset of a checkpoint", "commit": "a checkpoint's closing and renaming",
+         "tracker": "one write of the TensorBoard tracker"}
 # What a failing disk says: the write cannot succeed by trying again later or elsewhere in the run.
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS})
 
@@ -51,6 +56,7 @@ def inject(kind, path):
     spec = os.environ.get(FAIL_ENV)
     if not spec:
         return
+    assert kind in KINDS, kind
     _counts[kind] = _counts.get(kind, 0) + 1
     for item in spec.split(","):
         parts = item.strip().split(":")
@@ -129,9 +135,11 @@ def h5_file(name, path, mode, discard=None, **kwargs):
         w.handle.close()
 
 
-def end_process(code):
+def end_process(code, abort=None):
     """Ends this process with `code` at once (see the module docstring): the room reserved on disk given back
-    and everything printed out first; no interpreter or HDF5 clean-up."""
+    and everything printed out first; no interpreter or HDF5 clean-up. `abort` (MPI_Abort, where the job
+    has other ranks) ends them too: MPICH's MPI_Abort calls exit(), whose handlers include HDF5's, so a
+    handler registered after HDF5's (they run last-registered first) leaves with `code` before it."""
     from fedmpi.core import console
     from fedmpi.io import disk_room
 
@@ -142,6 +150,14 @@ def end_process(code):
             stream.flush()
         except (OSError, ValueError):
             pass
+    if abort is not None:
+        try:
+            handler = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)(lambda status, arg: os._exit(code))
+            _kept.append((None, handler))       # alive until the process ends
+            ctypes.CDLL(None).on_exit(handler, None)
+        except (OSError, AttributeError):
+            os._exit(code)      # no on_exit (not glibc): leave alone; the launcher ends the other ranks
+        abort(code)
     os._exit(code)
 
 

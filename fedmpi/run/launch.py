@@ -167,8 +167,8 @@ def _fail(comm, log, message, detail, code, status="failed", tracking=None):
             tracking.close(status)      # guarded: a tracker that fails to close is reported and dropped
         except WriteFailed:
             pass        # its disk failed too; the run's own error is the one line to print
-    if write_errors.broken():
-        write_errors.end_process(code)      # HDF5's clean-up at exit would crash on the file it failed
+    if write_errors.broken():       # HDF5's clean-up at exit would crash on the file it failed
+        write_errors.end_process(code, comm.abort if comm.size > 1 else None)
     if comm.size > 1:
         if not comm.is_server:
             comm.report_failure(detail if status == "failed" else message)
