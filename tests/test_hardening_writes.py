@@ -11,11 +11,11 @@ import errno
 import os
 import re
 import subprocess
+import time
 
 import h5py
 import pytest
 from conftest import MPI_TIMEOUT_S, ROOT, fedmpi_cmd, small_config, write_config
-from test_hardening import small_disk  # noqa: F401 - the fixture
 
 from fedmpi.core.errors import EXIT_FAILED
 from fedmpi.io import checkpoint, write_errors
@@ -31,6 +31,39 @@ ERRNOS = ("ENOSPC", "EIO")
 NO_RESERVATION = ("import sys; from mpi4py import MPI; from fedmpi.io import disk_room; "
                   "disk_room.Room.ensure = lambda *a, **k: None; "
                   "from fedmpi.cli import main; sys.exit(main(['run', {cfg!r}]))")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """make(size_kb, free_kb) -> a folder on its own tmpfs of `size_kb` with `free_kb` left free (as in
+    test_hardening.py); unmounted once the ranks the launcher killed have let go of it."""
+    mounts = []
+
+    def make(size_kb, free_kb):
+        where = tmp_path / f"disk{len(mounts)}"
+        where.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); the "
+                        f"FEDMPI_TEST_WRITE_FAIL cases cover the same paths")
+        mounts.append(where)
+        st = os.statvfs(where)
+        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - free_kb * 1024)
+        finally:
+            os.close(fd)
+        return where
+
+    yield make
+    for where in mounts:
+        for _ in range(50):
+            if subprocess.run(["umount", str(where)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def fedmpi_lines(stderr):
@@ -109,7 +142,7 @@ def test_a_run_whose_checkpoint_failed_resumes_from_the_one_before(tmp_path):
 # -- a real full disk ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("reserve", [True, False], ids=["reserved", "hdf5-meets-it"])
-def test_full_disk_at_a_checkpoint_ends_the_run_with_one_line(tmp_path, small_disk, reserve):  # noqa: F811
+def test_full_disk_at_a_checkpoint_ends_the_run_with_one_line(tmp_path, small_disk, reserve):
     # An mlp of 795k parameters: a checkpoint of 7 MB (the model and FedAvg's copy of it). 10.5 MB free
     # hold run.h5 and the first checkpoint, not the second (main: 70 tracebacks and a segfault where HDF5
     # met the full disk, a two-line h5py message otherwise).
@@ -141,7 +174,7 @@ def test_a_failed_write_under_mpi_ends_the_job_with_one_line(tmp_path, kind, nth
 
 
 @pytest.mark.mpi
-def test_full_disk_met_by_hdf5_under_mpi_ends_the_job_with_one_line(tmp_path, small_disk):  # noqa: F811
+def test_full_disk_met_by_hdf5_under_mpi_ends_the_job_with_one_line(tmp_path, small_disk):
     # 2.5 MB free: the first checkpoint's client states do not fit (main: 166 tracebacks).
     disk = small_disk(16384, 2500)
     out = disk / "run"

@@ -12,6 +12,7 @@ that round on (the resumed run recomputes them), so each round shows once."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
@@ -38,10 +39,7 @@ class TensorBoardTracker(Tracker):
         self.identity = previous if self.resumed else _fresh_name(root)
         self.folder = os.path.join(root, self.identity)
         os.makedirs(self.folder, exist_ok=True)
-        # The name TensorBoard's EventFileWriter gives (time, host, pid, a number), so readers pick it up.
-        self.where = os.path.join(self.folder, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
-                                               f"{os.getpid()}.0")
-        self._file = open(self.where, "wb")     # noqa: SIM115 - open for the run; closed by close/abandon
+        self.where, self._file = _new_event_file(self.folder)
         self.writer = RecordWriter(self._file)
         self._write(self._event.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self._restart_marked = not self.resumed
@@ -87,6 +85,19 @@ class TensorBoardTracker(Tracker):
             self._file.close()
         except OSError:
             pass        # what it could not write is lost with the tracker
+
+
+def _new_event_file(folder):
+    """(path, file open for writing) of a new event file in `folder`, named as TensorBoard's EventFileWriter
+    names them (time, host, pid, a number) so readers pick it up; never an existing file (a run resumed in
+    the same process within the same second gets the next number)."""
+    stamp = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    for k in itertools.count():
+        path = os.path.join(folder, f"{stamp}.{k}")
+        try:
+            return path, open(path, "xb")       # noqa: SIM115 - open for the run; closed by close/abandon
+        except FileExistsError:
+            continue
 
 
 def _fresh_name(root):
