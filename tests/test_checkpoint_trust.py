@@ -319,3 +319,67 @@ def test_resume_refuses_checkpoints_that_do_not_fit_before_touching_run_h5(paren
     assert status(good) == "finished"
     with h5py.File(good / "run.h5", "r", locking=False) as f:
         assert f["metrics/round"].shape[0] == 3
+
+
+# -- issue 39: every dataset a resume reads is checked before it is used ------------------------------------
+
+def test_state_with_a_fresh_template_is_not_emptied_and_keeps_single_values_single():
+    fresh = {"sim_time_s": np.zeros(1), "in_flight_cid": np.zeros(0, dtype=np.int64), "w": np.zeros(3)}
+    check_like("C.h5", "participation", {"in_flight_cid": np.zeros(0, dtype=np.int64), "w": np.ones(5)}, fresh, "p")
+    for stored, said in [({"sim_time_s": np.zeros(0)}, r"sim_time_s \(p\) has shape \(0,\) .*, shape \(1,\)"),
+                         ({"sim_time_s": np.zeros(3)}, r"sim_time_s \(p\) has shape \(3,\)"),
+                         ({"w": np.zeros(0)}, r"/participation/w \(p\) has shape \(0,\) .*, at least one value"),
+                         ({"sim_time_s": np.array([np.nan])}, r"sim_time_s \(p\) has 1 non-finite values")]:
+        with pytest.raises(BadCheckpoint, match=said):
+            check_like("C.h5", "participation", stored, fresh, "p")
+    check_like("C.h5", "server", {"loss": np.array([np.nan])}, {"loss": np.array([np.nan])}, "s", finite=False)
+
+
+CLOCK = {"speed": {"kind": "lognormal", "value": 5.0, "sigma": 0.7},
+         "bandwidth": {"kind": "lognormal", "up": 2.0e+5, "down": 1.0e+6, "sigma": 0.7}}
+
+
+def empty(name):
+    def edit(f):
+        value = f[name][()]
+        del f[name]
+        f[name] = value.reshape(-1)[:0].reshape((0,) + value.shape[1:]) if value.ndim else np.zeros(0, value.dtype)
+    return edit
+
+
+@pytest.mark.mpi
+def test_resume_refuses_any_emptied_dataset_naming_checkpoint_and_dataset(tmp_path):
+    """Each dataset of a SCAFFOLD + Adam checkpoint under a simulated clock (/participation/sim_time_s) emptied
+    in turn (one client's state standing for all), and the clock made NaN or three values: every resume
+    exits 2 with one line naming the checkpoint and the dataset, before run.h5 is touched (main: an
+    IndexError for the emptied clock)."""
+    run = tmp_path / "parent"
+    cfg = write_config(tmp_path / "parent.yaml", small_config(
+        run, rounds=2, checkpoint={"every": 2, "keep": 2}, algorithm={"name": "scaffold"}, clients=CLOCK,
+        server={"clients_per_round": 4, "optimizer": "adam", "lr": 0.01}))
+    run_fedmpi(1, "run", cfg)
+    ckpt = run / "ckpt" / "ckpt-2.h5"
+    cid = client_with_control(ckpt)
+    names = []
+    with h5py.File(ckpt, "r", locking=False) as f:
+        f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) and (
+            not name.startswith("clients/") or name.startswith(f"clients/{cid}/")) else None)
+    assert "participation/sim_time_s" in names and "global" in names
+    cases = {name: empty(name) for name in names}
+    cases["nan clock"] = replace("participation/sim_time_s", np.array([np.nan]))
+    cases["three clocks"] = replace("participation/sim_time_s", np.zeros(3))
+    steps, outs = [], {}
+    for i, (case, edit) in enumerate(cases.items()):
+        out = outs[case] = tmp_path / f"case{i}"
+        shutil.copytree(run, out)
+        tamper(out / "ckpt" / "ckpt-2.h5", edit)
+        steps.append([cfg, f"out={out}", "rounds=3", "--resume"])
+    before = {case: digest(out / "run.h5") for case, out in outs.items()}
+    codes, stderr = run_cases(1, steps, tmp_path / "codes.json", {})
+    assert codes == [EXIT_USAGE] * len(cases), stderr[-5000:]
+    lines = [line for line in stderr.splitlines() if line.startswith("fedmpi:")]
+    assert len(lines) == len(cases) and "Traceback" not in stderr, stderr[-5000:]
+    for line, (case, out) in zip(lines, outs.items()):
+        name = "participation/sim_time_s" if case.endswith("clock" + "s" * case.startswith("three")) else case
+        assert f"checkpoint {out / 'ckpt' / 'ckpt-2.h5'}: /{name} " in line, (case, line)
+        assert digest(out / "run.h5") == before[case] and status(out) == "finished", case

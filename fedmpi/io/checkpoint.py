@@ -45,6 +45,8 @@ import numpy as np
 
 import fedmpi
 from fedmpi.core.errors import InputError
+from fedmpi.io import write_errors
+from fedmpi.io.disk_room import Room
 
 FORMAT = 1
 NAME = re.compile(r"^ckpt-(\d+)\.h5$")
@@ -116,27 +118,44 @@ def checksum_of(f):
 # -- writing (rank 0) --------------------------------------------------------------------------------
 
 class CheckpointWriter:
-    """Builds one checkpoint in a temporary file next to its final name; `commit` moves it into place."""
+    """Builds one checkpoint in a temporary file next to its final name; `commit` moves it into place.
+
+    Every step reserves its room on disk first (disk_room.Room: a full disk refuses the write before HDF5
+    sees it) and any failure is WriteFailed naming the checkpoint with the system's reason (exit 1); the
+    temporary file is removed (fedmpi.io.write_errors: where HDF5 itself failed its handle is left open)."""
 
     def __init__(self, cfg, round_, wall_s, world_size):
         self.cfg, self.round = cfg, round_
         self.path = ckpt_path(cfg.out, round_)
-        os.makedirs(ckpt_dir(cfg.out), exist_ok=True)
-        for stale in glob.glob(os.path.join(ckpt_dir(cfg.out), ".ckpt-*.tmp")):
-            os.remove(stale)    # left by a job killed while writing; only one job writes to an out
-        self.tmp, self.f = _create_temporary(ckpt_dir(cfg.out), round_)
-        self.digests = {}
-        attrs = {"round": int(round_), "fedmpi_version": fedmpi.__version__, "format": FORMAT,
-                 "config": cfg.to_yaml(), "config_hash": cfg.hash(), "seed": int(cfg.seed), "rng": RNG_NOTE,
-                 "wall_s": float(wall_s), "world_size": int(world_size),
-                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        self.f.attrs.update(attrs)
+        self.tmp = self.f = self.room = None
+        with write_errors.writing(self.path) as writing:
+            os.makedirs(ckpt_dir(cfg.out), exist_ok=True)
+            for stale in glob.glob(os.path.join(ckpt_dir(cfg.out), ".ckpt-*.tmp")):
+                os.remove(stale)    # left by a job killed while writing; only one job writes to an out
+            self.tmp, self.f = _create_temporary(ckpt_dir(cfg.out), round_)
+            writing.discard, writing.handle = self.tmp, self.f
+            self.room = Room(self.tmp, self.path)
+            self.digests = {}
+            attrs = {"round": int(round_), "fedmpi_version": fedmpi.__version__, "format": FORMAT,
+                     "config": cfg.to_yaml(), "config_hash": cfg.hash(), "seed": int(cfg.seed), "rng": RNG_NOTE,
+                     "wall_s": float(wall_s), "world_size": int(world_size),
+                     "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            self.room.ensure(len(attrs["config"]))
+            self.f.attrs.update(attrs)
+
+    def _end(self):
+        """Where the file ends now, counting what HDF5 allocated but holds in its cache."""
+        return max(self.f.id.get_filesize(), os.path.getsize(self.tmp))
 
     def _put(self, path, value):
         a = np.asarray(value, order="C")
         if a.dtype.kind not in "biuf":
             raise TypeError(f"checkpoint entry {path}: dtype {a.dtype} is not numeric")
-        self.f.create_dataset(path, data=a)
+        with write_errors.writing(self.path, self.tmp) as writing:
+            writing.handle = self.f
+            self.room.ensure(self._end() + a.nbytes)
+            write_errors.inject("checkpoint", self.path)
+            self.f.create_dataset(path, data=a)
         self.digests[path] = _dataset_digest(path, a)
 
     def put_server_side(self, state):
@@ -154,21 +173,29 @@ class CheckpointWriter:
 
     def commit(self, keep):
         """Checksum, close, fsync, rename into place, fsync the folder, prune to the newest `keep`."""
-        self.f.attrs["checksum"] = _combine(self.digests, dict(self.f.attrs))
-        self.f.close()
-        _fsync_path(self.tmp)
-        os.replace(self.tmp, self.path)
-        _fsync_path(ckpt_dir(self.cfg.out))
+        with write_errors.writing(self.path, self.tmp) as writing:
+            writing.handle = self.f
+            self.room.ensure(self._end())       # the metadata HDF5 writes when it closes the file
+            write_errors.inject("commit", self.path)
+            self.f.attrs["checksum"] = _combine(self.digests, dict(self.f.attrs))
+            self.f.close()
+            self.room.release()
+            _fsync_path(self.tmp)
+            os.replace(self.tmp, self.path)
+            _fsync_path(ckpt_dir(self.cfg.out))
         for _, old in list_checkpoints(self.cfg.out)[keep:]:
             os.remove(old)
         return self.path
 
     def discard(self):
-        try:
-            self.f.close()
-        finally:
-            if os.path.exists(self.tmp):
-                os.remove(self.tmp)
+        """After a failure: the temporary file removed (closed first unless HDF5 failed writing it)."""
+        if self.f is not None and write_errors.broken() is None:
+            try:
+                self.f.close()
+            except Exception:  # noqa: BLE001 - it is being removed; nothing more to do for it
+                pass
+        if self.tmp and os.path.exists(self.tmp):
+            os.remove(self.tmp)
 
 
 def _create_temporary(folder, round_):

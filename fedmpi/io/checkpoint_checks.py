@@ -14,7 +14,9 @@ checkpoint, the dataset or attribute, what was expected and what was found.
 - Before loading (`server_expectations`, `client_expectations`, `check_entry`, `check_like`, on the rank
   that loads each part): shapes and dtype kinds against what this run's model (dim), its algorithm's
   declared ServerVectors / ClientVectors, its server optimizer (`expected_state`) and its participation
-  provider and upload stages (a fresh state of theirs as the template) say they must be.
+  provider, its upload stages and the rest of its algorithm's server state (a fresh state of theirs as the
+  template: no entry emptied, one value where the template has one, floats finite but the algorithm's)
+  say they must be.
 """
 
 from __future__ import annotations
@@ -155,18 +157,24 @@ def check_entry(path, where, a, shape, dtype, finite, what):
                                 f"at index {int(bad[0])}: {values.reshape(-1)[bad[0]]}); expected finite numbers")
 
 
-def check_like(path, where, stored: dict, template: dict, what):
-    """A state whose declaration is its fresh value (participation, upload stages): each stored entry the
-    template names has the template's number of dimensions and dtype kind (lengths may differ: e.g. the
-    clients in flight)."""
+def check_like(path, where, stored: dict, template: dict, what, finite=True):
+    """A state whose declaration is its fresh value (participation, upload stages, the algorithm's server
+    state): each stored entry the template names has the template's number of dimensions and dtype kind;
+    its shape where the template holds one value (a clock, a counter), at least one value where the
+    template holds any (lengths may differ: e.g. the clients in flight; an emptied dataset is refused here,
+    not met as an IndexError when loaded); and, with `finite`, finite floats."""
     for name, fresh in template.items():
         if name not in stored:
             continue
         a, fresh = stored[name], np.asarray(fresh)
-        if a.ndim != fresh.ndim or a.dtype.kind not in KINDS.get(fresh.dtype.kind, fresh.dtype.kind):
+        expected = f"{fresh.ndim}-d {KIND_NAMES.get(fresh.dtype.kind, fresh.dtype)} values ({fresh.dtype})"
+        expected += f", shape {fresh.shape}" if fresh.size == 1 else ", at least one value" if fresh.size else ""
+        if (a.ndim != fresh.ndim or a.dtype.kind not in KINDS.get(fresh.dtype.kind, fresh.dtype.kind)
+                or (fresh.size == 1 and a.shape != fresh.shape) or (fresh.size and not a.size)):
             raise BadCheckpoint(f"checkpoint {path}: /{where}/{name} ({what}) has shape {tuple(a.shape)} and dtype "
-                                f"{a.dtype}; expected {fresh.ndim}-d {KIND_NAMES.get(fresh.dtype.kind, fresh.dtype)} "
-                                f"values ({fresh.dtype}), as this run's {what} holds")
+                                f"{a.dtype}; expected {expected}, as this run's {what} holds")
+        if finite and a.dtype.kind == "f":
+            check_entry(path, f"{where}/{name}", a, a.shape, a.dtype, True, what)
 
 
 def server_expectations(exp) -> dict:

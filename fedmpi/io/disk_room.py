@@ -81,14 +81,15 @@ FALLOCATE = libc_fallocate()
 RESERVED = set()       # files holding blocks past their end, given back at exit
 
 
-def reserve(path, nbytes):
-    """Allocates `nbytes` past the end of `path` without changing its size. False where the file system (or
-    the platform) cannot; OSError (ENOSPC, EDQUOT, ...) where there is no room."""
+def reserve(path, nbytes, offset=None):
+    """Allocates `nbytes` past the end of `path` (from `offset` if given) without changing its size. False where
+    the file system (or the platform) cannot; OSError (ENOSPC, EDQUOT, ...) where there is no room."""
     if FALLOCATE is None:
         return False
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        if FALLOCATE(fd, FALLOC_FL_KEEP_SIZE, os.fstat(fd).st_size, nbytes) == 0:
+        start = os.fstat(fd).st_size if offset is None else offset
+        if FALLOCATE(fd, FALLOC_FL_KEEP_SIZE, start, nbytes) == 0:
             if not RESERVED:
                 atexit.register(release_all)
             RESERVED.add(os.path.abspath(path))
@@ -99,6 +100,41 @@ def reserve(path, nbytes):
     if code in CANNOT_RESERVE:
         return False
     raise OSError(code, os.strerror(code))
+
+
+class Room:
+    """Room for a new file that grows write by write (a checkpoint): every block from its start up to a
+    high-water mark is reserved, so HDF5 can neither meet a full disk writing data past the end nor
+    writing the metadata it allocated earlier (held in its cache, below the end) when it flushes. Each
+    `ensure` reserves only what lies above the mark. Errors name `name` (the file the user knows)."""
+
+    def __init__(self, path, name):
+        self.path, self.name, self.upto = path, name, 0
+
+    def ensure(self, end, slack=SLACK_BYTES):
+        """Room for the file to reach `end` bytes plus `slack`, or WriteFailed."""
+        want = end + slack
+        if want <= self.upto:
+            return
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY and want > limit:
+            raise WriteFailed(self.name, os.strerror(errno.EFBIG))
+        try:
+            if not reserve(self.path, want - self.upto, offset=self.upto):
+                st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+                if st.f_bavail * st.f_frsize < want - os.path.getsize(self.path):
+                    raise WriteFailed(self.name, os.strerror(errno.ENOSPC))
+        except OSError as e:
+            raise WriteFailed(self.name, e.strerror or str(e)) from None
+        self.upto = want
+
+    def release(self):
+        """Gives back the blocks reserved past the file's end (once it is complete)."""
+        try:
+            os.truncate(self.path, os.path.getsize(self.path))
+        except OSError:
+            pass
+        RESERVED.discard(os.path.abspath(self.path))
 
 
 def release_all():

@@ -211,6 +211,9 @@ def _read_server_side(exp, point, f):
     for stage in exp.stages:
         name = f"stage_{stage.name}"
         checks.check_like(path, name, groups.get(name, {}), stage.state(), f"upload stage {stage.name}'s state")
+    # The rest of the algorithm's server state against its fresh value (a NaN may be its "not yet").
+    fresh = exp.state_dict().get("server", {})
+    checks.check_like(path, "server", groups.get("server", {}), fresh, "algorithm state", finite=False)
     return groups
 
 

@@ -43,6 +43,7 @@ import numpy as np
 import fedmpi
 from fedmpi.core.output_paths import temp_beside
 from fedmpi.core.timing import PHASES
+from fedmpi.io import write_errors
 from fedmpi.io.client_rows import (
     CLIENT_CHUNK,
     ROWS,
@@ -53,13 +54,21 @@ from fedmpi.io.client_rows import (
     dense_layout,
     rows_room,
 )
-from fedmpi.io.disk_room import ATTR_SLACK_BYTES, WriteFailed, ensure_room, reason
+from fedmpi.io.disk_room import ATTR_SLACK_BYTES, WriteFailed, ensure_room
+from fedmpi.io.metric_rows import (
+    METRIC_CHUNK,
+    append_timing,
+    cell,
+    chunk_bytes,
+    growable,
+    metric_dataset,
+    new_metric_chunk,
+)
 from fedmpi.mpi import signals
 
 # The figures every run logs each round (NaN where not measured that round).
 CORE_METRICS = ("round", "test_acc", "test_loss", "train_loss", "wall_s", "bytes_up", "bytes_down", "uploads")
 READ_RETRIES = 5
-METRIC_CHUNK = 256     # rows per chunk of /metrics datasets
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ class RunLog:
     def __init__(self, path, metric_attrs=None):
         self.path = path
         self._f = None      # the handle `append` keeps open between rounds; closed by every other write
-        self._chunk_bytes = {}  # group -> bytes of one chunk of each of its datasets: what a new chunk row adds
+        self.chunk_bytes = {}  # group -> bytes of one chunk of each of its datasets: what a new chunk row adds
         # Attributes of /metrics datasets, set when each is created (class_acc's class_counts, ...).
         self.metric_attrs = dict(metric_attrs or {})
 
@@ -105,29 +114,16 @@ class RunLog:
         if self._f is None:
             with _writing(self.path):
                 self._f = h5py.File(self.path, "a", locking=False)
-            self._chunk_bytes = {group: sum(_chunk_bytes(ds) for ds in self._f.get(group, {}).values())
+            self.chunk_bytes = {group: sum(chunk_bytes(ds) for ds in self._f.get(group, {}).values())
                                  for group in ("metrics", "clients", "timing")}
         return self._f
 
     def close(self):
         if self._f is not None:
             f, self._f = self._f, None
-            try:
+            with _writing(self.path) as writing:
+                writing.handle = f
                 f.close()
-            except Exception as e:  # noqa: BLE001 - the final flush failed: see _abandon
-                self._f = f
-                self._abandon()
-                raise WriteFailed(self.path, reason(e)) from None
-
-    def _abandon(self):
-        """After a write that failed despite its reservation (an I/O error): close the handle at the lowest
-        level, without the extra flush `File.close` would try. Best effort: HDF5 may not recover."""
-        f, self._f = self._f, None
-        if f is not None:
-            try:
-                f.id.close()
-            except Exception:  # noqa: BLE001 - nothing more can be done for this handle
-                pass
 
     @classmethod
     @_held
@@ -139,36 +135,37 @@ class RunLog:
             # A unique new name (never a link planted at a fixed name such as run.h5.tmp), renamed into place.
             tmp = writing.discard = temp_beside(path)
             ensure_room(path, need + len(cfg.to_yaml()) + len(CORE_METRICS) * METRIC_CHUNK * 8, tmp)
-            cls._fill_new(tmp, cfg, world_size, hosts, partition_groups, extra_attrs)
+            writing.handle = h5py.File(tmp, "w")
+            cls._fill_new(writing.handle, cfg, world_size, hosts, partition_groups, extra_attrs)
+            writing.handle.close()
             os.replace(tmp, path)
         return cls(path)
 
     @staticmethod
-    def _fill_new(tmp, cfg, world_size, hosts, partition_groups, extra_attrs):
-        """The fresh run file's attributes and groups, into the temporary file `tmp`."""
-        with h5py.File(tmp, "w") as f:
-            f.attrs["config"] = cfg.to_yaml()
-            f.attrs["config_hash"] = cfg.hash()
-            f.attrs["fedmpi_version"] = fedmpi.__version__
-            f.attrs["world_size"] = world_size
-            f.attrs["status"] = "running"
-            f.attrs["error"] = ""
-            f.attrs["started"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            f.attrs["hosts"] = ",".join(sorted(set(hosts))) or socket.gethostname()
-            for k, v in _versions().items():
-                f.attrs[f"version_{k}"] = str(v)
-            for k, v in (extra_attrs or {}).items():
-                f.attrs[k] = v
-            metrics = f.create_group("metrics")
-            for name in CORE_METRICS:
-                _growable(metrics, name)
-            f.create_group("clients")
-            for group, datasets in partition_groups.items():
-                g = f.require_group(group)
-                g.attrs.update(getattr(datasets, "attrs", {}))     # e.g. /attack's name and keys
-                for name, value in datasets.items():
-                    g.create_dataset(name, data=np.asarray(value))
-            _fsync(f)
+    def _fill_new(f, cfg, world_size, hosts, partition_groups, extra_attrs):
+        """The fresh run file's attributes and groups, into the open temporary file `f`."""
+        f.attrs["config"] = cfg.to_yaml()
+        f.attrs["config_hash"] = cfg.hash()
+        f.attrs["fedmpi_version"] = fedmpi.__version__
+        f.attrs["world_size"] = world_size
+        f.attrs["status"] = "running"
+        f.attrs["error"] = ""
+        f.attrs["started"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        f.attrs["hosts"] = ",".join(sorted(set(hosts))) or socket.gethostname()
+        for k, v in _versions().items():
+            f.attrs[f"version_{k}"] = str(v)
+        for k, v in (extra_attrs or {}).items():
+            f.attrs[k] = v
+        metrics = f.create_group("metrics")
+        for name in CORE_METRICS:
+            growable(metrics, name)
+        f.create_group("clients")
+        for group, datasets in partition_groups.items():
+            g = f.require_group(group)
+            g.attrs.update(getattr(datasets, "attrs", {}))     # e.g. /attack's name and keys
+            for name, value in datasets.items():
+                g.create_dataset(name, data=np.asarray(value))
+        _fsync(f)
 
     def append(self, metrics: dict, clients: dict | None = None, num_clients=None, timing=None):
         """One row: `metrics` maps name -> a float (missing core figures become NaN; new names get a column
@@ -197,7 +194,7 @@ class RunLog:
         new_clients = [name for name in names if name not in f["clients"]]
         timed = [row.timing for row in rows if row.timing is not None]
         new_timing = bool(timed) and "timing" not in f
-        grown = {"metrics": sum(_new_metric_chunk(v) for v in new_metrics.values()),
+        grown = {"metrics": sum(new_metric_chunk(v) for v in new_metrics.values()),
                  "clients": len(new_clients) * CLIENT_CHUNK * (num_clients or 0) * 4 if dense else 0,
                  "timing": len(PHASES) * METRIC_CHUNK * 8 * timed[0].shape[0] if new_timing else 0}
         # Row i starts a new chunk of every dataset of a group when n + i is a multiple of its chunk rows; new
@@ -206,9 +203,9 @@ class RunLog:
         widest = max((len(ids) for ids, _ in per_row), default=0) if per_row else 0
         for i in range(k):
             if (n + i) % METRIC_CHUNK == 0:
-                need += self._chunk_bytes["metrics"] + self._chunk_bytes["timing"]
+                need += self.chunk_bytes["metrics"] + self.chunk_bytes["timing"]
             if dense:
-                need += self._chunk_bytes["clients"] if (n + i) % CLIENT_CHUNK == 0 else 0
+                need += self.chunk_bytes["clients"] if (n + i) % CLIENT_CHUNK == 0 else 0
             else:
                 need += rows_room(f["clients"], n + i, widest, len(new_clients) if i == 0 else 0)
         try:
@@ -220,13 +217,15 @@ class RunLog:
                 self.append_rows([row], num_clients)
             return
         for name, more in grown.items():
-            self._chunk_bytes[name] += more
-        try:
+            self.chunk_bytes[name] += more
+        with _writing(self.path) as writing:
+            writing.handle, self._f = f, None       # (back once the batch is in: a failed one loses the handle)
+            write_errors.inject("rows", self.path)
             for name, value in new_metrics.items():
-                _metric_dataset(group, name, value, n, self.metric_attrs.get(name, {}))
+                metric_dataset(group, name, value, n, self.metric_attrs.get(name, {}))
             for name, ds in group.items():
                 ds.resize((n + k,) + ds.shape[1:])
-                ds[n:n + k] = np.array([_cell(ds, row.metrics.get(name)) for row in rows], dtype=ds.dtype)
+                ds[n:n + k] = np.array([cell(ds, row.metrics.get(name)) for row in rows], dtype=ds.dtype)
             if dense:
                 for i, row in enumerate(rows):
                     append_dense(f["clients"], n + i, row.clients or {}, num_clients)
@@ -234,11 +233,9 @@ class RunLog:
                 append_rows(f["clients"], n, [ids for ids, _ in per_row], [values for _, values in per_row],
                             num_clients)
             if timed:
-                _append_timing(f.require_group("timing"), n, [row.timing for row in rows])
+                append_timing(f.require_group("timing"), n, [row.timing for row in rows])
             f.flush()
-        except Exception as e:  # noqa: BLE001 - h5py raises OSError, RuntimeError... for a failed write
-            self._abandon()
-            raise WriteFailed(self.path, reason(e)) from None
+        self._f = f
 
     @_held
     def write_model(self, vec):
@@ -253,12 +250,14 @@ class RunLog:
             ensure_room(self.path, os.path.getsize(self.path) + model.nbytes, tmp)
             with open(self.path, "rb") as src, open(tmp, "r+b") as dst:    # r+b: no truncation of the reservation
                 shutil.copyfileobj(src, dst, 1 << 20)
-            with h5py.File(tmp, "a") as f:
-                g = f.require_group("model")
-                if "global" in g:
-                    del g["global"]
-                g.create_dataset("global", data=model)
-                _fsync(f)
+            write_errors.inject("model", self.path)
+            f = writing.handle = h5py.File(tmp, "a")
+            g = f.require_group("model")
+            if "global" in g:
+                del g["global"]
+            g.create_dataset("global", data=model)
+            _fsync(f)
+            f.close()
             signals.test_pause("model_write")
             os.replace(tmp, self.path)
 
@@ -283,7 +282,7 @@ class RunLog:
         """Drops rows after the first `rounds_kept` (a resume recomputes them)."""
         self.close()
         ensure_room(self.path, 0, slack=ATTR_SLACK_BYTES)
-        with _writing(self.path), h5py.File(self.path, "a") as f:
+        with write_errors.h5_file(self.path, self.path, "a") as f:
             for ds in (list(f["metrics"].values()) + list(f["clients"].values())
                        + list(f.get("timing", {}).values())):
                 ds.resize((min(rounds_kept, ds.shape[0]),) + ds.shape[1:])
@@ -298,7 +297,7 @@ class RunLog:
                         for name, ds in src[group].items()}
             ensure_room(self.path, sum(ds.dtype.itemsize * int(np.prod(ds.shape[1:])) * rounds
                                         for ds in datasets.values()))
-            with _writing(self.path), h5py.File(self.path, "a") as f:
+            with write_errors.h5_file(self.path, self.path, "a") as f:
                 for path, ds in datasets.items():
                     rows = ds[:rounds]
                     if path in f:
@@ -317,7 +316,7 @@ class RunLog:
         on a full disk makes the file unreadable)."""
         self.close()
         ensure_room(self.path, sum(len(str(v)) for v in attrs.values()), slack=ATTR_SLACK_BYTES)
-        with _writing(self.path), h5py.File(self.path, "a") as f:
+        with write_errors.h5_file(self.path, self.path, "a") as f:
             for k, v in attrs.items():
                 f.attrs[k] = v
             f.attrs["updated"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -334,87 +333,8 @@ def read_clients(path, rows=None) -> dict:
         return {name: table.dense(name) for name in table.names}
 
 
-def _new_metric_chunk(value):
-    """Bytes of the first chunk of a new /metrics dataset for `value` (see _metric_dataset)."""
-    if isinstance(value, (str, bytes)):
-        return METRIC_CHUNK * 64
-    return METRIC_CHUNK * 8 * (len(value) if np.ndim(value) == 1 else 1)
-
-
-def _metric_dataset(group, name, value, length, attrs):
-    """A growable /metrics dataset shaped for `value`: text (S64), a [round, k] row, or one float per round."""
-    if isinstance(value, (str, bytes)):
-        ds = group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="S64", chunks=(METRIC_CHUNK,),
-                                  fillvalue=b"")
-    elif np.ndim(value) == 1:
-        k = len(value)
-        ds = group.create_dataset(name, shape=(length, k), maxshape=(None, k), dtype="f8", chunks=(METRIC_CHUNK, k),
-                                  fillvalue=np.nan)
-    else:
-        ds = _growable(group, name, length)
-    for key, v in attrs.items():
-        ds.attrs[key] = v
-    return ds
-
-
-def _append_timing(group, n, timings):
-    """Rows n.. of /timing/<phase> [round, rank], one per [rank, phase] array of `timings` (NaN for a row
-    without one, or where a resumed run has another number of ranks)."""
-    while timings[-1] is None:      # as rows one by one: a row without timing adds nothing at the end
-        timings = timings[:-1]
-    ranks = next(t for t in timings if t is not None).shape[0]
-    for i, phase in enumerate(PHASES):
-        ds = group.get(phase)
-        if ds is None:
-            ds = group.create_dataset(phase, shape=(n, ranks), maxshape=(None, ranks), dtype="f8", fillvalue=np.nan,
-                                      chunks=(METRIC_CHUNK, ranks))
-        block = np.full((len(timings), ds.shape[1]), np.nan)
-        for j, timing in enumerate(timings):
-            if timing is not None and timing.shape[0] == ds.shape[1]:
-                block[j] = timing[:, i]
-        ds.resize((n + len(timings), ds.shape[1]))
-        ds[n:] = block
-
-
-def _cell(ds, value):
-    """What a row of `ds` holds for `value` (None: not measured this round)."""
-    if ds.dtype.kind == "S":
-        return (value or "").encode() if isinstance(value, str) else (value or b"")
-    if value is None:
-        return np.full(ds.shape[1:], np.nan) if ds.ndim > 1 else np.nan
-    return value
-
-
-def _growable(group, name, length=0):
-    return group.create_dataset(name, shape=(length,), maxshape=(None,), dtype="f8", chunks=(METRIC_CHUNK,),
-                                fillvalue=np.nan)
-
-
-def _chunk_bytes(ds):
-    return int(np.prod(ds.chunks)) * ds.dtype.itemsize if ds.chunks else 0
-
-
-class _writing:
-    """Context for one write to `path`: any failure becomes WriteFailed naming `path` with the system's
-    reason, and the temporary file `discard` (if any) is removed."""
-
-    def __init__(self, path, discard=None):
-        self.path, self.discard = path, discard
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, error, tb):
-        if error is None:
-            return False
-        if self.discard:
-            try:
-                os.remove(self.discard)
-            except OSError:
-                pass
-        if isinstance(error, WriteFailed) or not isinstance(error, Exception):
-            return False
-        raise WriteFailed(self.path, reason(error)) from None
+# One write's context: failures become WriteFailed naming the file (fedmpi.io.write_errors).
+_writing = write_errors.writing
 
 
 def _fsync(f):

@@ -44,7 +44,8 @@ from fedmpi.core.errors import (
     StopRequested,
     report_lines,
 )
-from fedmpi.io import checkpoint
+from fedmpi.io import checkpoint, write_errors
+from fedmpi.io.disk_room import WriteFailed
 from fedmpi.io.outdir import replacing
 from fedmpi.io.resume import load_into, set_aside
 from fedmpi.io.store import RunLog, open_run
@@ -157,14 +158,19 @@ def _fail(comm, log, message, detail, code, status="failed", tracking=None):
         _say(message)
     if os.environ.get("FEDMPI_DEBUG") and detail != message:
         console.say(detail)
-    if log:
+    if log and not write_errors.unusable(log.path):    # (else the message says run.h5 cannot be written)
         try:
             log.finish(status, message)
             log.set_attrs(error_detail=detail)
         except Exception as e:  # noqa: BLE001 - the job must still end
             _say(f"could not record the failure in {log.path}: {e}")
     if tracking:
-        tracking.close(status)      # guarded: a tracker that fails to close is reported and dropped
+        try:
+            tracking.close(status)      # guarded: a tracker that fails to close is reported and dropped
+        except WriteFailed:
+            pass        # its disk failed too; the run's own error is the one line to print
+    if write_errors.broken():       # HDF5's clean-up at exit would crash on the file it failed
+        write_errors.end_process(code, comm.abort if comm.size > 1 else None)
     if comm.size > 1:
         if not comm.is_server:
             comm.report_failure(detail if status == "failed" else message)

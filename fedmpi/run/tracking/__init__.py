@@ -10,7 +10,10 @@ What each tracker gets, under fedmpi.io.series' names (the same tags as `fedmpi 
 
 Failure is contained: a tracker that cannot start (package missing, server unreachable) or raises while
 logging is reported once on rank 0's stderr, one line naming the tracker and why, and dropped; the run goes
-on. The trackers are called after the row is in run.h5 and never see the model or any random stream, so
+on. A failing disk is not contained (issue 39): a tracker's write that meets ENOSPC, EDQUOT, EIO, EFBIG or
+EROFS (fedmpi.io.write_errors.DISK_ERRNOS) ends the run as a failed run.h5 write does, one line naming the
+file, exit 1 (the disk the run writes to is full or failing: its next row or checkpoint would fail too).
+The trackers are called after the row is in run.h5 and never see the model or any random stream, so
 results (fingerprints) are the same with and without them. Packages are imported only when named.
 
 A fork (--fork-from) starts new tracker runs and hands them the rows copied from its parent first.
@@ -27,7 +30,8 @@ import os
 import time
 
 from fedmpi.core import console
-from fedmpi.io import series
+from fedmpi.io import series, write_errors
+from fedmpi.io.disk_room import WriteFailed
 
 # name -> (module, class) of each tracker, imported when a config names it.
 TRACKERS = {
@@ -77,6 +81,8 @@ class Tracking:
                 tracker_class = getattr(importlib.import_module(module), class_name)
                 tracker = tracker_class(cfg, out, (previous or {}).get(attr_name(name)))
             except Exception as e:  # noqa: BLE001 - whatever stops a tracker, the run goes on without it
+                if write_errors.is_disk_error(e):       # ... but a failing disk (see the module docstring)
+                    raise WriteFailed(e.filename or os.path.join(out, name), e.strerror) from None
                 tracking._drop(name, f"cannot start: {_reason(e)}")
                 continue
             tracking.trackers.append(tracker)
@@ -121,13 +127,18 @@ class Tracking:
     def _guard(self, tracker, what, fn, *args):
         try:
             fn(*args)
-        except Exception as e:  # noqa: BLE001 - a tracker's failure never reaches the run
+        except Exception as e:  # noqa: BLE001 - a tracker's failure never reaches the run (a disk's does)
             self.trackers.remove(tracker)
-            self._drop(tracker.name, f"{what} failed: {_reason(e)}")
+            disk = write_errors.is_disk_error(e)
+            if not disk:
+                self._drop(tracker.name, f"{what} failed: {_reason(e)}")
             try:
                 tracker.abandon()
             except Exception:  # noqa: BLE001 - it is dropped already; nothing more to do for it
                 pass
+            if disk:
+                raise WriteFailed(e.filename or tracker.where or f"tracker {tracker.name}'s files",
+                                  e.strerror or os.strerror(e.errno)) from None
 
     def _drop(self, name, reason):
         if name not in self.dropped:
@@ -148,6 +159,7 @@ class Tracker:
     name = ""
     identity = ""
     note = ""
+    where = ""      # the file (or folder) it writes, named when its disk fails
 
     def log_params(self, params):
         """`params`: {dotted key: value} of the config."""

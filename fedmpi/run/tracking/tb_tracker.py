@@ -1,7 +1,9 @@
 """TensorBoard: event files under OUT/tensorboard/<run folder> (`tensorboard --logdir OUT/tensorboard`), written
-with TensorBoard's own event writer and protocol buffers as `fedmpi export --tensorboard` does (torch's
+with TensorBoard's own record writer and protocol buffers as `fedmpi export --tensorboard` does (torch's
 SummaryWriter is not needed), flushed after every round so a running job can be watched. The config goes in as
-hyperparameters (the HParams tab).
+hyperparameters (the HParams tab). Written synchronously, in this thread: TensorBoard's EventFileWriter writes
+from a thread of its own, where a full disk is a traceback on stderr and the error reaches the run only at a
+later call; here it is an OSError naming the event file at the write that failed (fedmpi.run.tracking).
 
 Each fresh run gets a folder of its own (`run-<UTC start>`), so a run replaced with --overwrite stays
 beside the new one instead of being mixed into it. --resume writes a new event file in the same folder that
@@ -10,11 +12,13 @@ that round on (the resumed run recomputes them), so each round shows once."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import socket
 import time
 from datetime import datetime, timezone
 
-from fedmpi.io import series
+from fedmpi.io import series, write_errors
 from fedmpi.run.tracking import Tracker
 
 FOLDER = "tensorboard"
@@ -25,7 +29,7 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, cfg, out, previous):
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary = event_pb2, summary_pb2
         root = os.path.join(out, FOLDER)
@@ -35,22 +39,34 @@ class TensorBoardTracker(Tracker):
         self.identity = previous if self.resumed else _fresh_name(root)
         self.folder = os.path.join(root, self.identity)
         os.makedirs(self.folder, exist_ok=True)
-        self.writer = EventFileWriter(self.folder)
+        self.where, self._file = _new_event_file(self.folder)
+        self.writer = RecordWriter(self._file)
+        self._write(self._event.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self._restart_marked = not self.resumed
+
+    def _write(self, *events):
+        """`events` appended and flushed; an OSError names the event file."""
+        try:
+            write_errors.inject("tracker", self.where)
+            for event in events:
+                self.writer.write(event.SerializeToString())
+            self._file.flush()
+        except OSError as e:
+            raise OSError(e.errno, e.strerror or str(e), self.where) from None
 
     def log_params(self, params):
         from tensorboard.plugins.hparams import summary_v2 as hparams  # its protocol buffer only, no TF
 
         if not self.resumed:        # the resumed folder holds them already
-            self.writer.add_event(self._event.Event(wall_time=time.time(), step=0, summary=hparams.hparams_pb(params)))
-            self.writer.flush()
+            self._write(self._event.Event(wall_time=time.time(), step=0, summary=hparams.hparams_pb(params)))
 
     def log_round(self, step, scalars, clients, wall_time):
         Event, Summary = self._event.Event, self._summary.Summary
+        events = []
         if not self._restart_marked:
             # Points of the earlier file from this step on are orphans of the interrupted run.
-            self.writer.add_event(Event(wall_time=wall_time, step=step,
-                                        session_log=self._event.SessionLog(status=self._event.SessionLog.START)))
+            events.append(Event(wall_time=wall_time, step=step,
+                                session_log=self._event.SessionLog(status=self._event.SessionLog.START)))
             self._restart_marked = True
         values = [Summary.Value(tag=tag, simple_value=value) for tag, value in scalars]
         for tag, row in clients.items():
@@ -58,14 +74,30 @@ class TensorBoardTracker(Tracker):
             values.append(Summary.Value(tag=tag, histo=self._summary.HistogramProto(
                 min=lo, max=hi, num=num, sum=total, sum_squares=squares, bucket_limit=limits, bucket=counts)))
         if values:
-            self.writer.add_event(Event(wall_time=wall_time, step=step, summary=Summary(value=values)))
-        self.writer.flush()
+            events.append(Event(wall_time=wall_time, step=step, summary=Summary(value=values)))
+        self._write(*events)
 
     def close(self, status):
-        self.writer.close()
+        self._file.close()
 
     def abandon(self):
-        self.writer.close()
+        try:
+            self._file.close()
+        except OSError:
+            pass        # what it could not write is lost with the tracker
+
+
+def _new_event_file(folder):
+    """(path, file open for writing) of a new event file in `folder`, named as TensorBoard's EventFileWriter
+    names them (time, host, pid, a number) so readers pick it up; never an existing file (a run resumed in
+    the same process within the same second gets the next number)."""
+    stamp = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+    for k in itertools.count():
+        path = os.path.join(folder, f"{stamp}.{k}")
+        try:
+            return path, open(path, "xb")       # noqa: SIM115 - open for the run; closed by close/abandon
+        except FileExistsError:
+            continue
 
 
 def _fresh_name(root):
