@@ -24,9 +24,11 @@ def fedmpi_lines(stderr):
 
 def test_second_job_on_the_same_out_exits_2_naming_the_first(tmp_path):
     out = tmp_path / "run"
-    rounds = 8
+    rounds = 4
     cfg = write_config(tmp_path / "c.yaml", small_config(out, rounds=rounds, checkpoint={"every": 1, "keep": 2}))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FEDMPI_ROUND_DELAY_S": "1"}     # alive for ~8 s of rounds
+    # Alive for ~32 s of rounds once run.h5 exists: the second job must reach its claim meanwhile, and under a
+    # load of 8 on 2 cores its start (three ranks importing torch) took ~20 s; 8 s of rounds were missed.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FEDMPI_ROUND_DELAY_S": "8"}
     first = subprocess.Popen(fedmpi_cmd(3, "run", cfg), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=env, cwd=ROOT)
     try:
