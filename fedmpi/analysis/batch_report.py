@@ -12,6 +12,7 @@ import sys
 import time
 
 from fedmpi.analysis import report
+from fedmpi.core.output_paths import replace_with
 
 # The checkout (tools/ beside fedmpi/): this file is fedmpi/analysis/batch_report.py.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,5 +91,4 @@ def replace_section(path, begin, end, text, heading):
         doc = head + text + rest.split(end, 1)[1]
     else:
         doc = doc.rstrip("\n") + f"\n\n{heading}\n\n" + text + "\n"
-    with open(path, "w") as fh:
-        fh.write(doc)
+    replace_with(path, lambda fh: fh.write(doc))     # atomic: a full disk never leaves the document cut short

@@ -31,6 +31,7 @@ from fedmpi.core.errors import FedmpiError, InputError
 from fedmpi.core.output_paths import check_file, check_folder, replace_with
 from fedmpi.io import series as series_names
 from fedmpi.io.client_rows import CLIENT_IDS, client_table
+from fedmpi.io.event_files import EventFile
 from fedmpi.io.series import histogram
 from fedmpi.io.store import open_run
 
@@ -93,11 +94,11 @@ def _tensorboard():
     try:
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.record_writer import RecordWriter  # noqa: F401 - what EventFile writes with
     except ImportError:
         raise InputError("--tensorboard needs the tensorboard package: pip install 'fedmpi[tensorboard]' "
                          "(or pip install tensorboard)") from None
-    return Event, HistogramProto, Summary, EventFileWriter
+    return Event, HistogramProto, Summary
 
 
 def check_event_folder(folder, overwrite):
@@ -121,11 +122,11 @@ def clear_event_files(folder, old):
 
 def write_tensorboard(run, clients, folder):
     """Writes the event file; returns (scalar points, histograms) written."""
-    Event, HistogramProto, Summary, EventFileWriter = _tensorboard()
+    Event, HistogramProto, Summary = _tensorboard()
     steps = np.asarray(run.metrics["round"], dtype=np.float64)
     walls = _wall_times(run)
     series = scalar_series(run)
-    writer = EventFileWriter(folder)
+    writer = EventFile(folder)      # synchronous: a full disk is an OSError here, not a thread's traceback
     points = hists = 0
     try:
         for i, step in enumerate(steps):
@@ -143,9 +144,11 @@ def write_tensorboard(run, clients, folder):
                     hists += 1
             points += sum(1 for v in values if not v.HasField("histo"))
             if values:
-                writer.add_event(Event(wall_time=float(walls[i]), step=int(step), summary=Summary(value=values)))
-    finally:
-        writer.close()
+                writer.write(Event(wall_time=float(walls[i]), step=int(step), summary=Summary(value=values)))
+    except BaseException:
+        writer.discard()
+        raise
+    writer.close()
     return points, hists
 
 

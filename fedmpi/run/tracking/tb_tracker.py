@@ -12,13 +12,12 @@ that round on (the resumed run recomputes them), so each round shows once."""
 
 from __future__ import annotations
 
-import itertools
 import os
-import socket
 import time
 from datetime import datetime, timezone
 
 from fedmpi.io import series, write_errors
+from fedmpi.io.event_files import EventFile
 from fedmpi.run.tracking import Tracker
 
 FOLDER = "tensorboard"
@@ -29,7 +28,6 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, cfg, out, previous):
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary = event_pb2, summary_pb2
         root = os.path.join(out, FOLDER)
@@ -39,20 +37,13 @@ class TensorBoardTracker(Tracker):
         self.identity = previous if self.resumed else _fresh_name(root)
         self.folder = os.path.join(root, self.identity)
         os.makedirs(self.folder, exist_ok=True)
-        self.where, self._file = _new_event_file(self.folder)
-        self.writer = RecordWriter(self._file)
-        self._write(self._event.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.events = EventFile(self.folder, before_write=lambda path: write_errors.inject("tracker", path))
+        self.where = self.events.path
         self._restart_marked = not self.resumed
 
     def _write(self, *events):
         """`events` appended and flushed; an OSError names the event file."""
-        try:
-            write_errors.inject("tracker", self.where)
-            for event in events:
-                self.writer.write(event.SerializeToString())
-            self._file.flush()
-        except OSError as e:
-            raise OSError(e.errno, e.strerror or str(e), self.where) from None
+        self.events.write(*events)
 
     def log_params(self, params):
         from tensorboard.plugins.hparams import summary_v2 as hparams  # its protocol buffer only, no TF
@@ -78,26 +69,13 @@ class TensorBoardTracker(Tracker):
         self._write(*events)
 
     def close(self, status):
-        self._file.close()
+        self.events.close()
 
     def abandon(self):
         try:
-            self._file.close()
+            self.events.close()
         except OSError:
             pass        # what it could not write is lost with the tracker
-
-
-def _new_event_file(folder):
-    """(path, file open for writing) of a new event file in `folder`, named as TensorBoard's EventFileWriter
-    names them (time, host, pid, a number) so readers pick it up; never an existing file (a run resumed in
-    the same process within the same second gets the next number)."""
-    stamp = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
-    for k in itertools.count():
-        path = os.path.join(folder, f"{stamp}.{k}")
-        try:
-            return path, open(path, "xb")       # noqa: SIM115 - open for the run; closed by close/abandon
-        except FileExistsError:
-            continue
 
 
 def _fresh_name(root):
