@@ -104,8 +104,9 @@ def _probe_node_launch(nodes, per_node):
         ["unshare", "-u", "true"], capture_output=True, timeout=30).returncode == 0
     for argv, named in ((base + uts, True), (base, False)) if can_unshare else ((base, False),):
         try:
+            # generous: on a loaded machine the ranks' start is slow, and a timeout here means "cannot"
             proc = subprocess.run([*argv, sys.executable, "-c", NODE_PROBE], capture_output=True, text=True,
-                                  timeout=60, cwd=ROOT)
+                                  timeout=MPI_TIMEOUT_S, cwd=ROOT)
         except subprocess.TimeoutExpired:
             tried.append(f"{' '.join(argv[:6])} ... did not end within 60 s")
             continue

@@ -11,6 +11,8 @@ from conftest import ROOT
 from fedmpi import config
 from fedmpi.io.store import RunLog
 
+HANG_S = 240        # the subprocesses' timeouts only guard against a hang: generous, as load slows Python's start
+
 READER = """
 import sys, h5py
 from fedmpi.io.store import client_table, open_run
@@ -24,8 +26,8 @@ print(len(rounds), ",".join(str(int(r)) for r in rounds), float(loss[-1, 1]))
 
 
 def read_in_another_process(path):
-    proc = subprocess.run([sys.executable, "-c", READER, str(path)], capture_output=True, text=True, timeout=60,
-                          cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", READER, str(path)], capture_output=True, text=True,
+                          timeout=HANG_S, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     n, rounds, last = proc.stdout.split()[:3]
     return int(n), rounds, float(last)
@@ -44,7 +46,7 @@ def test_a_reader_sees_every_appended_round_while_the_writer_keeps_the_file_open
         log.append({"round": t}, {"loss": np.full(clients, t, np.float32)}, num_clients=clients)
     assert read_in_another_process(path) == (5, "0,1,2,3,4", 4.0)
     report = subprocess.run([sys.executable, "-m", "fedmpi", "report", str(path)], capture_output=True, text=True,
-                            timeout=60, cwd=ROOT)
+                            timeout=HANG_S, cwd=ROOT)
     assert report.returncode == 0, report.stderr
     log.write_model(np.zeros(3, np.float32))    # every other write closes the appending handle
     assert log._f is None

@@ -22,16 +22,28 @@ from fedmpi.core.models import FAST_CPU_KERNELS, build_model
 from fedmpi.core.train import LocalTrainer, schedule
 
 
-def flat_pair(name, shape):
-    """The same zoo model twice as FlatModels: PyTorch's defaults, and the fast kernels."""
+def flat_pair(name, shape, seed=0):
+    """The same zoo model twice as FlatModels: PyTorch's defaults, and the fast kernels (initialised from
+    `seed`, the global generator left as it was)."""
     cfg = config.from_dict({"data": {"name": "synthetic"}, "model": {"name": name}, "out": "unused"})
-    torch.manual_seed(0)
-    model = build_model(cfg.model, shape, 10)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(cfg.model, shape, 10)
     return FlatModel(copy.deepcopy(model)), ck.use_fast_kernels(FlatModel(copy.deepcopy(model)))
 
 
 def relative(a, b):
     return float((a - b).detach().norm() / b.detach().norm())
+
+
+def _images(seed, count=160):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(count, 1, 28, 28, generator=g), torch.randint(0, 10, (count,), generator=g)
+
+
+def _rand(*shape, seed=0):
+    """Inputs from their own generator: the same whichever tests ran before in this process."""
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def test_auto_means_the_declared_zoo_models_on_the_cpu_only():
@@ -53,35 +65,57 @@ def test_the_layout_changes_strides_not_the_vector():
     seen = {}
     fast.module[3].register_forward_hook(lambda m, i, o: seen.update(conv2=o))
     fast.module[6].register_forward_hook(lambda m, i, o: seen.update(flatten_in=i[0]))
-    x = torch.rand(4, 1, 28, 28)
+    x = _rand(4, 1, 28, 28)
     out = fast.module(x)
     assert seen["conv2"].is_contiguous(memory_format=torch.channels_last) and not seen["conv2"].is_contiguous()
     assert seen["flatten_in"].is_contiguous()                  # Flatten sees the default layout again
     assert relative(out, plain.module(x)) < 1e-5
 
 
-def test_gradients_and_training_agree_with_the_default_layout_to_rounding():
+def test_gradients_agree_with_the_default_layout_to_rounding():
     plain, fast = flat_pair("cnn_mnist", (1, 28, 28))
-    x, y = torch.rand(160, 1, 28, 28), torch.randint(0, 10, (160,))
+    x, y = _images(0, 10)
     for f in (plain, fast):
         f.zero_grad()
-        F.cross_entropy(f.module(x[:10]), y[:10]).backward()
+        F.cross_entropy(f.module(x), y).backward()
         assert f.check_grads_bound()        # the restrided weight's gradient still lands in the flat gradient
+    # Measured over 200 seeds (model and batch): relative deviation median 4.6e-7, 99th percentile 8.1e-7; one
+    # seed in 200 gave 2e-2, where a pre-activation within rounding of a ReLU or max-pool kink falls on the
+    # other side and its unit's gradient changes outright. Seed 0 is one of the 199.
     assert relative(fast.grad, plain.grad) < 1e-5
+
+
+def test_training_agrees_with_the_default_layout_to_rounding_on_most_seeds():
+    """8 SGD steps with momentum 0.5 from 5 seeds (model and data), each from its own generators. Measured over
+    60 seeds, at 1 and 2 threads: the update's relative deviation has median 1.4e-6 and 90th percentile 5e-5,
+    but its maximum is 4e-2: once a rounding-level difference puts a pre-activation on the other side of a
+    ReLU or max-pool kink (1 run in 10 within 8 steps), the two paths train on differing gradients and
+    momentum carries the difference on (a single run once failed a bound of 1e-4 at 1.9e-4). So the median
+    is held to rounding, and each run to a tenth; 3 of 5 runs beyond 1e-5 would be about 1 case in 100."""
     cfg = config.from_dict({"data": {"name": "synthetic"}, "out": "unused",
                             "client": {"lr": 0.05, "batch_size": 10, "epochs": 1, "momentum": 0.5}})
-    start = plain.vec.clone()
-    for f in (plain, fast):
-        LocalTrainer(f, cfg.client, x, y).train(torch.arange(80), np.random.default_rng(3), schedule(cfg.client, 80))
-    assert relative(fast.vec - start, plain.vec - start) < 1e-4     # 8 steps with momentum
-    assert not torch.equal(fast.vec, start)
+    deviations, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)        # what the measurement found at 2 as well; 1 for speed on a busy machine
+    try:
+        for seed in range(5):
+            plain, fast = flat_pair("cnn_mnist", (1, 28, 28), seed)
+            x, y = _images(seed, 80)
+            start = plain.vec.clone()
+            for f in (plain, fast):
+                LocalTrainer(f, cfg.client, x, y).train(torch.arange(80), np.random.default_rng(3),
+                                                        schedule(cfg.client, 80))
+            assert not torch.equal(fast.vec, start)
+            deviations.append(relative(fast.vec - start, plain.vec - start))
+    finally:
+        torch.set_num_threads(threads)
+    assert float(np.median(deviations)) < 1e-5 and max(deviations) < 0.1, deviations
 
 
 def test_dropout_after_a_convolution_drops_the_same_elements():
     # pfl_cnn's Dropout(0.25) follows the pooling: its mask, drawn in memory order, must hit the elements it
     # hits in PyTorch's default layout (else the run differs from a plain loop by far more than rounding).
     plain, fast = flat_pair("pfl_cnn", (3, 12, 12))
-    x = torch.rand(6, 3, 12, 12)
+    x = _rand(6, 3, 12, 12)
     outs = []
     for f in (plain, fast):
         f.module.train()
@@ -122,13 +156,13 @@ def test_big_dense_layers_take_small_batches_as_w_times_x_transposed():
     assert type(fc1) is ck.SmallBatchLinear and type(fc2) is nn.Linear       # 3136 x 512 swapped, 512 x 10 not
     assert fast.vec.data_ptr() <= fc1.weight.data_ptr() < fast.vec.data_ptr() + 4 * fast.dim   # still a view
     for rows in (3, 10, ck.SWAP_MAX_BATCH, ck.SWAP_MAX_BATCH + 1):     # both sides of the batch rule
-        x = torch.rand(rows, 3136)
+        x = _rand(rows, 3136, seed=rows)
         got, want = fc1(x), F.linear(x, fc1.weight, fc1.bias)
         assert got.shape == want.shape and relative(got, want) < 1e-5
         assert got.is_contiguous() == (rows > ck.SWAP_MAX_BATCH)       # W x^T's result is a transposed view
     seen = {}
     fc2.register_forward_pre_hook(lambda m, args: seen.update(fc2_in=args[0]))
-    fast.module(torch.rand(4, 1, 28, 28))
+    fast.module(_rand(4, 1, 28, 28))
     assert seen["fc2_in"].is_contiguous()      # the small layer after it gets the default layout back
     copied = copy.deepcopy(fast.module)        # a copy (MOON's previous model, a shadow) keeps the class
     assert type(copied[7]) is ck.SmallBatchLinear
@@ -145,7 +179,7 @@ def one_step_config(**client):
 def test_big_dense_layers_step_themselves_only_under_plain_sgd_on_the_plain_loss(client, loss_fn, fused):
     plain, fast = flat_pair("cnn_mnist", (1, 28, 28))
     cfg = one_step_config(**client)
-    x, y = torch.rand(10, 1, 28, 28), torch.randint(0, 10, (10,))
+    x, y = _images(0, 10)
     seen = []
     fast.module[7].register_forward_hook(lambda m, i, o: seen.append(m.fused_lr))
     start = plain.vec.clone()

@@ -42,7 +42,7 @@ ALGORITHMS = {
 R = 12                  # rounds; checkpoints every 2
 HALF = R // 2
 LAUNCH_TIMEOUT_S = 300
-KILL_DEADLINE_S = 30
+KILL_DEADLINE_S = 120     # a killed worker ends the job (MPI's process manager): seconds, generous under load
 # Jobs that get signalled or killed sleep this long per round (experiment.py's test aid), so that the
 # signal lands mid-run however fast or loaded the machine is; results are unchanged.
 SLOW = {"FEDMPI_ROUND_DELAY_S": "0.3"}

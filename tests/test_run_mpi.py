@@ -1,10 +1,9 @@
 """End to end under mpiexec: same results at any -n, repeatable runs, failures that end the job."""
 
-import time
-
 import numpy as np
 import pytest
 from conftest import (
+    MPI_TIMEOUT_S,
     read_clients,
     read_global,
     read_metrics,
@@ -50,7 +49,9 @@ def test_same_accuracy_and_global_vector_at_any_rank_count(mlp_runs):
     for key in ("n2", "n3"):
         metrics, attrs = read_metrics(mlp_runs[key][0])
         assert np.array_equal(metrics["test_acc"], ref_metrics["test_acc"]), key
-        np.testing.assert_allclose(read_global(mlp_runs[key][0]), ref_global, rtol=1e-5, atol=1e-7)
+        # the same bits at a fixed runtime.threads (README): every round's fingerprint and the final vector
+        assert same(metrics["model_sha256"], ref_metrics["model_sha256"]), key
+        assert np.array_equal(read_global(mlp_runs[key][0]), ref_global), key
         assert attrs["world_size"] == int(key[1])
 
 
@@ -98,10 +99,10 @@ def test_central_sgd_learns(mlp_runs):
 def test_exception_on_one_rank_ends_the_job_and_marks_the_run_failed(tmp_path, n, fault):
     out = tmp_path / "fail"
     cfg = write_config(tmp_path / "f.yaml", small_config(out, rounds=6))
-    began = time.monotonic()
-    proc = run_fedmpi(n, "run", cfg, env={"FEDMPI_INJECT_FAULT": fault}, check=False, timeout=120)
+    # The job ends by itself: one that hung instead would run into the timeout (subprocess.TimeoutExpired
+    # fails the test). No tighter wall-clock bound: the launch's start alone takes tens of seconds under load.
+    proc = run_fedmpi(n, "run", cfg, env={"FEDMPI_INJECT_FAULT": fault}, check=False, timeout=MPI_TIMEOUT_S)
     assert proc.returncode != 0
-    assert time.monotonic() - began < 60
     rank = fault.split(":")[0]
     assert f"rank {rank} failed: RuntimeError: injected fault" in proc.stderr
     metrics, attrs = read_metrics(out)

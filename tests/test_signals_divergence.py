@@ -62,11 +62,13 @@ def test_sigint_ends_the_job_with_130_one_line_and_status_interrupted(tmp_path, 
         else:
             os.kill(pids[2 if target == "worker" else 0], signal.SIGINT)
         began = time.monotonic()
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == EXIT_INTERRUPTED and time.monotonic() - began < 15
+    # ~150 s of rounds were left (500 x 0.3 s): well under that is an interruption, not a finish; 60 s leaves
+    # a loaded machine room for the ranks' shutdown.
+    assert proc.returncode == EXIT_INTERRUPTED and time.monotonic() - began < 60
     lines = [line for line in err.splitlines() if line.startswith("fedmpi:")]
     assert len(lines) == 1 and lines[0].startswith("fedmpi: interrupted (SIGINT"), err
     assert "Traceback" not in err

@@ -12,21 +12,29 @@ over the batch's actual size (last partial batches included), and weight decay a
 What may vectorize: the algorithm (`Algorithm.vectorize_blocker`: client start = load the broadcast vector,
 no gradient hook, no loss of its own, uploads added after training) and the model (`unsupported`: layers
 that are pure functions of parameters and input, no float buffers such as batch-norm statistics, no
-dropout, whose per-client randomness vmap cannot reproduce bit for bit). `auto` vectorizes groups of at
-least MIN_GROUP clients on a rank when that wins (`worthwhile`): on a GPU always, on a CPU for dense models
-(linear layers) only. Convolutions under vmap become grouped convolutions, which on a CPU run no faster
-than the loop's per-client convolutions (measured: 0.7x for cnn2, cnn_mnist), because there the
-arithmetic, not the per-client overhead, bounds a step.
+dropout, whose per-client randomness vmap cannot reproduce bit for bit).
+
+Batched and per-client training add in different orders (a few 1e-8 apart after a round), so `auto` decides
+once for the whole job, from the config alone, never from how many clients land on a rank (that follows
+-n): it batches every client where the model wins from it on its device (`worthwhile`: on a GPU always, on a
+CPU for dense models only) and the partition gives a round of `server.clients_per_round` clients at least
+MIN_GROUP clients of one batch pattern on average (`alike_enough`), else the loop trains every client.
+Convolutions under vmap become grouped convolutions, which on a CPU run no faster than the loop's
+per-client convolutions (measured: 0.7x for cnn2, cnn_mnist), because there the arithmetic, not the
+per-client overhead, bounds a step. A client's result does not depend on the group it trains in (`_pair`).
 """
 
 from __future__ import annotations
+
+import copy
+from collections import Counter
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedmpi.core.train import batch_order
+from fedmpi.core.train import batch_order, schedule
 
 # Layers that are pure functions of (parameters, input), which vmap batches over clients.
 PURE_LAYERS = (nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.Tanh,
@@ -35,7 +43,7 @@ PURE_LAYERS = (nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.ReLU, nn.LeakyRe
 # Layers whose batched form is a batched matrix product: the per-client loop pays overhead, not arithmetic.
 DENSE_LAYERS = (nn.Linear, nn.Bilinear, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.Tanh, nn.Sigmoid,
                 nn.Softplus, nn.Flatten, nn.Identity)
-MIN_GROUP = 8              # auto: fewer clients of one batch pattern on a rank train in the loop
+MIN_GROUP = 8              # auto: rounds with fewer clients of one batch pattern on average train in the loop
 MAX_STACK_FLOATS = 1 << 26  # at most this many stacked parameters (256 MB of float32) per batched group
 
 
@@ -62,6 +70,15 @@ def worthwhile(flat):
     if flat.device.type == "cuda":
         return True
     return all(isinstance(m, DENSE_LAYERS) for m in _leaves(flat.module))
+
+
+def alike_enough(sizes, client_cfg, per_round) -> bool:
+    """`auto`'s count (the module docstring), from the config alone: does a round of `per_round` clients drawn
+    from clients of `sizes` samples hold on average at least MIN_GROUP of one batch pattern (`group_key`)?"""
+    if len(sizes) == 0:
+        return False
+    counts = Counter(group_key(int(n), schedule(client_cfg, int(n))) for n in sizes)
+    return min(per_round, len(sizes)) * max(counts.values()) >= MIN_GROUP * len(sizes)
 
 
 def group_key(n_samples, sched):
@@ -110,6 +127,12 @@ class GroupTrainer:
         with the same sample count) from `start` (the flat vector). Returns (parameters [G, n_params],
         per-client sums of sample losses [G] float32, samples seen per client). `poisons`: per client, None
         or its data attack's batch function, applied after augmentation as in LocalTrainer."""
+        if len(clients) == 1:       # alone: trained as a pair with a copy of itself (`_pair`), the copy dropped
+            weights, loss_sums, seen = self._train(start, _pair(clients[0]), sched, lr, poisons and [poisons[0], None])
+            return weights[:1], loss_sums[:1], seen
+        return self._train(start, clients, sched, lr, poisons)
+
+    def _train(self, start, clients, sched, lr, poisons):
         cfg, module = self.cfg, self.flat.module
         lr = cfg.lr if lr is None else lr
         g_count, n = len(clients), self.flat.n_params
@@ -229,6 +252,16 @@ def _chain(module):
         else:
             return None
     return out
+
+
+def _pair(client):
+    """A lone client and a copy of it for a group of two. Which clients share a group follows which rank hosts
+    them, so a client's bits must not depend on its group: in groups of two or more they do not (each client's
+    products are their own matrices of one batched call; tests/test_vectorized.py), but a group of one takes
+    other kernels (vmap's unbatched ones; MKL's multi-threaded GEMM for a batch of one), 1e-8 apart. The copy
+    draws from its own copy of the client's generator, so the client's own draws stay the loop's."""
+    part, g = client
+    return [client, (part, copy.deepcopy(g))]
 
 
 def _poisoned(xb, yb, poisons):

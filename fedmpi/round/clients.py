@@ -110,8 +110,8 @@ class ClientHost:
 
     def _plan_vectorize(self, loss):
         """`client.vectorize`: off, or auto/on when the algorithm and the model allow batched groups; `on`
-        with an algorithm or model that cannot fails here, on every rank. Whether clients may train in batched
-        groups (the same on every rank)."""
+        with an algorithm or model that cannot fails here, on every rank. Whether clients train in batched
+        groups (the same on every rank and at every -n)."""
         mode = self.cfg.client.vectorize
         if mode == "off":
             return False
@@ -127,7 +127,10 @@ class ClientHost:
                 raise ConfigError(f"client.vectorize = 'on': {blocker}; use auto (batch clients where possible) "
                                   f"or off")
             return False
-        if not (mode == "on" or vectorized.worthwhile(self.flat)):
+        # auto: one decision for the whole job from the config (the model, the partition's sizes, the round's
+        # size), never from how many clients a rank holds, which follows -n (fedmpi.core.vectorized)
+        if mode == "auto" and not (vectorized.worthwhile(self.flat) and vectorized.alike_enough(
+                self.sizes, self.cfg.client, self.cfg.server.clients_per_round)):
             return False
         if self.trains:
             self.group_trainer = vectorized.GroupTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
@@ -198,24 +201,19 @@ class ClientHost:
             yield self.train_one(t, cid, standard, load_start, down)
 
     def _vector_groups(self, t, cids, standard):
-        """([(runs, schedule)] trained as batched groups, [client ids] for the per-client loop)."""
-        auto = self.cfg.client.vectorize == "auto"
+        """([(runs, schedule)] trained as batched groups, [client ids] for the per-client loop): with a group
+        trainer every client trains batched, in groups of its batch pattern of whatever size this rank has."""
         if self.group_trainer is None:
             return [], cids             # as they come (DealtClients takes a ticket per client)
-        if auto and len(cids) < vectorized.MIN_GROUP:
-            return [], list(cids)
         by_key = {}
         for cid in cids:
             run = self.new_run(t, cid)
             sched = self.schedule_of(run, standard)
             by_key.setdefault(vectorized.group_key(run.n_samples, sched), (sched, []))[1].append(run)
-        groups, rest = [], []
+        groups = []
         for sched, runs in by_key.values():
-            if auto and len(runs) < vectorized.MIN_GROUP:
-                rest.extend(run.cid for run in runs)
-                continue
             groups.extend((chunk, sched) for chunk in vectorized.chunks(runs, self.group_trainer.max_group))
-        return groups, sorted(rest)
+        return groups, []
 
     def _train_group(self, runs, sched, down):
         """One batched group from the broadcast vector (`vectorizable`: the start point is the broadcast)."""
