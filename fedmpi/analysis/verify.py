@@ -7,9 +7,10 @@ fingerprints existed are compared by their per-round metrics and final model ins
 so. Around the verdict: both runs' status, rounds, process count (-n), library versions, and their config
 differences as dotted keys.
 
-Across process counts fedmpi promises agreement to TOLERANCE (README, "Reproducibility"), not bit-identity,
-so when the world sizes differ the report gives each common per-round metric's and the final model's
-largest relative difference against it. Exit 0: identical (or, across process counts, within the
+Across process counts fedmpi computes identical models on CPUs at the same torch thread count, and agrees to
+TOLERANCE otherwise (other thread counts, GPUs; README, "Reproducibility"), so when the world sizes differ
+the report gives each common per-round metric's and the final model's largest relative difference against
+it, and says which of the two promises applies. Exit 0: identical (or, across process counts, within the
 tolerance; or no round in common yet); 1: they differ; 2: a file is missing or not a run file.
 
 This module reads and compares; `fedmpi.analysis.verify_report` words the result and is the command.
@@ -28,7 +29,7 @@ from fedmpi.core.errors import InputError
 from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io.store import open_run
 
-TOLERANCE = 1e-5                # relative; the README's promise across -n
+TOLERANCE = 1e-5                # relative; the README's promise across -n at different thread counts
 NOT_REPRODUCIBLE = ("wall_s",)  # measured time, different on every run
 FINAL_MODEL_STATUSES = ("finished", "preempted")    # /model/global is written at these ends only
 
@@ -52,6 +53,12 @@ class Side:
     @property
     def world_size(self):
         value = self.run.attrs.get("world_size")
+        return int(value) if isinstance(value, (int, np.integer)) else None
+
+    @property
+    def threads(self):
+        """torch threads per rank as recorded (None in files that predate it)."""
+        value = self.run.attrs.get("threads")
         return int(value) if isinstance(value, (int, np.integer)) else None
 
     def fingerprints(self):

@@ -118,6 +118,16 @@ def verdict(a, b, comparison):
     return f"differ: {where}", EXIT_FAILED
 
 
+def _promise(a, b):
+    """What README's Reproducibility promises for two runs at different -n."""
+    where = f"process counts differ (-n {a.world_size} and -n {b.world_size})"
+    if a.threads is not None and a.threads == b.threads:
+        return (f"{where} at the same thread count ({a.threads}): on CPUs fedmpi computes identical models "
+                f"(README, Reproducibility); on GPUs, agreement to {TOLERANCE:g} relative")
+    return (f"{where}, thread counts {a.threads} and {b.threads}: fedmpi promises agreement to {TOLERANCE:g} "
+            f"relative (README, Reproducibility), not identical bits; fix runtime.threads for identical models")
+
+
 def format_report(a, b, comparison):
     lines = [run_table(a, b)]
     for side in (a, b):
@@ -136,8 +146,7 @@ def format_report(a, b, comparison):
     lines.append(f"\nfinal model (/model/global): {comparison.model}")
     line, code = verdict(a, b, comparison)
     if a.world_size != b.world_size:
-        lines.append(f"\nprocess counts differ (-n {a.world_size} and -n {b.world_size}): fedmpi promises agreement "
-                     f"to {TOLERANCE:g} relative across -n (README, Reproducibility), not identical bits")
+        lines.append(f"\n{_promise(a, b)}")
     if comparison.differences and (not comparison.identical or a.world_size != b.world_size):
         lines += ["", _differences_table(comparison)]
     lines += ["", f"verdict: {line}"]
