@@ -417,3 +417,40 @@ def mutated(text):
         st.tuples(st.integers(0, max(0, len(data) - 1)), st.integers(0, 255)).map(
             lambda p: data[:p[0]] + bytes([p[1]]) + data[p[0] + 1:]),
         st.sampled_from([b"\xef\xbb\xbf", b"\xff\xfe", b"\x00", b"\xc3\x28", b"\t"]).map(lambda b: b + data))
+
+
+# --- keys of the wrong form -------------------------------------------------------------------------------------
+
+# YAML fragments of every form: each field is given those its declared type does not read (`wrong_form`).
+FORMS = ("5", "-3", "1.5", "1e300", "true", "false", "x", "'5'", "''", "[]", "[1, 2]", "[x]", "[[1]]", "{}",
+         "{a: 1}", "{name: x}", "[{clients: 1}]", "!!bool maybe", "!!int x", "!!float x")
+
+
+def wrong_forms(tp):
+    """The FORMS whose value the declared type `tp` does not read (fedmpi.config.build's coercion), and those
+    YAML cannot build at all (tags with bad content)."""
+    from fedmpi.config import yamlio
+    from fedmpi.config.build import _coerce
+    from fedmpi.core.errors import ConfigError
+
+    found = []
+    for fragment in FORMS:
+        try:
+            value = yamlio.load(fragment, "fragment")
+        except ConfigError:
+            found.append(fragment)
+            continue
+        if not _coerce(tp, value)[0]:
+            found.append(fragment)
+    return found
+
+
+@st.composite
+def wrong_form_entry(draw, fields):
+    """({dotted key: fragment}, key): one field of `fields` given a fragment of a form its type does not read
+    (an algorithm's own key under an algorithm that has it)."""
+    key, tp = draw(st.sampled_from([(k, tp) for k, tp in fields if wrong_forms(tp)]))
+    entries = {key: draw(st.sampled_from(wrong_forms(tp)))}
+    if key.startswith("algorithm.") and key != "algorithm.name":
+        entries["algorithm.name"] = draw(st.sampled_from(algorithm_owners()[key]))
+    return entries, key

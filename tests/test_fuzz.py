@@ -48,6 +48,7 @@ from fuzz_support import (
     release_claims,
     run_status,
     snapshot,
+    wrong_form_entry,
     yaml_text,
 )
 from hypothesis import event, example, given
@@ -147,6 +148,23 @@ def test_a_generated_config_file_dry_runs_or_is_refused(work, entries):
     case = Case(work)
     path = case.config(yaml_text(tiny(case.out), entries))
     case.check(cli("run", path, "--dry-run"), path.read_text()[-3000:])
+
+
+@examples(60)
+@given(drawn=wrong_form_entry(DRY_FIELDS), where=st.sampled_from(["file", "override"]))
+def test_a_key_of_the_wrong_form_is_one_line_naming_it(work, drawn, where):
+    """Issue 39: a value of a form its key's declared type does not read (a scalar for a list, a list for a
+    number, a tag YAML cannot build) exits 2 with one line naming the key, in a file or as an override."""
+    entries, key = drawn
+    case = Case(work)
+    if where == "file":
+        outcome = cli("run", case.config(yaml_text(tiny(case.out), entries)), "--dry-run")
+    else:
+        path = case.config(yaml_text(tiny(case.out), {k: v for k, v in entries.items() if k != key}))
+        outcome = cli("run", path, "--dry-run", f"{key}={entries[key]}")
+    lines = outcome.err.strip().splitlines()
+    assert outcome.code == 2 and len(lines) == 1 and key in lines[0], (entries, where, outcome.err[-2000:])
+    case.check(outcome, entries)
 
 
 BAD_OVERRIDES = ("=1", "rounds", ".=1", "a..b=1", "rounds.x=1", "algorithm=fedavg", "algorithm.name.x=1",
