@@ -12,7 +12,8 @@ import pytest
 from fuzz_support import cli, leaf_fields, quoted, snapshot
 
 from fedmpi.algorithms.registry import REGISTRY
-from fedmpi.attacks.keys import OMNISCIENT_ATTACKS, USES as ATTACK_USES, AttackConfig
+from fedmpi.attacks.keys import OMNISCIENT_ATTACKS, AttackConfig
+from fedmpi.attacks.keys import USES as ATTACK_USES
 from fedmpi.config import Config, from_dict, load
 from fedmpi.config.build import _coerce
 from fedmpi.config.run_sections import TRACKER_USES
@@ -180,7 +181,8 @@ def _moot_cases():
     every = {k for keys in ATTACK_USES.values() for k in keys}
     for name, reads in ATTACK_USES.items():
         for key in sorted(every - set(reads)):
-            yield {"attack.name": name, f"attack.{key}": _other_value(AttackConfig, key)}, f"attack.{key}", "attack.name"
+            entries = {"attack.name": name, f"attack.{key}": _other_value(AttackConfig, key)}
+            yield entries, f"attack.{key}", "attack.name"
     every = {k for keys in NOISE_USES.values() for k in keys}
     for noise, reads in NOISE_USES.items():
         for key in sorted(every - set(reads)):
