@@ -452,7 +452,8 @@ def _reads(tp, value):
 def wrong_forms(tp):
     """The FORMS of a form the declared type `tp` does not take, and those YAML cannot build at all (tags
     with bad content)."""
-    from fedmpi.config import yamlio      # YAML 1.2, as configs are read: `1e300` is a number, not a string
+    # YAML 1.2, as configs are read: `1e300` is a number, not a string
+    from fedmpi.config import yamlio
 
     return [f for f in FORMS if f.startswith("!!") or not _reads(tp, yamlio.load(f, "fragment"))]
 

@@ -40,8 +40,8 @@ class AttackConfig:
     round's benign updates (alie, ipm, min_max, min_sum)."""
 
     fraction: float = 0.2
-    """Share of the clients that are malicious, in [0, 1); the set is drawn once from the seed. Ignored when
-    `clients` is given."""
+    """Share of the clients that are malicious, in [0, 1); the set is drawn once from the seed. Refused beside
+    `clients`, which names the set instead."""
 
     clients: tuple[int, ...] = ()
     """Explicit malicious client ids (overrides `fraction`)."""
