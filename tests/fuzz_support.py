@@ -417,3 +417,51 @@ def mutated(text):
         st.tuples(st.integers(0, max(0, len(data) - 1)), st.integers(0, 255)).map(
             lambda p: data[:p[0]] + bytes([p[1]]) + data[p[0] + 1:]),
         st.sampled_from([b"\xef\xbb\xbf", b"\xff\xfe", b"\x00", b"\xc3\x28", b"\t"]).map(lambda b: b + data))
+
+
+# --- keys of the wrong form -------------------------------------------------------------------------------------
+
+# YAML fragments of every form: each field is given those its declared type does not read (`wrong_form`).
+FORMS = ("5", "-3", "1.5", "1e300", "true", "false", "x", "'5'", "''", "[]", "[1, 2]", "[x]", "[[1]]", "{}",
+         "{a: 1}", "{name: x}", "[{clients: 1}]", "!!bool maybe", "!!int x", "!!float x")
+
+
+def _reads(tp, value):
+    """Whether a field declared `tp` takes a YAML value of `value`'s form, judged from the annotation alone
+    (not by fedmpi's own coercion, which is what is under test): a bare `tuple` takes a list, `dict` a mapping."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, __import__("types").UnionType):
+        return value is None or any(_reads(a, value) for a in args if a is not type(None))
+    if origin is typing.Literal:
+        return value in _literal_args(tp)
+    if tp is tuple or origin is tuple:
+        return isinstance(value, list)
+    if tp is dict:
+        return isinstance(value, dict)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return True
+
+
+def wrong_forms(tp):
+    """The FORMS of a form the declared type `tp` does not take, and those YAML cannot build at all (tags
+    with bad content)."""
+    # YAML 1.2, as configs are read: `1e300` is a number, not a string
+    from fedmpi.config import yamlio
+
+    return [f for f in FORMS if f.startswith("!!") or not _reads(tp, yamlio.load(f, "fragment"))]
+
+
+def wrong_form_entry(key, tp):
+    """{dotted key: fragment}: `key` given a fragment of a form its type `tp` does not take (an algorithm's own
+    key under an algorithm that has it)."""
+    owners = st.sampled_from(algorithm_owners()[key]) if key.startswith("algorithm.") and key != "algorithm.name" \
+        else st.none()
+    return st.tuples(st.sampled_from(wrong_forms(tp)), owners).map(
+        lambda p: {key: p[0], **({"algorithm.name": p[1]} if p[1] else {})})

@@ -19,8 +19,8 @@ here w is the round's locally trained model throughout the personal pass. PFLlib
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -29,7 +29,7 @@ from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.state import ClientVectors
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range, factor, refuse_unused
 
 PERSONAL_PASS = 1
 
@@ -44,11 +44,11 @@ class ApflKeys(AlgorithmKeys):
     alpha_lr: float | None = None
     """Step size of alpha's update (None: the round's eta_l)."""
 
+    RANGES: ClassVar[dict] = {"alpha": Range(0, 1), "alpha_lr": factor(low_open=True)}
+
     def __post_init__(self):
         c = Checks("algorithm")
-        c.require(0.0 <= self.alpha <= 1.0, "alpha", self.alpha, "must be in [0, 1]")
-        c.require(self.alpha_lr is None or (math.isfinite(self.alpha_lr) and self.alpha_lr > 0), "alpha_lr",
-                  self.alpha_lr, "must be a finite number > 0, or null for client.lr")
+        refuse_unused(c, self, "adaptive", {True: ("alpha_lr",), False: ()}, "setting")
         c.done()
 
 

@@ -12,6 +12,7 @@ label distributions before and after sharing is logged (`/partition` and `/parti
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.core import rng
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range, count, factor
 
 WARMUP_ROUND = 10**9 + 1   # stream key for the warm-up, distinct from every real round
 SHARE_KEY = 7              # distinguishes the per-client share draw from other DATA streams
@@ -38,13 +39,12 @@ class DataShareKeys(AlgorithmKeys):
     """Stop the warm-up once the test accuracy reaches this (checked after each epoch, at most
     warmup_epochs epochs); null = exactly warmup_epochs epochs."""
 
+    RANGES: ClassVar[dict] = {"alpha": Range(0, 1), "warmup_epochs": count(0), "warmup_lr": factor(low_open=True),
+                              "warmup_target_acc": Range(0, 1, low_open=True)}
+
     def __post_init__(self):
         c = Checks("algorithm")
-        c.require(0 <= self.alpha <= 1, "alpha", self.alpha, "must be in [0, 1]")
-        c.require(self.warmup_epochs >= 0, "warmup_epochs", self.warmup_epochs, "must be >= 0")
-        c.require(self.warmup_lr > 0, "warmup_lr", self.warmup_lr, "must be > 0")
         t = self.warmup_target_acc
-        c.require(t is None or 0 < t <= 1, "warmup_target_acc", t, "must be in (0, 1] or null")
         c.require(t is None or self.warmup_epochs > 0, "warmup_target_acc", t,
                   "needs algorithm.warmup_epochs > 0, the most epochs the warm-up may take")
         c.done()

@@ -16,15 +16,15 @@ it first trains in (PFLlib copies the initial model; docs/baselines.md).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.state import ClientVectors
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import count, factor
 
 PERSONAL_PASS = 1     # the personal model's stream key: (seed, PERSONAL, round, client, 1)
 
@@ -37,12 +37,7 @@ class DittoKeys(AlgorithmKeys):
     personal_steps: int | None = None
     """SGD steps of the personal model per round (None: the client's schedule, as the global pass)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(math.isfinite(self.lam) and self.lam >= 0, "lam", self.lam, "must be a finite number >= 0")
-        c.require(self.personal_steps is None or (isinstance(self.personal_steps, int) and self.personal_steps >= 1),
-                  "personal_steps", self.personal_steps, "must be an integer >= 1, or null for the client's schedule")
-        c.done()
+    RANGES: ClassVar[dict] = {"lam": factor(), "personal_steps": count()}
 
 
 def prox_gradient(grad, params, anchor, lam):

@@ -18,13 +18,14 @@ so the held updates are client state, saved in checkpoints (`pending_v<version>`
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, BufferedUploads, weighted_mean_update
 from fedmpi.algorithms.catalog import register
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range
 
 PENDING = "pending_v"
 
@@ -44,14 +45,9 @@ class FedBuffKeys(AlgorithmKeys):
     staleness_exponent: float = 0.5
     """a in s(tau) = (1 + tau)^-a: 0.5 is FedBuff's 1/sqrt(1 + tau); 0 weighs stale updates like fresh ones."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(isinstance(self.buffer_size, int) and self.buffer_size >= 1, "buffer_size", self.buffer_size,
-                  "must be a positive integer")
-        c.require(isinstance(self.concurrency, int) and self.concurrency >= 1, "concurrency", self.concurrency,
-                  "must be a positive integer")
-        c.require(self.staleness_exponent >= 0, "staleness_exponent", self.staleness_exponent, "must be >= 0")
-        c.done()
+    RANGES: ClassVar[dict] = {"buffer_size": Range(1, 2 ** 31 - 1), "concurrency": Range(1, 2 ** 31 - 1),
+                              # (1 + s)^-a of a staleness s: beyond 10 even s = 1 weighs 2^-10 of a fresh update
+                              "staleness_exponent": Range(0, 10)}
 
 
 @register

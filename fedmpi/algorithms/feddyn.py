@@ -11,12 +11,13 @@ g_i and h cover the trainable part of the flat vector only; buffers (batch-norm 
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, factor
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,7 @@ class FedDynKeys(AlgorithmKeys):
     alpha: float = 0.01
     """Weight of the dynamic regulariser (> 0)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(self.alpha > 0, "alpha", self.alpha, "must be > 0")
-        c.done()
+    RANGES: ClassVar[dict] = {"alpha": factor(low_open=True)}
 
 
 @register

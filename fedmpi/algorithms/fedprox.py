@@ -6,11 +6,12 @@ pass; uploads and the update are FedAvg's. With mu = 0 FedProx is FedAvg.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import factor
 
 
 @dataclass(frozen=True)
@@ -19,10 +20,7 @@ class FedProxKeys(AlgorithmKeys):
     mu: float = 0.01
     """Weight of the proximal term mu/2 ||w - x_t||^2 (>= 0; 0 is FedAvg)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(self.mu >= 0, "mu", self.mu, "must be >= 0")
-        c.done()
+    RANGES: ClassVar[dict] = {"mu": factor()}
 
 
 @register

@@ -18,12 +18,13 @@ part; with plain SGD the two agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.layers import head_patterns
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import count
 from fedmpi.core.errors import ConfigError
 
 HEAD_PASS = 1     # the head's stream key: (seed, PERSONAL, round, client, 1)
@@ -38,13 +39,7 @@ class FedRepKeys(AlgorithmKeys):
     body_epochs: int | None = None
     """Epochs training the body with the head frozen (>= 1; None: the client's schedule)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(isinstance(self.head_epochs, int) and self.head_epochs >= 1, "head_epochs", self.head_epochs,
-                  "must be an integer >= 1")
-        c.require(self.body_epochs is None or (isinstance(self.body_epochs, int) and self.body_epochs >= 1),
-                  "body_epochs", self.body_epochs, "must be an integer >= 1, or null for the client's schedule")
-        c.done()
+    RANGES: ClassVar[dict] = {"head_epochs": count(), "body_epochs": count()}
 
 
 class Freeze:

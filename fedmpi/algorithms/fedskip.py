@@ -17,6 +17,7 @@ squared distance of the slots from their weighted average, is logged at aggregat
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ import torch
 from fedmpi.algorithms.base import AlgorithmKeys, SlotRouting, weighted_mean_update
 from fedmpi.algorithms.catalog import register
 from fedmpi.core import rng
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import count
 
 ORDER_KEY = 1
 
@@ -35,10 +36,7 @@ class FedSkipKeys(AlgorithmKeys):
     delta: int = 3
     """Rounds per aggregation period (slots skip aggregation delta - 1 times); 1 = FedAvg."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(self.delta >= 1, "delta", self.delta, "must be a positive integer")
-        c.done()
+    RANGES: ClassVar[dict] = {"delta": count()}
 
 
 @register

@@ -15,14 +15,14 @@ acts as one more client; eta_g stays `server.lr` (the paper's sqrt(S) is set in 
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from fedmpi.algorithms.base import AlgorithmKeys, weighted_mean_update
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Range, count, factor
 
 PRETRAIN_ROUND = 10**9    # stream key for pretraining, distinct from every real round
 
@@ -45,17 +45,9 @@ class FslKeys(AlgorithmKeys):
     pretrain_lr: float = 0.01
     """Learning rate of the pretraining."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(self.gamma >= 0, "gamma", self.gamma, "must be >= 0")
-        c.require(self.server_epochs is None or self.server_epochs >= 1, "server_epochs", self.server_epochs,
-                  "must be a positive integer or null")
-        c.require(self.server_lr is None or self.server_lr > 0, "server_lr", self.server_lr, "must be > 0 or null")
-        c.require(self.server_batch_size is None or self.server_batch_size >= 1, "server_batch_size",
-                  self.server_batch_size, "must be a positive integer or null")
-        c.require(self.pretrain_epochs >= 0, "pretrain_epochs", self.pretrain_epochs, "must be >= 0")
-        c.require(self.pretrain_lr > 0, "pretrain_lr", self.pretrain_lr, "must be > 0")
-        c.done()
+    RANGES: ClassVar[dict] = {"gamma": factor(), "server_epochs": count(), "server_lr": factor(low_open=True),
+                              "server_batch_size": Range(1, 2 ** 31 - 1), "pretrain_epochs": count(0),
+                              "pretrain_lr": factor(low_open=True)}
 
 
 @register

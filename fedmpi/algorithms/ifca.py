@@ -22,6 +22,7 @@ other clusters' new models before the next broadcast). A client that never train
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -31,8 +32,9 @@ from fedmpi.algorithms.catalog import check_declarations, register
 from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range
 
+MAX_CLUSTERS = 100
 INIT_KEY = 24      # (seed, INIT, INIT_KEY, j): cluster j's initialisation (j >= 1)
 
 
@@ -42,11 +44,8 @@ class IfcaKeys(AlgorithmKeys):
     k: int = 2
     """Number of cluster models (>= 1; 1 is FedAvg)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(isinstance(self.k, int) and not isinstance(self.k, bool) and self.k >= 1, "k", self.k,
-                  "must be an integer >= 1 (the number of cluster models)")
-        c.done()
+    # Every rank holds k models and each selected client evaluates all k every round; the paper uses 2 to 10.
+    RANGES: ClassVar[dict] = {"k": Range(1, MAX_CLUSTERS, "the number of cluster models")}
 
 
 def choose_cluster(losses) -> int:

@@ -25,7 +25,7 @@ At full participation only round 0 has such clients, where all three train alike
 
 import copy
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range, factor
 from fedmpi.core.flat import FlatModel
 
 INIT_KEY = 31     # (seed, INIT, INIT_KEY, client): a client's never-trained network (first_round: model_init)
@@ -66,11 +66,9 @@ class MoonKeys(AlgorithmKeys):
     """The previous model of a client that has not trained yet: none (zero-gradient term), x_0 (NIID-Bench)
     or the client's own never-trained network (MOON's code)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(self.mu >= 0, "mu", self.mu, "must be >= 0")
-        c.require(self.tau > 0, "tau", self.tau, "must be > 0")
-        c.done()
+    RANGES: ClassVar[dict] = {"mu": factor(),
+                              # the contrastive logits are cosines / tau: beyond [0.01, 100] they saturate or vanish
+                              "tau": Range(0.01, 100)}
 
 
 @register

@@ -15,13 +15,13 @@ trainer's step is theta - beta g. That is exact for plain SGD, hence client.mome
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import MAX_FACTOR, Checks, Range
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,8 @@ class PerFedAvgKeys(AlgorithmKeys):
     beta: float | None = None
     """Outer (meta) step size (> 0; None: the round's eta_l, PFLlib's choice)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        for key in ("alpha", "beta"):
-            value = getattr(self, key)
-            c.require(value is None or (math.isfinite(value) and value > 0), key, value,
-                      "must be a finite number > 0, or null for client.lr")
-        c.done()
+    # beta / alpha scales float32 gradients (MetaSteps): both within [1e-6, 1e6] keep it finite.
+    RANGES: ClassVar[dict] = {"alpha": Range(1e-6, MAX_FACTOR), "beta": Range(1e-6, MAX_FACTOR)}
 
 
 class MetaSteps:

@@ -31,7 +31,7 @@ keeps the global model.
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ from fedmpi.algorithms.catalog import check_declarations, register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core import rng
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Range, count, factor
 
 PROBE_KEY, MASK_KEY, UPLOAD_KEY = 11, 12, 13   # distinguish SAFL's streams from the batch stream
 LOCAL_PROBE_FRACTION = 0.1
@@ -70,14 +70,8 @@ class SaflKeys(AlgorithmKeys):
     """When a client mixes z_k with the global model: at its next selection with the latest x_t, or at the
     end of the round it trained in with that round's average (the paper's order)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(self.L > 0, "L", self.L, "must be > 0")
-        c.require(self.q >= 1, "q", self.q, "must be a positive integer")
-        c.require(0 <= self.eps <= 1, "eps", self.eps, "must be in [0, 1]")
-        c.require(self.nu >= 0, "nu", self.nu, "must be >= 0")
-        c.require(self.probe_size >= 1, "probe_size", self.probe_size, "must be a positive integer")
-        c.done()
+    RANGES: ClassVar[dict] = {"L": factor(low_open=True), "q": count(), "eps": Range(0, 1), "nu": factor(),
+                              "probe_size": Range(1, 2 ** 31 - 1)}
 
 
 @register

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedmpi.algorithms.base import REDUCE
-from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS, DATA_ATTACKS
+from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS, DATA_ATTACKS, OMNISCIENT_ATTACKS
 
 
 def problems(cfg, algo_cls, dataset) -> list:
@@ -33,9 +33,26 @@ def problems(cfg, algo_cls, dataset) -> list:
                          f"vectors per client (up_vectors), and the attack replaces one model update; use an "
                          f"algorithm with one upload vector (fedavg, fedprox, moon, ...)"
                          + (" or attack.scale = 1" if attack.name == "backdoor" else ""))
+    if attack.name in OMNISCIENT_ATTACKS:
+        found += _omniscient_problems(cfg, name)
     if attack.clients and max(attack.clients) >= cfg.partition.clients:
         found.append(f"attack.clients: client {max(attack.clients)} does not exist (partition.clients = "
                      f"{cfg.partition.clients}: ids 0..{cfg.partition.clients - 1})")
+    return found
+
+
+def _omniscient_problems(cfg, name) -> list:
+    """An omniscient attack computes its uploads from every benign update of the round, gathered with the
+    clients' sample counts as weights (fedmpi.round.robust_gather): neither a uniform weighting nor secure
+    aggregation (the server sees only the masked sum) gives it those; both failed in round 0."""
+    found = []
+    if cfg.server.weighting != "samples":
+        found.append(f"{name} with server.weighting = {cfg.server.weighting!r}: an omniscient attack runs through "
+                     f"the gather, which weighs clients by their sample counts; use server.weighting: samples")
+    if cfg.server.secure_aggregation != "none":
+        found.append(f"{name} with server.secure_aggregation = {cfg.server.secure_aggregation!r}: an omniscient "
+                     f"attack needs every client's update, and the server sees only their masked sum; use "
+                     f"server.secure_aggregation: none or a client-side attack (sign_flip, gaussian, scaling)")
     return found
 
 

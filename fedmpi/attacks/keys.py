@@ -10,13 +10,26 @@ every client's update can provide.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range, refuse_overridden, refuse_unused
 
 DATA_ATTACKS = ("label_flip", "backdoor")
 CLIENT_MODEL_ATTACKS = ("sign_flip", "gaussian", "scaling")
 OMNISCIENT_ATTACKS = ("alie", "ipm", "min_max", "min_sum")
 ATTACKS = ("none",) + DATA_ATTACKS + CLIENT_MODEL_ATTACKS + OMNISCIENT_ATTACKS
+
+# The keys each attack reads (fedmpi.attacks.data, .model, .omniscient); a key only other attacks read, set
+# to a value other than its default, is refused (fedmpi.core.config_checks.refuse_unused). `none` reads none.
+_MALICIOUS = ("fraction", "clients")        # who attacks: every attack but none
+USES = {"none": (), "label_flip": (*_MALICIOUS, "mapping"),
+        "backdoor": (*_MALICIOUS, "target", "poison_fraction", "trigger_size", "scale"),
+        "sign_flip": (*_MALICIOUS, "scale"), "gaussian": (*_MALICIOUS, "sigma"), "scaling": (*_MALICIOUS, "scale"),
+        "alie": (*_MALICIOUS, "z"), "ipm": (*_MALICIOUS, "epsilon"),
+        "min_max": (*_MALICIOUS, "perturbation"), "min_sum": (*_MALICIOUS, "perturbation")}
+# An update of float32 entries times a factor beyond 1e6 overflows for entries above ~3e32 and is a
+# replacement by noise in all but name; 1e6 is far above the model-replacement factor clients_per_round.
+_FACTOR = 1e6
 
 
 @dataclass(frozen=True)
@@ -27,13 +40,13 @@ class AttackConfig:
     round's benign updates (alie, ipm, min_max, min_sum)."""
 
     fraction: float = 0.2
-    """Share of the clients that are malicious, in [0, 1); the set is drawn once from the seed. Ignored when
-    `clients` is given."""
+    """Share of the clients that are malicious, in [0, 1); the set is drawn once from the seed. Refused beside
+    `clients`, which names the set instead."""
 
-    clients: tuple = ()
+    clients: tuple[int, ...] = ()
     """Explicit malicious client ids (overrides `fraction`)."""
 
-    mapping: tuple = ()
+    mapping: tuple[int, ...] = ()
     """label_flip: the new label of each label l (its l-th entry: L valid labels, checked against the data
     set at set-up); empty: l -> L-1-l."""
 
@@ -67,6 +80,15 @@ class AttackConfig:
     """min_max, min_sum: the direction subtracted from the benign mean: `std` (coordinate-wise standard
     deviation), `unit` (the mean's unit vector) or `sign` (its sign) (Shejwalkar and Houmansadr 2021)."""
 
+    RANGES: ClassVar[dict] = {
+        "fraction": Range(0, 1, high_open=True),
+        "target": Range(0, 2 ** 31 - 1, "a label of the data set, checked against it at set-up"),
+        "poison_fraction": Range(0, 1, low_open=True),
+        "trigger_size": Range(1, 4096, "at most the image side or input length, checked at set-up"),
+        "scale": Range(-_FACTOR, _FACTOR), "sigma": Range(0, _FACTOR), "epsilon": Range(0, _FACTOR, low_open=True),
+        # z_max of Baruch et al. is Phi^-1 of a probability: below 9 for any cohort float64 can tell apart
+        "z": Range(0, 100, low_open=True)}
+
     def __post_init__(self):
         # YAML gives lists; the frozen section keeps tuples, so that a config read back equals the one written.
         for key in ("clients", "mapping"):
@@ -74,19 +96,14 @@ class AttackConfig:
             if isinstance(value, list):
                 object.__setattr__(self, key, tuple(value))
         c = Checks("attack")
-        c.require(isinstance(self.clients, tuple) and isinstance(self.mapping, tuple), "clients",
-                  self.clients, "clients and mapping must be lists of integers")
         c.require(self.name in ATTACKS, "name", self.name, f"must be one of {', '.join(ATTACKS)}")
-        c.require(0 <= self.fraction < 1, "fraction", self.fraction, "must be in [0, 1)")
-        c.require(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in tuple(self.clients)),
+        c.require(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.clients),
                   "clients", self.clients, "must be a list of client ids (non-negative integers)")
-        c.require(0 < self.poison_fraction <= 1, "poison_fraction", self.poison_fraction, "must be in (0, 1]")
-        c.require(self.trigger_size >= 1, "trigger_size", self.trigger_size, "must be a positive integer")
-        c.require(self.sigma >= 0, "sigma", self.sigma, "must be >= 0")
-        c.require(self.z is None or self.z > 0, "z", self.z, "must be > 0 or null")
-        c.require(self.epsilon > 0, "epsilon", self.epsilon, "must be > 0")
         c.require(self.perturbation in ("std", "unit", "sign"), "perturbation", self.perturbation,
                   "must be one of std, unit, sign")
+        if not c.errors:
+            refuse_unused(c, self, "name", USES, "attack")
+            refuse_overridden(c, self, {"fraction": "clients"})
         c.done()
 
     @property

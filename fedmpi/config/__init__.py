@@ -23,15 +23,17 @@ from fedmpi.attacks.keys import AttackConfig
 from fedmpi.config import yamlio
 from fedmpi.config.build import algorithm_keys
 from fedmpi.config.build import build_section as _build
-from fedmpi.config.sections import (  # noqa: F401 - the sections are part of fedmpi.config's interface
+from fedmpi.config.run_sections import (  # noqa: F401 - the sections are part of fedmpi.config's interface
     MAX_THREADS,
     CheckpointConfig,
+    EvalConfig,
+    RuntimeConfig,
+)
+from fedmpi.config.sections import (  # noqa: F401 - the sections are part of fedmpi.config's interface
     ClientConfig,
     DataConfig,
-    EvalConfig,
     ModelConfig,
     PartitionConfig,
-    RuntimeConfig,
     ServerConfig,
     ServerDataConfig,
 )

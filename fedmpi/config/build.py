@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Literal
 
 from fedmpi.core.config_checks import dotted as _dotted
+from fedmpi.core.config_checks import range_problems
 from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
 
@@ -47,7 +48,8 @@ def _type_name(tp):
         return f"a list of values, each {_type_name(typing.get_args(tp)[0])}"
     if origin is tuple:
         return f"a list of {len(typing.get_args(tp))} values, each {_type_name(typing.get_args(tp)[0])}"
-    names = {int: "an integer", float: "a number (not NaN or infinity)", bool: "true or false", str: "a string"}
+    names = {int: "an integer", float: "a number (not NaN or infinity)", bool: "true or false", str: "a string",
+             tuple: "a list", dict: "a mapping of keys to values"}
     return names.get(tp, str(tp))
 
 
@@ -90,6 +92,12 @@ def _coerce(tp, value):
         return math.isfinite(number), number
     if tp is str:
         return isinstance(value, str) and bad_character(value) is None, value
+    # A bare `tuple` or `dict` (partition.groups, attack.clients, data.kwargs) declares the form, a list or a
+    # mapping, and leaves its items to the section's own checks: a scalar there reached them as a TypeError.
+    if tp is tuple:
+        return isinstance(value, (list, tuple)), value
+    if tp is dict:
+        return isinstance(value, dict), value
     return True, value
 
 
@@ -149,6 +157,11 @@ def build_section(cls, mapping, prefix, errors):
                 kwargs[key] = coerced
             else:
                 errors.append(f"{dotted} = {_show(value)}: {_refusal(tp, value)}")
+    # The declared ranges (a section's RANGES, fedmpi.core.config_checks.Range); a value outside its range is
+    # left out, so the section's own checks see its default rather than a value it cannot compute with.
+    for key, message in range_problems(cls, kwargs, prefix).items():
+        errors.append(message)
+        del kwargs[key]
     try:
         return cls(**kwargs)
     except ConfigError as e:

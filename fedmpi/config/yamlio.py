@@ -78,13 +78,16 @@ class CoreConstructor(SafeConstructor):
             return super().construct_object(node, deep)
         except yaml.YAMLError:
             raise
-        except (ValueError, TypeError, AttributeError, OverflowError, binascii.Error) as e:
+        except (ValueError, TypeError, AttributeError, OverflowError, KeyError, binascii.Error) as e:
+            # KeyError: `!!bool maybe` (PyYAML looks the text up in its table of boolean spellings).
             tag = node.tag.replace("tag:yaml.org,2002:", "!!")
             text = f" {show(node.value)}" if isinstance(node, ScalarNode) else ""
+            key = getattr(self, "_keys", {}).get(id(node))
+            where = f"{key}: " if key else ""
             # ValueError's text says why (e.g. "could not convert string to float"); the others are PyYAML's
             # internals ('NoneType' object has no attribute 'groupdict') and say nothing to a user.
             reason = f" ({str(e).splitlines()[0][:120]})" if type(e) is ValueError and str(e) else ""
-            raise _Refused(f"{tag}{text} is not a valid {tag} value{reason}", node.start_mark) from None
+            raise _Refused(f"{where}{tag}{text} is not a valid {tag} value{reason}", node.start_mark) from None
 
     def construct_core_int(self, node):
         text = self.construct_scalar(node)
@@ -147,7 +150,23 @@ class _LimitedComposer(Composer):
     def compose_document(self):
         node = super().compose_document()
         _check_expansion(node)
+        self._keys = _dotted_keys(node)
         return node
+
+
+def _dotted_keys(root):
+    """{id(value node): its dotted key} for the values of nested mappings, so that a refused value names its
+    key (eval.divergence) as well as its line. Runs after _check_expansion: the walk is bounded by MAX_NODES."""
+    found, stack = {}, [(root, "")]
+    while stack:
+        node, prefix = stack.pop()
+        if isinstance(node, MappingNode):
+            for key_node, value in node.value:
+                if isinstance(key_node, ScalarNode) and key_node.tag != MERGE:
+                    dotted = f"{prefix}.{key_node.value}" if prefix else str(key_node.value)
+                    found[id(value)] = dotted
+                    stack.append((value, dotted))
+    return found
 
 
 def _check_expansion(root):

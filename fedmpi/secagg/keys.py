@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, refuse_unused
 
 MODES = ("none", "secagg", "secagg_plus")
 NOISES = ("none", "discrete_gaussian", "skellam")
 MIN_BITS, MAX_BITS = 8, 64      # 2^64 is the widest field the uint64 reduction carries exactly
+# The keys each secagg.noise reads (fedmpi.secagg.costs, the accountant of the distributed noise)
+NOISE_USES = {"none": (), "discrete_gaussian": ("noise_multiplier", "delta"), "skellam": ("noise_multiplier", "delta")}
 
 
 def _number(value):
@@ -74,6 +76,8 @@ class SecAggConfig:
         c.require(_number(self.noise_multiplier) and 0.01 <= self.noise_multiplier <= 1e4, "noise_multiplier",
                   self.noise_multiplier, "must be a number in [0.01, 1e4]")
         c.require(_number(self.delta) and 0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
+        if not c.errors:
+            refuse_unused(c, self, "noise", NOISE_USES, "noise")
         c.done()
 
     @property

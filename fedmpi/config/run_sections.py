@@ -1,0 +1,139 @@
+"""The config's sections of evaluation, checkpoints and the run time (eval, checkpoint, runtime) as frozen
+dataclasses, like those of fedmpi.config.sections. Every field has a type and a default; each section
+range-checks its own values in `__post_init__`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from fedmpi.core.config_checks import Checks as _Checks
+from fedmpi.core.config_checks import refuse_unused
+from fedmpi.mpi.runtime import parse_bytes
+
+# runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
+# invalid alike on a login node and on the compute nodes; 4096 is above the hardware threads of any single
+# node built so far, and torch.set_num_threads(100000) dies with MemoryError.
+MAX_THREADS = 4096
+
+# The runtime keys each tracker reads (fedmpi.run.tracking): a tracking key no chosen tracker reads is refused.
+TRACKER_USES = {"tensorboard": (), "mlflow": ("tracking_uri", "tracking_project"), "wandb": ("tracking_project",)}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 1
+    # Test batches are the unit of evaluation shared among the ranks (batch b on rank b mod P): 100 gives a
+    # 1,000-image test set ten units to spread, and stays large enough for the kernels to be efficient.
+    batch_size: int = 100
+    divergence: bool = False            # weight divergence from a centralized-SGD shadow (fedmpi.round.shadow)
+    client_drift: bool = False          # per-client update norms and cosines with the aggregate (fedmpi.round.drift)
+    # Local evaluation (fedmpi.round.local_eval): every `local_every` rounds (null = off; not forced at the last
+    # round, so that a resumed run logs what an uninterrupted one does) each evaluated client
+    # is evaluated on its own test split (partition.local_test) on its host, after `finetune_steps` local
+    # SGD steps (0: none; the FedAvg+FT baseline) that are discarded afterwards.
+    local_every: int | None = None
+    local_clients: Literal["selected", "all"] = "selected"
+    finetune_steps: int = 0
+
+    def __post_init__(self):
+        c = _Checks("eval")
+        c.require(self.every >= 1, "every", self.every, "must be a positive integer")
+        c.require(self.local_every is None or self.local_every >= 1, "local_every", self.local_every,
+                  "must be a positive integer (rounds between local evaluations) or null (off)")
+        c.require(self.finetune_steps >= 0, "finetune_steps", self.finetune_steps, "must be >= 0")
+        c.require(not self.finetune_steps or self.local_every is not None, "finetune_steps", self.finetune_steps,
+                  "fine-tunes before a local evaluation only: set eval.local_every too, or leave it at 0")
+        c.require(self.local_clients == "selected" or self.local_every is not None, "local_clients",
+                  self.local_clients, "chooses whom a local evaluation covers: set eval.local_every too")
+        c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10                     # rounds between checkpoints; 0 = only on a stop request
+    keep: int = 2
+
+    def __post_init__(self):
+        c = _Checks("checkpoint")
+        c.require(self.every >= 0, "every", self.every, "must be >= 0")
+        c.require(self.keep >= 1, "keep", self.keep, "must be a positive integer")
+        c.done()
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How this job runs, not what it computes: may change on --resume."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = None       # torch threads per rank; null = node cores / ranks on the node
+    progress: Literal["auto", "bar", "lines", "off"] = "auto"
+    # Rank 0 writes run-log rows in batches, once the oldest unwritten row has waited this long (seconds; 0:
+    # every round's row at once), and always before a checkpoint, a stop, a failure and the end
+    # (fedmpi.run.rows). Each HDF5 write costs ~10 ms however many rows it takes.
+    log_flush_s: float = 1.0
+    cuda_aware_mpi: bool = False
+    on_nonfinite: Literal["stop", "continue"] = "stop"   # a NaN/inf loss or model: stop (status diverged) or go on
+    shared_data: bool = True         # the ranks of a node share one read-only copy of the data set (MPI-3 window)
+    # Per-client state (SCAFFOLD's c_i, compression residuals...) kept in host memory per rank, in bytes ("4GB",
+    # "512MiB" or a number); beyond it, state spills to a file of the rank's in $TMPDIR. null: no limit.
+    client_state_memory: str | int | None = None
+    # GPU: deterministic kernels (torch.use_deterministic_algorithms, cuDNN, cuBLAS workspace) so that -n
+    # invariance and resume hold on GPUs too; costs speed (docs/performance.md).
+    deterministic: bool = False
+    # Robust aggregation: rank 0's memory for one chunk of the round's update matrix and the aggregator's working
+    # copies of it, in bytes like client_state_memory; null: a quarter of the memory available at the start
+    # (fedmpi.robust.chunks). Results do not depend on it.
+    gather_memory: str | int | None = None
+    # Live experiment tracking on rank 0 as the run goes (fedmpi.run.tracking; each an optional extra): any of
+    # tensorboard, mlflow, wandb. run.h5 stays the record; a tracker that fails is reported once and dropped.
+    trackers: tuple[str, ...] = ()
+    tracking_uri: str | None = None      # MLflow tracking URI; null: a file store in the run's folder
+    tracking_project: str | None = None  # MLflow experiment / W&B project; null: the run folder's name
+    # What the broadcast model and each client's upload are rounded to on the wire (sums stay float64 on rank 0).
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # fedmpi.core.cpu_kernels: auto = channels-last activations and small batches through big dense layers as
+    # W x^T, for the zoo's CNNs that declare them, on the CPU; plain = PyTorch's defaults. Same results to rounding.
+    kernels: Literal["auto", "plain"] = "auto"
+    # Clients dealt afresh each round (stateless, under the plain reduction): auto = to the workers as they
+    # become free, on one node, where clients train one by one (fedmpi.mpi.tickets); static = fixed shares
+    # balanced by sample count. The same results to float64 rounding of the sums (docs/performance.md).
+    client_dealing: Literal["auto", "static"] = "auto"
+
+    def __post_init__(self):
+        c = _Checks("runtime")
+        c.choice("kernels", self.kernels, ("auto", "plain"))
+        c.choice("client_dealing", self.client_dealing, ("auto", "static"))
+        known = ("tensorboard", "mlflow", "wandb")
+        c.require(all(t in known for t in self.trackers) and len(set(self.trackers)) == len(self.trackers),
+                  "trackers", list(self.trackers), f"must be a list of distinct names from {', '.join(known)}")
+        c.choice("wire_dtype", self.wire_dtype, ("float32", "bfloat16", "float16"))
+        c.require(isinstance(self.log_flush_s, (int, float)) and not isinstance(self.log_flush_s, bool)
+                  and 0 <= self.log_flush_s <= 3600, "log_flush_s", self.log_flush_s,
+                  "must be a number of seconds from 0 (every row at once) to 3600")
+        if self.gather_memory is not None:
+            try:
+                parse_bytes(self.gather_memory)
+            except ValueError as e:
+                c.require(False, "gather_memory", self.gather_memory, str(e))
+        c.require(self.threads is None or 1 <= self.threads <= MAX_THREADS, "threads", self.threads,
+                  f"must be a positive integer up to {MAX_THREADS}, or null")
+        if self.client_state_memory is not None:
+            try:
+                parse_bytes(self.client_state_memory)
+            except ValueError as e:
+                c.require(False, "client_state_memory", self.client_state_memory, str(e))
+        if not c.errors:
+            refuse_unused(c, self, "trackers", TRACKER_USES, "tracker", form=tuple(self.trackers))
+        c.done()
+
+    @property
+    def gather_bytes(self):
+        """`gather_memory` in bytes (None: sized from the machine, fedmpi.robust.chunks.default_budget)."""
+        return None if self.gather_memory is None else parse_bytes(self.gather_memory)
+
+    @property
+    def client_state_bytes(self):
+        """`client_state_memory` in bytes (None: no limit)."""
+        return None if self.client_state_memory is None else parse_bytes(self.client_state_memory)
