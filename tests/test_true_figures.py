@@ -90,3 +90,18 @@ def test_a_fork_of_a_parent_that_ran_the_mechanism_keeps_the_whole_runs_epsilon(
     assert np.isfinite(attrs["privacy_epsilon"]) and attrs["privacy_epsilon"] == parent["privacy_epsilon"]
     assert "privacy_epsilon_note" not in attrs
     np.testing.assert_array_equal(eps, parent_eps)
+
+
+# --- an attack that selects no client ---------------------------------------------------------------------
+
+def test_an_attack_fraction_that_selects_no_client_is_refused_naming_the_key(tmp_path, capsys):
+    cfg = small_config(tmp_path / "out", attack={"name": "sign_flip", "fraction": 0.01})     # 0.12 of 12 clients
+    path = write_config(tmp_path / "c.yaml", cfg)
+    for mode in (["--dry-run"], []):
+        assert main(["run", str(path), *mode]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "attack.fraction = 0.01" in err[0] and "0 malicious clients" in err[0], err
+    assert not (tmp_path / "out").exists()
+    cfg["attack"]["fraction"] = 1 / 12      # the smallest fraction the message names: one malicious client
+    assert main(["run", str(write_config(tmp_path / "c.yaml", cfg)), "--dry-run"]) == 0
+    assert "1 malicious clients" in capsys.readouterr().out

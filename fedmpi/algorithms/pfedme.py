@@ -22,17 +22,15 @@ client.weight_decay must be 0.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.state import ClientVectors
-from fedmpi.core.config_checks import Checks
-
-LAM_MAX = 1e6       # lam eta_l beyond 2 makes the w step diverge for any eta_l that trains; a finite bound
+from fedmpi.core.config_checks import Checks, count, factor
 
 
 @dataclass(frozen=True)
@@ -47,16 +45,8 @@ class PFedMeKeys(AlgorithmKeys):
     mu: float = 0.001
     """The authors' L2 term mu theta in the personal step (>= 0; their and PFLlib's 0.001)."""
 
-    def __post_init__(self):
-        c = Checks("algorithm")
-        c.require(math.isfinite(self.lam) and 0 <= self.lam <= LAM_MAX, "lam", self.lam,
-                  f"must be a finite number in [0, {LAM_MAX:g}]")
-        c.require(isinstance(self.inner_steps, int) and 1 <= self.inner_steps <= 10_000, "inner_steps",
-                  self.inner_steps, "must be an integer in [1, 10000]")
-        c.require(math.isfinite(self.personal_lr) and 0 < self.personal_lr <= 1e3, "personal_lr", self.personal_lr,
-                  "must be a finite number in (0, 1000]")
-        c.require(math.isfinite(self.mu) and 0 <= self.mu <= 1e3, "mu", self.mu, "must be a finite number in [0, 1000]")
-        c.done()
+    RANGES: ClassVar[dict] = {"lam": factor(), "inner_steps": count(), "personal_lr": factor(low_open=True),
+                              "mu": factor()}
 
 
 class MoreauSteps:

@@ -21,6 +21,12 @@ def malicious_clients(attack, num_clients, seed) -> np.ndarray:
     from fedmpi.core import rng  # here: fedmpi.config imports this package (for .keys), and rng imports torch
 
     count = int(round(attack.fraction * num_clients))
+    if count == 0:
+        # The run would record the attack's name over an attack-free run (issue 38: a figure that is not true).
+        raise ConfigError(f"attack.fraction = {attack.fraction:g}: of partition.clients = {num_clients} that is "
+                          f"round({attack.fraction:g} x {num_clients}) = 0 malicious clients, so attack.name = "
+                          f"{attack.name!r} would attack nothing; raise it to at least 1 / {num_clients} = "
+                          f"{1 / num_clients:.3g}, or name the clients with attack.clients")
     g = rng.stream(seed, rng.ATTACK)
     return np.sort(g.choice(num_clients, size=count, replace=False)).astype(np.int64)
 
