@@ -94,14 +94,17 @@ def test_a_fork_of_a_parent_that_ran_the_mechanism_keeps_the_whole_runs_epsilon(
 
 # --- an attack that selects no client ---------------------------------------------------------------------
 
-def test_an_attack_fraction_that_selects_no_client_is_refused_naming_the_key(tmp_path, capsys):
-    cfg = small_config(tmp_path / "out", attack={"name": "sign_flip", "fraction": 0.01})     # 0.12 of 12 clients
-    path = write_config(tmp_path / "c.yaml", cfg)
-    for mode in (["--dry-run"], []):
-        assert main(["run", str(path), *mode]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "attack.fraction = 0.01" in err[0] and "0 malicious clients" in err[0], err
-    assert not (tmp_path / "out").exists()
-    cfg["attack"]["fraction"] = 1 / 12      # the smallest fraction the message names: one malicious client
-    assert main(["run", str(write_config(tmp_path / "c.yaml", cfg)), "--dry-run"]) == 0
-    assert "1 malicious clients" in capsys.readouterr().out
+def test_an_attack_that_selects_no_client_is_warned_about_in_the_log_and_in_run_h5(tmp_path, capsys):
+    import h5py
+
+    cfg = small_config(tmp_path / "out", rounds=1, attack={"name": "sign_flip", "fraction": 0.01})   # 0.12 of 12
+    assert main(["run", str(write_config(tmp_path / "c.yaml", cfg))]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fedmpi: warning:")]
+    assert len(warned) == 1 and "attack.fraction = 0.01" in warned[0] and "0 malicious clients" in warned[0]
+    with h5py.File(tmp_path / "out" / "run.h5", "r") as f:
+        assert "attack-free" in f.attrs["attack_note"] and "1 / 12" in f.attrs["attack_note"]
+    cfg.update(out=str(tmp_path / "one"), attack={"name": "sign_flip", "fraction": 1 / 12})   # the fraction named
+    assert main(["run", str(write_config(tmp_path / "c.yaml", cfg))]) == 0
+    assert "fedmpi: warning" not in capsys.readouterr().err
+    with h5py.File(tmp_path / "one" / "run.h5", "r") as f:
+        assert "attack_note" not in f.attrs

@@ -21,14 +21,19 @@ def malicious_clients(attack, num_clients, seed) -> np.ndarray:
     from fedmpi.core import rng  # here: fedmpi.config imports this package (for .keys), and rng imports torch
 
     count = int(round(attack.fraction * num_clients))
-    if count == 0:
-        # The run would record the attack's name over an attack-free run (issue 38: a figure that is not true).
-        raise ConfigError(f"attack.fraction = {attack.fraction:g}: of partition.clients = {num_clients} that is "
-                          f"round({attack.fraction:g} x {num_clients}) = 0 malicious clients, so attack.name = "
-                          f"{attack.name!r} would attack nothing; raise it to at least 1 / {num_clients} = "
-                          f"{1 / num_clients:.3g}, or name the clients with attack.clients")
     g = rng.stream(seed, rng.ATTACK)
     return np.sort(g.choice(num_clients, size=count, replace=False)).astype(np.int64)
+
+
+def no_malicious_note(attack, malicious, num_clients):
+    """The warning a run with an attack but no malicious client records (in its log and run.h5's attribute
+    `attack_note`), or None: such a run is attack-free under the attack's name (issue 38), as a sweep's
+    `attack.fraction: 0` point means it to be, or by a fraction too small for the clients."""
+    if attack.name == "none" or len(malicious):
+        return None
+    return (f"attack.name = {attack.name!r} with attack.fraction = {attack.fraction:g} of partition.clients = "
+            f"{num_clients}: round({attack.fraction:g} x {num_clients}) = 0 malicious clients, so this run is "
+            f"attack-free; at least 1 / {num_clients} = {1 / num_clients:.3g} selects one")
 
 
 class Recorded(dict):

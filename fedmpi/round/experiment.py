@@ -23,9 +23,9 @@ from fedmpi.algorithms.base import REDUCE, PlanHistory, SetupContext
 from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.attacks import checks as attack_checks
-from fedmpi.attacks import malicious_clients, record
+from fedmpi.attacks import malicious_clients, no_malicious_note, record
 from fedmpi.attacks.data import DataPoison, backdoor_test_set
-from fedmpi.core import cpu_kernels, rng
+from fedmpi.core import console, cpu_kernels, rng
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 from fedmpi.core.models import build_model, check_takes
@@ -129,6 +129,9 @@ class Experiment:
         if attack_problems:
             raise ConfigError(attack_problems)
         self.malicious = malicious_clients(cfg.attack, len(parts), cfg.seed)
+        self.attack_note = no_malicious_note(cfg.attack, self.malicious, len(parts))
+        if self.attack_note and comm.is_server:
+            console.say(f"fedmpi: warning: {self.attack_note}")
         poison = DataPoison(cfg.attack, self.malicious, cfg.seed, self.dataset.num_classes, self.dataset.x_train)
         self.stages = build_stages(cfg, algo, self.flat.dim, self.malicious)
         clip = robust_stage(cfg, self.flat.dim)      # norm_bound under the plain reduction (after the attack)
@@ -227,7 +230,7 @@ class Experiment:
 
     def run_attrs(self) -> dict:
         """Server: what the upload stages record as run.h5 attributes (e.g. the noise multiplier)."""
-        attrs = {}
+        attrs = {"attack_note": self.attack_note} if self.attack_note else {}
         for stage in self.stages:
             attrs.update(stage.attrs())
         return attrs
