@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -281,3 +282,38 @@ def server_update(algo, x, acc, weight, t=0, server_lr=1.0):
     server = Server(config.from_dict({"server": {"lr": server_lr}}), algo, flat, x)
     server.apply(t, acc, weight)
     return server.x
+
+
+# --- a small disk of its own (full-disk tests) ---------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """make(size_kb, free_kb) -> a folder on its own tmpfs of `size_kb` with `free_kb` left free; unmounted once
+    the ranks a launcher killed have let go of it. Skips where this machine cannot mount one (not root)."""
+    mounts = []
+
+    def make(size_kb, free_kb):
+        where = tmp_path / f"disk{len(mounts)}"
+        where.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); the "
+                        f"FEDMPI_TEST_WRITE_FAIL and RLIMIT_FSIZE cases cover the same paths")
+        mounts.append(where)
+        st = os.statvfs(where)
+        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - free_kb * 1024)
+        finally:
+            os.close(fd)
+        return where
+
+    yield make
+    for where in mounts:
+        for _ in range(50):
+            if subprocess.run(["umount", str(where)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.2)
+        else:
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)

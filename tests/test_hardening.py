@@ -152,31 +152,6 @@ def test_cross_section_check_is_not_judged_on_defaults_of_a_broken_section(tmp_p
 
 # -- finding 3: a full disk ----------------------------------------------------------------------------
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """make(size_kb, free_kb) -> a folder on its own tmpfs of `size_kb` with `free_kb` left free."""
-    mounts = []
-
-    def make(size_kb, free_kb):
-        where = tmp_path / f"disk{len(mounts)}"
-        where.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); the "
-                        f"RLIMIT_FSIZE test covers the same path")
-        mounts.append(where)
-        st = os.statvfs(where)
-        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - free_kb * 1024)
-        finally:
-            os.close(fd)
-        return where
-
-    yield make
-    for where in mounts:
-        subprocess.run(["umount", str(where)], capture_output=True)
 
 
 def many_clients_config(path, out, clients, rounds, per_round, **sections):

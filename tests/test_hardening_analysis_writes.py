@@ -7,7 +7,6 @@ import os
 
 import pytest
 from run_files import write_run
-from test_hardening_writes import small_disk  # noqa: F401 - the tmpfs fixture
 
 from fedmpi.cli import main
 
@@ -16,7 +15,7 @@ OUTPUTS = [("report", "--csv", "t.csv"), ("report", "--plot", "p.png"), ("export
 
 
 @pytest.mark.parametrize("command, option, name", OUTPUTS)
-def test_a_full_disk_is_one_line_and_exit_1_leaving_no_partial_file(small_disk, tmp_path, capsys,  # noqa: F811
+def test_a_full_disk_is_one_line_and_exit_1_leaving_no_partial_file(small_disk, tmp_path, capsys,
                                                                     command, option, name):
     if option == "--tensorboard":
         pytest.importorskip("tensorboard")

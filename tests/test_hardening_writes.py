@@ -11,7 +11,6 @@ import errno
 import os
 import re
 import subprocess
-import time
 
 import h5py
 import pytest
@@ -31,39 +30,6 @@ ERRNOS = ("ENOSPC", "EIO")
 NO_RESERVATION = ("import sys; from mpi4py import MPI; from fedmpi.io import disk_room; "
                   "disk_room.Room.ensure = lambda *a, **k: None; "
                   "from fedmpi.cli import main; sys.exit(main(['run', {cfg!r}]))")
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """make(size_kb, free_kb) -> a folder on its own tmpfs of `size_kb` with `free_kb` left free (as in
-    test_hardening.py); unmounted once the ranks the launcher killed have let go of it."""
-    mounts = []
-
-    def make(size_kb, free_kb):
-        where = tmp_path / f"disk{len(mounts)}"
-        where.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip() or proc.returncode}); the "
-                        f"FEDMPI_TEST_WRITE_FAIL cases cover the same paths")
-        mounts.append(where)
-        st = os.statvfs(where)
-        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            os.posix_fallocate(fd, 0, st.f_bavail * st.f_frsize - free_kb * 1024)
-        finally:
-            os.close(fd)
-        return where
-
-    yield make
-    for where in mounts:
-        for _ in range(50):
-            if subprocess.run(["umount", str(where)], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.2)
-        else:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def fedmpi_lines(stderr):
