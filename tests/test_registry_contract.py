@@ -3,15 +3,16 @@ stage and model family gives the same per-round model fingerprints (/metrics/mod
 with every `auto` left at auto (client.vectorize, runtime.kernels, runtime.client_dealing) and one thread.
 
 Each case is a small base job plus the component's own key, so a component registered later gets a case
-without an edit here; the few extra keys a component needs that its registry cannot tell (FSL's server set, an
-attack's robust rule...) are in EXTRA. A registered component without a case fails the test, it is not skipped.
-Every stateful algorithm (one that keeps client vectors or saves server state) also resumes at -n 3 from the
-checkpoint of round 2 to the model of the uninterrupted run. All jobs run in the shared launches, one per -n
-(tests/session_runs.py).
+without an edit here; the few extra keys a component needs that its registry cannot tell (FSL's server set,
+MOON's projection head, a model's data...) are in EXTRA. A registered component without a case fails the
+test, it is not skipped. Every stateful algorithm (client vectors, server state or personal entries) also
+resumes at -n 3 from its checkpoint of round 2 to the model of the uninterrupted run. All jobs run in the
+shared launches, one per -n (tests/session_runs.py).
 """
 
 from __future__ import annotations
 
+import copy
 import typing
 
 import numpy as np
@@ -119,7 +120,7 @@ def cases(data_root):
     out = {}
 
     def add(kind, name, extra):
-        cfg = _merge(_merge(base_config(), extra), EXTRA.get((kind, name), {}))
+        cfg = _merge(_merge(base_config(), extra), copy.deepcopy(EXTRA.get((kind, name), {})))
         cfg["data"]["root"] = str(data_root / ROOTS[cfg["data"]["name"]])
         out[f"{kind}-{name}"] = cfg
 
@@ -188,6 +189,8 @@ def test_every_registered_component_has_a_case(tmp_path):
     built = set(cases(tmp_path))
     missing = sorted(set(registered()) - built)
     assert not missing, f"registered components without a contract case (add them to cases()): {missing}"
+    stale = sorted(f"{kind}-{name}" for kind, name in EXTRA if f"{kind}-{name}" not in built)
+    assert not stale, f"EXTRA names components that are not registered: {stale}"
     assert STATEFUL, "no algorithm declares state: the resume check below would check nothing"
 
 
