@@ -238,3 +238,40 @@ def test_omniscient_attacks_refuse_uniform_weighting_and_secure_aggregation(tmp_
             lines = [line for line in outcome.err.splitlines() if "error" in line]
             assert len(lines) == 1 and "attack.name" in lines[0] and key in lines[0], outcome.err
             assert not out.exists() or snapshot(out) == {}
+
+
+# Numeric keys bounded by another rule than a declared range, each with that rule.
+BOUNDED_ELSEWHERE = {
+    "seed": "an integer in [0, 2^63): stored as a 64-bit integer (Config.__post_init__)",
+    "runtime.client_state_memory": "a byte size, at most 2^63 - 1 (fedmpi.mpi.runtime.parse_bytes)",
+    "runtime.gather_memory": "a byte size, at most 2^63 - 1 (fedmpi.mpi.runtime.parse_bytes)",
+}
+
+
+def _section_classes(cls=Config, prefix=""):
+    """(dotted prefix, dataclass) of Config and every section below it."""
+    yield prefix, cls
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _section_classes(hints[f.name], f"{prefix}{f.name}.")
+
+
+@pytest.mark.parametrize("prefix, cls", list(_section_classes()), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_numeric_key_of_every_section_is_bounded_at_both_ends(prefix, cls):
+    """Issue 39: every numeric key of every section has a range that keeps the arithmetic finite, declared
+    (RANGES, held at both ends) or in its section's own checks; a value far beyond it either way is refused
+    naming the key, except where BOUNDED_ELSEWHERE names the rule that bounds it."""
+    hints = typing.get_type_hints(cls)
+    ranges = getattr(cls, "RANGES", {})
+    for f in dataclasses.fields(cls):
+        key, tp = prefix + f.name, hints[f.name]
+        if not _numeric(tp) or key in BOUNDED_ELSEWHERE:
+            continue
+        integer = int in typing.get_args(tp) or tp is int
+        far = [10 ** 15, -(10 ** 15)] if integer else [1e300, -1e300]
+        if f.name in ranges:
+            far += [int(v) if integer else float(v) for v in (ranges[f.name].high * 10 + 1, ranges[f.name].low - 1)]
+        for value in far:
+            messages = refusal({key: value})
+            assert any(m.startswith(f"{key} = ") for m in messages), (key, value, messages)

@@ -38,6 +38,7 @@ from fedmpi.config.sections import (  # noqa: F401 - the sections are part of fe
     ServerDataConfig,
 )
 from fedmpi.core.config_checks import Checks as _Checks
+from fedmpi.core.config_checks import count as _count
 from fedmpi.core.config_checks import dotted as _dotted
 from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
@@ -67,6 +68,8 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)     # malicious clients (fedmpi.attacks)
     secagg: SecAggConfig = field(default_factory=SecAggConfig)     # secure aggregation (fedmpi.secagg)
+
+    RANGES: typing.ClassVar[dict] = {"rounds": _count(0)}
 
     def __post_init__(self):
         c = _Checks("")

@@ -5,10 +5,10 @@ range-checks its own values in `__post_init__`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fedmpi.core.config_checks import Checks as _Checks
-from fedmpi.core.config_checks import refuse_unused
+from fedmpi.core.config_checks import count, refuse_unused
 from fedmpi.mpi.runtime import parse_bytes
 
 # runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
@@ -36,6 +36,9 @@ class EvalConfig:
     local_clients: Literal["selected", "all"] = "selected"
     finetune_steps: int = 0
 
+    RANGES: ClassVar[dict] = {"every": count(), "batch_size": count(), "local_every": count(),
+                              "finetune_steps": count(0)}
+
     def __post_init__(self):
         c = _Checks("eval")
         c.require(self.every >= 1, "every", self.every, "must be a positive integer")
@@ -54,6 +57,8 @@ class EvalConfig:
 class CheckpointConfig:
     every: int = 10                     # rounds between checkpoints; 0 = only on a stop request
     keep: int = 2
+
+    RANGES: ClassVar[dict] = {"every": count(0), "keep": count()}
 
     def __post_init__(self):
         c = _Checks("checkpoint")

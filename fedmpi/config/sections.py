@@ -7,10 +7,10 @@ its own values in `__post_init__`."""
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fedmpi.core.config_checks import Checks as _Checks
-from fedmpi.core.config_checks import refuse_unused
+from fedmpi.core.config_checks import Range, clients_range, count, factor, refuse_unused
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.schedules import ScheduleConfig
 from fedmpi.deploy.keys import CompressConfig, DeadlineConfig
@@ -82,6 +82,9 @@ class DataConfig:
     # data.name: arrays on a Hugging Face folder: the columns {x: ..., y: ..., client: ...} (fedmpi.data.arrays)
     columns: dict = field(default_factory=dict)
 
+    # Bounds beside the section's own checks (fedmpi.core.config_checks.Range): finite arithmetic, bounded memory.
+    RANGES: ClassVar[dict] = {"alpha": factor(), "beta": factor(), "classes": count()}
+
     def __post_init__(self):
         c = _Checks("data")
         builtin = _datasets()
@@ -134,6 +137,9 @@ class PartitionConfig:
     groups: tuple = ()
     # fraction of each client's samples held out as its own test split (fedmpi.data.local_test); 0 = none
     local_test: float = 0.0
+
+    RANGES: ClassVar[dict] = {"clients": clients_range(), "beta": factor(low_open=True),
+                              "samples_per_client": count(), "min_samples": count(0)}
 
     def __post_init__(self):
         c = _Checks("partition")
@@ -202,6 +208,8 @@ class ServerDataConfig:
     # from them, so the clients' data stays the same whatever the set's size. 0: only the set is removed.
     holdout: int = 0
 
+    RANGES: ClassVar[dict] = {"fraction": factor(), "size": count(0, samples=True), "holdout": count(0, samples=True)}
+
     def __post_init__(self):
         c = _Checks("server_data")
         c.require(self.size >= 0, "size", self.size, "must be >= 0")
@@ -238,6 +246,8 @@ class ModelConfig:
     mlp_norm: Literal["none", "batch"] = "none"   # mlp: BatchNorm1d after each hidden layer (FedBN on a small model)
     # A plug-in model's constructor arguments (`model.name: package.module:Class`, fedmpi.core.model_plugins)
     kwargs: dict = field(default_factory=dict)
+
+    RANGES: ClassVar[dict] = {"hidden": count(), "projection": count()}     # 10^6 units: 10^12 weights beside
 
     def __post_init__(self):
         c = _Checks("model")
@@ -277,6 +287,9 @@ class ClientConfig:
     # Drop each epoch's short last batch, as a DataLoader with drop_last=True (FedSkip's CIFAR loaders);
     # a client with fewer than batch_size samples keeps its one short batch (fedmpi.core.train.steps_per_epoch).
     drop_last: bool = False
+
+    RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "weight_decay": factor(), "epochs": count(),
+                              "steps": count(), "batch_size": count()}
 
     def __post_init__(self):
         c = _Checks("client")
@@ -331,6 +344,9 @@ class ServerConfig:
     # A client's weight in the average: samples, its sample count n_i (McMahan et al.); uniform, 1 for every
     # client (pfl-research's `weight_by_samples: false`). Privacy and secure aggregation weigh uniformly anyway.
     weighting: Literal["samples", "uniform"] = "samples"
+
+    RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "over_select": factor(),
+                              "deadline": Range(0, 1e12, "simulated seconds: 30,000 years")}
 
     def __post_init__(self):
         c = _Checks("server")

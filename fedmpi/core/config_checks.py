@@ -142,7 +142,19 @@ def factor(low=0.0, low_open=False):
     return Range(low, MAX_FACTOR, f"at most {MAX_FACTOR:g}: any run diverges long before", low_open)
 
 
-def count(low=1):
+MAX_CLIENTS = 10 ** 8  # partition.clients: every rank holds per-client arrays (sizes, labels, states)
+
+
+def clients_range():
+    return Range(1, MAX_CLIENTS, f"at most {MAX_CLIENTS:g}: every rank holds per-client arrays")
+
+
+def count(low=1, samples=False):
     """The Range of a count of epochs, steps or rounds: MAX_COUNT of them would run for days on the
-    smallest model."""
+    smallest model (`samples`: a count of samples, at most MAX_SAMPLES, beyond any data set fedmpi loads)."""
+    if samples:
+        return Range(low, MAX_SAMPLES, f"at most {MAX_SAMPLES:g} samples")
     return Range(low, MAX_COUNT, f"at most {MAX_COUNT:g}")
+
+
+MAX_SAMPLES = 10 ** 10

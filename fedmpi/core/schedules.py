@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import ClassVar
 
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, count
 
 SCHEDULES = ("constant", "exponential", "step", "cosine")
 # The keys each schedule reads (warmup_rounds: all of them). A key another schedule reads, set to a value
@@ -40,6 +41,8 @@ class ScheduleConfig:
     """cosine: the learning rate reached at round T."""
     warmup_rounds: int = 0
     """Linear warm-up: the first rounds scale the rate by (t + 1) / warmup_rounds; 0 = none."""
+
+    RANGES: ClassVar[dict] = {"warmup_rounds": count(0)}
 
     def __post_init__(self):
         c = Checks("lr_schedule")

@@ -11,9 +11,9 @@ dataclass can sit in `Config` beside the other sections and be built by the same
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, factor
 
 # Sane ranges (docs/privacy.md). z = 1e300 overflowed the accountant and z = 1e-300 divided by zero in it;
 # z = 1e4 already gives epsilon ~0.1 after 100 rounds, z = 0.01 an epsilon in the millions. The PLD
@@ -75,6 +75,9 @@ class PrivacyConfig:
 
     clip_count_stddev: float | None = None
     """sigma_b, the noise on the count of unclipped updates; null = the paper's expected cohort / 20."""
+
+    RANGES: ClassVar[dict] = {"clip": factor(low_open=True), "clip_count_stddev": factor()}
+    """The declared bounds of the numeric keys above (fedmpi.core.config_checks.Range), beside their checks."""
 
     def __post_init__(self):
         c = Checks("privacy")

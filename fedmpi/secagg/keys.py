@@ -9,9 +9,9 @@ dataclass can sit in `Config` beside the other sections and be built by the same
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from fedmpi.core.config_checks import Checks, refuse_unused
+from fedmpi.core.config_checks import Checks, count, refuse_unused
 
 MODES = ("none", "secagg", "secagg_plus")
 NOISES = ("none", "discrete_gaussian", "skellam")
@@ -60,6 +60,8 @@ class SecAggConfig:
 
     delta: float = 1e-5
     """delta of the (epsilon, delta) the accountant reports for the distributed noise."""
+
+    RANGES: ClassVar[dict] = {"threshold": count(0), "neighbours": count(0)}    # the low ends: its own checks
 
     def __post_init__(self):
         c = Checks("secagg")
