@@ -196,8 +196,10 @@ def _dry_run(cfg):
 
     print(cfg.to_yaml())
     from fedmpi.core.output_paths import check_place
+    from fedmpi.io.outdir import check_tracker_store
 
     check_place(cfg.out, "out =")       # the place rule a real run applies, before anything is loaded
+    check_tracker_store(cfg)
     # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
     # reason, not a MemoryError from making the data set or the model (synthetic's size is the config's).
     dataset = None if cfg.data.name == "synthetic" else load_dataset(cfg)

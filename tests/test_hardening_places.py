@@ -161,3 +161,17 @@ def test_a_refused_run_leaves_no_folder_or_lock_of_its_own(here, tmp_path, capsy
     assert main(["run", str(cfg), "out=existing"]) == 2
     assert not os.path.exists("new") and sorted(os.listdir("existing")) == ["x.txt"]
     assert capsys.readouterr().err.count("data.root") == 2
+
+
+def test_a_trackers_file_store_obeys_the_place_rule(here, tmp_path, capsys):
+    cfg = here.parent / "c.yaml"
+    cfg.write_text(yaml.safe_dump(small_config("unused", rounds=1, data={"name": "synthetic"})))
+    before = listing(tmp_path)
+    for uri in (here.as_uri(), str(here), here.parent.as_uri(), str(tmp_path / "home")):
+        for mode in ((), ("--dry-run",)):
+            code = main(["run", str(cfg), f"out={here / 'run'}", "runtime.trackers=[mlflow]",
+                         f"runtime.tracking_uri={uri}", *mode])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert code == 2 and err and err[-1].startswith("fedmpi: ") and "runtime.tracking_uri =" in err[-1], \
+                (uri, mode, err)
+    assert listing(tmp_path) == before

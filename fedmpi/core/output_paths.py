@@ -133,6 +133,18 @@ def check_place(path, option):
                          f"name the folder itself")
 
 
+def check_store_uri(uri, option):
+    """The place rule for a tracker's store given as a URI (MLflow's `runtime.tracking_uri`): a local file
+    store (`file:` or a bare path) must be a place `check_place` accepts; a server URI writes nothing here."""
+    from urllib.parse import unquote, urlparse
+
+    if uri is None:
+        return
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        check_place(unquote(parsed.path) if parsed.scheme else uri, option)
+
+
 def make_parents(path):
     """Creates the missing folders above `path`, as `mkdir -p` would (after every check has passed)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
-from fedmpi.core.output_paths import check_place
+from fedmpi.core.output_paths import check_place, check_store_uri
 from fedmpi.io.checkpoint import ckpt_dir, list_checkpoints
 from fedmpi.io.rank0 import decide
 
@@ -97,8 +97,22 @@ def claim(cfg, comm, overwrite=False, resume=False):
     cannot be created or written; another job holds `out`; `out` holds a run.h5 or checkpoints and
     neither --overwrite nor --resume was given. Returns the Claim on rank 0, None elsewhere.
     """
-    held, _ = decide(comm, lambda: (claim_here(cfg.out, overwrite, resume), 0))
+    def on_rank0():
+        check_tracker_store(cfg)
+        return claim_here(cfg.out, overwrite, resume), 0
+
+    held, _ = decide(comm, on_rank0)
     return held
+
+
+def check_tracker_store(cfg):
+    """A tracker's store outside `out` (MLflow's file store at `runtime.tracking_uri`) obeys the place rule
+    too (fedmpi.core.output_paths): never the current folder, a parent, $HOME or a repository's root."""
+    if "mlflow" in cfg.runtime.trackers:
+        try:
+            check_store_uri(cfg.runtime.tracking_uri, "runtime.tracking_uri =")
+        except InputError as e:
+            raise ConfigError(str(e)) from None
 
 
 def claim_here(out, overwrite=False, resume=False):
