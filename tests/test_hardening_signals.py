@@ -273,7 +273,7 @@ def test_simulated_time_parameters_have_sane_ranges(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, biggest", [(["model.name=mlp", "model.hidden=1000000"], "the model alone"),
-                                                (["data.name=synthetic", "partition.clients=1000000000"],
+                                                (["data.name=synthetic", "partition.clients=100000000"],
                                                  "the data alone")])
 def test_dry_run_estimates_absurd_sizes_without_allocating_them(tmp_path, capsys, overrides, biggest):
     import resource

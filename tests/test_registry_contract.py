@@ -24,7 +24,8 @@ from dataset_files import write_cifar, write_leaf, write_mnist_family
 from fedmpi.algorithms.base import Algorithm
 from fedmpi.algorithms.registry import REGISTRY, builtin_names
 from fedmpi.attacks import keys as attack_keys
-from fedmpi.config.sections import RuntimeConfig, ServerConfig
+from fedmpi.config.run_sections import RuntimeConfig
+from fedmpi.config.sections import ServerConfig
 from fedmpi.core.models import BUILDERS
 from fedmpi.core.vectorized import MIN_GROUP
 from fedmpi.deploy.keys import COMPRESSORS

@@ -28,10 +28,10 @@ from fedmpi.core import console
 from fedmpi.core.timing import Timer
 from fedmpi.mpi import hierarchy, large_count, node_buffers, signals
 from fedmpi.mpi.base import ROUND_MARK, WorkerFailed, arrive_first, error_text, exit_code_of, split_round
-from fedmpi.mpi.launcher import start_mpi
 from fedmpi.mpi.local import LocalComm, _uint64, reduce_mod
 from fedmpi.mpi.runtime import usable_cpus
 from fedmpi.mpi.shared_arrays import PeerFailed, read_only, shared_layout, views
+from fedmpi.mpi.signals import start_mpi
 from fedmpi.mpi.state_codec import STATE_META, decode_state_meta, encode_specs, recv_state, send_state
 from fedmpi.mpi.tickets import TicketCounter
 from fedmpi.mpi.topology import NodeInfo, node_count, pretend_node

@@ -4,8 +4,8 @@ A rank of several launched ranks must never end without MPI, once a Ctrl-C has r
 MPICH's Hydra ends a job for a rank that exits (or calls MPI_Abort) only once that rank has joined the
 job's PMI, so the ranks already inside their MPI_Init waited there for it forever, at full CPU, and the
 mpiexec with them (issue 39: a Ctrl-C 2.5 s into set-up). `world` therefore starts MPI where the run had not
-yet, and `start_mpi` holds a Ctrl-C back until MPI_Init has returned (a KeyboardInterrupt raised inside
-mpi4py's import would leave MPI initialized with no module to abort it through).
+yet, and `fedmpi.mpi.signals.start_mpi` holds a Ctrl-C back until MPI_Init has returned (a KeyboardInterrupt
+raised inside mpi4py's import would leave MPI initialized with no module to abort it through).
 """
 
 from __future__ import annotations
@@ -35,18 +35,6 @@ def launcher_rank():
 def one_of_several() -> bool:
     """This process is one rank of a job its launcher started with more than one rank."""
     return (_announced(SIZE_VARIABLES) or 1) > 1
-
-
-def start_mpi():
-    """mpi4py's MPI module, MPI_Init (which its import calls) whole: a Ctrl-C meanwhile is raised once it has
-    returned (fedmpi.mpi.signals.held). A rank inside MPI_Init hears no Ctrl-C until every rank has joined."""
-    from fedmpi.mpi import signals
-
-    signals.test_pause("mpi_init")
-    with signals.held():
-        from mpi4py import MPI
-    signals.test_pause("claim")         # MPI is up; the claim of `out` comes next (fedmpi.cli)
-    return MPI
 
 
 def world():

@@ -264,3 +264,13 @@ def stop_error(round_, ranks=None) -> StopRequested:
                       f"checkpoint; continue with --resume")
     e.round = round_
     return e
+
+
+def start_mpi():
+    """mpi4py's MPI module, MPI_Init (which its import calls) whole: a Ctrl-C meanwhile is raised once it has
+    returned (fedmpi.mpi.signals.held). A rank inside MPI_Init hears no Ctrl-C until every rank has joined."""
+    test_pause("mpi_init")
+    with held():
+        from mpi4py import MPI
+    test_pause("claim")         # MPI is up; the claim of `out` comes next (fedmpi.cli)
+    return MPI
