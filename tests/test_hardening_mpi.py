@@ -66,8 +66,9 @@ def test_input_errors_are_printed_once_under_mpi(tmp_path):
     # Found before MPI starts, identically on every rank: the launcher's rank 0 prints.
     proc = run_fedmpi(3, "run", cfg, "partition.clients=0", "server.lr=-1", check=False)
     assert proc.returncode == EXIT_USAGE, proc.stderr
-    assert fedmpi_lines(proc.stderr) == ["fedmpi: config error: partition.clients = 0: must be a positive integer",
-                                         "fedmpi: config error: server.lr = -1.0: must be > 0"], proc.stderr
+    assert fedmpi_lines(proc.stderr) == [
+        "fedmpi: config error: partition.clients = 0: must be an integer in [1, 1e+08]",
+        "fedmpi: config error: server.lr = -1.0: must be a number in (0, 1e+06]"], proc.stderr
     # Found by rank 0 after MPI started (out names a file): the other ranks leave silently with the same code.
     taken = tmp_path / "taken"
     taken.write_text("x")

@@ -71,10 +71,12 @@ class Range:
         return ((self.low < value if self.low_open else self.low <= value)
                 and (value < self.high if self.high_open else value <= self.high))
 
-    def describe(self, integer=False):
+    def describe(self, integer=False, value=None):
+        """What is valid; the reason for the upper end where `value` lies beyond it (or none is given)."""
         what = "an integer" if integer else "a number"
         ends = f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
-        return f"must be {what} in {ends}" + (f" ({self.why})" if self.why else "")
+        beyond = value is None or not isinstance(value, (int, float)) or not value < self.low
+        return f"must be {what} in {ends}" + (f" ({self.why})" if self.why and beyond else "")
 
 
 def range_problems(cls, values, section):
@@ -85,7 +87,7 @@ def range_problems(cls, values, section):
         value = values.get(key)
         if value is not None and not rng.holds(value):
             integer = isinstance(value, int) and not isinstance(value, bool)
-            found[key] = f"{dotted(section, key)} = {show(value)}: {rng.describe(integer)}"
+            found[key] = f"{dotted(section, key)} = {show(value)}: {rng.describe(integer, value)}"
     return found
 
 
