@@ -216,7 +216,7 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
         acc[:dim] += (model.vec - down).double()
         acc[dim:] += torch.tensor(stage.scalars(run), dtype=torch.float64)
     stage.collective(LocalComm(), plan, acc)
-    assert not acc[:dim].any()          # no float update travels
+    assert stage.own_vector_transport       # the float reduction leaves acc[:dim] out (measured below)
     sums = acc.clone()
     weight = stage.server(4, sums, 4.0)
     assert weight == 4.0
@@ -322,4 +322,36 @@ def test_at_its_limit_secure_aggregation_is_fedavg(tmp_path):
     assert (masked.metrics["secagg_dropped"] > 0).any() and not masked.metrics["secagg_failed"].any()
     assert (masked.metrics["secagg_server_prg"] > 0).all()      # the sum came through the unmasking
     # 2^-40 is below float32's resolution of the model's entries: at most one ulp apart (equal in practice).
+    assert np.abs(clear.model - masked.model).max() <= 1e-7
+
+
+def test_a_secure_round_reduces_no_float_model_vector(tmp_path, monkeypatch):
+    """Issue 37: under secure aggregation the model update travels only as masked integers. Every float
+    reduction of a round is measured (LocalComm.reduce_sum wrapped): without secure aggregation one
+    carries the d-long model sum; with it, none reaches d entries, and the integer reduction carries the
+    masked vector (d entries of uint64). The decoded model still equals FedAvg's to float rounding."""
+    import fedmpi
+
+    reduced = []
+    plain_reduce, plain_mod = LocalComm.reduce_sum, LocalComm.reduce_sum_mod
+    monkeypatch.setattr(LocalComm, "reduce_sum", lambda self, buf: (reduced.append(("float", buf.dtype, buf.size)),
+                                                                      plain_reduce(self, buf))[1])
+    monkeypatch.setattr(LocalComm, "reduce_sum_mod", lambda self, buf, bits: (
+        reduced.append(("ring", buf.dtype, buf.size)), plain_mod(self, buf, bits))[1])
+    base = small_config(tmp_path, rounds=2, partition={"clients": 10, "scheme": "iid"},
+                        server={"clients_per_round": 5})
+    clear = fedmpi.simulate(base)
+    dim = clear.model.size
+    float_sizes = [size for kind, _, size in reduced if kind == "float"]
+    assert sorted(float_sizes)[-2:] == [max(float_sizes)] * 2 and max(float_sizes) > dim   # the model sum inside
+    reduced.clear()
+    masked = fedmpi.simulate({**base, "server": {"clients_per_round": 5, "secure_aggregation": "secagg"},
+                              "secagg": {"bits": 64, "clip": 1.0e5, "scale": 2.0 ** 40}})
+    floats = [size for kind, _, size in reduced if kind == "float"]
+    rings = [(dtype, size) for kind, dtype, size in reduced if kind == "ring"]
+    assert len(floats) == len(float_sizes) and max(floats) < dim
+    # The round's reduction is the same buffer less the model's d float64 (8 d bytes a round), plus the
+    # stage's own two scalars (its masking seconds and clipped count):
+    assert max(floats) == max(float_sizes) - dim + SecAggStage.up_scalars
+    assert rings == [(np.dtype(np.uint64), dim)] * 2
     assert np.abs(clear.model - masked.model).max() <= 1e-7

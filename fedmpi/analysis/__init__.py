@@ -312,19 +312,22 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
 
 
 def figure_paths(runs, by, plot, timing, clients):
-    """Every file `--plot PLOT` may write, PLOT first: the per-run figures (PLOT-RUN.png, not for sweeps), the
-    local-accuracy CDFs (PLOT-RUN-clients.png) and the phase bars (PLOT-timing.png), named as `_draw` names
-    them, so that each can be checked before the first is drawn."""
+    """Every file `--plot PLOT` may write, PLOT first (`_figures_beside`), so that each can be checked before
+    the first is drawn."""
+    return [plot] + [path for _, _, path in _figures_beside(runs, by, plot, timing, clients)]
+
+
+def _figures_beside(runs, by, plot, timing, clients):
+    """(kind, run, path) of each figure beside PLOT, in drawing order: the per-run figures (PLOT-RUN.png, not
+    for sweeps), the local-accuracy CDFs (PLOT-RUN-clients.png) and the phase bars (PLOT-timing.png). The one
+    place that names them: `_draw` draws these, `figure_paths` checks these."""
     names = {"timing"} if timing else set()
-    paths = [plot]
-    for run in runs if not by else ():
-        if has_instruments(run):
-            paths.append(sibling(plot, _unique(run.name, names)))
-    for run in runs if clients else ():
-        paths.append(sibling(plot, _unique(f"{run.name}-clients", names)))
+    out = [("run", run, sibling(plot, _unique(run.name, names)))
+           for run in (runs if not by else ()) if has_instruments(run)]
+    out += [("clients", run, sibling(plot, _unique(f"{run.name}-clients", names))) for run in (runs if clients else ())]
     if timing:
-        paths.append(sibling(plot, "timing"))
-    return paths
+        out.append(("timing", None, sibling(plot, "timing")))
+    return out
 
 
 def _draw(runs, by, plot, x, timing, out, err, clients=False):
@@ -338,19 +341,15 @@ def _draw(runs, by, plot, x, timing, out, err, clients=False):
             print(f"fedmpi: note: {line}", file=err)
         plot_curves(runs, plot, x=x)
     print(f"curves written to {plot}", file=out)
-    names = {"timing"} if timing else set()
-    for run in runs if not by else ():
-        if has_instruments(run):
-            name = _unique(run.name, names)
-            plot_run(run, sibling(plot, name))
-            print(f"figure of {run.name} written to {sibling(plot, name)}", file=out)
-    for run in runs if clients else ():
-        path = sibling(plot, _unique(f"{run.name}-clients", names))
-        if plot_clients(run, path):
-            print(f"local accuracy of {run.name} written to {path}", file=out)
-    if timing:
-        if plot_timing(runs, sibling(plot, "timing")):
-            print(f"phase timing written to {sibling(plot, 'timing')}", file=out)
+    for kind, run, path in _figures_beside(runs, by, plot, timing, clients):
+        if kind == "run":
+            plot_run(run, path)
+            print(f"figure of {run.name} written to {path}", file=out)
+        elif kind == "clients":
+            if plot_clients(run, path):
+                print(f"local accuracy of {run.name} written to {path}", file=out)
+        elif plot_timing(runs, path):
+            print(f"phase timing written to {path}", file=out)
         else:
             print("fedmpi: note: no run recorded phase timing (/timing): no timing figure", file=err)
 

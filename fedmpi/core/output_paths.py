@@ -215,7 +215,8 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".p
 
 
 def check_figure(path, option, inputs=(), replace=True, force_flag="--force"):
-    """`check_file` for a figure, whose suffix must also name a format matplotlib writes."""
+    """`check_file` for a figure, whose suffix must also name a format matplotlib writes. An input named as
+    the figure (`--plot run.h5`) is told so first: that, not its suffix, is the mistake."""
     check_not_input(path, option, inputs)
     if not str(path).lower().endswith(FIGURE_SUFFIXES):
         raise InputError(f"{option} {path}: a figure's name ends in one of {', '.join(FIGURE_SUFFIXES)}, "

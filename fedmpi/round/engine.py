@@ -274,8 +274,10 @@ def upload_client(algo, stages, run, down, model, acc):
 
 def reduce(parts, tally, sums=True):
     """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only), with
-    this rank's stop request."""
-    parts.wire.reduce(tally, signals.requested(), sums)
+    this rank's stop request. Where an upload stage carries the model update itself (secure aggregation),
+    the reduction leaves the model vector out: no float model vector travels."""
+    own = sums and any(stage.own_vector_transport for stage in parts.stages)
+    parts.wire.reduce(tally, signals.requested(), sums, skip=parts.wire.dim if own else 0)
 
 
 def _server_step(parts, plan, update):

@@ -205,10 +205,12 @@ class RoundBuffers:
             self.acc.zero_()
         return RoundTally(self.acc, 0.0, self.client_figures(), self.upload_bytes)
 
-    def reduce(self, tally, stop_requested, sums=True):
+    def reduce(self, tally, stop_requested, sums=True, skip=0):
         """Writes this rank's totals and does the round's one reduction to rank 0. `sums=False` reduces
         only the statistics and per-client figures (FedSkip inside a period; gated SAFL, whose vectors
-        travel by masked gather). With device MPI the sums travel from `up_dev` and stay there on rank 0."""
+        travel by masked gather); `skip` leaves the first `skip` sums out (secure aggregation's model
+        vector, which travels as masked integers): on rank 0 they hold its own values only. With device MPI
+        the sums travel from `up_dev` and stay there on rank 0."""
         target = (self.up_dev if self.device_mpi else self.up_host)[: self.up_len]
         if target.data_ptr() != tally.acc.data_ptr():
             target.copy_(tally.acc)
@@ -220,13 +222,13 @@ class RoundBuffers:
         self.up_np[row: row + len(PHASES)] = self.comm.timer.take()
         end = self.up_end
         if not self.device_mpi:
-            self.comm.reduce_sum(self.up_np[:end] if sums else self.up_np[self.up_len:end])
+            self.comm.reduce_sum(self.up_np[skip:end] if sums else self.up_np[self.up_len:end])
             self.sums_on_device = False
             return
         tail = slice(self.up_len, end)
         self.up_dev[tail].copy_(self.up_host[tail])
         self._device_ready()
-        self.comm.reduce_sum(_wire(self.up_dev[:end] if sums else self.up_dev[tail]))
+        self.comm.reduce_sum(_wire(self.up_dev[skip:end] if sums else self.up_dev[tail]))
         if self.comm.is_server:
             self.up_host[tail].copy_(self.up_dev[tail])
         self.sums_on_device = sums

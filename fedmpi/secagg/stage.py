@@ -1,8 +1,8 @@
 """Secure aggregation as the last upload stage (fedmpi.uploads.base): every counted client's update becomes a
 masked vector of integers in Z_{2^b}; the rank sums its clients' masked vectors, one integer reduction
 (`Comm.reduce_sum_mod`) sums the ranks', and rank 0 unmasks the total and writes the decoded sum where the
-algorithm's float sum would be. The float reduction carries no update at all: this stage zeroes the rank's
-float sum of the vectors before it travels (`collective`).
+algorithm's float sum would be. The float reduction carries no update at all: it leaves the model vector
+out (`own_vector_transport`), and only the statistics, scalars and per-client figures travel as floats.
 
 Where each part runs:
   every rank, round start   the round's set-up (cohort = the plan's selected clients, graph, public keys)
@@ -37,6 +37,7 @@ MASK_SECONDS, CLIPPED = 0, 1    # the stage's sums in the reduction: the clients
 class SecAggStage(UploadStage):
     name = "secagg"
     up_scalars = 2
+    own_vector_transport = True
 
     problems = staticmethod(problems)
 
@@ -81,7 +82,8 @@ class SecAggStage(UploadStage):
         self.total = np.zeros(self.length, dtype=np.uint64)
 
     def collective(self, comm, plan, acc):
-        acc[: self.dim].zero_()     # the rank's float sum of the updates never leaves it
+        # The rank's float sum of the updates never leaves it: the float reduction skips it
+        # (own_vector_transport) and rank 0 overwrites its own with the decoded sum (`server`).
         comm.reduce_sum_mod(self.total, self.keys.bits)
 
     # -- worker, per counted client ----------------------------------------------------------------------

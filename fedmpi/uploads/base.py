@@ -25,6 +25,9 @@ from fedmpi.core.errors import ConfigError
 class UploadStage:
     name = ""
     keeps_client_state = False    # per-client state (e.g. a compression residual): clients train on their host
+    # The model update reaches the server by the stage's own collective (secure aggregation's integer sum): the
+    # float reduction then leaves out the algorithm's first upload vector, which would only carry zeros.
+    own_vector_transport = False
     header_size = 0     # broadcast header floats (see the module docstring)
     up_scalars = 0      # float64 sums in the reduction
     header_offset = 0   # where this stage's header values start among all stages' (set by `layout`)
