@@ -14,7 +14,7 @@ from fedmpi.core.config_checks import Range, clients_range, count, factor, refus
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.schedules import ScheduleConfig
 from fedmpi.deploy.keys import CompressConfig, DeadlineConfig
-from fedmpi.robust.keys import AGGREGATORS, RobustConfig
+from fedmpi.robust.keys import RobustConfig, aggregator_problems
 
 
 # The names a section may take come from the registries that implement them, so that a new data source,
@@ -355,9 +355,7 @@ class ServerConfig:
         c.require(not (self.weighting == "uniform" and self.aggregator != "mean"), "weighting", self.weighting,
                   f"uniform applies to the plain mean (server.aggregator: mean); {self.aggregator!r} weighs "
                   f"clients by its own rule")
-        c.choice("aggregator", self.aggregator, AGGREGATORS)
-        if self.aggregator in AGGREGATORS:
-            c.errors.extend(self.robust.problems(self.aggregator, self.clients_per_round))
+        c.errors.extend(aggregator_problems(self.aggregator, self.robust, self.clients_per_round))
         c.require(self.secure_aggregation in ("none", "secagg", "secagg_plus"), "secure_aggregation",
                   self.secure_aggregation, "must be none, secagg or secagg_plus")
         c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,

@@ -81,7 +81,8 @@ class RobustConfig:
             if aggregator == "bulyan":
                 c.require(n >= 4 * f + 3, "f", f, f"bulyan needs n >= 4f + 3 clients per round: with "
                           f"server.clients_per_round = {n}, f must be <= {max((n - 3) // 4, 0)}")
-            _refuse_unused(c, self, aggregator)
+            if aggregator in USES:      # a plug-in's keys: once it is imported (fedmpi.robust.catalog)
+                _refuse_unused(c, self, aggregator)
         return c.errors
 
 
@@ -93,3 +94,15 @@ def _refuse_unused(c, keys, aggregator):
         c.require(getattr(keys, key) == getattr(defaults, key), key, getattr(keys, key),
                   f"is not used by server.aggregator {aggregator!r} (only by {', '.join(users)}); remove it or "
                   f"choose an aggregator that uses it")
+
+
+def aggregator_problems(aggregator, keys, clients_per_round) -> list:
+    """server.aggregator: one of fedmpi's rules or a plug-in's name (an installed `fedmpi.aggregators` entry
+    point or `package.module:Class`, imported only at set-up); then its server.robust keys."""
+    from fedmpi.core import plugin_names
+
+    if aggregator not in AGGREGATORS and not plugin_names.known(aggregator, "fedmpi.aggregators"):
+        c = Checks("server")
+        c.choice("aggregator", aggregator, AGGREGATORS + ("'package.module:Class'",))
+        return c.errors
+    return keys.problems(aggregator, clients_per_round)

@@ -54,6 +54,7 @@ class Rule:
     name = ""
     excludes = False        # a share of zero means the client was left out (detection figures apply)
     needs_server_update = False
+    uses: tuple = ()        # a plug-in's server.robust keys (fedmpi.robust.catalog; fedmpi's own: keys.USES)
 
     def __init__(self, keys):
         self.keys = keys
@@ -312,4 +313,5 @@ RULES = {cls.name: cls for cls in (Mean, Median, TrimmedMean, Krum, MultiKrum, B
 
 
 def build_rule(name, keys) -> Rule:
+    """fedmpi's own rule `name` (a plug-in's too: fedmpi.robust.catalog.build_rule)."""
     return RULES[name](keys)

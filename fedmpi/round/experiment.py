@@ -35,13 +35,14 @@ from fedmpi.data.shared import load_shared
 from fedmpi.data.stats import partition_stats
 from fedmpi.mpi import signals
 from fedmpi.mpi.runtime import pick_device, set_deterministic, set_threads
+from fedmpi.robust.catalog import rule_class
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.protocols import PROTOCOLS
 from fedmpi.round.providers import build_participation, build_stages
-from fedmpi.round.robust_setup import check_robust, robust_protocol, robust_stage
+from fedmpi.round.robust_setup import check_robust, robust_active, robust_protocol, robust_stage
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
@@ -177,8 +178,8 @@ class Experiment:
             for stage in self.stages:
                 stage.on_server()
         self.participation = build_participation(cfg, algo, [len(p) for p in parts])
-        trainer = (self._fltrust_trainer(data, loss) if comm.is_server and cfg.server.aggregator == "fltrust"
-                   else None)
+        trainer = (self._fltrust_trainer(data, loss) if comm.is_server and robust_active(cfg)
+                   and rule_class(cfg.server.aggregator).needs_server_update else None)
         protocol = robust_protocol(cfg, len(parts), trainer) or PROTOCOLS[algo.protocol]
         # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
         self.round_parts = RoundParts(

@@ -4,7 +4,8 @@ and the protocol family or upload stage that runs it (fedmpi.round.robust_gather
 Refused at set-up, exit 2, before any file is written: a robust aggregator or an omniscient attack with an
 algorithm that does not declare `robust_aggregation` (its upload is not one vector averaged by weight),
 with differential privacy (its noise is calibrated to a sum, not to a robust rule), with
-eval.client_drift (the drift figures need the reduced sums); fltrust without the server's set.
+eval.client_drift (the drift figures need the reduced sums); a rule that needs the server's update (fltrust)
+without the server's set.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from fedmpi.attacks import malicious_clients
 from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
 from fedmpi.core import schedules
 from fedmpi.core.config_checks import Checks
+from fedmpi.robust.catalog import build_rule, rule_class, unused_key_problems
 from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
-from fedmpi.robust.rules import build_rule
 from fedmpi.round.robust_gather import ChunkedGather, GatherSettings, uses_gather
 from fedmpi.round.robust_stage import NormBoundStage
 
@@ -45,9 +46,10 @@ def check_robust(cfg, algo_cls):
               f"set privacy.mechanism: none")
     c.require(not (cfg.eval.client_drift and uses_gather(cfg)), "eval.client_drift", cfg.eval.client_drift,
               f"the drift figures need the reduced sums, which {what} does not form; set eval.client_drift: false")
-    c.require(aggregator != "fltrust" or cfg.server_data.wanted, "server_data.size", cfg.server_data.size,
-              "server.aggregator = 'fltrust' needs the server's own set for its update: set server_data.size > 0 "
-              "(or server_data.fraction > 0)")
+    c.require(not rule_class(aggregator).needs_server_update or cfg.server_data.wanted, "server_data.size",
+              cfg.server_data.size, f"server.aggregator = {aggregator!r} needs the server's own set for its update: "
+              f"set server_data.size > 0 (or server_data.fraction > 0)")
+    c.errors.extend(unused_key_problems(aggregator, cfg.server.robust))
     c.done()
 
 
