@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedmpi.algorithms.base import REDUCE
+from fedmpi.attacks import catalog
 from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS, DATA_ATTACKS, OMNISCIENT_ATTACKS
 
 
@@ -21,7 +22,11 @@ def problems(cfg, algo_cls, dataset) -> list:
     name = f"attack.name = {attack.name!r}"
     if attack.name in DATA_ATTACKS:
         found += _data_problems(attack, dataset)
-    changes_upload = attack.name in CLIENT_MODEL_ATTACKS or (attack.name == "backdoor" and attack.scale != 1)
+    plugin = catalog.is_plugin(attack.name)
+    if plugin:
+        found += catalog.plugin_problems(attack)
+    changes_upload = (attack.name in CLIENT_MODEL_ATTACKS or plugin
+                      or (attack.name == "backdoor" and attack.scale != 1))
     if changes_upload:
         what = name if attack.name != "backdoor" else f"{name} with attack.scale = {attack.scale}"
         if algo_cls.protocol != REDUCE:

@@ -32,6 +32,13 @@ USES = {"none": (), "label_flip": (*_MALICIOUS, "mapping"),
 _FACTOR = 1e6
 
 
+def _plugin_named(name) -> bool:
+    """A plug-in's name (fedmpi.attacks.catalog), imported only at set-up."""
+    from fedmpi.core import plugin_names
+
+    return plugin_names.known(name, "fedmpi.attacks")
+
+
 @dataclass(frozen=True)
 class AttackConfig:
     name: str = "none"
@@ -96,7 +103,8 @@ class AttackConfig:
             if isinstance(value, list):
                 object.__setattr__(self, key, tuple(value))
         c = Checks("attack")
-        c.require(self.name in ATTACKS, "name", self.name, f"must be one of {', '.join(ATTACKS)}")
+        c.require(self.name in ATTACKS or _plugin_named(self.name), "name", self.name,
+                  f"must be one of {', '.join(ATTACKS)}, or a plug-in model attack ('package.module:Class')")
         c.require(all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.clients),
                   "clients", self.clients, "must be a list of client ids (non-negative integers)")
         c.require(self.perturbation in ("std", "unit", "sign"), "perturbation", self.perturbation,

@@ -11,8 +11,12 @@ checks). The malicious client keeps its honest weight (its sample count).
 
 from __future__ import annotations
 
+import torch
+
+from fedmpi.attacks import catalog
 from fedmpi.attacks import model as attacks_model
 from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS
+from fedmpi.core import rng
 from fedmpi.uploads.base import UploadStage
 
 
@@ -22,15 +26,29 @@ class AttackStage(UploadStage):
     def __init__(self, attack, malicious, seed, dim):
         self.attack, self.seed, self.dim = attack, seed, dim
         self.malicious = frozenset(int(c) for c in malicious)
+        self.plugin = catalog.attack_class(attack.name)(attack) if catalog.is_plugin(attack.name) else None
 
     def client(self, run, down, model):
         if run.cid not in self.malicious:
             return
         start = down[: self.dim]
         update = model.vec - start
-        model.vec.copy_(start + attacks_model.poisoned_update(self.attack, update, self.seed, run.round, run.cid))
+        model.vec.copy_(start + self._poisoned(update, run.round, run.cid))
+
+    def _poisoned(self, update, t, cid):
+        if self.plugin is None:
+            return attacks_model.poisoned_update(self.attack, update, self.seed, t, cid)
+        ctx = catalog.AttackContext(t, int(cid), self.attack,
+                                    rng.stream(self.seed, rng.ATTACK, t, int(cid), catalog.PLUGIN_DRAW))
+        out = self.plugin.poison(update, ctx)
+        if not (isinstance(out, torch.Tensor) and out.shape == update.shape):
+            raise TypeError(f"attack.name = {self.attack.name!r}: poison() must return a tensor of the update's "
+                            f"shape {tuple(update.shape)}, not {type(out).__name__} {tuple(getattr(out, 'shape', ()))}")
+        return out.to(update.device, update.dtype)
 
 
 def needs_stage(attack) -> bool:
-    """Whether the attack changes uploads on the client: a model attack, or a backdoor with a boost."""
-    return attack.name in CLIENT_MODEL_ATTACKS or (attack.name == "backdoor" and attack.scale != 1)
+    """Whether the attack changes uploads on the client: a model attack (a plug-in's too), or a backdoor
+    with a boost."""
+    return (attack.name in CLIENT_MODEL_ATTACKS or (attack.name == "backdoor" and attack.scale != 1)
+            or (not attack.inert and catalog.is_plugin(attack.name)))
