@@ -167,9 +167,9 @@ def _other_value(cls, key):
         middle = (rng.low + rng.high) / 2
         middle = int(middle) if isinstance(default, int) else middle
         return next(v for v in (middle, rng.high) if v != default and rng.holds(v))
-    return {"clients": [1], "mapping": [3, 2, 1, 0], "perturbation": "unit", "noise_multiplier": 2.0,
-            "delta": 1e-6, "tracking_uri": "file:x", "tracking_project": "p", "hidden": 7, "norm": "batch",
-            "mlp_norm": "batch"}[key]
+    return {"clients": [1], "mapping": [3, 2, 1, 0], "perturbation": "unit", "sum_bound": "max",
+            "noise_multiplier": 2.0, "delta": 1e-6, "tracking_uri": "file:x", "tracking_project": "p", "hidden": 7,
+            "norm": "batch", "mlp_norm": "batch"}[key]
 
 
 def _moot_cases():

@@ -194,9 +194,10 @@ def test_min_max_and_min_sum_meet_their_bound(perturbation):
     out, attack = craft("min_max", rows, mal, perturbation=perturbation)
     far = ((out[6].astype(np.float64) - b) ** 2).sum(axis=1).max()
     assert attack.gamma > 0 and far == pytest.approx(pair.max(), rel=1e-5)
-    out, attack = craft("min_sum", rows, mal, perturbation=perturbation)
-    total = ((out[6].astype(np.float64) - b) ** 2).sum()
-    assert attack.gamma > 0 and total == pytest.approx(pair.sum(axis=1).max(), rel=1e-5)
+    for bound, limit in (("min", pair.sum(axis=1).min()), ("max", pair.sum(axis=1).max())):
+        out, attack = craft("min_sum", rows, mal, perturbation=perturbation, sum_bound=bound)
+        total = ((out[6].astype(np.float64) - b) ** 2).sum()
+        assert attack.gamma > 0 and total == pytest.approx(limit, rel=1e-5)
     assert largest_gamma("min_max", np.zeros(0), np.zeros(0), 1.0, np.zeros((0, 0))) == 0.0
 
 

@@ -4,9 +4,13 @@ Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020; the FO varia
 Each local meta-step takes two batches of the client's own stream: an inner step from theta on the first,
 theta' = theta - alpha grad f(theta; D), then the outer step applied to theta with the gradient at theta' on
 the second, theta <- theta - beta grad f(theta'; D'). A round runs floor(steps / 2) meta-steps (at least one)
-over the client's scheduled batches, so it sees as much data as a FedAvg client; the update is uploaded and
-averaged as FedAvg's. Personalization is the one-step adaptation at evaluation: eval.finetune_steps (1 in
-the paper, PFLlib's evaluate_one_step) with lr alpha.
+over the client's scheduled batches (`meta_steps: pairs`), so it sees as much data as a FedAvg client: with
+client.epochs that is PFLlib's count, one meta-step per batch of 2B split into halves, floor(n / 2B) per
+epoch, exactly where every epoch has an even number of full batches (docs/baselines.md). `meta_steps: steps`
+runs one meta-step per scheduled step instead (2 steps batches): the paper's Algorithm 1 with tau, its
+number of local updates, read as the client's step count. The update is uploaded and averaged as
+FedAvg's. Personalization is the one-step adaptation at evaluation: eval.finetune_steps (1 in the paper,
+PFLlib's evaluate_one_step) with lr alpha.
 
 Implemented as one pass whose grad_hook alternates: on inner steps it keeps theta; on outer steps it puts
 theta back into the parameters and scales the gradient by beta / alpha (the pass runs at lr alpha), so the
@@ -16,7 +20,7 @@ trainer's step is theta - beta g. That is exact for plain SGD, hence client.mome
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
@@ -31,6 +35,11 @@ class PerFedAvgKeys(AlgorithmKeys):
     """Inner (adaptation) step size (> 0; None: the round's eta_l, PFLlib's choice)."""
     beta: float | None = None
     """Outer (meta) step size (> 0; None: the round's eta_l, PFLlib's choice)."""
+
+    meta_steps: Literal["pairs", "steps"] = "pairs"
+    """How the client's scheduled steps become meta-steps: `pairs`, two batches each, floor(steps / 2) (as
+    much data as FedAvg; PFLlib's count under client.epochs); `steps`, one meta-step per step (2 steps
+    batches; the paper's tau local updates)."""
 
     # beta / alpha scales float32 gradients (MetaSteps): both within [1e-6, 1e6] keep it finite.
     RANGES: ClassVar[dict] = {"alpha": Range(1e-6, MAX_FACTOR), "beta": Range(1e-6, MAX_FACTOR)}
@@ -53,8 +62,11 @@ class MetaSteps:
         self.calls += 1
 
 
-def meta_batches(steps):
-    """Batches of a round: two per meta-step, floor(steps / 2) meta-steps, at least one."""
+def meta_batches(steps, meta_steps="pairs"):
+    """Batches of a round: two per meta-step; floor(steps / 2) meta-steps, at least one (`pairs`), or
+    `steps` of them (`steps`)."""
+    if meta_steps == "steps":
+        return 2 * int(steps)
     return 2 * max(int(steps) // 2, 1)
 
 
@@ -75,4 +87,5 @@ class PerFedAvg(FedAvg):
     def local_training(self, run, down, model, local):
         alpha = run.lr if self.keys.alpha is None else float(self.keys.alpha)
         beta = run.lr if self.keys.beta is None else float(self.keys.beta)
-        return local.train(steps=meta_batches(local.steps), lr=alpha, grad_hook=MetaSteps(alpha, beta))
+        batches = meta_batches(local.steps, self.keys.meta_steps)
+        return local.train(steps=batches, lr=alpha, grad_hook=MetaSteps(alpha, beta))

@@ -26,7 +26,7 @@ USES = {"none": (), "label_flip": (*_MALICIOUS, "mapping"),
         "backdoor": (*_MALICIOUS, "target", "poison_fraction", "trigger_size", "scale"),
         "sign_flip": (*_MALICIOUS, "scale"), "gaussian": (*_MALICIOUS, "sigma"), "scaling": (*_MALICIOUS, "scale"),
         "alie": (*_MALICIOUS, "z"), "ipm": (*_MALICIOUS, "epsilon"),
-        "min_max": (*_MALICIOUS, "perturbation"), "min_sum": (*_MALICIOUS, "perturbation")}
+        "min_max": (*_MALICIOUS, "perturbation"), "min_sum": (*_MALICIOUS, "perturbation", "sum_bound")}
 # An update of float32 entries times a factor beyond 1e6 overflows for entries above ~3e32 and is a
 # replacement by noise in all but name; 1e6 is far above the model-replacement factor clients_per_round.
 _FACTOR = 1e6
@@ -87,6 +87,11 @@ class AttackConfig:
     """min_max, min_sum: the direction subtracted from the benign mean: `std` (coordinate-wise standard
     deviation), `unit` (the mean's unit vector) or `sign` (its sign) (Shejwalkar and Houmansadr 2021)."""
 
+    sum_bound: str = "min"
+    """min_sum: the benign sum that bounds the malicious update's sum of squared distances to the benign
+    updates: `min`, the smallest sum_j ||b_i - b_j||^2 over the benign i (Shejwalkar and Houmansadr's released
+    code, `min_score = torch.min(scores)`), or `max`, the largest (fedmpi before issue 38; a larger gamma)."""
+
     RANGES: ClassVar[dict] = {
         "fraction": Range(0, 1, high_open=True),
         "target": Range(0, 2 ** 31 - 1, "a label of the data set, checked against it at set-up"),
@@ -109,6 +114,7 @@ class AttackConfig:
                   "clients", self.clients, "must be a list of client ids (non-negative integers)")
         c.require(self.perturbation in ("std", "unit", "sign"), "perturbation", self.perturbation,
                   "must be one of std, unit, sign")
+        c.require(self.sum_bound in ("min", "max"), "sum_bound", self.sum_bound, "must be one of min, max")
         if not c.errors:
             refuse_unused(c, self, "name", USES, "attack")
             refuse_overridden(c, self, {"fraction": "clients"})

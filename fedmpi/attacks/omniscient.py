@@ -14,8 +14,8 @@ through the gather too (docs/robustness.md). Every malicious client of the round
   min_max  mu - gamma p with the largest gamma such that the malicious update is no farther from any
            benign update than the two farthest benign updates are from each other (Shejwalkar and
            Houmansadr 2021, AGR-agnostic).
-  min_sum  the same, with the sum of squared distances to the benign updates bounded by the largest such
-           sum of a benign update.
+  min_sum  the same, with the sum of squared distances to the benign updates bounded by the smallest such
+           sum of a benign update (attack.sum_bound: min, the authors' code; max: the largest).
 p is attack.perturbation: `std` (sigma), `unit` (mu / ||mu||) or `sign` (sign(mu)). min_max and min_sum
 need one pass over the chunks first: ||mu - gamma p - b_i||^2 = A_i - 2 gamma B_i + gamma^2 C with A_i =
 ||mu - b_i||^2, B_i = <mu - b_i, p>, C = ||p||^2, all sums over coordinates accumulated chunk by chunk with
@@ -46,16 +46,20 @@ def z_max(n, f) -> float:
     return NormalDist().inv_cdf(share) if 0.5 < share < 1 else 0.0
 
 
-def largest_gamma(kind, a, b, c, pairwise) -> float:
+def largest_gamma(kind, a, b, c, pairwise, sum_bound="min") -> float:
     """The largest gamma >= 0 with the malicious update within the bound: `a`, `b` are A_i and B_i over the
-    benign rows, `c` is C, `pairwise` their squared pairwise distances (module docstring)."""
+    benign rows, `c` is C, `pairwise` their squared pairwise distances (module docstring); `sum_bound`
+    (min_sum): whether the smallest or the largest benign sum of squared distances is the bound."""
     if c <= 0 or len(a) == 0:
         return 0.0
     if kind == "min_max":
         limit = float(pairwise.max())
         disc = np.maximum(b * b - c * (a - limit), 0.0)
         return max(float(((b + np.sqrt(disc)) / c).min()), 0.0)
-    limit = float(pairwise.sum(axis=1).max())
+    sums = pairwise.sum(axis=1)
+    # sum_i ||mu - b_i||^2 is at most every benign row's sum (its excess is n ||b_j - mu||^2), so gamma = 0
+    # always meets either bound and the quadratic has a real root.
+    limit = float(sums.min() if sum_bound == "min" else sums.max())
     qa, qb, qc = len(a) * c, float(b.sum()), float(a.sum()) - limit
     return max((qb + math.sqrt(max(qb * qb - qa * qc, 0.0))) / qa, 0.0)
 
@@ -117,7 +121,7 @@ class OmniscientAttack:
         self.mu_norm = math.sqrt(sums["mu2"])
         if self.keys.perturbation == "unit":
             b_p, sums["c"] = (b_mu / self.mu_norm if self.mu_norm > 0 else b_mu * 0), float(self.mu_norm > 0)
-        self.gamma = largest_gamma(self.keys.name, a, b_p, sums["c"], agg.sq_distances(g))
+        self.gamma = largest_gamma(self.keys.name, a, b_p, sums["c"], agg.sq_distances(g), self.keys.sum_bound)
 
     def crafted(self, rows):
         """The malicious update for these coordinates (float64)."""

@@ -65,11 +65,13 @@ def sq_distances(g) -> np.ndarray:
     return dist
 
 
-def krum_scores(dist, f) -> np.ndarray:
+def krum_scores(dist, f, least=1) -> np.ndarray:
     """Krum's score of each row: the sum of its squared distances to its n - f - 2 closest other rows
-    (Blanchard et al. 2017; at least none, so that a fallback round of few clients still has scores)."""
+    (Blanchard et al. 2017), and to at least `least` of them: 1 as Flower's aggregate_krum (max(1, n - f - 2)),
+    0 the count as written. Krum's own rounds have n - f - 2 >= 1 (fedmpi lowers f to fit; below 3 rows the
+    scores tie either way), so the floor matters only in Bulyan's last picks, where few rows are left."""
     n = dist.shape[0]
-    k = max(n - f - 2, 0)
+    k = max(n - f - 2, least)
     scores = np.zeros(n)
     for i in range(n):
         others = np.sort(np.delete(dist[i], i))
@@ -77,9 +79,9 @@ def krum_scores(dist, f) -> np.ndarray:
     return scores
 
 
-def krum_order(dist, f) -> np.ndarray:
+def krum_order(dist, f, least=1) -> np.ndarray:
     """Rows by increasing Krum score, ties to the lower row."""
-    scores = krum_scores(dist, f)
+    scores = krum_scores(dist, f, least)
     return np.lexsort((np.arange(len(scores)), scores))
 
 
@@ -88,13 +90,15 @@ def multi_krum_select(dist, f, m) -> np.ndarray:
     return np.sort(krum_order(dist, f)[:m])
 
 
-def bulyan_select(dist, f, theta) -> np.ndarray:
+def bulyan_select(dist, f, theta, least=1) -> np.ndarray:
     """Bulyan's selection (El Mhamdi et al. 2018): Krum applied theta times, each time to the rows not chosen
-    yet; the chosen rows in increasing order."""
+    yet, with the same f; the chosen rows in increasing order. The last pick sees n - theta + 1 = 2f + 1 rows
+    at n = 4f + 3, where n - f - 2 counts f - 1 neighbours: with f = 1 none, so under `least` = 0 every score
+    is 0 and the pick is the lowest remaining row; `least` = 1 (Flower's) still scores each by its nearest."""
     remaining, chosen = list(range(dist.shape[0])), []
     while len(chosen) < theta:
         sub = dist[np.ix_(remaining, remaining)]
-        chosen.append(remaining.pop(int(krum_order(sub, f)[0])))
+        chosen.append(remaining.pop(int(krum_order(sub, f, least)[0])))
     return np.array(sorted(chosen), dtype=np.int64)
 
 

@@ -22,7 +22,7 @@ USES = {
     "trimmed_mean": ("beta",),
     "krum": ("f",),
     "multi_krum": ("f", "m", "weighted"),
-    "bulyan": ("f",),
+    "bulyan": ("f", "min_neighbours"),
     "geomed": ("iterations", "nu", "weighted"),
     "centered_clip": ("iterations", "tau", "weighted"),
     "norm_bound": ("bound", "weighted"),
@@ -38,6 +38,11 @@ class RobustConfig:
 
     f: int = 1
     """krum, multi_krum, bulyan: the number of Byzantine clients per round the rule tolerates."""
+
+    min_neighbours: int = 1
+    """bulyan: the fewest closest others each Krum score of its selection sums, max(min_neighbours, n - f - 2),
+    0 or 1. 1 as Flower's aggregate_krum; 0 the count as written, under which the last of the theta picks
+    ties at f = 1 and goes to the lowest client id (fedmpi before issue 38; docs/baselines.md)."""
 
     m: int | None = None
     """multi_krum: how many of the best-scored clients are averaged; null: n - f."""
@@ -65,6 +70,8 @@ class RobustConfig:
         c = Checks("server.robust")
         c.require(0 <= self.beta < 0.5, "beta", self.beta, "must be in [0, 0.5): half or more would trim every value")
         c.require(isinstance(self.f, int) and self.f >= 0, "f", self.f, "must be a non-negative integer")
+        c.require(self.min_neighbours in (0, 1), "min_neighbours", self.min_neighbours,
+                  "must be 0 (n - f - 2 as written) or 1 (at least one, Flower's)")
         c.require(self.m is None or self.m >= 1, "m", self.m, "must be a positive integer or null")
         c.require(self.iterations >= 1, "iterations", self.iterations, "must be a positive integer")
         c.require(self.nu > 0, "nu", self.nu, "must be > 0")

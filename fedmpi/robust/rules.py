@@ -162,8 +162,9 @@ class Krum(MultiKrum):
 
 
 class Bulyan(Rule):
-    """Pass 1: the Gram matrix, then theta = n - 2f clients chosen by iterated Krum; pass 2: per coordinate,
-    the mean of the beta = theta - 2f selected values closest to their median (unweighted)."""
+    """Pass 1: the Gram matrix, then theta = n - 2f clients chosen by iterated Krum (scores over at least
+    `min_neighbours` others); pass 2: per coordinate, the mean of the beta = theta - 2f selected values closest
+    to their median (unweighted)."""
 
     name = "bulyan"
     excludes = True
@@ -175,7 +176,7 @@ class Bulyan(Rule):
         n = len(w)
         f = bulyan_f(self.keys.f, n)
         dist = _gram_pass(sweep, n, block)
-        keep = agg.bulyan_select(dist, f, n - 2 * f)
+        keep = agg.bulyan_select(dist, f, n - 2 * f, self.keys.min_neighbours)
         out, used = np.empty(dim), np.zeros(n)
 
         def visit(lo, hi, rows):
