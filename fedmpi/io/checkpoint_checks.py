@@ -215,11 +215,7 @@ def check_client_ids(path, f, num_clients):
         raise BadCheckpoint(f"checkpoint {path}: /{MANIFEST} is missing or incomplete; expected /{MANIFEST}/clients "
                             f"and /{MANIFEST}/entries (the clients stored under /clients)")
     ids, counts = manifest["clients"][()], manifest["entries"][()]
-    listed = ids.ndim == counts.ndim == 1 and ids.shape == counts.shape and ids.dtype.kind in "iu"
-    if not (listed and counts.dtype.kind in "iu" and np.all(np.diff(ids) > 0) and np.all(counts > 0)):
-        raise BadCheckpoint(f"checkpoint {path}: /{MANIFEST} has clients {ids.shape} {ids.dtype} and entries "
-                            f"{counts.shape} {counts.dtype}; expected increasing integer client ids and a positive "
-                            f"count of entries for each")
+    _check_manifest_lists(path, ids, counts, 0 if clients is None else len(clients))
     beyond = ids[(ids < 0) | (ids >= num_clients)]
     if beyond.size:
         raise BadCheckpoint(f"checkpoint {path}: /{MANIFEST}/clients names client {int(beyond[0])}; expected ids of "
@@ -237,6 +233,21 @@ def check_client_ids(path, f, num_clients):
             found = "is missing" if cid not in stored else f"has {stored[cid]} entries"
             want = "no group" if cid not in expected else f"{expected[cid]} entries"
             raise BadCheckpoint(f"checkpoint {path}: /clients/{cid} {found}; expected {want}, as /{MANIFEST} lists")
+
+
+def _check_manifest_lists(path, ids, counts, groups):
+    def refuse(where, a, rule):
+        raise BadCheckpoint(f"checkpoint {path}: /{MANIFEST}/{where} has shape {a.shape} and dtype {a.dtype}; "
+                            f"expected {rule}")
+
+    if not (ids.ndim == 1 and ids.dtype.kind in "iu" and np.all(np.diff(ids) > 0)):
+        refuse("clients", ids, "increasing integer client ids")
+    if not (counts.ndim == 1 and counts.dtype.kind in "iu" and np.all(counts > 0)):
+        refuse("entries", counts, "positive integer counts of entries")
+    if ids.shape != counts.shape:
+        # The list that disagrees with the groups stored under /clients is the one at fault.
+        where, a = ("clients", ids) if len(ids) != groups else ("entries", counts)
+        refuse(where, a, f"one value per client group under /clients ({groups})")
 
 
 def check_client(path, cid, group, specs, bounds=None, finite=True, every_float=False):
