@@ -1,8 +1,11 @@
 """local, fedper, lgfedavg, fedbn (issue 24): which entries each keeps personal, one round of each rule and
-its reduction on hand-computed vectors, the refusals of models that lack the layers they need, and the
-equalities with FedAvg at their limits (FedPer without personal layers, FedBN without normalization layers)."""
+its reduction on hand-computed vectors, the refusals of models that lack the layers they need, and (issue 38)
+the refusal, for every registered algorithm with its own split, of a split that keeps nothing personal (a run
+that would be FedAvg recorded under the algorithm's name)."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -11,9 +14,9 @@ from conftest import server_update
 from torch import nn
 
 from fedmpi import config
-from fedmpi.algorithms import algorithm_context, personal_split
+from fedmpi.algorithms import algorithm_context, declares_personal_split, personal_split
 from fedmpi.algorithms.base import ClientRun
-from fedmpi.algorithms.registry import lookup
+from fedmpi.algorithms.registry import REGISTRY, lookup
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.flat import FlatModel
 
@@ -96,7 +99,8 @@ def test_fedbn_keeps_the_norm_layers_parameters_and_statistics():
     shared = algo.split.shared_idx
     assert torch.equal(new[shared], (y0[shared] + 3 * y1[shared]) / 4)
     assert torch.equal(new[algo.split.personal_idx], torch.zeros(8))
-    assert _build("fedbn", _model()).split is None        # no normalization layers: nothing personal
+    with pytest.raises(ConfigError, match="algorithm.name = 'fedbn' keeps nothing personal.*model.mlp_norm"):
+        _build("fedbn", _model())          # no normalization layers: nothing personal, refused
 
 
 def test_local_keeps_whole_models_and_never_aggregates():
@@ -135,12 +139,39 @@ def _tiny(algorithm, **model):
                      "client": {"steps": 3}, "algorithm": algorithm, "runtime": {"progress": "off", "threads": 1}})
 
 
-def test_fedper_without_personal_layers_and_fedbn_without_norm_layers_equal_fedavg():
-    fedavg = _tiny({"name": "fedavg"})
-    for other in (_tiny({"name": "fedper", "head": []}), _tiny({"name": "fedbn"})):
-        assert np.array_equal(other.model, fedavg.model)
-        for name in ("test_acc", "train_loss", "bytes_up", "bytes_down"):
-            assert np.array_equal(other.metrics[name], fedavg.metrics[name], equal_nan=True)
-    # with normalization layers FedBN is not FedAvg
+SPLIT_ALGORITHMS = sorted(name for name, cls in REGISTRY.items() if declares_personal_split(cls))
+
+
+def test_the_registry_has_the_split_algorithms_it_is_known_to_have():
+    assert {"fedper", "lgfedavg", "fedrep", "fedbn"} <= set(SPLIT_ALGORITHMS)
+    assert "fedavg" not in SPLIT_ALGORITHMS and "ditto" not in SPLIT_ALGORITHMS
+
+
+@pytest.mark.parametrize("name", SPLIT_ALGORITHMS)
+def test_every_split_algorithm_refuses_a_rule_that_keeps_nothing_personal(name, monkeypatch):
+    """Whatever makes the class's own rule select no entry (here its patterns emptied), set-up refuses it with
+    one line naming the algorithm, and model.personal beside it does not make the run that algorithm's."""
+    cls = lookup(name)
+    monkeypatch.setattr(cls, "personal", ())
+    monkeypatch.setattr(cls, "personal_patterns", classmethod(lambda c, keys, model: ()))
+    for extra in ({}, {"personal": ["0.*"]}):
+        cfg = config.from_dict({"algorithm": {"name": name}, "model": extra, "partition": {"clients": 2},
+                                "server": {"clients_per_round": 2}})
+        with pytest.raises(ConfigError, match=f"algorithm.name = '{name}' keeps nothing personal") as e:
+            personal_split(cfg, _model(norm=True))
+        assert len(str(e.value).splitlines()) == 1 and "algorithm.name = 'fedavg'" in str(e.value)
+
+
+@pytest.mark.parametrize("name, keys, norm", [("lgfedavg", {"head": ["*"]}, False),
+                                              ("lgfedavg", {"head": ["0.*", "3.*"]}, False),
+                                              ("fedper", {"head": []}, False), ("fedbn", {}, False)])
+def test_the_spellings_of_nothing_personal_are_refused_naming_the_key(name, keys, norm):
+    """LG-FedAvg sharing every layer, FedPer with no head, FedBN on a model without normalization layers."""
+    key = f"algorithm.head = {keys['head']}" if "head" in keys else f"algorithm.name = '{name}'"
+    with pytest.raises(ConfigError, match=re.escape(key) + ".*keeps nothing personal"):
+        _build(name, _model(norm), **keys)
+
+
+def test_fedbn_with_normalization_layers_is_not_fedavg():
     assert not np.array_equal(_tiny({"name": "fedbn"}, mlp_norm="batch").model,
                               _tiny({"name": "fedavg"}, mlp_norm="batch").model)

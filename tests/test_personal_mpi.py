@@ -6,7 +6,8 @@ tests assert
     Dirichlet(0.1), local training and FedAvg with model.personal;
   - a FedPer run stopped after HALF rounds and resumed equals the uninterrupted run (personal state and local
     evaluation on), at each -n;
-  - FedPer with no personal layers and FedBN on a model without normalization layers equal FedAvg;
+  - the personal runs are not FedAvg (a split that keeps nothing personal is refused at set-up, issue 38:
+    tests/test_personal_algorithms.py);
   - the bytes counted shrink by exactly the personal part's size, the server's copy of the personal entries
     never leaves x_0, and the checkpoint holds each trained client's personal entries.
 """
@@ -43,8 +44,6 @@ def _config(out, **sections):
 RUNS = {
     "fedavg": {},
     "fedper": {"algorithm": {"name": "fedper"}, "eval": {"finetune_steps": 2}},
-    "fedper_none": {"algorithm": {"name": "fedper", "head": []}},
-    "fedbn_plain": {"algorithm": {"name": "fedbn"}},
     "personal": {"model": {"personal": HEAD}},
     "fedbn_dirichlet": {"algorithm": {"name": "fedbn"}, "model": {"mlp_norm": "batch"},
                         "partition": {"scheme": "dirichlet", "beta": 0.1, "min_samples": 20}},
@@ -112,15 +111,7 @@ def test_fedper_resumed_equals_uninterrupted(runs):
 
 
 @pytest.mark.mpi
-def test_fedper_without_personal_layers_and_fedbn_without_norm_equal_fedavg(runs):
-    for n in (1, 3):
-        fedavg = _read(runs[n]["fedavg"])
-        for name in ("fedper_none", "fedbn_plain"):
-            other = _read(runs[n][name])
-            assert np.array_equal(other[2], fedavg[2]), name
-            for key in ("model_sha256", "test_acc", "bytes_up", "bytes_down") + LOCAL:
-                assert same(other[0][key], fedavg[0][key]), (name, key)
-    # the personal runs are not FedAvg
+def test_the_personal_runs_are_not_fedavg(runs):
     assert not np.array_equal(_read(runs[1]["fedper"])[2], _read(runs[1]["fedavg"])[2])
     assert not np.array_equal(_read(runs[1]["personal"])[2], _read(runs[1]["fedavg"])[2])
 

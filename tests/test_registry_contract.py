@@ -66,6 +66,7 @@ EXTRA = {
     ("algorithm", "safl"): SERVER_SET,
     ("algorithm", "datashare"): SERVER_SET,
     ("algorithm", "fedbuff"): {"algorithm": {"concurrency": 8}},         # at most partition.clients
+    ("algorithm", "fedbn"): {"model": {"mlp_norm": "batch"}},             # normalization layers to keep
     ("algorithm", "moon"): {**CIFAR, "model": {"name": "simple_cnn", "projection": 16}},
     ("aggregator", "fltrust"): SERVER_SET,
     ("model", "lstm"): TEXT,

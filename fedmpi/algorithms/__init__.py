@@ -37,13 +37,15 @@ def algorithm_context(cfg, dim, n_params, history=None, split=None) -> Algorithm
 def personal_split(cfg, model, algo_cls=None) -> ParameterSplit | None:
     """The flat model's personal entries: the union of `model.personal` and the algorithm class's
     `personal_patterns(keys, model)` (`model`: a FlatModel). None when nothing is personal. ConfigError naming
-    the key: a pattern that matches no parameter or buffer, patterns that leave nothing shared, personal
-    entries under a protocol other than REDUCE (its uploads are not per-client vectors from the broadcast)."""
+    the key: a pattern that matches no parameter or buffer, patterns that leave nothing shared, an algorithm
+    with its own split whose rule leaves nothing personal (`declares_personal_split`), personal entries under
+    a protocol other than REDUCE (its uploads are not per-client vectors from the broadcast)."""
     algo_cls = lookup(cfg.algorithm.name) if algo_cls is None else algo_cls
     named = f"algorithm.name = {cfg.algorithm.name!r}"
-    sources = (("model.personal", tuple(cfg.model.personal)), (named, tuple(algo_cls.personal_patterns(cfg.algorithm,
-                                                                                                       model))))
-    split = split_model(model.entries, model.dim, sources)
+    own = tuple(algo_cls.personal_patterns(cfg.algorithm, model))
+    if declares_personal_split(algo_cls) and not split_model(model.entries, model.dim, ((named, own),)):
+        raise ConfigError(nothing_personal(cfg, algo_cls, named))
+    split = split_model(model.entries, model.dim, (("model.personal", tuple(cfg.model.personal)), (named, own)))
     if not split:
         return None
     if algo_cls.protocol != REDUCE:
@@ -52,11 +54,28 @@ def personal_split(cfg, model, algo_cls=None) -> ParameterSplit | None:
     return split
 
 
+def declares_personal_split(algo_cls) -> bool:
+    """Whether the class keeps entries personal by its own rule (`personal` or its own `personal_patterns`):
+    FedPer, LG-FedAvg, FedRep, FedBN. `model.personal` beside another algorithm is not its split."""
+    return bool(algo_cls.personal) or algo_cls.personal_patterns.__func__ is not Algorithm.personal_patterns.__func__
+
+
+def nothing_personal(cfg, algo_cls, named) -> str:
+    """The refusal of a split algorithm whose own rule keeps nothing personal on this model: its run would be
+    FedAvg recorded under its name (issue 38), so no limit of this kind is run, whatever spelling reached it
+    (fedper `head: []`, lgfedavg `head: ["*"]`, fedbn on a model without normalization layers)."""
+    head = getattr(cfg.algorithm, "head", None)
+    key = f"algorithm.head = {list(head)}" if head is not None else named
+    hint = getattr(algo_cls, "nothing_personal_hint", "") or "name at least one personal layer"
+    return (f"{key}: {named} keeps nothing personal on this model (every parameter and buffer would be shared), "
+            f"which is FedAvg under another name; {hint}, or use algorithm.name = 'fedavg'")
+
+
 def build_algorithm(cfg, dim, n_params, history=None, split=None) -> Algorithm:
     """The algorithm instance for `cfg.algorithm` (ConfigError for an unknown name)."""
     return lookup(cfg.algorithm.name).create(cfg.algorithm, algorithm_context(cfg, dim, n_params, history, split))
 
 
 __all__ = ["Algorithm", "AlgorithmContext", "AlgorithmKeys", "ClientRun", "ClientTraining", "PlanHistory",
-           "SetupContext", "StandardDraws", "algorithm_context", "build_algorithm", "lookup", "personal_split",
-           "register"]
+           "SetupContext", "StandardDraws", "algorithm_context", "build_algorithm", "declares_personal_split",
+           "lookup", "personal_split", "register"]

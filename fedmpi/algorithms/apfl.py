@@ -96,7 +96,7 @@ class Apfl(FedAvg):
         super().__init__(keys, context)
         self.personal = ClientVectors("v", length=self.n_params)     # v_k (trainable part)
         self.mixed = ClientVectors("vbar", length=self.dim)          # v̄_k of the client's last round
-        self.alphas = ClientVectors("alpha", length=1)               # alpha_k (adaptive)
+        self.alphas = ClientVectors("alpha", length=1, within=(0.0, 1.0))      # alpha_k (adaptive)
 
     def local_training(self, run, down, model, local):
         figures = local.train()                 # w: FedAvg's pass

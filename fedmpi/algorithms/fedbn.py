@@ -2,13 +2,15 @@
 
 FedAvg on everything but the normalization layers: each client keeps its own normalization parameters and
 running statistics (every BatchNorm, GroupNorm, LayerNorm and InstanceNorm module's entries). A model without
-normalization layers keeps nothing personal, and FedBN is FedAvg exactly. `model.mlp_norm: batch` gives the
-small `mlp` batch normalization after each hidden layer; resnet18 has `model.norm: batch` or `group`.
+normalization layers would keep nothing personal (FedAvg recorded as FedBN) and is refused at set-up.
+`model.mlp_norm: batch` gives the small `mlp` batch normalization after each hidden layer; resnet18 has
+`model.norm: batch` or `group`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
@@ -25,6 +27,8 @@ class FedBNKeys(AlgorithmKeys):
 class FedBN(FedAvg):
     name = "fedbn"
     Keys = FedBNKeys
+    nothing_personal_hint: ClassVar[str] = ("give the model normalization layers (model.mlp_norm = batch for mlp, "
+                                            "model.norm = batch or group for resnet18)")
 
     @classmethod
     def personal_patterns(cls, keys, model):

@@ -3,8 +3,8 @@
 The model is a shared body and a personal head: FedAvg on the body, each client keeps its own head. Here the
 head is the model's last linear layer by default (`head: null`), or the entries matching `head`'s patterns;
 the round loop does the rest (fedmpi.core.personal: a client starts from the broadcast body and its own head,
-uploads only the body's update, and keeps its trained head at home). `head: []` keeps nothing personal: FedAvg
-exactly.
+uploads only the body's update, and keeps its trained head at home). `head: []`, which would keep nothing
+personal (FedAvg recorded as FedPer), is refused at set-up (fedmpi.algorithms.personal_split).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fedmpi.algorithms.layers import head_patterns
 class FedPerKeys(AlgorithmKeys):
     name: str = "fedper"
     head: tuple[str, ...] | None = None
-    """Patterns of the personal layers' parameter names; null: the model's last linear layer; []: none."""
+    """Patterns of the personal layers' parameter names; null: the model's last linear layer."""
 
 
 @register

@@ -99,7 +99,7 @@ class Ifca(Reduce):
         super().__init__(keys, context)
         self.k = int(keys.k)
         self.server = ServerVectors(clusters=(self.k - 1) * self.dim)   # clusters 1..k-1 (cluster 0 is x)
-        self.chosen = ClientVectors("cluster", length=1)                 # each client's latest choice
+        self.chosen = ClientVectors("cluster", length=1, within=(0, self.k - 1), whole=True)   # latest choice
         self._slot = {}          # cid -> its chosen cluster this round (between training and accumulate)
         self._share = np.zeros(self.k)
         self._down = None        # the round's broadcast on a hosting rank (its cluster models, for eval_start)

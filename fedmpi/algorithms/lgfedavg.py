@@ -3,7 +3,8 @@ Representations", 2020).
 
 FedPer's mirror image: each client keeps its own body (the local representation) and FedAvg runs on the head,
 the model's last linear layer by default (`head: null`, or the patterns of `head`). Everything outside the
-head is personal; a model that is its head alone (`lr`) is refused.
+head is personal; a model that is its head alone (`lr`), or `head` patterns that match every entry (`["*"]`:
+nothing personal, FedAvg recorded as LG-FedAvg), is refused.
 """
 
 from __future__ import annotations

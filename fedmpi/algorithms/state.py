@@ -133,9 +133,12 @@ class ClientVectors(MutableMapping):
     tensor` sets it for the rest of the round; `end_round` writes the round's vectors (set, or copies that
     may have been changed in place) to the store. Mapping methods (`get`, `in`, `len`, `pop`) see both."""
 
-    def __init__(self, name, store=None, length=None):
+    def __init__(self, name, store=None, length=None, within=None, whole=False):
         self.name = name
         self.length = length    # the declared vector length (checked when a checkpoint is loaded); None: any
+        # The declared values, checked when a checkpoint is loaded: (low, high) bounds (APFL's alpha in [0, 1]),
+        # `whole` for indices kept as floats (IFCA's cluster choice); None: any finite value.
+        self.within, self.whole = within, bool(whole)
         self.store = store if store is not None else ClientStateStore()
         self.store.bound.append(self)
         self._round = {}        # cid -> tensor: this round's vectors on the device they were used on
@@ -227,6 +230,11 @@ class ClientVectors(MutableMapping):
         """{name: (shape, dtype)} of what a client's checkpoint entry must be (shape None: any 1-D length)."""
         return {self.name: (None if self.length is None else (int(self.length),), np.dtype(np.float32))}
 
+    def bounds(self) -> dict:
+        """{name: (low, high, whole)} of the values a client's entry may hold; {} when any finite value may."""
+        return {} if self.within is None and not self.whole else {self.name: (*(self.within or (None, None)),
+                                                                                self.whole)}
+
     def load(self, cid, state: dict):
         self._round.pop(cid, None)
         self._changed.discard(cid)
@@ -296,6 +304,15 @@ def declared_specs(owner, kind) -> dict:
         if isinstance(value, kind):
             specs.update(value.spec())
     return specs
+
+
+def declared_bounds(owner) -> dict:
+    """{name: (low, high, whole)} of every ClientVectors attribute of `owner` that declares its values."""
+    bounds = {}
+    for value in vars(owner).values():
+        if isinstance(value, ClientVectors):
+            bounds.update(value.bounds())
+    return bounds
 
 
 def as_numpy_state(state: dict) -> dict:

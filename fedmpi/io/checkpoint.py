@@ -11,6 +11,9 @@ Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote 
   /stage_<stage>/<name>  an upload stage's server state (e.g. stage_privacy: the noise multiplier and the
                    adaptive clip); absent when empty
   /clients/<cid>/<name>  each client's state (`Algorithm.client_state`), clients without state omitted
+  /manifest/clients, /manifest/entries  the ids of the clients stored under /clients (increasing) and how
+                   many entries each has: a resume finds a client group that is missing, added or changed
+                   against them (fedmpi.io.checkpoint_checks.check_client_ids)
 What rank 0 holds comes from `Experiment.state_dict()`; client states from `Experiment.client_state(cid)`
 on the hosting rank, streamed to rank 0 one client at a time.
 
@@ -49,6 +52,7 @@ from fedmpi.io import write_errors
 from fedmpi.io.disk_room import Room
 
 FORMAT = 1
+MANIFEST = "manifest"      # /manifest: which clients have a /clients group, and how many entries each
 NAME = re.compile(r"^ckpt-(\d+)\.h5$")
 RNG_NOTE = ("stateless: every random stream is derived from (seed, purpose, round, client) and torch is "
             "reseeded per client per round, so seed and round restore all randomness")
@@ -136,6 +140,7 @@ class CheckpointWriter:
             writing.discard, writing.handle = self.tmp, self.f
             self.room = Room(self.tmp, self.path)
             self.digests = {}
+            self.client_entries = {}    # cid -> how many entries its /clients group has (the manifest)
             attrs = {"round": int(round_), "fedmpi_version": fedmpi.__version__, "format": FORMAT,
                      "config": cfg.to_yaml(), "config_hash": cfg.hash(), "seed": int(cfg.seed), "rng": RNG_NOTE,
                      "wall_s": float(wall_s), "world_size": int(world_size),
@@ -170,9 +175,14 @@ class CheckpointWriter:
     def put_client(self, cid, state):
         for name, a in state.items():
             self._put(f"clients/{cid}/{name}", a)
+        if state:
+            self.client_entries[int(cid)] = len(state)
 
     def commit(self, keep):
-        """Checksum, close, fsync, rename into place, fsync the folder, prune to the newest `keep`."""
+        """Manifest, checksum, close, fsync, rename into place, fsync the folder, prune to the newest `keep`."""
+        ids = sorted(self.client_entries)
+        self._put(f"{MANIFEST}/clients", np.array(ids, dtype=np.int64))
+        self._put(f"{MANIFEST}/entries", np.array([self.client_entries[c] for c in ids], dtype=np.int64))
         with write_errors.writing(self.path, self.tmp) as writing:
             writing.handle = self.f
             self.room.ensure(self._end())       # the metadata HDF5 writes when it closes the file

@@ -17,6 +17,12 @@ checkpoint, the dataset or attribute, what was expected and what was found.
   provider, its upload stages and the rest of its algorithm's server state (a fresh state of theirs as the
   template: no entry emptied, one value where the template has one, floats finite but the algorithm's)
   say they must be.
+- Client states (`check_client_ids` on rank 0, `check_client` on each client's host, issue 38): the groups
+  under /clients are exactly the clients /manifest lists, each with the entries it counts, and every id a
+  client of this run; each declared client vector (Ditto's v, APFL's v, v̄ and alpha, the personal entries
+  of FedPer, FedRep and LG-FedAvg, IFCA's cluster choice, SCAFFOLD's c_i, any ClientVectors) has its shape
+  and dtype, finite values and, where declared, values within its bounds; on a resume every other float
+  entry is finite too.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ import numbers
 import h5py
 import numpy as np
 
-from fedmpi.algorithms.state import ClientVectors, ServerVectors, declared_specs
+from fedmpi.algorithms.state import ClientVectors, ServerVectors, declared_bounds, declared_specs
 from fedmpi.config import yamlio
 from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.io.checkpoint import MANIFEST
 
 # Dtype kinds that may stand for one another: a float entry must be float (an int8 /global is garbage, not a
 # model), an integer counter any integer, a flag bool or integer.
@@ -194,16 +201,81 @@ def client_expectations(exp) -> dict:
     return declared_specs(exp.algo, ClientVectors)
 
 
-def check_client(path, cid, group, specs):
-    """One client's stored state (shapes and dtypes only, nothing read): declared vectors as declared, any
-    other entry numeric."""
+def client_bounds(exp) -> dict:
+    """{name: (low, high, whole)} of the client vectors whose values `exp`'s algorithm declares."""
+    return declared_bounds(exp.algo)
+
+
+def check_client_ids(path, f, num_clients):
+    """Rank 0: the /clients groups against /manifest (the ids the writer stored state for, and each one's
+    number of entries), every id one of this run's `num_clients` clients: a group added for a client that
+    does not exist, one added or removed beside the manifest, or an entry added or removed, is refused."""
+    clients, manifest = f.get("clients"), f.get(MANIFEST)
+    if not isinstance(manifest, h5py.Group) or set(manifest) != {"clients", "entries"}:
+        raise BadCheckpoint(f"checkpoint {path}: /{MANIFEST} is missing or incomplete; expected /{MANIFEST}/clients "
+                            f"and /{MANIFEST}/entries (the clients stored under /clients)")
+    ids, counts = manifest["clients"][()], manifest["entries"][()]
+    _check_manifest_lists(path, ids, counts, 0 if clients is None else len(clients))
+    beyond = ids[(ids < 0) | (ids >= num_clients)]
+    if beyond.size:
+        raise BadCheckpoint(f"checkpoint {path}: /{MANIFEST}/clients names client {int(beyond[0])}; expected ids of "
+                            f"this run's {num_clients} clients (0..{num_clients - 1})")
+    odd = [] if clients is None else [cid for cid in clients if not cid.isdigit()]
+    if odd:
+        raise BadCheckpoint(f"checkpoint {path}: /clients/{odd[0]}: expected groups named by client id")
+    stored = {} if clients is None else {int(cid): len(group) for cid, group in clients.items()}
+    expected = dict(zip(ids.tolist(), counts.tolist()))
+    for cid in sorted(set(stored) | set(expected)):
+        if cid >= num_clients:
+            raise BadCheckpoint(f"checkpoint {path}: /clients/{cid} is the state of a client that does not exist in "
+                                f"this run; expected client ids 0..{num_clients - 1}")
+        if stored.get(cid) != expected.get(cid):
+            found = "is missing" if cid not in stored else f"has {stored[cid]} entries"
+            want = "no group" if cid not in expected else f"{expected[cid]} entries"
+            raise BadCheckpoint(f"checkpoint {path}: /clients/{cid} {found}; expected {want}, as /{MANIFEST} lists")
+
+
+def _check_manifest_lists(path, ids, counts, groups):
+    def refuse(where, a, rule):
+        raise BadCheckpoint(f"checkpoint {path}: /{MANIFEST}/{where} has shape {a.shape} and dtype {a.dtype}; "
+                            f"expected {rule}")
+
+    if not (ids.ndim == 1 and ids.dtype.kind in "iu" and np.all(np.diff(ids) > 0)):
+        refuse("clients", ids, "increasing integer client ids")
+    if not (counts.ndim == 1 and counts.dtype.kind in "iu" and np.all(counts > 0)):
+        refuse("entries", counts, "positive integer counts of entries")
+    if ids.shape != counts.shape:
+        # The list that disagrees with the groups stored under /clients is the one at fault.
+        where, a = ("clients", ids) if len(ids) != groups else ("entries", counts)
+        refuse(where, a, f"one value per client group under /clients ({groups})")
+
+
+def check_client(path, cid, group, specs, bounds=None, finite=True, every_float=False):
+    """One client's stored state: declared vectors as declared (shape, dtype, finite values unless not
+    `finite`, within their `bounds`), any other entry numeric (and, with `every_float`, finite if float)."""
     for name, ds in _datasets(path, f"clients/{cid}", group):
         where = f"clients/{cid}/{name}"
         if name in specs:
             shape, dtype = specs[name]
-            check_entry(path, where, ds, shape, dtype, False, f"client {cid}'s {name}")
+            check_entry(path, where, ds, shape, dtype, finite, f"client {cid}'s {name}")
+            if name in (bounds or {}):
+                _check_bounds(path, where, ds[()], *bounds[name], f"client {cid}'s {name}")
         elif ds.dtype.kind not in "biuf":
             raise BadCheckpoint(f"checkpoint {path}: /{where} has dtype {ds.dtype}; a checkpoint holds numbers only")
+        elif every_float and finite and ds.dtype.kind == "f":
+            check_entry(path, where, ds, ds.shape, ds.dtype, True, f"client {cid}'s {name}")
+
+
+def _check_bounds(path, where, values, low, high, whole, what):
+    values = np.asarray(values).reshape(-1)
+    bad = (values < low if low is not None else False) | (values > high if high is not None else False)
+    if whole:
+        bad = bad | (values != np.round(values))
+    at = np.flatnonzero(bad)
+    if at.size:
+        span = f"[{low}, {high}]" if low is not None or high is not None else "any value"
+        raise BadCheckpoint(f"checkpoint {path}: /{where} ({what}) holds {values[at[0]]} at index {int(at[0])}; "
+                            f"expected {'whole numbers' if whole else 'values'} in {span}")
 
 
 def _show(value):

@@ -177,19 +177,24 @@ def load_into(exp, point) -> int:
 
 
 def _read_checked(exp, point):
-    """(participation state, server-side state or None) read and checked, this rank's client states checked
-    (their shapes and dtypes: they are read one at a time when loaded); BadCheckpoint on a mismatch."""
+    """(participation state, server-side state or None) read and checked, the client groups against the
+    manifest (rank 0) and this rank's client states checked (shapes, dtypes, finite values, declared bounds;
+    read again one at a time when loaded); BadCheckpoint on a mismatch."""
     path = point.path
     with h5py.File(path, "r", locking=False) as f:
         # Every rank plans rounds itself, so the participation state (e.g. the simulated clock) goes to all.
         participation = _read_group(f.get("participation"))
         checks.check_like(path, "participation", participation, exp.participation.state(), "participation state")
         server = _read_server_side(exp, point, f) if exp.comm.is_server else None
-        specs = checks.client_expectations(exp)
+        if exp.comm.is_server:
+            checks.check_client_ids(path, f, exp.cfg.partition.clients)
+        specs, bounds = checks.client_expectations(exp), checks.client_bounds(exp)
+        finite = exp.cfg.runtime.on_nonfinite != "continue"
         clients = f.get("clients")
         for cid in sorted(exp.clients.mine):
             if clients is not None and str(cid) in clients:
-                checks.check_client(path, cid, clients[str(cid)], specs)
+                # A fork's parent may hold state its new algorithm never loads: only what it declares is judged.
+                checks.check_client(path, cid, clients[str(cid)], specs, bounds, finite, every_float=not point.partial)
     return participation, server
 
 
