@@ -217,8 +217,10 @@ def _dry_run(cfg):
     algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
     personal = personal_split(cfg, flat, algo_cls)      # bad model.personal patterns are refused here too
     from fedmpi.round.robust_setup import check_robust, dry_run_line
+    from fedmpi.round.server_opt import check_optimizer
 
     check_robust(cfg, algo_cls)
+    check_optimizer(cfg.server)
     algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     _dry_run_attack(cfg, algo_cls, dataset, len(algo.clients(split.parts, split.server_idx)))

@@ -13,6 +13,7 @@ command below in sequence (`conftest.run_steps`), once per test session:
   context    an algorithm outside fedmpi written against the AlgorithmContext (`extpkg.context:Coverage`:
              the seed, the participation history on the clients and on the server, the client learning-rate
              schedule, N), with client and server state: whole run, and half + --resume
+  nesterov   examples/nesterov.py as server.optimizer (a plug-in with moments): whole run, half + --resume
 
 The external package and its `*.dist-info` (METADATA + entry_points.txt, so that importlib.metadata finds
 the entry point without pip) are written into a temporary folder that goes on PYTHONPATH.
@@ -235,7 +236,9 @@ RUNS = {
 }
 RUNS["entry_point"] = {**RUNS["external"], "algorithm": {"name": ENTRY_POINT, "beta": 0.5}}
 RUNS["context"] = {**RUNS["external"], "algorithm": {"name": "extpkg.context:Coverage", "repeat_bonus": 0.5}}
-RESUMED = ("adam", "external", "context")
+RUNS["nesterov"] = {"server": {"clients_per_round": 5, "optimizer": "examples.nesterov:Nesterov", "momentum": 0.9,
+                               "lr": 0.5}}
+RESUMED = ("adam", "external", "context", "nesterov")
 
 
 def config_of(name, out):

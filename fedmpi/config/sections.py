@@ -361,7 +361,7 @@ class ServerConfig:
         c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
                   "must be a positive integer")
         c.require(self.lr > 0, "lr", self.lr, "must be > 0")
-        c.choice("optimizer", self.optimizer, _server_optimizers())
+        _check_plugin_name(c, "optimizer", self.optimizer, _server_optimizers(), "fedmpi.server_optimizers", "Class")
         c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
         c.require(all(0 <= b < 1 for b in self.betas), "betas", list(self.betas), "must be two numbers in [0, 1)")
         c.require(self.tau > 0, "tau", self.tau, "must be > 0")
@@ -378,7 +378,7 @@ class ServerConfig:
         """A momentum, beta or tau the optimizer does not read, set to a non-default value, is refused."""
         from fedmpi.round.server_opt import OPTIMIZERS, UNUSED_CHECKED
 
-        uses = getattr(OPTIMIZERS[self.optimizer], "uses", None)
+        uses = getattr(OPTIMIZERS.get(self.optimizer), "uses", None)     # a plug-in's: at set-up (server_opt)
         if uses is None:
             return
         for part in UNUSED_CHECKED:

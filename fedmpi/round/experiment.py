@@ -44,6 +44,7 @@ from fedmpi.round.protocols import PROTOCOLS
 from fedmpi.round.providers import build_participation, build_stages
 from fedmpi.round.robust_setup import check_robust, robust_active, robust_protocol, robust_stage
 from fedmpi.round.server import Server
+from fedmpi.round.server_opt import check_optimizer
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
 from fedmpi.uploads.base import layout
@@ -112,6 +113,7 @@ class Experiment:
         algo_cls.check(cfg, self.flat)
         split = personal_split(cfg, self.flat, algo_cls)     # the entries that stay with each client (or None)
         check_robust(cfg, algo_cls)     # server.aggregator and the omniscient attacks (fedmpi.round.robust_setup)
+        check_optimizer(cfg.server)     # a plug-in server.optimizer, on every rank (rank 0 alone builds it)
         # The algorithm's context; who trained in round t is the participation provider's plan (built below, on
         # every rank alike; asked for only during the rounds).
         history = PlanHistory(lambda t: self.participation.plan(t))

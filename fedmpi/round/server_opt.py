@@ -25,6 +25,8 @@ import abc
 import torch
 
 from fedmpi.algorithms.state import ServerVectors
+from fedmpi.core import plugin_names
+from fedmpi.core.errors import ConfigError
 
 OPTIMIZERS: dict = {}
 # The optimizer keys of ServerConfig whose use depends on the rule (betas split into b1 and b2: adagrad
@@ -153,5 +155,45 @@ class Adagrad(_Adaptive):
         v.add_(sq)
 
 
+def optimizer_class(name):
+    """The ServerOptimizer class `server.optimizer = name` stands for: fedmpi's own, or a plug-in (an entry
+    point of `fedmpi.server_optimizers` or `package.module:Class`, fedmpi.core.plugin_names; docs/extending.md
+    walk-through 5), held to its declarations (ConfigError naming the key)."""
+    if name in OPTIMIZERS:
+        return OPTIMIZERS[name]
+    cls = plugin_names.resolve(name, "fedmpi.server_optimizers", "server.optimizer")
+    where = f"server.optimizer = {name!r}"
+    if not (isinstance(cls, type) and issubclass(cls, ServerOptimizer)):
+        raise ConfigError(f"{where}: {cls!r} is not a subclass of fedmpi.round.server_opt.ServerOptimizer")
+    if cls.__abstractmethods__:
+        raise ConfigError(f"{where}: {cls.__name__} does not define {', '.join(sorted(cls.__abstractmethods__))}")
+    if not (cls.uses is None or (isinstance(cls.uses, tuple) and set(cls.uses) <= set(UNUSED_CHECKED))):
+        raise ConfigError(f"{where}: {cls.__name__}.uses must be None or a tuple of {', '.join(UNUSED_CHECKED)}")
+    return cls
+
+
+def unused_problems(server_cfg) -> list:
+    """A plug-in optimizer's keys it declares not to read, set away from their defaults (fedmpi's own are
+    refused with the config, ServerConfig)."""
+    name = server_cfg.optimizer
+    uses = optimizer_class(name).uses
+    if name in OPTIMIZERS or uses is None:
+        return []
+    default = type(server_cfg)()
+    part = {"momentum": lambda s: s.momentum, "betas[0]": lambda s: s.betas[0], "betas[1]": lambda s: s.betas[1],
+            "tau": lambda s: s.tau}
+    return [f"server.{key.split('[')[0]} = {part[key](server_cfg)!r}: is not used by server.optimizer {name!r} "
+            f"(its uses: {', '.join(uses) or 'none'}); remove it" for key in UNUSED_CHECKED
+            if key not in uses and part[key](server_cfg) != part[key](default)]
+
+
+def check_optimizer(server_cfg):
+    """Every rank at set-up (the server alone builds the optimizer, but a refusal must end every rank alike):
+    the plug-in loads, keeps its declarations and is given no key it does not read."""
+    problems = unused_problems(server_cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
 def build_optimizer(server_cfg, dim, n_params) -> ServerOptimizer:
-    return OPTIMIZERS[server_cfg.optimizer](server_cfg, dim, n_params)
+    return optimizer_class(server_cfg.optimizer)(server_cfg, dim, n_params)
