@@ -1,7 +1,9 @@
 """Issue 29: a property-based fuzz suite (Hypothesis). Configs and overrides are generated from the config
 dataclasses' own fields (tests/fuzz_support.py walks `Config` with `dataclasses.fields` and
 `typing.get_type_hints`), input files from their formats (YAML configs, LEAF JSON, idx files, CIFAR python
-batches, availability/speed/bandwidth traces, checkpoints with perturbed datasets).
+batches, availability/speed/bandwidth traces, checkpoints with perturbed datasets). The generated input
+files other than configs and checkpoints are tested in tests/test_fuzz_inputs.py, the examples' ground (the
+tiny run, the `work` folder, `Case`) is tests/fuzz_cases.py.
 
 The property, for every example: `fedmpi run` exits 0 or 2 (1 only for a run that diverged, which is a run
 that started: fedmpi's documented outcome for a NaN model), never with a traceback, within EXAMPLE_SECONDS and
@@ -18,7 +20,8 @@ FEDMPI_FUZZ=nightly draws 20x as many, fresh each run (a failure prints the blob
 10^15, a scalar attack.clients, a checkpoint dataset emptied to no entries) are reached by CI as well: every
 key is tried in the wrong form and every integer key far beyond any machine on every run (parametrized, not
 drawn), and emptying a dataset is its own perturbation. Those add about 13 s of CPU to the file's ~45 s
-(measured on two shared cores: 43.5 s before and 56 s after, without the checkpoint test; that test ~14 s).
+(measured on two shared cores, before the input files moved out: 43.5 s before and 56 s after, without the
+checkpoint test; that test ~14 s).
 
 Each of issue 29's findings 6 and 7 also has its own case here (`FINDINGS`): the generators reach the first
 kind (tracebacks) by themselves, but a key accepted without effect exits 0, which the property allows.
@@ -28,10 +31,8 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import resource
 import shutil
-import struct
 import subprocess
 import sys
 import typing
@@ -40,7 +41,8 @@ import h5py
 import numpy as np
 import pytest
 from conftest import ROOT
-from dataset_files import write_cifar, write_leaf, write_mnist_family
+from dataset_files import write_cifar, write_leaf
+from fuzz_cases import STATEFUL, Case, make_work, tiny
 from fuzz_support import (
     HOSTILE_SCALARS,
     algorithm_owners,
@@ -58,79 +60,16 @@ from fuzz_support import (
     wrong_forms,
     yaml_text,
 )
-from hypothesis import event, example, given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fedmpi.io.checkpoint import checksum_of
 
 
-def tiny(folder, **sections):
-    """A tiny real run as YAML fragments: synthetic data, 2 clients, 1 round, the lr model, a checkpoint."""
-    base = {"seed": "1", "rounds": "1", "out": quoted(str(folder)),
-            "data": {"name": "synthetic"}, "partition": {"clients": "2", "scheme": "iid", "samples_per_client": "20"},
-            "model": {"name": "lr"}, "client": {"batch_size": "10"}, "server": {"clients_per_round": "2"},
-            "checkpoint": {"every": "1"}, "runtime": {"threads": "1", "progress": "'off'"}}
-    for name, keys in sections.items():
-        base[name] = {**base.get(name, {}), **keys} if isinstance(keys, dict) else keys
-    return base
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """A folder to run in (relative paths in generated configs land here), fedmpi's parse cache inside it,
-    and a finished tiny run `template` (plus one with state in every checkpoint group, `stateful`), made once."""
-    root = tmp_path_factory.mktemp("fuzz")
-    cwd, cache = os.getcwd(), os.environ.get("FEDMPI_CACHE_DIR")
-    os.chdir(root)
-    os.environ["FEDMPI_CACHE_DIR"] = str(root / "cache")
-    try:
-        for name, extra in (("template", {}), ("stateful", STATEFUL)):
-            path = root / f"{name}.yaml"
-            path.write_text(yaml_text(tiny(root / name, **extra), {}))
-            cli("run", path).check((0,), f"making the {name} run")
-        yield root
-    finally:
-        os.chdir(cwd)
-        if cache is None:
-            os.environ.pop("FEDMPI_CACHE_DIR", None)
-        else:
-            os.environ["FEDMPI_CACHE_DIR"] = cache
-
-
-# SCAFFOLD (server and client controls), Adam (moments), a simulated clock (participation state).
-STATEFUL = {"algorithm": {"name": "scaffold"}, "server": {"clients_per_round": "2", "optimizer": "adam", "lr": "0.1"},
-            "partition": {"clients": "3", "scheme": "iid", "samples_per_client": "20"},
-            "clients": {"speed": {"kind": "lognormal"}, "dropout": "0.2"}}
-
-
-class Case:
-    """One example's folder: a copy of a finished run in `out` and the config file beside it."""
-
-    counter = 0
-
-    def __init__(self, work, template="template"):
-        Case.counter += 1
-        self.dir = work / f"case{Case.counter:08d}"     # one length: generated text must not depend on it
-        self.dir.mkdir()
-        self.out = self.dir / "out"
-        shutil.copytree(work / template, self.out)
-        (self.out / ".fedmpi.lock").unlink(missing_ok=True)
-        self.before = snapshot(self.out)
-
-    def config(self, text):
-        path = self.dir / "c.yaml"
-        path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
-        return path
-
-    def check(self, outcome, what=""):
-        """The property: exit 0 or 2 (or 1 for a diverged run), no traceback; the old run kept unless the
-        new one succeeded (or started and diverged)."""
-        diverged = outcome.code == 1 and run_status(self.out) == "diverged"
-        event(f"exit {outcome.code}")       # --hypothesis-show-statistics: how many examples ran, how many refused
-        outcome.check((0, 1, 2) if diverged else (0, 2), what)
-        if outcome.code == 2:
-            assert snapshot(self.out) == self.before, f"{what}\nexit 2 changed the old run\n{outcome.err[-2000:]}"
-        shutil.rmtree(self.dir, ignore_errors=True)
+    """A folder to run in with the finished runs `template` and `stateful` (fuzz_cases.make_work), made once."""
+    yield from make_work(tmp_path_factory)
 
 
 FIELDS = config_fields()
@@ -237,207 +176,6 @@ def test_a_damaged_config_file_is_refused_or_runs(work, data):
     case = Case(work)
     text = yaml_text(tiny(case.out), data.draw(config_entries(DRY_FIELDS, max_keys=2)))
     case.check(cli("run", case.config(data.draw(mutated(text))), "--dry-run"))
-
-
-# --- input files --------------------------------------------------------------------------------------------
-
-def _json_value():
-    return st.one_of(st.integers(-3, 300), st.floats(), st.booleans(), st.none(), st.text(max_size=3),
-                     st.lists(st.integers(0, 3), max_size=2))
-
-
-@st.composite
-def leaf_blob(draw, kind):
-    """A LEAF file's dict: users, num_samples, user_data{user: {x, y}}, mostly well formed, some of it not."""
-    users = draw(st.lists(st.one_of(st.sampled_from(["u0", "u1", "u2"]), st.text(max_size=4)), min_size=1,
-                          max_size=3))
-    data = {}
-    for user in users:
-        n = draw(st.integers(0, 4))
-        if kind == "femnist":
-            pixel = draw(st.one_of(st.floats(0, 1), _json_value()))
-            width = draw(st.sampled_from([784, 784, 784, 783, 0, 785]))
-            x = [[pixel] * width for _ in range(n)]
-            if x and width and draw(st.booleans()):
-                x[0][draw(st.integers(0, max(0, width - 1)))] = draw(_json_value())
-            y = draw(st.lists(st.one_of(st.integers(0, 61), _json_value()), min_size=n, max_size=n + 1))
-        else:
-            char = draw(st.one_of(st.sampled_from("abc \n"), st.characters()))
-            x = [char * draw(st.sampled_from([80, 80, 79, 81])) for _ in range(n)]
-            y = draw(st.lists(st.one_of(st.sampled_from("abc"), st.characters(), _json_value()), min_size=n,
-                              max_size=n + 1))
-        data[user] = draw(st.sampled_from([{"x": x, "y": y}, {"x": x}, {"y": y}, x]))
-    blob = {"users": users, "num_samples": [len(v["y"]) if isinstance(v, dict) and "y" in v else 0
-                                            for v in data.values()], "user_data": data}
-    return draw(st.sampled_from([blob, blob, blob, {**blob, "users": users + ["ghost"]}, users, None]))
-
-
-def leaf_text(blob):
-    """JSON text of `blob`, with JSON's own hostile spellings: NaN, 1e999, lone surrogate escapes."""
-    return json.dumps(blob, allow_nan=True)
-
-
-@examples(50)
-@given(kind=st.sampled_from(["femnist", "shakespeare"]), data=st.data())
-def test_generated_leaf_files_run_or_are_refused(work, kind, data):
-    case = Case(work)
-    root = case.dir / "leaf"
-    write_leaf(root, kind, users_train=(4, 3), users_test=(2, 2), files=1)
-    target = root / data.draw(st.sampled_from(["train", "test"])) / data.draw(st.sampled_from(["a.json", "z.json"]))
-    text = leaf_text(data.draw(leaf_blob(kind)))
-    target.write_bytes(data.draw(st.one_of(st.just(text.encode()), mutated(text))))
-    model = "lr" if kind == "femnist" else "lstm"
-    path = case.config(yaml_text(tiny(case.out, data={"name": kind, "root": quoted(str(root))},
-                                      model={"name": model}, partition={"clients": "2", "scheme": "iid"}), {}))
-    case.check(cli("run", path, "--overwrite"), target.read_bytes()[:2000])
-
-
-IDX_FAULTS = ("magic", "code", "dims", "size", "length", "truncated", "labels")
-
-
-@st.composite
-def idx_bytes(draw, ndim, count):
-    """An idx file (two zero bytes, the type code, the dimensions, big-endian sizes, the data): valid, or with
-    one thing wrong; the labels' values are any byte (a label beyond the classes is a wrong file too)."""
-    fault = draw(st.one_of(st.none(), st.none(), st.sampled_from(IDX_FAULTS)))
-    zeros, code, sizes = b"\0\0", 0x08, [count] + [28] * (ndim - 1)
-    if fault == "magic":
-        zeros = draw(st.sampled_from([b"\0\x01", b"", b"\xff\xff", b"\0"]))
-    elif fault == "code":
-        code = draw(st.sampled_from([0x09, 0x0B, 0x0C, 0x0D, 0x0E, 0x00, 0xFF]))
-    elif fault == "dims":
-        sizes = sizes[:1] * draw(st.sampled_from([0, 2, 4, 9]))
-    elif fault == "size":
-        sizes[draw(st.integers(0, ndim - 1))] = draw(st.sampled_from([0, 1, 27, 29, 2 ** 32 - 1, 2 ** 31]))
-    header = zeros + bytes([code, len(sizes)]) + struct.pack(f">{len(sizes)}I", *sizes)
-    length = int(np.prod(sizes, dtype=object)) if sizes else 0
-    if fault == "length":
-        length += draw(st.sampled_from([-1, 1, -784, 784]))
-    top = 255 if fault == "labels" else 9
-    data = bytes(draw(st.integers(0, top)) for _ in range(min(max(0, length), 64)))
-    length = max(0, min(length, 1 << 20))       # a header may announce 4 GiB: the file holds at most 1 MiB
-    data = (data * (length // max(1, len(data)) + 1))[:length]
-    blob = header + data
-    return blob[:draw(st.integers(0, len(blob) - 1))] if fault == "truncated" and blob else blob
-
-
-@examples(50)
-@given(data=st.data())
-def test_generated_idx_files_run_or_are_refused(work, data):
-    case = Case(work)
-    root = case.dir / "idx"
-    write_mnist_family(root, n_train=20, n_test=10)
-    names = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-    which = data.draw(st.sampled_from(names))
-    count = 20 if which.startswith("train") else 10
-    (root / "MNIST" / "raw" / which).write_bytes(data.draw(idx_bytes(3 if "images" in which else 1, count)))
-    path = case.config(yaml_text(tiny(case.out, data={"name": "mnist", "root": quoted(str(root))},
-                                      partition={"clients": "2", "scheme": "iid"}), {}))
-    case.check(cli("run", path, "--overwrite", *data.draw(st.sampled_from([[], ["runtime.shared_data=false"]]))),
-               which)
-
-
-class _Marker:
-    """Pickles as a call that creates a file: what a crafted batch that runs code would do."""
-
-    def __init__(self, call, marker):
-        self.call, self.marker = call, str(marker)
-
-    def __reduce__(self):
-        if self.call == "exec":
-            return exec, (f"open({self.marker!r}, 'w').write('ran')",)
-        if self.call == "system":
-            return os.system, (f"touch {self.marker}",)
-        return open, (self.marker, "w")
-
-
-def _pickled_value(marker):
-    arrays = st.builds(lambda dt, shape, v: np.full(shape, v).astype(dt),
-                       st.sampled_from(["u1", "u1", "i8", "f4", "f8", "?", "U1", "O"]),
-                       st.sampled_from([(4, 3072), (4, 3072), (4, 3071), (3072,), (0, 3072), (4, 3, 32, 32), ()]),
-                       st.integers(0, 300))
-    return st.one_of(arrays, st.lists(st.integers(-1, 12), max_size=5), st.none(), st.text(max_size=3),
-                     st.binary(max_size=8), st.floats(), st.sampled_from(["exec", "system", "open"]).map(
-                         lambda c: _Marker(c, marker)))
-
-
-@st.composite
-def cifar_batch(draw, marker):
-    """A CIFAR-10 python batch: a pickled dict with data and labels (values of every kind, code-running
-    payloads among them), at any protocol, then possibly damaged byte by byte."""
-    entry = {"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1, 2, 3]}
-    for key in draw(st.lists(st.sampled_from(["data", "labels", "extra"]), max_size=2, unique=True)):
-        entry[key] = draw(_pickled_value(marker))
-    if draw(st.booleans()):
-        entry = {k.encode(): v for k, v in entry.items()}
-    blob = pickle.dumps(draw(st.sampled_from([entry, entry, entry, [entry], "x"])),
-                        protocol=draw(st.integers(0, 5)))
-    return draw(st.one_of(st.just(blob), st.just(blob), st.tuples(st.integers(0, len(blob) - 1), st.integers(0, 255))
-                          .map(lambda p: blob[:p[0]] + bytes([p[1]]) + blob[p[0] + 1:]),
-                          st.integers(0, len(blob)).map(lambda i: blob[:i])))
-
-
-@examples(60)
-@given(data=st.data())
-def test_generated_cifar_batches_never_run_code(work, data):
-    case = Case(work)
-    root = case.dir / "cifar"
-    write_cifar(root, "cifar10", n_train=20, n_test=10)
-    marker = case.dir / "marker"
-    name = data.draw(st.sampled_from(["data_batch_1", "data_batch_5", "test_batch"]))
-    (root / "cifar-10-batches-py" / name).write_bytes(data.draw(cifar_batch(marker)))
-    path = case.config(yaml_text(tiny(case.out, data={"name": "cifar10", "root": quoted(str(root))},
-                                      partition={"clients": "2", "scheme": "iid"}), {}))
-    outcome = cli("run", path, "--overwrite")
-    assert not marker.exists(), "a CIFAR batch ran code"
-    case.check(outcome, name)
-
-
-def _cell(kind):
-    """A trace's cell: a valid value (3 in 4) or a hostile one."""
-    good = {"client": st.integers(0, 3).map(str), "time": st.integers(0, 100).map(str),
-            "rate": st.sampled_from(["1", "10", "0.5", "1e6", "100"])}[kind]
-    bad = {"client": ["-1", "1.5", "1e3", "1000000000", "1" + "0" * 12, "9" * 5000, "x", "", "0x1", " 1", "1_0"],
-           "time": ["inf", "-inf", "nan", "-1", "1e308", "1e309", "1e-300", "x", "", "0x10", "1_0", "infinity"],
-           "rate": ["0", "-1", "1e-7", "1e16", "inf", "nan", "x", "", "1e308"]}[kind]
-    return st.one_of(good, good, good, st.sampled_from(bad))
-
-
-TRACES = {  # key in the config, its columns, the kinds of cell per column
-    "availability": ("client,start,end", ("client", "time", "time")),
-    "speed": ("client,steps_per_s", ("client", "rate")),
-    "bandwidth": ("client,up_bytes_per_s,down_bytes_per_s", ("client", "rate", "rate")),
-}
-
-
-@st.composite
-def trace_text(draw, which):
-    header, kinds = TRACES[which]
-    first_row = ["100" if k != "time" else ("0" if i == 1 else "inf") for i, k in enumerate(kinds[1:], 1)]
-    rows = [",".join(["0", *first_row])]
-    for i, cells in enumerate(draw(st.lists(st.tuples(*(_cell(k) for k in kinds)), max_size=4)), 1):
-        # a rate trace lists each device once: a valid id is the row's own
-        first = str(i) if which != "availability" and cells[0] in "0123" and cells[0] else cells[0]
-        rows.append(",".join((first, *cells[1:])))
-    head = draw(st.sampled_from([header] * 6 + [header + ",x", header.upper(), "", "# comment\n" + header]))
-    extra = draw(st.lists(st.sampled_from(["", "# note", "1,2", "0,1,2,3", "\x00", "\ufeff0,1,2"]), max_size=1))
-    return "\n".join([head, *rows, *extra]) + draw(st.sampled_from(["\n", "", "\r\n"]))
-
-
-@examples(60)
-@given(which=st.sampled_from(sorted(TRACES)), data=st.data())
-def test_generated_traces_run_or_are_refused(work, which, data):
-    case = Case(work)
-    trace = case.dir / "trace.csv"
-    text = data.draw(trace_text(which))
-    trace.write_bytes(data.draw(st.one_of(st.just(text.encode("utf-8")), st.just(text.encode("utf-8")), mutated(text))))
-    keys = {"availability": {"availability": "trace", "trace": quoted(str(trace))},
-            "speed": {"speed": {"kind": "trace", "trace": quoted(str(trace))}},
-            "bandwidth": {"bandwidth": {"kind": "trace", "trace": quoted(str(trace))}}}[which]
-    if which == "availability" and data.draw(st.booleans()):
-        keys["trace_period"] = data.draw(st.sampled_from(["10", "1e-9", "1e308"]))
-    path = case.config(yaml_text(tiny(case.out, clients=keys), {}))
-    case.check(cli("run", path, "--overwrite"), text[:2000])
 
 
 # --- checkpoints --------------------------------------------------------------------------------------------

@@ -14,6 +14,10 @@ sections of reproduction.md are kept as they are, so `--paper zhao` regenerates 
 ROUNDS, SEEDS (space-separated) and NP in the environment set the defaults of --rounds, --seeds and --np;
 ROUNDS=3 SEEDS=0 gives a quick end-to-end check. --reuse keeps finished runs; --report-only only rereads
 the runs.
+
+The papers' claims are checked in tools/reproduce_claims.py and drawn in tools/reproduce_figures.py (pure
+functions of the measured rows and runs); this script holds the papers' settings, runs them and writes
+the report.
 """
 
 from __future__ import annotations
@@ -57,213 +61,30 @@ class Paper:
     prepare: object = None             # callable(ROOT) run before the launch: builds data the configs need
 
 
-# --- the claims, checked on the measured rows ------------------------------------------------------------
+# --- the claims and the figures (tools/reproduce_claims.py, tools/reproduce_figures.py) -------------------
 
-def _f(row, key="final_acc"):
-    return row.get(key, np.nan)
+def _entry(name):
+    """A module kept beside this script (tools/NAME.py: a paper entry, the claims, the figures), loaded by path
+    so that the script also works when it is itself loaded by path (the tests do)."""
+    import importlib.util
 
-
-def _pct(v):
-    return f"{100 * v:.1f}%"
-
-
-def _pts(v):
-    return f"{100 * v:+.1f} points"
-
-
-def _mean_std(row, key="final_acc"):
-    std = row.get(key + "_std", np.nan)
-    return _pct(row[key]) + (f" ± {100 * std:.1f}" if np.isfinite(std) else "")
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def zhao_checks(r):
-    iid, two, one = r["fedavg_iid"], r["fedavg_2class"], r["fedavg_1class"]
-    betas = [(b, r[f"share_beta{b}"]) for b in (0, 5, 10, 20)]
-    finals = [_f(row) for _, row in betas]
-    gain10 = _f(r["share_beta10"]) - _f(r["share_beta0"])
-    return [
-        (_f(iid) > _f(two) > _f(one),
-         "FedAvg loses accuracy on non-IID data, most on 1-class data (CIFAR-10 with B = 10: 82.62% IID, 44% 1-class)",
-         f"final accuracy IID {_mean_std(iid)}, 2-class {_mean_std(two)} ({_pts(_f(two) - _f(iid))}), 1-class "
-         f"{_mean_std(one)} ({_pts(_f(one) - _f(iid))})"),
-        (all(a < b for a, b in zip(finals, finals[1:])),
-         "the 1-class accuracy rises with the size of the shared set, beta (CIFAR-10: up to 78.72% at beta = 25%)",
-         ", ".join(f"beta {b}%: {_mean_std(row)}" for b, row in betas)),
-        *_divergence_checks(r),
-        (gain10 > 0,
-         "sharing 10% (beta) with alpha = 50% to each client and a warm-up model raises the 1-class accuracy "
-         "(CIFAR-10: by 30 points, 44% to 74.12%)",
-         f"{_pts(gain10)} at beta = 10% ({_pct(_f(r['share_beta0']))} to {_pct(_f(r['share_beta10']))})"
-         + (f"; FedAvg on the 1-class split here is only {_pts(_f(iid) - _f(r['share_beta0']))[1:]} below the "
-            f"IID run, so a 30-point gain cannot occur in this setting"
-            if _f(iid) - _f(r["share_beta0"]) < 0.30 else "")),
-    ]
-
-
-def _divergence_checks(r):
-    """Zhao et al.'s explanation (Fig. 2-3, Section 3.3): the weight divergence from centralized SGD grows with
-    the skew of the clients' data, and sharing a set G shrinks it. Only where the runs logged it."""
-    if "divergence" not in r["fedavg_iid"]:
-        return []
-    div = lambda name: r[name]["divergence"]  # noqa: E731
-    shown = lambda name: f"{div(name):.3f} ± {r[name]['divergence_std']:.3f}"  # noqa: E731
-    betas = [f"share_beta{b}" for b in (0, 5, 10, 20)]
-    return [
-        (div("fedavg_iid") < div("fedavg_2class") < div("fedavg_1class"),
-         "the weight divergence ||w_FL - w_SGD|| / ||w_SGD|| grows with the skew of the data (Fig. 2)",
-         f"at the last round IID {shown('fedavg_iid')}, 2-class {shown('fedavg_2class')}, 1-class "
-         f"{shown('fedavg_1class')}"),
-        (all(div(a) > div(b) for a, b in zip(betas, betas[1:])),
-         "sharing data shrinks the weight divergence, the more the larger beta",
-         ", ".join(f"beta {name.removeprefix('share_beta')}%: {shown(name)}" for name in betas)),
-    ]
-
-
-def fsl_checks(r):
-    out = []
-    for c in (1, 2, 5):
-        fl, ds, fsl = r[f"fedavg_c{c}"], r[f"ds_c{c}"], r[f"fsl_c{c}"]
-        out.append((_f(fsl) >= max(_f(fl), _f(ds)),
-                    f"C = {c}: FSL reaches the highest final accuracy",
-                    f"FSL {_mean_std(fsl)}, DS {_mean_std(ds)}, FL {_mean_std(fl)}"))
-        out.append((_f(fsl, "rise_round") < min(_f(fl, "rise_round"), _f(ds, "rise_round")),
-                    f"C = {c}: FSL converges fastest (rise time)",
-                    f"rise round FSL {_f(fsl, 'rise_round'):.0f}, DS {_f(ds, 'rise_round'):.0f}, "
-                    f"FL {_f(fl, 'rise_round'):.0f} (each against its own final accuracy); rounds to "
-                    f"{_pct(PAPERS['fsl'].target)}: FSL {_f(fsl, 'target_round'):.0f}, "
-                    f"DS {_f(ds, 'target_round'):.0f}, FL {_f(fl, 'target_round'):.0f}"))
-        out.append((_f(ds) > _f(fl), f"C = {c}: DS improves over FL",
-                    f"DS {_mean_std(ds)} vs FL {_mean_std(fl)} ({_pts(_f(ds) - _f(fl))})"))
-    gammas = {g: r[name] for g, name in ((0.5, "fsl_gamma05_c2"), (1.0, "fsl_c2"), (2.0, "fsl_gamma2_c2"))}
-    spread = max(_f(v) for v in gammas.values()) - min(_f(v) for v in gammas.values())
-    out.append((spread <= 0.01, "FSL performs consistently for gamma in {0.5, 1, 2} (C = 2; within 1 point here)",
-                ", ".join(f"gamma {g:g}: {_mean_std(v)}" for g, v in gammas.items()) + f"; spread {_pts(spread)[1:]}"))
-    return out
-
-
-def fedskip_checks(r):
-    names = ("fedskip", "fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn")
-    ranked = sorted(names, key=lambda n: -_f(r[n]))
-    best_other = max((n for n in names if n != "fedskip"), key=lambda n: _f(r[n]))
-    return [
-        (ranked[0] == "fedskip", "FedSkip reaches the best accuracy of all seven methods (Table II, 10 clients)",
-         f"FedSkip {_mean_std(r['fedskip'])}, rank {ranked.index('fedskip') + 1} of 7; best other: "
-         f"{best_other} {_mean_std(r[best_other])}; order: " + ", ".join(ranked)),
-        (_f(r["fedskip"]) > _f(r["fedavg"]), "FedSkip improves over FedAvg",
-         f"{_pts(_f(r['fedskip']) - _f(r['fedavg']))} ({_mean_std(r['fedskip'])} vs {_mean_std(r['fedavg'])})"),
-    ]
-
-
-def safl_checks(r):
-    a, ab, plain, gated = r["fedavg_group_a"], r["fedavg"], r["safl"], r["safl_gated"]
-    half, half_eor = r["safl_gated_half"], r["safl_gated_half_eor"]
-    t = lambda row: row.get("target_round", np.nan)                   # noqa: E731
-    late = lambda x, y: (np.isfinite(x) and np.isfinite(y) and x > y) or (np.isnan(x) and np.isfinite(y))  # noqa: E731
-    when = lambda row: f"{t(row):.0f}" if np.isfinite(t(row)) else "not reached"   # noqa: E731
-    speed = t(ab) / t(plain) if np.isfinite(t(ab)) and np.isfinite(t(plain)) else np.nan
-    target = f"rounds to {_pct(SAFL_TARGET)}"
-    return [
-        (late(t(ab), t(a)) or _f(ab) < _f(a) - 0.01,
-         "group B's one-digit updates degrade the global model (Fig. 4)",
-         f"{target}: FedAvg over both groups {when(ab)}, group A alone {when(a)}; final accuracy "
-         f"{_mean_std(ab)} vs {_mean_std(a)} ({_pts(_f(ab) - _f(a))})"),
-        (late(t(ab), t(gated)) and late(t(plain), t(gated)) and _f(gated) >= _f(ab) - 0.005,
-         "upload gating prevents that degradation",
-         f"{target}: gated SAFL {when(gated)}, SAFL {when(plain)}, FedAvg over both groups {when(ab)}, group A "
-         f"alone {when(a)}; final accuracy gated {_mean_std(gated)}, ungated {_mean_std(plain)}, group A alone "
-         f"{_mean_std(a)}"),
-        (gated["uploads"] < plain["uploads"], "gating reduces the uploads (expected uploads below nT)",
-         f"{gated['uploads']:.0f} uploads of {plain['uploads']:.0f} ({_pct(1 - gated['uploads'] / plain['uploads'])} "
-         f"saved)"),
-        (np.isfinite(speed) and speed >= 2,
-         "SAFL converges about twice as fast as FedAvg (MNIST, Section V, in the paper's own setting)",
-         f"{target} (mean over the seeds that got there): FedAvg {when(ab)}, SAFL {when(plain)}"
-         + (f" (FedAvg / SAFL = {speed:.2f})" if np.isfinite(speed) else "")),
-        (None, "mixing time (fedmpi's option; the paper makes no claim): 5 of 10 clients per round",
-         f"mix at the next selection {_mean_std(half)} ({target} {when(half)}), at the end of the round trained "
-         f"in, the paper's order, {_mean_std(half_eor)} ({when(half_eor)})"),
-    ]
-
-
-# --- the figures -------------------------------------------------------------------------------------------
-
-def _panel(ax, groups, labels, title, metric="test_acc"):
-    chosen = {label: groups[name] for name, label in labels}
-    analysis.draw_groups(ax, chosen, metric, "round")
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("round")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-
-
-def _figure(panels, path, ylabel="test accuracy (mean ± std over seeds)"):
-    plt = analysis.pyplot()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-    for ax, draw in zip(axes[0], panels):
-        draw(ax)
-    axes[0][0].set_ylabel(ylabel)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return plt
-
-
-def zhao_figure(groups, path):
-    def final_vs_beta(ax):
-        betas = [0, 5, 10, 20]
-        finals = [[report.accuracy_figures(r.metrics["round"], r.metrics["test_acc"])[0]
-                   for r in groups[f"share_beta{b}"]] for b in betas]
-        ax.errorbar(betas, [np.mean(f) for f in finals], yerr=[np.std(f, ddof=1) if len(f) > 1 else 0 for f in finals],
-                    marker="o", capsize=3)
-        ax.set_xlabel("beta = |G| / |D| (%)")
-        ax.set_title("1-class: final accuracy against beta", fontsize=10)
-        ax.grid(alpha=0.3)
-
-    _figure([lambda ax: _panel(ax, groups, [("fedavg_iid", "IID"), ("fedavg_2class", "2-class"),
-                                             ("fedavg_1class", "1-class")], "FedAvg: IID vs non-IID"),
-             lambda ax: _panel(ax, groups, [(f"share_beta{b}", f"beta {b}%") for b in (0, 5, 10, 20)],
-                               "1-class with data sharing (alpha 0.5, warm-up)"),
-             final_vs_beta], path)
-
-
-def fsl_figure(groups, path):
-    panels = [lambda ax, c=c: _panel(ax, groups, [(f"fedavg_c{c}", "FL"), (f"ds_c{c}", "DS"), (f"fsl_c{c}", "FSL")],
-                                     f"C = {c} classes per client") for c in (1, 2, 5)]
-    panels.append(lambda ax: _panel(ax, groups, [("fsl_gamma05_c2", "gamma 0.5"), ("fsl_c2", "gamma 1"),
-                                                 ("fsl_gamma2_c2", "gamma 2")], "FSL, C = 2: gamma"))
-    _figure(panels, path)
-
-
-def fedskip_figure(groups, path):
-    names = ("fedskip", "fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn")
-    _figure([lambda ax: _panel(ax, groups, [(n, n) for n in names], "Dirichlet(0.5), 10 clients, momentum 0.9")],
-            path)
-
-
-def safl_figure(groups, path):
-    labels = [("fedavg_group_a", "FedAvg, group A only"), ("fedavg", "FedAvg, A + B"), ("safl", "SAFL, A + B"),
-              ("safl_gated", "gated SAFL, A + B")]
-
-    def uploads(ax):
-        for name, label in labels:
-            runs = groups[name]
-            curves = np.array([np.cumsum(np.nan_to_num(r.metrics["uploads"])) for r in runs])
-            ax.plot(np.arange(1, curves.shape[1] + 1), curves.mean(axis=0), label=label)
-        ax.set_title("cumulative uploads", fontsize=10)
-        ax.set_xlabel("round")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-
-    _figure([lambda ax: _panel(ax, groups, labels, "digits 0-4: group A all five, group B only '2'"),
-             lambda ax: _panel(ax, groups, [("safl_gated_half", "mix at next selection"),
-                                            ("safl_gated_half_eor", "mix at end of round")],
-                               "gated SAFL, 5 of 10 clients per round"),
-             uploads], path)
+paper_claims = _entry("reproduce_claims")
+paper_figures = _entry("reproduce_figures")
+# The helpers the FedSkip SHAKESPEARE entry is built with, and the names the tests read from this script.
+_f, _pts, _mean_std = paper_claims._f, paper_claims._pts, paper_claims._mean_std
+_divergence_checks = paper_claims._divergence_checks
+_panel, _figure = paper_figures._panel, paper_figures._figure
+SAFL_TARGET = paper_claims.SAFL_TARGET
 
 
 # --- the papers ---------------------------------------------------------------------------------------------
-
-SAFL_TARGET = 0.9
 
 PAPERS = {p.key: p for p in [
     Paper("zhao", 'Zhao et al., "Federated Learning with Non-IID Data"',
@@ -282,7 +103,7 @@ PAPERS = {p.key: p for p in [
            Setting("share_beta10", "1-class + sharing, beta 10%",
                    "CIFAR-10: 74.12% (alpha 100%), 73.12% (alpha 50%, warm-up)"),
            Setting("share_beta20", "1-class + sharing, beta 20%", "CIFAR-10: ~77-78%")],
-          0.8, zhao_checks, zhao_figure),
+          0.8, paper_claims.zhao_checks, paper_figures.zhao_figure),
     Paper("fsl", 'Mai, La, Zhang, "Federated Learning with Server Learning" (FSL)',
           "The paper's scenario 1 (CIFAR-10: N = 10 clients of 5,000 images with C classes each, a server set "
           "D0 of 500 IID images, 1%; T = 1,000 rounds): FSL against FedAvg (FL) and data sharing (DS: every "
@@ -298,7 +119,7 @@ PAPERS = {p.key: p for p in [
                                    ("fsl", "FSL", "highest accuracy, fastest convergence"))]
           + [Setting("fsl_gamma05_c2", "FSL gamma 0.5, C = 2", "consistent across gamma"),
              Setting("fsl_gamma2_c2", "FSL gamma 2, C = 2", "consistent across gamma")],
-          0.8, fsl_checks, fsl_figure),
+          paper_claims.FSL_TARGET, paper_claims.fsl_checks, paper_figures.fsl_figure),
     Paper("fedskip", 'Fan et al., "FedSkip: Combatting Statistical Heterogeneity with Federated Skip Aggregation"',
           "The paper's Table II (CIFAR-10/100, 10 clients all taking part, Dirichlet(0.5) label skew, SGD lr 0.01, "
           "momentum 0.9, weight decay 1e-5, batch 64, 10 local epochs, 200 rounds): FedSkip (delta 3) against "
@@ -313,7 +134,7 @@ PAPERS = {p.key: p for p in [
            Setting("fednova", "FedNova", "below FedSkip"),
            Setting("moon", "MOON, mu 5", "below FedSkip"),
            Setting("feddyn", "FedDyn, alpha 0.001", "below FedSkip")],
-          0.9, fedskip_checks, fedskip_figure, window=5,
+          0.9, paper_claims.fedskip_checks, paper_figures.fedskip_figure, window=5,
           notes=["Between aggregations a FedSkip model slot trains on delta = 3 clients' data in turn, and the "
                  "global model changes only every third round: 45 rounds here are 15 aggregations, against the "
                  "paper's 200 rounds of 10 local epochs. A rise round close to the last round means the method "
@@ -335,20 +156,8 @@ PAPERS = {p.key: p for p in [
            Setting("safl_gated", "gated SAFL, A + B", "no degradation, fewer uploads"),
            Setting("safl_gated_half", "gated SAFL, 5/round, mix on selection", "(fedmpi's default order)"),
            Setting("safl_gated_half_eor", "gated SAFL, 5/round, mix at end of round", "(the paper's order)")],
-          SAFL_TARGET, safl_checks, safl_figure),
+          SAFL_TARGET, paper_claims.safl_checks, paper_figures.safl_figure),
 ]}
-
-
-def _entry(name):
-    """A paper entry kept in its own module beside this script (tools/NAME.py), loaded by path so that the
-    script also works when it is itself loaded by path (the tests do)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                     f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 PAPERS["fedskip_shakespeare"] = _entry("reproduce_shakespeare").paper(Paper, Setting, _panel, _figure, _f,

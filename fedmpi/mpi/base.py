@@ -21,6 +21,8 @@ def error_text(error):
 
 # A worker's failure report starts with the round it failed in (MpiComm.report_failure, `split_round`).
 ROUND_MARK = "@round "
+# The most bytes a failure report (MpiComm.report_failure) or a node's error text (`_node_text`) carries.
+FAILURE_BYTES = 8192
 
 
 def split_round(text):
