@@ -94,7 +94,7 @@ HANG_S = 600
 # A job of `processes` processes that take turns through bench/pacing.py: each waits for its turn, logs
 # (name, round, start, end), and process 0 reports the round done.
 _PACED_JOB = """
-import sys, time
+import os, sys, time
 sys.path.insert(0, sys.argv[1])
 import pacing
 name, proc, rounds, log = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -106,6 +106,11 @@ for t in range(rounds):
     time.sleep(0.02)
     with open(log, "a") as fh:
         fh.write(f"{name} {proc} {t} {began} {time.monotonic()}\\n")
+    # As MPI ranks sharing one `go` pipe (each round's collectives): none leaves round t before every peer
+    # has run it, so none reads a byte of the next turn meant for a slower peer.
+    peers = int(os.environ.get("PACED_PEERS", "1"))
+    while sum(line.split()[:3:2] == [name, str(t)] for line in open(log)) < peers:
+        time.sleep(0.005)
     if proc == 0:
         baton.done()
 if len(sys.argv) > 7:           # a shutdown that takes time after the last round (the log's last writes)
@@ -127,7 +132,9 @@ def test_paced_jobs_take_strict_turns_and_never_overlap(tmp_path):
     for name, processes in (("A", 1), ("B", 2)):
         turns = pacing.Turns(tmp_path / name, processes)
         args = [sys.executable, str(script), str(ROOT / "bench"), name]
-        procs = [subprocess.Popen([*args, str(i), str(rounds), str(log)], env={**os.environ, **turns.env})
+        # B's process 0 starts late (0.5 s), as a slow rank does: the case where a peer could run ahead
+        procs = [subprocess.Popen([*args, str(i), str(rounds), str(log), str(0.5 if processes > 1 and i == 0 else 0)],
+                                  env={**os.environ, **turns.env, "PACED_PEERS": str(processes)})
                  for i in range(processes)]
         jobs.append((turns, procs))
     try:
