@@ -147,6 +147,7 @@ def _run(args):
 
     signals.test_pause("import")
     cfg = config.load(args.config, args.overrides)
+    signals.raise_deferred()        # a Ctrl-C during the imports config.load made
     if args.fork_from and args.resume:
         raise ConfigError("--fork-from and --resume exclude each other: a fork starts a new run in out; "
                           "continue a fork later with --resume")

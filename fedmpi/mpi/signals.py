@@ -63,7 +63,35 @@ def _early_interrupt(signum, frame):
     before MPI_Init would leave the other ranks waiting inside theirs: fedmpi.mpi.launcher)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN if launcher.one_of_several() else _interrupt_now)
     _interrupts.append(signum)
+    if _inside_import(frame):
+        # Raised here it could surface inside a C++ callback of torch's import (pybind11), which then calls
+        # std::terminate: the rank aborts instead of ending with one line. Raised at the next set-up step
+        # instead (`raise_deferred`), a moment later.
+        _deferred.append(signum)
+        return
     raise KeyboardInterrupt
+
+
+_deferred = []          # an early Ctrl-C that came during an import, raised by `raise_deferred`
+
+
+def _inside_import(frame):
+    """Whether `frame` runs inside an import of torch (whose C++ extensions call back into Python)."""
+    importing = torch_code = False
+    while frame is not None:
+        name = frame.f_code.co_filename
+        importing = importing or name.startswith("<frozen importlib")
+        torch_code = torch_code or f"{os.sep}torch{os.sep}" in name
+        frame = frame.f_back
+    return importing and torch_code
+
+
+def raise_deferred():
+    """Set-up, after each step that imports heavy modules: the KeyboardInterrupt of a Ctrl-C that came while
+    they were being imported (`_early_interrupt`)."""
+    if _deferred:
+        _deferred.clear()
+        raise KeyboardInterrupt
 
 
 def _interrupt_now(signum, frame):
@@ -181,6 +209,7 @@ def _test_line(text):
 def install():
     """Turns SIGTERM/SIGUSR1 into stop requests and SIGINT into one KeyboardInterrupt for this process
     (call from the main thread)."""
+    raise_deferred()
     for sig in STOP_SIGNALS:
         signal.signal(sig, _handler)
     signal.signal(signal.SIGINT, _interrupt)
