@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi.attacks.keys import ATTACKS, AttackConfig
+from fedmpi.attacks.keys import ATTACKS, USES, AttackConfig
 from fedmpi.core import plugin_names
+from fedmpi.core.config_checks import Checks, refuse_unused
 from fedmpi.core.errors import ConfigError
 
 GROUP = "fedmpi.attacks"
@@ -74,8 +75,6 @@ def attack_class(name):
 
 def plugin_problems(attack) -> list:
     """A plug-in attack's keys it does not read, set away from their defaults (loading it first)."""
-    read = set(WHO) | set(attack_class(attack.name).uses)
-    defaults = AttackConfig()
-    return [f"attack.{key} = {getattr(attack, key)!r}: is not used by attack.name {attack.name!r} (its uses: "
-            f"{', '.join(sorted(read))}); remove it" for key in sorted(ATTACK_KEYS - read)
-            if getattr(attack, key) != getattr(defaults, key)]
+    c = Checks("attack")
+    refuse_unused(c, attack, "name", {**USES, attack.name: WHO + tuple(attack_class(attack.name).uses)}, "attack")
+    return c.errors

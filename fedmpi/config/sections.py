@@ -374,11 +374,12 @@ class ServerConfig:
             self._check_unused(c)
         c.done()
 
-    def _check_unused(self, c):
-        """A momentum, beta or tau the optimizer does not read, set to a non-default value, is refused."""
+    def _check_unused(self, c, uses=None):
+        """A momentum, beta or tau the optimizer does not read, set to a non-default value, is refused; `uses`:
+        a plug-in's declaration, known once it is imported (fedmpi.round.server_opt.check_optimizer)."""
         from fedmpi.round.server_opt import OPTIMIZERS, UNUSED_CHECKED
 
-        uses = getattr(OPTIMIZERS.get(self.optimizer), "uses", None)     # a plug-in's: at set-up (server_opt)
+        uses = getattr(OPTIMIZERS.get(self.optimizer), "uses", None) if uses is None else uses
         if uses is None:
             return
         for part in UNUSED_CHECKED:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 
 from fedmpi.core import plugin_names
+from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
-from fedmpi.robust.keys import USES, RobustConfig
+from fedmpi.robust.keys import USES, RobustConfig, _refuse_unused
 from fedmpi.robust.rules import RULES, Rule
 
 GROUP = "fedmpi.aggregators"
@@ -33,11 +34,6 @@ def rule_class(name):
     if name in RULES:
         return RULES[name]
     return check_rule(plugin_names.resolve(name, GROUP, KEY), name)
-
-
-def uses(name) -> tuple:
-    """The server.robust keys the rule `name` reads."""
-    return USES[name] if name in USES else tuple(rule_class(name).uses)
 
 
 def build_rule(name, keys) -> Rule:
@@ -68,7 +64,6 @@ def unused_key_problems(name, keys) -> list:
     with the config, fedmpi.robust.keys; a plug-in's `uses` is known only once it is imported)."""
     if name in USES:
         return []
-    defaults, read = RobustConfig(), set(uses(name))
-    return [f"server.robust.{key} = {getattr(keys, key)!r}: is not used by {KEY} {name!r} (its uses: "
-            f"{', '.join(sorted(read)) or 'none'}); remove it" for key in sorted(ROBUST_KEYS - read)
-            if getattr(keys, key) != getattr(defaults, key)]
+    c = Checks("server.robust")
+    _refuse_unused(c, keys, name, {**USES, name: tuple(rule_class(name).uses)})
+    return c.errors

@@ -93,11 +93,12 @@ class RobustConfig:
         return c.errors
 
 
-def _refuse_unused(c, keys, aggregator):
-    """A key only other aggregators read, set to a value other than its default, would change nothing."""
+def _refuse_unused(c, keys, aggregator, uses=USES):
+    """A key only other aggregators read, set to a value other than its default, would change nothing. `uses`:
+    USES with a plug-in's declaration added (fedmpi.robust.catalog)."""
     defaults = RobustConfig()
-    for key in sorted({k for used in USES.values() for k in used} - set(USES.get(aggregator, ()))):
-        users = [name for name, used in USES.items() if key in used]
+    for key in sorted({k for used in uses.values() for k in used} - set(uses.get(aggregator, ()))):
+        users = [name for name, used in uses.items() if key in used]
         c.require(getattr(keys, key) == getattr(defaults, key), key, getattr(keys, key),
                   f"is not used by server.aggregator {aggregator!r} (only by {', '.join(users)}); remove it or "
                   f"choose an aggregator that uses it")

@@ -26,6 +26,7 @@ import torch
 
 from fedmpi.algorithms.state import ServerVectors
 from fedmpi.core import plugin_names
+from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
 
 OPTIMIZERS: dict = {}
@@ -172,27 +173,14 @@ def optimizer_class(name):
     return cls
 
 
-def unused_problems(server_cfg) -> list:
-    """A plug-in optimizer's keys it declares not to read, set away from their defaults (fedmpi's own are
-    refused with the config, ServerConfig)."""
-    name = server_cfg.optimizer
-    uses = optimizer_class(name).uses
-    if name in OPTIMIZERS or uses is None:
-        return []
-    default = type(server_cfg)()
-    part = {"momentum": lambda s: s.momentum, "betas[0]": lambda s: s.betas[0], "betas[1]": lambda s: s.betas[1],
-            "tau": lambda s: s.tau}
-    return [f"server.{key.split('[')[0]} = {part[key](server_cfg)!r}: is not used by server.optimizer {name!r} "
-            f"(its uses: {', '.join(uses) or 'none'}); remove it" for key in UNUSED_CHECKED
-            if key not in uses and part[key](server_cfg) != part[key](default)]
-
-
 def check_optimizer(server_cfg):
     """Every rank at set-up (the server alone builds the optimizer, but a refusal must end every rank alike):
     the plug-in loads, keeps its declarations and is given no key it does not read."""
-    problems = unused_problems(server_cfg)
-    if problems:
-        raise ConfigError(problems)
+    cls = optimizer_class(server_cfg.optimizer)
+    if server_cfg.optimizer not in OPTIMIZERS and cls.uses is not None:     # fedmpi's own: checked with the config
+        c = Checks("server")
+        server_cfg._check_unused(c, cls.uses)
+        c.done()
 
 
 def build_optimizer(server_cfg, dim, n_params) -> ServerOptimizer:
