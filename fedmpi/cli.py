@@ -184,21 +184,27 @@ def _claimed_run(cfg, comm, args):
 
 
 def _dry_run(cfg):
-    from fedmpi.algorithms import algorithm_context, personal_split
-    from fedmpi.algorithms.registry import lookup
+    """The checks a run makes (fedmpi.run.resolve, on the data set and model it would build) and what it would
+    do: the model, the partition, the robust path, privacy, secure aggregation, the attack, the memory."""
+    from fedmpi.algorithms import algorithm_context
     from fedmpi.analysis.report import partition_summary, server_summary
     from fedmpi.core import rng
-    from fedmpi.core.flat import FlatModel
+    from fedmpi.core.flat import FlatModel, forward_probe
     from fedmpi.core.models import build_model
+    from fedmpi.core.output_paths import check_place
+    from fedmpi.core.personal import split_of
     from fedmpi.data import load_dataset
-    from fedmpi.deploy.checks import check as deploy_check
+    from fedmpi.data.data_shape import DataShape
+    from fedmpi.io.outdir import check_tracker_store
+    from fedmpi.privacy.stage import dry_run_lines as privacy_lines
     from fedmpi.round.experiment import build_partition
+    from fedmpi.round.robust_setup import dry_run_line
+    from fedmpi.run.memory import dry_run_lines as memory_lines
     from fedmpi.run.memory import preflight
+    from fedmpi.run.resolve import resolve
+    from fedmpi.secagg.stage import dry_run_lines as secagg_lines
 
     print(cfg.to_yaml())
-    from fedmpi.core.output_paths import check_place
-    from fedmpi.io.outdir import check_tracker_store
-
     check_place(cfg.out, "out =")       # the place rule a real run applies, before anything is loaded
     check_tracker_store(cfg)
     # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
@@ -213,50 +219,26 @@ def _dry_run(cfg):
         dataset = load_dataset(cfg)
     split = build_partition(cfg, dataset)
     rng.seed_torch(cfg.seed, rng.INIT)
-    flat = FlatModel(build_model(cfg.model, dataset.input_shape, dataset.num_classes))
-    algo_cls = lookup(cfg.algorithm.name)
-    algo_cls.check(cfg, flat)     # what a real run would refuse, refused here too
-    personal = personal_split(cfg, flat, algo_cls)      # bad model.personal patterns are refused here too
-    from fedmpi.round.robust_setup import check_robust, dry_run_line
-    from fedmpi.round.server_opt import check_optimizer
-
-    check_robust(cfg, algo_cls)
-    check_optimizer(cfg.server)
-    algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
-    deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
-    _dry_run_attack(cfg, algo_cls, dataset, len(algo.clients(split.parts, split.server_idx)))
+    module = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    probe = forward_probe(module, dataset.x_train)
+    flat = FlatModel(module)
+    plan = resolve(cfg, DataShape.of(dataset), flat.describe(probe))      # what a real run refuses, refused here
+    personal = split_of(flat.entries, flat.dim, plan.personal) if plan.personal else None
+    algo = plan.algorithm.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
+    if not cfg.attack.inert:
+        print(f"attack: {cfg.attack.name}, {len(plan.malicious)} malicious clients: "
+              f"{', '.join(map(str, plan.malicious))}")
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
     if dry_run_line(cfg, flat.dim):
         print(dry_run_line(cfg, flat.dim))
-    from fedmpi.privacy.stage import dry_run_lines
-
-    for line in dry_run_lines(cfg, lookup(cfg.algorithm.name)):     # sampling and privacy: checks, epsilon
-        print(line)
-    from fedmpi.secagg.stage import dry_run_lines as secagg_lines
-
-    for line in secagg_lines(cfg, algo_cls):        # secure aggregation: checks, field, threshold, warnings
+    for line in privacy_lines(cfg, plan.algorithm) + secagg_lines(cfg, plan.algorithm):
         print(line)
     print(dataset.summary())
     print(partition_summary(split.groups["partition"]))
     print(server_summary(split.groups["partition/server"], cfg.server_data))
-    from fedmpi.run.memory import dry_run_lines as memory_lines
-
     for line in memory_lines(cfg, dataset, algo.clients(split.parts, split.server_idx), flat, algo):
         print(line)
     return 0
-
-
-def _dry_run_attack(cfg, algo_cls, dataset, num_clients):
-    """The attack's set-up checks (as a real run makes them) and the malicious set it would draw."""
-    from fedmpi.attacks import checks, malicious_clients
-
-    if cfg.attack.inert:
-        return
-    found = checks.problems(cfg, algo_cls, dataset)
-    if found:
-        raise ConfigError(found)
-    ids = malicious_clients(cfg.attack, num_clients, cfg.seed)
-    print(f"attack: {cfg.attack.name}, {len(ids)} malicious clients: {', '.join(map(str, ids.tolist()))}")
 
 
 def _data(args):

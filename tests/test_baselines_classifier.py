@@ -22,9 +22,9 @@ from fedmpi.core.flat import FlatModel
 from fedmpi.data.dataset import Dataset
 from fedmpi.io import checkpoint, resume
 from fedmpi.mpi.local import LocalComm
-from fedmpi.round.experiment import Experiment
 from fedmpi.run.api import MemoryLog
 from fedmpi.run.launch import _loop
+from fedmpi.run.setup import experiment
 
 # --- MOON on a tiny classifier with a projection head ---------------------------------------------------------
 
@@ -160,7 +160,7 @@ def test_moon_needs_a_projection_head():
 def continue_from_checkpoint(cfg, path, round_, model):
     """A fresh Experiment (another initial model) loads the checkpoint and runs the remaining rounds, as
     `fedmpi run --resume` does at -n 1; returns (experiment, rows of /metrics)."""
-    exp = Experiment(cfg, LocalComm(), dataset=classes(), model=model, parts=rp.PARTS)
+    exp = experiment(cfg, LocalComm(), dataset=classes(), model=model, parts=rp.PARTS)
     first_round = resume.load_into(exp, resume.ResumePoint(round_, str(path)))
     log = MemoryLog()
     _loop(cfg, exp.comm, exp, log, checkpoints=False, first_round=first_round)

@@ -28,7 +28,7 @@ from fedmpi.cli import main
 from fedmpi.io import checkpoint
 from fedmpi.io.checkpoint_checks import client_expectations
 from fedmpi.mpi.local import LocalComm
-from fedmpi.round.experiment import Experiment
+from fedmpi.run.setup import experiment
 
 CLIENTS, ROUNDS = 6, 2
 SERVER_SET = {"server_data": {"size": 30, "source": "holdout", "holdout": 30}}
@@ -72,7 +72,7 @@ def parent(name, tmp_path_factory):
         base = tmp_path_factory.mktemp(name)
         cfg = _config(base / "out", name)
         assert main(["run", str(write_config(base / "c.yaml", cfg))]) == 0
-        declared = set(client_expectations(Experiment(config.from_dict(cfg), LocalComm())))
+        declared = set(client_expectations(experiment(config.from_dict(cfg), LocalComm())))
         _RUNS[name] = cfg, base / "out", checkpoint.list_checkpoints(str(base / "out"))[0][1], declared
     return _RUNS[name]
 

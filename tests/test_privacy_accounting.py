@@ -177,8 +177,8 @@ class _Declares(FedAvg):
 
 def test_an_algorithm_declares_its_own_privacy_and_sampling_constraints():
     from fedmpi.algorithms.base import Algorithm
+    from fedmpi.privacy.plan import stage_problems
     from fedmpi.privacy.sampling import PoissonSampling
-    from fedmpi.privacy.stage import problems as stage_problems
 
     keys = FedAvgKeys(name="mypkg.algo:Declares")
     (msg,) = plan.check(DP, algorithm=keys, sampling=POISSON, client_steps=None, algo_cls=_Declares)

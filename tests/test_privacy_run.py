@@ -23,7 +23,7 @@ from fedmpi.core import rng
 from fedmpi.mpi.local import LocalComm
 from fedmpi.privacy import accounting, mechanism
 from fedmpi.privacy.accounting import Sampling
-from fedmpi.round.experiment import Experiment
+from fedmpi.run.setup import experiment
 
 dpa = pytest.importorskip("dp_accounting", reason="needs dp-accounting (pip install 'fedmpi[privacy]')")
 
@@ -53,7 +53,7 @@ def with_privacy(cfg, **keys):
 def trained_deltas(cfg):
     """Each client's round-0 update Delta_i = y_i - x_0, trained by the real client code (no DP)."""
     cfg = config.from_dict({k: v for k, v in cfg.items() if k != "privacy"})
-    exp = Experiment(cfg, LocalComm())
+    exp = experiment(cfg, LocalComm())
     x0 = exp.server.x.clone()
     standard = exp.participation.plan(0).standard
     deltas = []
@@ -180,7 +180,7 @@ def test_an_empty_poisson_round_still_adds_the_noise():
                       server={"clients_per_round": 1, "sampling": "poisson"})
     z, clip = 1.3, 0.2
     result = fedmpi.simulate(with_privacy(cfg, clip=clip, noise_multiplier=z, delta=0.01))
-    x0 = Experiment(config.from_dict(cfg), LocalComm()).server.x.double()
+    x0 = experiment(config.from_dict(cfg), LocalComm()).server.x.double()
     assert result.metrics["uploads"][0] == 0 and result.clients["selected"][0].sum() == 0
     expected = x0 + round_noise(seed, 0, len(x0), z * clip) / 1.0      # expected cohort q N = 1
     np.testing.assert_allclose(result.model, expected.numpy(), rtol=0, atol=1e-6)

@@ -279,7 +279,8 @@ def test_multi_krum_under_min_sum_logs_weights_and_detection(tmp_path):
 
 def test_privacy_is_refused_and_dry_run_states_the_bound():
     from fedmpi.algorithms.fedavg import FedAvg
-    from fedmpi.round.robust_setup import check_robust, dry_run_line
+    from fedmpi.round.robust_checks import check_robust
+    from fedmpi.round.robust_setup import dry_run_line
 
     cfg = config.from_dict({"privacy": {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0},
                             "server": {"aggregator": "median"}})

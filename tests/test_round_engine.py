@@ -20,8 +20,8 @@ from fedmpi.algorithms.fedbuff import staleness_weight
 from fedmpi.core.errors import StopRequested
 from fedmpi.mpi.local import LocalComm
 from fedmpi.round.engine import RoundOutcome, run_round
-from fedmpi.round.experiment import Experiment
 from fedmpi.round.protocols import BUFFER, GATHER, REDUCE, ROUTE
+from fedmpi.run.setup import experiment as set_up_experiment
 
 THETA0 = rp.X0.astype(np.float32).astype(np.float64)   # the initial (w1, w2, b) as the float32 model holds them
 LR = 0.1
@@ -31,8 +31,8 @@ def experiment(algorithm="fedavg", steps=2, server=None, clients=None, **keys):
     mapping = rp.config(algorithm, rounds=4, lr=LR, steps=steps, server=server, **keys)
     if clients:
         mapping["clients"] = clients
-    return Experiment(config.from_dict(mapping), LocalComm(), dataset=rp.dataset(), model=rp.Regression(),
-                      parts=rp.PARTS, loss=rp.half_mse)
+    return set_up_experiment(config.from_dict(mapping), LocalComm(), dataset=rp.dataset(), model=rp.Regression(),
+                              parts=rp.PARTS, loss=rp.half_mse)
 
 
 def trained(theta, t, cid, steps=2):

@@ -20,7 +20,7 @@ from fedmpi.core.flat import FlatModel
 from fedmpi.core.train import LocalTrainer, Schedule
 from fedmpi.data.augment import pad_crop_flip
 from fedmpi.mpi.local import LocalComm
-from fedmpi.round.experiment import Experiment
+from fedmpi.run.setup import experiment
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -256,7 +256,7 @@ def test_auto_decides_for_the_whole_job_from_the_config_not_from_a_ranks_share()
     conv = synthetic(data={"name": "mnist5k"}, partition={"clients": 20, "scheme": "iid"},
                      model={"name": "cnn_mnist"}, rounds=0)
     conv["partition"] = {"clients": 20, "scheme": "iid"}
-    assert Experiment(config.from_dict(conv), LocalComm()).clients.group_trainer is None
+    assert experiment(config.from_dict(conv), LocalComm()).clients.group_trainer is None
 
 
 @pytest.mark.parametrize("sizes,per_round,alike", [
@@ -277,10 +277,10 @@ def test_vectorize_on_refuses_algorithms_with_their_own_client_terms(algorithm):
         mapping.update(data={"name": "mnist5k"}, partition={"clients": 40, "scheme": "iid"},
                        model={"name": "simple_cnn", "projection": 16})
     with pytest.raises(ConfigError, match="client.vectorize = 'on'"):
-        Experiment(config.from_dict(mapping), LocalComm())
+        experiment(config.from_dict(mapping), LocalComm())
     # auto falls back to the loop for them
     mapping["client"]["vectorize"] = "auto"
-    assert Experiment(config.from_dict(mapping), LocalComm()).clients.group_trainer is None
+    assert experiment(config.from_dict(mapping), LocalComm()).clients.group_trainer is None
 
 
 # -- end to end --------------------------------------------------------------------------------------

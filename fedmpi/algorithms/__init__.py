@@ -15,12 +15,12 @@ from fedmpi.algorithms.base import (
 )
 from fedmpi.algorithms.registry import lookup, register
 from fedmpi.core.errors import ConfigError
-from fedmpi.core.personal import ParameterSplit, split_model
+from fedmpi.core.personal import ParameterSplit, personal_names, split_of
 
 
 def algorithm_context(cfg, dim, n_params, history=None, split=None) -> AlgorithmContext:
     """The context an algorithm of this config is built with. `history` answers `selected(t)`: a run passes
-    its participation provider's plans (`PlanHistory(participation.plan)`); without one (hook tests,
+    its participation provider's plans (a PlanHistory bound to `participation.plan`); without one (hook tests,
     `--dry-run`) it is the standard draw, which the default provider plans. `split`: the model's
     `personal_split` (None or empty: nothing personal)."""
     c = cfg.client
@@ -35,23 +35,31 @@ def algorithm_context(cfg, dim, n_params, history=None, split=None) -> Algorithm
 
 
 def personal_split(cfg, model, algo_cls=None) -> ParameterSplit | None:
-    """The flat model's personal entries: the union of `model.personal` and the algorithm class's
-    `personal_patterns(keys, model)` (`model`: a FlatModel). None when nothing is personal. ConfigError naming
-    the key: a pattern that matches no parameter or buffer, patterns that leave nothing shared, an algorithm
-    with its own split whose rule leaves nothing personal (`declares_personal_split`), personal entries under
-    a protocol other than REDUCE (its uploads are not per-client vectors from the broadcast)."""
+    """The flat model's personal entries as a ParameterSplit (None when nothing is personal): the entries
+    `personal_entries` names (`model`: a FlatModel)."""
+    names = personal_entries(cfg, model, algo_cls)
+    return split_of(model.entries, model.dim, names) if names else None
+
+
+def personal_entries(cfg, model, algo_cls=None) -> tuple:
+    """The names of the model's personal entries: the union of `model.personal` and the algorithm class's
+    `personal_patterns(keys, model)` (`model`: a FlatModel or its ModelShape). () when nothing is personal.
+    ConfigError naming the key: a pattern that matches no parameter or buffer, patterns that leave nothing
+    shared, an algorithm with its own split whose rule leaves nothing personal (`declares_personal_split`),
+    personal entries under a protocol other than REDUCE (its uploads are not per-client vectors from the
+    broadcast). Pure: fedmpi.run.resolve asks it of the model's shape."""
     algo_cls = lookup(cfg.algorithm.name) if algo_cls is None else algo_cls
     named = f"algorithm.name = {cfg.algorithm.name!r}"
     own = tuple(algo_cls.personal_patterns(cfg.algorithm, model))
-    if declares_personal_split(algo_cls) and not split_model(model.entries, model.dim, ((named, own),)):
+    if declares_personal_split(algo_cls) and not personal_names(model.entries, model.dim, ((named, own),)):
         raise ConfigError(nothing_personal(cfg, algo_cls, named))
-    split = split_model(model.entries, model.dim, (("model.personal", tuple(cfg.model.personal)), (named, own)))
-    if not split:
-        return None
+    names = personal_names(model.entries, model.dim, (("model.personal", tuple(cfg.model.personal)), (named, own)))
+    if not any(numel for name, _, numel in model.entries if name in names):
+        return ()       # only empty entries matched: nothing is personal
     if algo_cls.protocol != REDUCE:
         raise ConfigError(f"model.personal: personal parameters need an algorithm of the REDUCE family; {named} "
                           f"uploads by {algo_cls.protocol}; leave model.personal empty")
-    return split
+    return names
 
 
 def declares_personal_split(algo_cls) -> bool:
@@ -78,4 +86,4 @@ def build_algorithm(cfg, dim, n_params, history=None, split=None) -> Algorithm:
 
 __all__ = ["Algorithm", "AlgorithmContext", "AlgorithmKeys", "ClientRun", "ClientTraining", "PlanHistory",
            "SetupContext", "StandardDraws", "algorithm_context", "build_algorithm", "declares_personal_split",
-           "lookup", "personal_split", "register"]
+           "lookup", "personal_entries", "personal_split", "register"]

@@ -22,14 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core.config_checks import Checks, Range, factor, refuse_unused
+from fedmpi.core.lazy import torch
 
 PERSONAL_PASS = 1
 

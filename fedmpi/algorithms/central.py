@@ -33,6 +33,10 @@ class Central(FedAvg):
     def privacy_problems(cls, keys, client_steps):
         return ["there are no clients to clip: centralized SGD would need per-example DP-SGD"]
 
+    @classmethod
+    def client_count(cls, keys, num_clients):
+        return 1
+
     def clients(self, parts, server_idx):
         return [np.sort(np.concatenate(parts))]
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import torch
 
 from fedmpi.core import rng, schedules
+from fedmpi.core.lazy import torch
 from fedmpi.core.personal import ParameterSplit
 from fedmpi.core.schedules import ScheduleConfig
 
@@ -41,12 +41,17 @@ class ParticipationHistory(Protocol):
         """Round t's selected clients."""
 
 
-@dataclass(frozen=True)
 class PlanHistory:
     """The participation provider's history: round t's selected clients are `plan(t).selected` (`plan`: the
-    run's provider's `plan`, which every rank computes alike from the config, the seed and the round)."""
+    run's provider's `plan`, which every rank computes alike from the config, the seed and the round). The
+    algorithm is built before its provider (which asks it whom it selects), so the set-up binds `plan` once
+    the provider exists; it is asked only during the rounds."""
 
-    plan: Callable
+    def __init__(self, plan: Callable | None = None):
+        self.plan = plan
+
+    def bind(self, plan: Callable):
+        self.plan = plan
 
     def selected(self, t):
         return np.asarray(self.plan(t).selected)

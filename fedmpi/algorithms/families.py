@@ -9,9 +9,9 @@ from __future__ import annotations
 import abc
 
 import numpy as np
-import torch
 
 from fedmpi.algorithms.hooks import BUFFER, GATHER, REDUCE, ROUTE, Algorithm, ClientRun
+from fedmpi.core.lazy import torch
 
 
 def weighted_mean_update(up_sum, weight_sum, dim, out=None):

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, BufferedUploads, weighted_mean_update
 from fedmpi.algorithms.catalog import register
 from fedmpi.core.config_checks import Checks, Range
+from fedmpi.core.lazy import torch
 
 PENDING = "pending_v"
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, SlotRouting, weighted_mean_update
 from fedmpi.algorithms.catalog import register
 from fedmpi.core import rng
 from fedmpi.core.config_checks import count
+from fedmpi.core.lazy import torch
 
 ORDER_KEY = 1
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from fedmpi.algorithms.context import AlgorithmContext, SetupContext
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.lazy import torch
 
 REDUCE, ROUTE, GATHER, BUFFER = "reduce", "route", "gather", "buffer"
 PERSONAL_STATE = "personal"     # the checkpoint name of each client's personal entries (/clients/<cid>/personal)
@@ -107,9 +107,22 @@ class Algorithm(abc.ABC):
         return self.split.shared_dim if self.split is not None else self.dim
 
     @classmethod
+    def form(cls, keys):
+        """The class that runs these keys: an algorithm with several forms picks one here (gated SAFL, IFCA's
+        k cluster models), so that the resolve step reads the declarations (protocol, vector counts) of what
+        will run, before anything is built."""
+        return cls
+
+    @classmethod
     def create(cls, keys, context: AlgorithmContext):
-        """The instance for these keys (an algorithm with several forms picks one here, e.g. gated SAFL)."""
-        return cls(keys, context)
+        """The instance for these keys, of the class `form` picks."""
+        return cls.form(keys)(keys, context)
+
+    @classmethod
+    def client_count(cls, keys, num_clients) -> int:
+        """How many clients it trains for partition.clients = `num_clients` (central: one, the union), the
+        count `clients` returns, known from the keys alone."""
+        return num_clients
 
     # -- checks and set-up (every rank) --------------------------------------------------------------
     @classmethod

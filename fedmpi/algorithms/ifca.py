@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce
 from fedmpi.algorithms.catalog import check_declarations, register
@@ -33,6 +32,7 @@ from fedmpi.algorithms.layers import refuse_personal_entries
 from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors, ServerVectors
 from fedmpi.core.config_checks import Checks, Range
+from fedmpi.core.lazy import torch
 
 MAX_CLUSTERS = 100
 INIT_KEY = 24      # (seed, INIT, INIT_KEY, j): cluster j's initialisation (j >= 1)
@@ -72,13 +72,13 @@ class Ifca(Reduce):
     _by_k: dict = {}
 
     @classmethod
-    def create(cls, keys, context):
+    def form(cls, keys):
         """The class whose declared vector counts match keys.k (down k models, up k slots and k weights)."""
         k = keys.k
         if k not in cls._by_k:
             cls._by_k[k] = check_declarations(type(f"Ifca{k}", (cls,), {
                 "down_vectors": k, "up_vectors": k, "up_scalars": k, "__doc__": f"IFCA with k = {k} cluster models."}))
-        return cls._by_k[k](keys, context)
+        return cls._by_k[k]
 
     @classmethod
     def check(cls, cfg, model):

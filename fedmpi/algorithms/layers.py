@@ -1,16 +1,15 @@
 """Which layers of a model a personalized algorithm keeps personal: the model's last linear layer (FedPer's
 head, LG-FedAvg's shared head) and its normalization layers (FedBN), as fnmatch patterns over the names of
-the flat model's entries (`FlatModel.entries`, the names of named_parameters() and named_buffers())."""
+the flat model's entries (`FlatModel.entries`, the names of named_parameters() and named_buffers()).
+
+`model` is a FlatModel or its ModelShape (fedmpi.core.model_shape): both name their entries, their linear
+layers (`linear_layers`) and their normalization layers (`norm_layers`), so these rules are pure and the
+resolve step asks them before any model exists on a rank."""
 
 from __future__ import annotations
 
-from torch import nn
-
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
-
-# What FedBN keeps local: every normalization layer's affine parameters and running statistics.
-NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def _under(name, prefix):
@@ -18,9 +17,9 @@ def _under(name, prefix):
 
 
 def last_linear(model, key) -> str:
-    """The module name of the model's last nn.Linear (in named_modules order; `model`: a FlatModel).
-    ConfigError naming `key` (the algorithm) when it has none."""
-    names = [name for name, m in model.module.named_modules() if isinstance(m, nn.Linear)]
+    """The module name of the model's last nn.Linear (in named_modules order). ConfigError naming `key` (the
+    algorithm) when it has none."""
+    names = model.linear_layers
     if not names:
         raise ConfigError(f"{key} needs a model whose last layer is linear (its head); model has no nn.Linear")
     return names[-1]
@@ -45,7 +44,7 @@ def body_patterns(model, key) -> tuple:
 def norm_patterns(model) -> tuple:
     """The patterns of every normalization layer's entries (parameters and float buffers); () when it has
     none."""
-    prefixes = [name for name, m in model.module.named_modules() if isinstance(m, NORM_TYPES) and name]
+    prefixes = [name for name in model.norm_layers if name]
     return tuple(p + ".*" for p in prefixes if any(_under(n, p) for n, _, _ in model.entries))
 
 

@@ -27,9 +27,6 @@ import copy
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-import torch
-import torch.nn.functional as F
-
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
@@ -37,6 +34,7 @@ from fedmpi.algorithms.reinit import fresh_init
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core.config_checks import Checks, Range, factor
 from fedmpi.core.flat import FlatModel
+from fedmpi.core.lazy import F, torch
 
 INIT_KEY = 31     # (seed, INIT, INIT_KEY, client): a client's never-trained network (first_round: model_init)
 
@@ -81,7 +79,7 @@ class Moon(FedAvg):
     @classmethod
     def check(cls, cfg, model):
         super().check(cfg, model)
-        if not callable(getattr(model.module, "forward_rep", None)):
+        if not model.forward_rep:
             m = cfg.model
             c = Checks("model")
             c.require(False, "name", m.name,

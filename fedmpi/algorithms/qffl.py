@@ -17,11 +17,10 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce
 from fedmpi.algorithms.catalog import register
 from fedmpi.core.config_checks import Checks, Range, factor
+from fedmpi.core.lazy import torch
 
 MAX_Q = 100
 LOSS_FLOOR = 1e-10      # added to F_k before the powers (the authors' code)

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from fedmpi.core import rng
 from fedmpi.core.flat import FlatModel
+from fedmpi.core.lazy import torch
 
 
 def fresh_init(model, seed, *keys) -> torch.Tensor:

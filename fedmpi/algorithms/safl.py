@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import numpy as np
-import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, GatedUploads
 from fedmpi.algorithms.catalog import check_declarations, register
@@ -42,6 +41,7 @@ from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core import rng
 from fedmpi.core.config_checks import Range, count, factor
+from fedmpi.core.lazy import torch
 
 PROBE_KEY, MASK_KEY, UPLOAD_KEY = 11, 12, 13   # distinguish SAFL's streams from the batch stream
 LOCAL_PROBE_FRACTION = 0.1
@@ -94,8 +94,8 @@ class Safl(FedAvg):
         return []
 
     @classmethod
-    def create(cls, keys, context):
-        return (GatedSafl if keys.gating else Safl)(keys, context)
+    def form(cls, keys):
+        return GatedSafl if keys.gating else Safl
 
     def __init__(self, keys, context):
         super().__init__(keys, context)

@@ -22,7 +22,8 @@ import tempfile
 from collections.abc import MutableMapping
 
 import numpy as np
-import torch
+
+from fedmpi.core.lazy import torch
 
 
 class ClientStateStore:
@@ -262,8 +263,9 @@ class ServerVectors:
     zero unless `fill` names another), and the state round-trips through `state()` / `load()` for
     checkpoints."""
 
-    def __init__(self, dtype=torch.float32, fill=None, **lengths):
-        self.dtype, self.lengths, self._vectors = dtype, dict(lengths), {}
+    def __init__(self, dtype=None, fill=None, **lengths):
+        # None: float32 (a default read at call time, so that importing this module does not import torch)
+        self.dtype, self.lengths, self._vectors = dtype or torch.float32, dict(lengths), {}
         self.fill = dict(fill or {})
 
     def _initial(self, name, device):

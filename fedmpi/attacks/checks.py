@@ -14,7 +14,8 @@ from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS, DATA_ATTACKS, OMNISCIENT_A
 
 
 def problems(cfg, algo_cls, dataset) -> list:
-    """Why the attack of `cfg` cannot run with this algorithm and data set, one line each (empty: it can)."""
+    """Why the attack of `cfg` cannot run with this algorithm and data set (`dataset`: its DataShape, from
+    fedmpi.data.data_shape), one line each (empty: it can)."""
     attack = cfg.attack
     if attack.inert:
         return []
@@ -65,7 +66,7 @@ def _data_problems(attack, dataset) -> list:
     found = []
     labels = dataset.num_classes
     name = f"attack.name = {attack.name!r}"
-    if np.asarray(dataset.y_train).dtype.kind == "f":
+    if dataset.real_targets:
         return [f"{name} poisons class labels, but data.name = {dataset.name!r} has real-valued targets; "
                 f"use a model attack (sign_flip, gaussian, scaling)"]
     if attack.name == "label_flip" and attack.mapping:

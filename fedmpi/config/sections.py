@@ -55,9 +55,9 @@ def _schemes():
 
 
 def _models():
-    from fedmpi.core.models import BUILDERS
+    from fedmpi.core.model_shape import ZOO_MODELS
 
-    return tuple(BUILDERS)
+    return ZOO_MODELS
 
 
 def _server_optimizers():

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-from torch import nn
+import numpy as np
+
+from fedmpi.core.lazy import nn, torch
+from fedmpi.core.model_shape import ModelShape
 
 
 class FlatModel:
@@ -102,3 +104,49 @@ class FlatModel:
         end = base + self.grad.numel() * 4
         return all(p.grad is not None and base <= p.grad.data_ptr() < end
                    for p in self.module.parameters() if p.requires_grad)
+
+    @property
+    def linear_layers(self) -> tuple:
+        """The module names of the nn.Linear layers, in named_modules order (ModelShape's field)."""
+        return tuple(name for name, m in self.module.named_modules() if isinstance(m, nn.Linear))
+
+    @property
+    def norm_layers(self) -> tuple:
+        """The module names of the normalization layers, whose entries FedBN keeps local."""
+        kinds = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+        return tuple(name for name, m in self.module.named_modules() if isinstance(m, kinds))
+
+    @property
+    def forward_rep(self) -> bool:
+        return callable(getattr(self.module, "forward_rep", None))
+
+    def describe(self, probe=None) -> ModelShape:
+        """The model as the resolve step sees it, with `probe`'s outcome (`forward_probe`; None: not probed)."""
+        from fedmpi.core.vectorized import unsupported  # here: fedmpi.core.vectorized builds on this module
+
+        output, error, sample = probe if probe is not None else (None, "", "")
+        return ModelShape(dim=self.dim, n_params=self.n_params, entries=tuple(self.entries),
+                          linear_layers=self.linear_layers, norm_layers=self.norm_layers,
+                          forward_rep=self.forward_rep, output=output, forward_error=error, sample=sample,
+                          unbatchable=unsupported(self) or "")
+
+
+def forward_probe(module, x_train) -> tuple:
+    """(output shape, error line, sample description) of one forward pass of `module` on the first sample of
+    `x_train` ((None, "", "") without samples), for ModelShape. Run on the CPU model before it becomes a
+    FlatModel, as every rank builds it. In eval mode and without gradients, so nothing of the model
+    (BatchNorm's running statistics) and no random stream moves."""
+    if x_train is None or not len(x_train):
+        return None, "", ""
+    x = torch.from_numpy(np.array(x_train[:1]))
+    sample = f"shape {tuple(x.shape[1:])}, dtype {x.dtype}"
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            out = module(x)
+        return tuple(getattr(out, "shape", ())), "", sample
+    except Exception as e:  # noqa: BLE001 - whatever the forward raises, the pair is what is wrong
+        return None, (str(e).splitlines() or [type(e).__name__])[0][:200], sample
+    finally:
+        module.train(was_training)

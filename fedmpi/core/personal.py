@@ -16,9 +16,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-import torch
-
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.lazy import torch
 
 
 @dataclass(frozen=True)
@@ -86,12 +85,12 @@ def matching(entries, pattern) -> list:
     return [e for e in entries if fnmatch.fnmatchcase(e[0], pattern)]
 
 
-def split_model(entries, dim, sources) -> ParameterSplit:
-    """The split of a flat model with `entries` ((name, offset, numel), FlatModel.entries) and `dim` entries,
-    for the patterns of `sources`: ((key, patterns), ...), e.g. (("model.personal", ("3.*",)),
-    ("algorithm.name = 'fedper'", ("3.*",))). The union of every pattern is personal. ConfigError naming the
-    key when a pattern matches no entry or when nothing is left shared."""
-    mask = torch.zeros(dim, dtype=torch.bool)
+def personal_names(entries, dim, sources) -> tuple:
+    """The names of the personal entries of a flat model with `entries` ((name, offset, numel),
+    FlatModel.entries or ModelShape.entries) and `dim` entries, for the patterns of `sources`:
+    ((key, patterns), ...), e.g. (("model.personal", ("3.*",)), ("algorithm.name = 'fedper'", ("3.*",))), in
+    vector order. The union of every pattern is personal. ConfigError naming the key when a pattern matches no
+    entry or when nothing is left shared. Pure (no torch): the resolve step asks it before anything is built."""
     names, problems = set(), []
     for key, patterns in sources:
         for pattern in patterns:
@@ -99,18 +98,29 @@ def split_model(entries, dim, sources) -> ParameterSplit:
             if not found:
                 problems.append(f"{key}: pattern {pattern!r} matches none of the model's parameters and buffers "
                                 f"({_listing(entries)})")
-            for name, offset, numel in found:
-                mask[offset: offset + numel] = True
-                names.add(name)
+            names.update(name for name, _, _ in found)
     if problems:
         raise ConfigError(problems)
-    if dim and bool(mask.all()):
+    if dim and sum(numel for name, _, numel in entries if name in names) == dim:
         keys = " and ".join(key for key, patterns in sources if patterns)
         raise ConfigError(f"{keys}: the personal patterns match every parameter and buffer of the model, so nothing "
                           f"would be shared; leave at least one layer shared (algorithm.name = 'local' trains "
                           f"without any aggregation)")
-    order = [name for name, _, _ in entries if name in names]
-    return ParameterSplit.from_mask(mask, order)
+    return tuple(name for name, _, _ in entries if name in names)
+
+
+def split_of(entries, dim, names) -> ParameterSplit:
+    """The split whose personal entries are the entries named `names` (personal_names' answer)."""
+    mask = torch.zeros(dim, dtype=torch.bool)
+    for name, offset, numel in entries:
+        if name in names:
+            mask[offset: offset + numel] = True
+    return ParameterSplit.from_mask(mask, tuple(names))
+
+
+def split_model(entries, dim, sources) -> ParameterSplit:
+    """personal_names(entries, dim, sources) as a ParameterSplit."""
+    return split_of(entries, dim, personal_names(entries, dim, sources))
 
 
 def _listing(entries, limit=12):

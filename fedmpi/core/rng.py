@@ -6,7 +6,8 @@ the same streams independently, so nothing random ever travels between them.
 """
 
 import numpy as np
-import torch
+
+from fedmpi.core.lazy import torch
 
 # Purposes: distinct constants keep the streams of different uses independent.
 INIT, SELECT, CLIENT, DATA, PARTITION, SERVER, CENTRAL = range(7)

@@ -8,10 +8,9 @@ so the 4-pixel border is zero: the data set's mean colour rather than black.
 from __future__ import annotations
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.lazy import F, torch
 
 PAD = 4
 

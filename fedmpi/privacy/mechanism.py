@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from fedmpi.core import rng
 from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.lazy import torch
 
 # Extra key of the Poisson draw under (seed, SELECT, round): keeps it apart from the fixed-size draw
 # (seed, SELECT, round) and from FedSkip's slot order (seed, SELECT, round, 1).
@@ -46,17 +46,17 @@ def clip_update_(delta: torch.Tensor, clip: float) -> float:
     return norm
 
 
-def gaussian_noise(dim: int, std: float, seed: int, round_: int, device="cpu", dtype=torch.float32) -> torch.Tensor:
+def gaussian_noise(dim: int, std: float, seed: int, round_: int, device="cpu", dtype=None) -> torch.Tensor:
     """N(0, std^2) noise of length `dim` for round `round_`, the same numbers on every device and `-n`.
 
     Drawn on the CPU in float64 from a torch.Generator seeded with rng.torch_seed(seed, PRIVACY, round_)
     (float64 because torch's CPU float32 normal sampler has a vectorized path whose numbers depend on
-    the CPU's instruction set), then rounded to `dtype` and moved to `device`."""
+    the CPU's instruction set), then rounded to `dtype` (None: float32) and moved to `device`."""
     generator = torch.Generator(device="cpu")
     generator.manual_seed(rng.torch_seed(seed, rng.PRIVACY, round_))
     noise = torch.randn(int(dim), generator=generator, dtype=torch.float64)
     noise.mul_(float(std))
-    return noise.to(device=device, dtype=dtype)
+    return noise.to(device=device, dtype=dtype or torch.float32)     # None: float32
 
 
 def add_noise_(summed: torch.Tensor, std: float, seed: int, round_: int) -> torch.Tensor:

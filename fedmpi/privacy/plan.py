@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedmpi.algorithms.base import REDUCE
 from fedmpi.algorithms.registry import lookup
 from fedmpi.core.errors import ConfigError
 from fedmpi.privacy import accounting
@@ -111,3 +112,26 @@ def make_adaptive_clip(privacy, plan: PrivacyPlan):
         return None
     return AdaptiveClip(privacy.clip, privacy.target_quantile, privacy.clip_lr, plan.count_stddev,
                         plan.sampling.expected_size)
+
+
+def sampling_of(cfg) -> Sampling:
+    return Sampling(cfg.server.sampling, cfg.partition.clients, cfg.server.clients_per_round)
+
+
+def stage_problems(cfg, algo_cls) -> list:
+    """Why this config cannot run under privacy.mechanism = gaussian, one line each (empty when it can)."""
+    found = check(cfg.privacy, algorithm=cfg.algorithm, sampling=sampling_of(cfg),
+                       client_steps=cfg.client.steps, algo_cls=algo_cls)
+    if algorithm_problems(cfg.algorithm, cfg.client.steps, algo_cls):
+        return found
+    # Algorithms that declare no problem: the stage serves one clipped vector per client, summed by the
+    # round's reduction.
+    name = cfg.algorithm.name
+    if algo_cls.protocol != REDUCE:
+        found.append(f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': its uploads travel by "
+                     f"the {algo_cls.protocol!r} protocol, not by one reduction of per-client updates, so they "
+                     f"cannot be clipped where the client trains and noised once on the sum")
+    elif algo_cls.up_vectors != 1:
+        found.append(f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': each client uploads "
+                     f"{algo_cls.up_vectors} vectors, and only the model update is clipped and noised")
+    return found

@@ -18,45 +18,19 @@ import math
 
 import numpy as np
 
-from fedmpi.algorithms.base import REDUCE
 from fedmpi.core.errors import InputError
 from fedmpi.privacy import accounting, plan
-from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
-from fedmpi.privacy.sampling import PoissonSampling
 from fedmpi.uploads.base import UploadStage
 from fedmpi.uploads.forked import ForkAccounting, parent_value
 
 CLIPPED, COUNT = 0, 1      # the stage's sums in the reduction: updates clipped, updates counted
 
 
-def sampling_of(cfg) -> Sampling:
-    return Sampling(cfg.server.sampling, cfg.partition.clients, cfg.server.clients_per_round)
-
-
-def problems(cfg, algo_cls) -> list:
-    """Why this config cannot run under privacy.mechanism = gaussian, one line each (empty when it can)."""
-    found = plan.check(cfg.privacy, algorithm=cfg.algorithm, sampling=sampling_of(cfg),
-                       client_steps=cfg.client.steps, algo_cls=algo_cls)
-    if plan.algorithm_problems(cfg.algorithm, cfg.client.steps, algo_cls):
-        return found
-    # Algorithms that declare no problem: the stage serves one clipped vector per client, summed by the
-    # round's reduction.
-    name = cfg.algorithm.name
-    if algo_cls.protocol != REDUCE:
-        found.append(f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': its uploads travel by "
-                     f"the {algo_cls.protocol!r} protocol, not by one reduction of per-client updates, so they "
-                     f"cannot be clipped where the client trains and noised once on the sum")
-    elif algo_cls.up_vectors != 1:
-        found.append(f"algorithm.name = {name!r} with privacy.mechanism = 'gaussian': each client uploads "
-                     f"{algo_cls.up_vectors} vectors, and only the model update is clipped and noised")
-    return found
-
-
 class PrivacyStage(UploadStage):
     name = "privacy"
 
-    problems = staticmethod(problems)
+    problems = staticmethod(plan.stage_problems)
 
     @classmethod
     def check(cls, cfg, algo_cls):
@@ -66,7 +40,7 @@ class PrivacyStage(UploadStage):
     def __init__(self, cfg, algo, dim):
         self.cfg, self.privacy, self.seed, self.dim = cfg, cfg.privacy, cfg.seed, dim
         self.noise_len = algo.up_vectors * dim
-        self.sampling = sampling_of(cfg)
+        self.sampling = plan.sampling_of(cfg)
         self.clip = float(self.privacy.clip)   # this round's C on this rank (adaptive: from the header)
         self.header_size = 1 if self.privacy.adaptive_clip else 0
         self.up_scalars = 2
@@ -148,14 +122,11 @@ class PrivacyStage(UploadStage):
 
 
 def dry_run_lines(cfg, algo_cls) -> list:
-    """`fedmpi run --dry-run`: the checks a run would make of server.sampling and privacy, then the noise
-    and the epsilon the configured run will reach (nothing when both are off)."""
+    """`fedmpi run --dry-run`: the noise and the epsilon the configured run will reach (nothing when sampling
+    and privacy are off), for a config fedmpi.run.resolve accepted."""
     lines = []
-    if cfg.server.sampling == "poisson":
-        PoissonSampling.check(cfg, algo_cls)
-        if not cfg.privacy.enabled:
-            lines.append(f"sampling: Poisson, q = {sampling_of(cfg).rate:.4g}")
+    if cfg.server.sampling == "poisson" and not cfg.privacy.enabled:
+        lines.append(f"sampling: Poisson, q = {plan.sampling_of(cfg).rate:.4g}")
     if cfg.privacy.enabled:
-        PrivacyStage.check(cfg, algo_cls)
-        lines.append(plan.resolve(cfg.privacy, sampling_of(cfg), cfg.rounds).describe())
+        lines.append(plan.resolve(cfg.privacy, plan.sampling_of(cfg), cfg.rounds).describe())
     return lines

@@ -7,8 +7,8 @@ Every rank runs the same code; what a rank does in a round depends on its role. 
   protocol  how uploads travel (fedmpi.round.protocols: reduce, gather, route, buffer), chosen by the algorithm's family
 The round itself is fedmpi.round.engine.run_round over `round_parts`.
 No random choice is communicated: every rank derives the round's clients and each client's batches from
-the seed. Construction does no collective after `node_local` and writes nothing, so a configuration
-error found here (e.g. `Algorithm.check`) ends every rank the same way before any file is touched.
+the seed. Set-up measures, resolves and then builds (fedmpi.run.setup): by the time an Experiment is built,
+fedmpi.run.resolve has accepted the config on this data set and model, so construction checks nothing.
 """
 
 from __future__ import annotations
@@ -16,25 +16,19 @@ from __future__ import annotations
 import functools
 import warnings
 
+import numpy as np
 import torch
 
-from fedmpi.algorithms import algorithm_context, personal_split
+from fedmpi.algorithms import algorithm_context
 from fedmpi.algorithms.base import REDUCE, PlanHistory, SetupContext
-from fedmpi.algorithms.registry import lookup
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
-from fedmpi.attacks import checks as attack_checks
-from fedmpi.attacks import malicious_clients, no_malicious_note, record
+from fedmpi.attacks import record
 from fedmpi.attacks.data import DataPoison, backdoor_test_set
-from fedmpi.core import console, cpu_kernels, rng
-from fedmpi.core.errors import ConfigError
-from fedmpi.core.flat import FlatModel
-from fedmpi.core.models import build_model, check_takes
+from fedmpi.core import console
+from fedmpi.core.personal import split_of
 from fedmpi.core.train import ServerTrainer
 from fedmpi.data.server_set import split_dataset
-from fedmpi.data.shared import load_shared
 from fedmpi.data.stats import partition_stats
-from fedmpi.mpi import signals
-from fedmpi.mpi.runtime import pick_device, set_deterministic, set_threads
 from fedmpi.robust.catalog import rule_class
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
@@ -42,9 +36,9 @@ from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.protocols import PROTOCOLS
 from fedmpi.round.providers import build_participation, build_stages
-from fedmpi.round.robust_setup import check_robust, robust_active, robust_protocol, robust_stage
+from fedmpi.round.robust_checks import robust_active
+from fedmpi.round.robust_setup import robust_protocol, robust_stage
 from fedmpi.round.server import Server
-from fedmpi.round.server_opt import check_optimizer
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
 from fedmpi.uploads.base import layout
@@ -83,87 +77,61 @@ class DeviceData:
 
 
 class Experiment:
-    def __init__(self, cfg, comm, *, dataset=None, model=None, parts=None, loss=None):
-        """`dataset` (a fedmpi.data.Dataset), `model` (an nn.Module), `parts` (the clients' index arrays)
-        and `loss` (a criterion on outputs and targets) replace what the config would build: the
-        in-process API (`fedmpi.simulate`) passes them for custom experiments."""
-        self.cfg, self.comm = cfg, comm
-        gpus = torch.cuda.device_count() if cfg.runtime.device != "cpu" else 0
-        self.node = node = comm.node_local(gpus)      # with the data's sharing, the only collectives of set-up
-        # The node's ranks share one copy of the data set (collective over the node, before anything here
-        # can fail on one rank alone).
-        self.dataset = dataset if dataset is not None else load_shared(cfg, comm)
-        self.workers = _workers(cfg, comm, node)
-        computing = node.local_size - (1 if node.server_here and 0 not in self.workers else 0)
-        self.threads = set_threads(cfg.runtime.threads, computing, node.cores)
-        set_deterministic(cfg.runtime.deterministic)      # before the device's first kernels
-        self.device = pick_device(cfg.runtime.device, node.local_rank)
-        signals.test_pause("partition")
-        self.split = build_partition(cfg, self.dataset, parts)
-        zoo_model = model is None       # `kernels: auto` trusts only the zoo's own declared models
-        if model is None:
-            rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
-            model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes)
-            check_takes(model, cfg, self.dataset.x_train, self.dataset.num_classes)   # before any file is written
-        signals.test_pause("model")
-        self.flat = FlatModel(model, self.device)
-        if cpu_kernels.wanted(cfg.runtime.kernels, cfg.model.name if zoo_model else None, self.device):
-            cpu_kernels.use_fast_kernels(self.flat)
-        algo_cls = lookup(cfg.algorithm.name)
-        algo_cls.check(cfg, self.flat)
-        split = personal_split(cfg, self.flat, algo_cls)     # the entries that stay with each client (or None)
-        check_robust(cfg, algo_cls)     # server.aggregator and the omniscient attacks (fedmpi.round.robust_setup)
-        check_optimizer(cfg.server)     # a plug-in server.optimizer, on every rank (rank 0 alone builds it)
-        # The algorithm's context; who trained in round t is the participation provider's plan (built below, on
-        # every rank alike; asked for only during the rounds).
-        history = PlanHistory(lambda t: self.participation.plan(t))
-        self.algo = algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, self.flat.dim, self.flat.n_params,
-                                                                            history, split))
-        x0 = self.flat.vec.detach().to("cpu", copy=True)
-        sizes = [len(p) for p in self.split.parts]
-        parts = algo.clients(self.split.parts, self.split.server_idx)
+    def __init__(self, plan, comm, placement, dataset, split, flat, *, loss=None):
+        """Builds this rank's parts from `plan` (fedmpi.run.resolve's RunPlan, checked) on the measured
+        `placement` (fedmpi.run.setup), `dataset`, `split` (build_partition's) and `flat` (the initial model):
+        straight-line assembly, no checks. `loss` (a criterion on outputs and targets) replaces the model's."""
+        cfg = plan.cfg
+        self.cfg, self.comm, self.plan = cfg, comm, plan
+        self.node, self.workers, self.threads, self.device = (placement.node, placement.workers,
+                                                              placement.threads, placement.device)
+        self.dataset, self.split, self.flat = dataset, split, flat
+        algo_cls = plan.algorithm
+        split_entries = split_of(flat.entries, flat.dim, plan.personal) if plan.personal else None
+        # The algorithm's context; who trained in round t is the participation provider's plan (bound below,
+        # once the provider exists: it asks the algorithm which clients it selects).
+        history = PlanHistory()
+        self.algo = algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, history,
+                                                                            split_entries))
+        x0 = flat.vec.detach().to("cpu", copy=True)
+        sizes = [len(p) for p in split.parts]
+        parts = algo.clients(split.parts, split.server_idx)
         if algo.shares_data:
-            self.split.groups["partition/shared"] = partition_stats(self.dataset.y_train, parts,
-                                                                   self.dataset.num_classes)
-        data = DeviceData(self.dataset, self.device)
-        # The attack (issue 25): refused here where it cannot run, before any file is written; the malicious
-        # set is drawn from the seed alone, the same on every rank.
-        attack_problems = attack_checks.problems(cfg, algo_cls, self.dataset)
-        if attack_problems:
-            raise ConfigError(attack_problems)
-        self.malicious = malicious_clients(cfg.attack, len(parts), cfg.seed)
-        self.attack_note = no_malicious_note(cfg.attack, self.malicious, len(parts))
+            split.groups["partition/shared"] = partition_stats(dataset.y_train, parts, dataset.num_classes)
+        data = DeviceData(dataset, self.device)
+        # The attack (issue 25): the malicious set was drawn from the seed alone by resolve, the same on every rank.
+        self.malicious = np.asarray(plan.malicious, dtype=np.int64)
+        self.attack_note = plan.attack_note
         if self.attack_note and comm.is_server:
             console.say(f"fedmpi: warning: {self.attack_note}")
-        poison = DataPoison(cfg.attack, self.malicious, cfg.seed, self.dataset.num_classes, self.dataset.x_train)
-        self.stages = build_stages(cfg, algo, self.flat.dim, self.malicious)
-        clip = robust_stage(cfg, self.flat.dim)      # norm_bound under the plain reduction (after the attack)
+        poison = DataPoison(cfg.attack, self.malicious, cfg.seed, dataset.num_classes, dataset.x_train)
+        self.stages = build_stages(cfg, algo, flat.dim, self.malicious)
+        clip = robust_stage(cfg, flat.dim)      # norm_bound under the plain reduction (after the attack)
         if clip is not None:
             self.stages.append(clip)
-        WirePrecision.check(cfg, algo_cls)      # runtime.wire_dtype (fedmpi.uploads.precision), before any file
         if cfg.runtime.wire_dtype != "float32" and algo_cls.protocol == REDUCE:
-            self.stages.append(WirePrecision(cfg.runtime.wire_dtype, self.flat.dim))    # last: what leaves
+            self.stages.append(WirePrecision(cfg.runtime.wire_dtype, flat.dim))    # last: what leaves
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
-        self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
+        self.clients = ClientHost(cfg, comm, self.workers, algo, flat, parts, data, loss=loss,
                                   keeps_state=(algo.split is not None
                                                or any(stage.keeps_client_state for stage in self.stages)),
                                   poison=poison if poison.active else None)
-        header_extra, up_extra = layout(self.stages, algo.up_vectors * self.flat.dim + algo.up_scalars)
+        header_extra, up_extra = layout(self.stages, algo.up_vectors * flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
         drift_columns += ("robust_weight",) if clip is not None else ()
-        self.wire = RoundBuffers(comm, algo, self.flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
+        self.wire = RoundBuffers(comm, algo, flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
                                  header_extra, up_extra, extra_columns=drift_columns,
                                  wire_dtype=cfg.runtime.wire_dtype)
-        self.evaluation = SplitEvaluation(comm, self.flat, self.dataset.x_test, self.dataset.y_test,
-                                          cfg.eval.batch_size, self.dataset.num_classes, data.tensor, loss=loss)
+        self.evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test,
+                                          cfg.eval.batch_size, dataset.num_classes, data.tensor, loss=loss)
         # The backdoor's success rate: the triggered test set without the target class, split like the test set.
         self.backdoor = None
         if cfg.attack.name == "backdoor":
-            x_bd, y_bd = backdoor_test_set(self.dataset.x_test, self.dataset.y_test, cfg.attack, poison.trigger)
-            self.backdoor = SplitEvaluation(comm, self.flat, x_bd, y_bd, cfg.eval.batch_size,
-                                            self.dataset.num_classes, data.tensor, loss=loss)
+            x_bd, y_bd = backdoor_test_set(dataset.x_test, dataset.y_test, cfg.attack, poison.trigger)
+            self.backdoor = SplitEvaluation(comm, flat, x_bd, y_bd, cfg.eval.batch_size,
+                                            dataset.num_classes, data.tensor, loss=loss)
         self.data = data
         self.local_eval = (LocalEvaluation(cfg, comm, self.clients, algo, self.flat, data, self.split.local_test,
                                            self.client_store, loss=loss)
@@ -180,6 +148,7 @@ class Experiment:
             for stage in self.stages:
                 stage.on_server()
         self.participation = build_participation(cfg, algo, [len(p) for p in parts])
+        history.bind(self.participation.plan)
         trainer = (self._fltrust_trainer(data, loss) if comm.is_server and robust_active(cfg)
                    and rule_class(cfg.server.aggregator).needs_server_update else None)
         protocol = robust_protocol(cfg, len(parts), trainer) or PROTOCOLS[algo.protocol]
@@ -265,13 +234,3 @@ class Experiment:
         for stage in self.stages:
             stage.load_client_state(cid, state)
 
-
-def _workers(cfg, comm, node):
-    """The ranks that train clients: 1..P-1, plus rank 0 with `server.trains_clients` (null: when rank 0's
-    node is a CPU node with a core its other ranks leave idle, e.g. -n 2 on two cores)."""
-    if comm.size == 1:
-        return comm.workers
-    trains = cfg.server.trains_clients
-    if trains is None:
-        trains = node.server_spare_core()
-    return tuple(range(comm.size)) if trains else tuple(range(1, comm.size))

@@ -182,13 +182,3 @@ def detection(excluded, malicious) -> dict:
     return {"detect_precision": share(hits, int(excluded.sum())),
             "detect_recall": share(hits, int(malicious.sum())),
             "honest_excluded": share(int((excluded & ~malicious).sum()), int((~malicious).sum()))}
-
-
-def uses_gather(cfg) -> bool:
-    """Whether the run's uploads go through the chunked gather: a robust rule that needs every update, or an
-    omniscient attack (which needs the benign ones; with aggregator mean the gather computes the mean)."""
-    from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
-
-    omniscient = cfg.attack.name in OMNISCIENT_ATTACKS
-    return omniscient or cfg.server.aggregator not in ("mean", "norm_bound")
-

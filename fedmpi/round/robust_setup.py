@@ -12,45 +12,14 @@ from __future__ import annotations
 
 import functools
 
-from fedmpi.algorithms.registry import REGISTRY
 from fedmpi.attacks import malicious_clients
 from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
 from fedmpi.core import schedules
-from fedmpi.core.config_checks import Checks
-from fedmpi.robust.catalog import build_rule, rule_class, unused_key_problems
+from fedmpi.robust.catalog import build_rule
 from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
-from fedmpi.round.robust_gather import ChunkedGather, GatherSettings, uses_gather
+from fedmpi.round.robust_checks import uses_gather
+from fedmpi.round.robust_gather import ChunkedGather, GatherSettings
 from fedmpi.round.robust_stage import NormBoundStage
-
-
-def robust_active(cfg) -> bool:
-    return cfg.server.aggregator != "mean" or cfg.attack.name in OMNISCIENT_ATTACKS
-
-
-def check_robust(cfg, algo_cls):
-    """ConfigError for a combination robust aggregation cannot run (module docstring)."""
-    if not robust_active(cfg):
-        return
-    c = Checks("")
-    aggregator, attack = cfg.server.aggregator, cfg.attack.name
-    what = (f"server.aggregator = {aggregator!r}" if aggregator != "mean"
-            else f"attack.name = {attack!r} (an omniscient attack, run through the gather)")
-    c.require(algo_cls.robust_aggregation, "server.aggregator" if aggregator != "mean" else "attack.name",
-              aggregator if aggregator != "mean" else attack,
-              f"{'an omniscient attack runs through the gather and ' if aggregator == 'mean' else ''}needs an "
-              f"algorithm whose upload is one vector averaged by weight; algorithm.name = "
-              f"{cfg.algorithm.name!r} is not one (it does not declare robust_aggregation); use one of "
-              f"{', '.join(name for name, cls in REGISTRY.items() if cls.robust_aggregation)}")
-    c.require(not cfg.privacy.enabled, "privacy.mechanism", cfg.privacy.mechanism,
-              f"{what} cannot run with differential privacy (its noise is calibrated to the clipped sum); "
-              f"set privacy.mechanism: none")
-    c.require(not (cfg.eval.client_drift and uses_gather(cfg)), "eval.client_drift", cfg.eval.client_drift,
-              f"the drift figures need the reduced sums, which {what} does not form; set eval.client_drift: false")
-    c.require(not rule_class(aggregator).needs_server_update or cfg.server_data.wanted, "server_data.size",
-              cfg.server_data.size, f"server.aggregator = {aggregator!r} needs the server's own set for its update: "
-              f"set server_data.size > 0 (or server_data.fraction > 0)")
-    c.errors.extend(unused_key_problems(aggregator, cfg.server.robust))
-    c.done()
 
 
 def robust_stage(cfg, dim):

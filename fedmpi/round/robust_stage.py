@@ -5,8 +5,7 @@ min(1, bound / ||u_i||), as there."""
 
 from __future__ import annotations
 
-import torch
-
+from fedmpi.core.lazy import torch
 from fedmpi.robust.aggregators import clip_factors
 from fedmpi.uploads.base import UploadStage
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import abc
 
-import torch
-
 from fedmpi.algorithms.state import ServerVectors
 from fedmpi.core import plugin_names
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.lazy import torch
 
 OPTIMIZERS: dict = {}
 # The optimizer keys of ServerConfig whose use depends on the rule (betas split into b1 and b2: adagrad

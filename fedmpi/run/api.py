@@ -100,14 +100,14 @@ def simulate(cfg, *, dataset=None, model=None, parts=None, loss=None, rounds=Non
     """Runs the experiment of `cfg` (Config, mapping or YAML path; `rounds` and dotted overrides such as
     `**{"client.lr": 0.1}` applied) in this process and returns a SimulationResult."""
     from fedmpi.mpi.local import LocalComm
-    from fedmpi.round.experiment import Experiment
     from fedmpi.run.launch import _loop
+    from fedmpi.run.setup import experiment
 
     cfg = as_config(cfg, overrides)
     if rounds is not None:
         cfg = dataclasses.replace(cfg, rounds=int(rounds))
     comm = LocalComm()
-    exp = Experiment(cfg, comm, dataset=dataset, model=model, parts=parts, loss=loss)
+    exp = experiment(cfg, comm, dataset=dataset, model=model, parts=parts, loss=loss)
     log = MemoryLog()
     _loop(cfg, comm, exp, log, checkpoints=False)
     return SimulationResult(log.metrics(), log.clients(), exp.global_model(), log.timing(), exp)

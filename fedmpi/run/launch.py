@@ -55,6 +55,7 @@ from fedmpi.round.experiment import Experiment
 from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
 from fedmpi.run.progress import Progress
 from fedmpi.run.rows import DeferredRows
+from fedmpi.run.setup import experiment
 from fedmpi.run.tracking import Tracking
 
 INTERRUPTED = "interrupted (SIGINT)"
@@ -73,7 +74,7 @@ def set_up(cfg, comm, **parts) -> Experiment:
     Refused (its message already printed once) on every rank if any rank failed."""
     exp = error = None
     try:
-        exp = Experiment(cfg, comm, **parts)
+        exp = experiment(cfg, comm, **parts)
     except Exception as e:  # noqa: BLE001 - every rank must reach the vote whatever went wrong
         error = e
         if os.environ.get("FEDMPI_DEBUG") and not isinstance(e, FedmpiError):

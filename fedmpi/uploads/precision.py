@@ -25,24 +25,26 @@ fp16's range ends at 65504: a larger entry becomes inf and the run stops as dive
 
 from __future__ import annotations
 
-import torch
-
+from fedmpi.core.lazy import torch
 from fedmpi.uploads.base import UploadStage
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+def torch_dtype(wire_dtype):
+    """The torch dtype of runtime.wire_dtype (read when first needed: the checks here import no torch)."""
+    return getattr(torch, wire_dtype)
 ROUNDED_PROTOCOLS = ("reduce", "gather")
 
 
 def itemsize(wire_dtype):
     """Bytes per entry on the wire."""
-    return torch.empty(0, dtype=DTYPES[wire_dtype]).element_size()
+    return torch.empty(0, dtype=torch_dtype(wire_dtype)).element_size()
 
 
 def round_to(tensor, wire_dtype):
     """Rounds a float32 tensor in place to the nearest value of `wire_dtype` (round to nearest even, as
     torch's conversion does); returns it. float32: unchanged."""
     if wire_dtype != "float32":
-        tensor.copy_(tensor.to(DTYPES[wire_dtype]))
+        tensor.copy_(tensor.to(torch_dtype(wire_dtype)))
     return tensor
 
 

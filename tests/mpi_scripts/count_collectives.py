@@ -14,11 +14,11 @@ from call_counter import Recorder
 from fedmpi import config
 from fedmpi.mpi.comm import make_comm
 from fedmpi.round.engine import run_round
-from fedmpi.round.experiment import Experiment
+from fedmpi.run.setup import experiment
 
 cfg = config.load(sys.argv[1])
 comm = make_comm()
-exp = Experiment(cfg, comm)
+exp = experiment(cfg, comm)
 recorder = Recorder(comm.comm)
 comm.comm = recorder
 hierarchy = getattr(comm, "_round", None)

@@ -1,0 +1,127 @@
+"""Resolve, then build (docs/design.md §5): a config, with the shapes of the data set and the model it runs on,
+becomes a checked `RunPlan`, or one ConfigError listing every problem at once.
+
+`resolve` is the only validation a run makes of how its components combine: set-up (fedmpi.round.experiment)
+calls it on every rank with the shapes it measured, before anything is written; `--dry-run` calls it with the
+same shapes; the fuzz suite reaches it through both. It is pure (no MPI, no files, no torch: importing it or
+calling it leaves torch unimported) and asks each selected component for its own problems through the
+declarations it registered (the algorithm class's `check` and `personal_patterns`, the attack's, the
+aggregator's and the server optimizer's catalogs, the deployment, privacy, secure-aggregation and
+wire-precision rules). The config's sections check their own ranges when the config is built
+(fedmpi.config); loading the data set and building the model refuse what they cannot load or build. What
+resolve leaves to the ranks is what only a node can know: its devices, its cores, its memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fedmpi.algorithms import personal_entries
+from fedmpi.algorithms.registry import lookup
+from fedmpi.attacks import checks as attack_checks
+from fedmpi.attacks import malicious_clients, no_malicious_note
+from fedmpi.core.errors import ConfigError
+from fedmpi.core.model_shape import ModelShape, takes_problems
+from fedmpi.data.data_shape import DataShape
+from fedmpi.deploy.checks import check as deploy_check
+from fedmpi.privacy import accounting
+from fedmpi.privacy.plan import stage_problems as privacy_problems
+from fedmpi.privacy.sampling import PoissonSampling
+from fedmpi.round.robust_checks import check_robust, robust_active
+from fedmpi.round.server_opt import check_optimizer
+from fedmpi.secagg.checks import problems as secagg_problems
+from fedmpi.uploads.precision import problems as wire_problems
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What set-up builds, decided: the config with the shapes it was checked against, and every choice the
+    build step would otherwise make again from the config."""
+
+    cfg: object
+    data: DataShape
+    model: ModelShape
+    algorithm: type            # the class that runs (Algorithm.form of algorithm.name's class)
+    personal: tuple            # the names of the model's personal entries (() when nothing is personal)
+    num_clients: int           # the clients the algorithm trains (central: 1)
+    malicious: tuple           # the attack's client ids (() without an attack)
+    attack_note: str | None    # the warning of an attack with no malicious client, recorded in the run file
+    robust: bool               # server.aggregator or an omniscient attack: the robust path is set up
+    custom_loss: bool = False  # the in-process API's own criterion (clients then train one by one)
+
+
+def resolve(cfg, data: DataShape, model: ModelShape, *, custom_loss=False) -> RunPlan:
+    """The checked plan of `cfg` on this data set and model; ConfigError with every problem otherwise."""
+    found, plan = _resolve(cfg, data, model, custom_loss)
+    if found:
+        raise ConfigError(_unique(found))
+    return plan
+
+
+def problems(cfg, data: DataShape, model: ModelShape, *, custom_loss=False) -> list:
+    """Every problem `resolve` would raise, one line each (empty: the config runs)."""
+    return _unique(_resolve(cfg, data, model, custom_loss)[0])
+
+
+def _resolve(cfg, data, model, custom_loss):
+    found = []
+    try:
+        algo = lookup(cfg.algorithm.name).form(cfg.algorithm)
+    except ConfigError as e:
+        return list(e.messages), None       # nothing else can be judged without the algorithm's declarations
+    found += takes_problems(model, cfg.model.name, cfg.data.name, data.num_classes)
+    num_clients = algo.client_count(cfg.algorithm, cfg.partition.clients)
+    personal = _asked(found, personal_entries, cfg, model, algo) or ()
+    for check in (lambda: algo.check(cfg, model),
+                  lambda: check_robust(cfg, algo),
+                  lambda: check_optimizer(cfg.server),
+                  lambda: deploy_check(cfg, algo, num_clients),
+                  lambda: _vectorize(cfg, algo, model, personal, custom_loss)):
+        _asked(found, check)
+    attack_problems = attack_checks.problems(cfg, algo, data)
+    found += attack_problems
+    found += wire_problems(cfg, algo.protocol)
+    found += secagg_problems(cfg, algo)
+    if cfg.server.sampling == "poisson":
+        _asked(found, PoissonSampling.check, cfg, algo)
+    if cfg.privacy.enabled:
+        found += privacy_problems(cfg, algo)
+        _asked(found, accounting.library)       # not installed: the pip command
+    malicious = () if attack_problems else tuple(int(i) for i in malicious_clients(cfg.attack, num_clients,
+                                                                                    cfg.seed))
+    plan = RunPlan(cfg=cfg, data=data, model=model, algorithm=algo, personal=tuple(personal),
+                   num_clients=num_clients, malicious=malicious,
+                   attack_note=no_malicious_note(cfg.attack, malicious, num_clients),
+                   robust=robust_active(cfg), custom_loss=custom_loss)
+    return found, plan
+
+
+def _vectorize(cfg, algo, model, personal, custom_loss):
+    """client.vectorize = on refused where clients cannot train as batched groups (auto falls back)."""
+    if cfg.client.vectorize != "on":
+        return
+    blocker = model.unbatchable
+    if not algo.vectorizable:
+        blocker = f"algorithm.name = {cfg.algorithm.name!r} does not declare its clients vectorizable"
+    elif personal:
+        blocker = "clients with personal parameters (model.personal) start from their own entries"
+    elif custom_loss:
+        blocker = "a custom loss trains client by client"
+    if blocker:
+        raise ConfigError(f"client.vectorize = 'on': {blocker}; use auto (batch clients where possible) or off")
+
+
+def _asked(found, fn, *args):
+    """fn(*args), its ConfigError's lines added to `found` (then None)."""
+    try:
+        return fn(*args)
+    except ConfigError as e:
+        found.extend(e.messages)
+        return None
+
+
+def _unique(lines):
+    return list(dict.fromkeys(lines))       # a problem two rules share is reported once
+
+
+__all__ = ["RunPlan", "problems", "resolve"]
