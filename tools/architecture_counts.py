@@ -48,6 +48,29 @@ def config_functions():
     return by
 
 
+# Issue 37: the packages whose functions take sections and values, never the whole config, and the entry points
+# that may (the data loader's, the assembler).
+SECTION_ONLY = ("core", "mpi", "plans", "uploads", "robust", "data", "round")
+WHOLE_CONFIG_ALLOWED = {("data/load.py", "load_dataset"), ("data/shared.py", "load_shared"),
+                        ("round/experiment.py", "*")}
+
+
+def whole_config_functions():
+    """`path:line function` of every function in SECTION_ONLY taking `cfg`/`config`, less the allowed."""
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if package_of(path) not in SECTION_ONLY:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = {a.arg for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs}
+                allowed = (rel, node.name) in WHOLE_CONFIG_ALLOWED or (rel, "*") in WHOLE_CONFIG_ALLOWED
+                if names & {"cfg", "config"} and not allowed:
+                    found.append(f"fedmpi/{rel}:{node.lineno} {node.name}")
+    return found
+
+
 def stored_config_reads():
     count = 0
     for _, tree in modules():
@@ -133,6 +156,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     cf = config_functions()
     print(f"config-taking functions: {sum(cf.values())} ({', '.join(f'{k} {v}' for k, v in cf.most_common())})")
+    print(f"whole-config functions in {'/'.join(SECTION_ONLY)} (less the loader's entry and the assembler): "
+          f"{len(whole_config_functions())}")
     print(f"stored-config reads (.cfg.): {stored_config_reads()}")
     nd = name_dispatches()
     print(f"name dispatches: {sum(nd.values())} ({', '.join(f'{k} {v}' for k, v in nd.most_common())})")
