@@ -220,14 +220,15 @@ def _dry_run(cfg):
     from fedmpi.round.robust_setup import check_robust, dry_run_line
     from fedmpi.round.server_opt import check_optimizer
 
-    check_robust(cfg, algo_cls)
+    check_robust(algo_cls, server=cfg.server, attack=cfg.attack, algorithm_name=cfg.algorithm.name,
+                 privacy=cfg.privacy, client_drift=cfg.eval.client_drift, server_data=cfg.server_data)
     check_optimizer(cfg.server)
     algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))
     deploy_check(cfg, algo, len(algo.clients(split.parts, split.server_idx)))
     _dry_run_attack(cfg, algo_cls, dataset, len(algo.clients(split.parts, split.server_idx)))
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
-    if dry_run_line(cfg, flat.dim):
-        print(dry_run_line(cfg, flat.dim))
+    if dry_run_line(cfg.server, cfg.attack.name, cfg.runtime.gather_bytes, flat.dim):
+        print(dry_run_line(cfg.server, cfg.attack.name, cfg.runtime.gather_bytes, flat.dim))
     from fedmpi.privacy.stage import dry_run_lines
 
     for line in dry_run_lines(cfg, lookup(cfg.algorithm.name)):     # sampling and privacy: checks, epsilon

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from fedmpi.algorithms.base import REDUCE
-from fedmpi.core.errors import InputError
+from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.privacy import accounting, plan
 from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
@@ -60,7 +60,10 @@ class PrivacyStage(UploadStage):
 
     @classmethod
     def check(cls, cfg, algo_cls):
-        super().check(cfg, algo_cls)
+        """ConfigError (before anything is written) with every one of `problems` at once."""
+        found = problems(cfg, algo_cls)
+        if found:
+            raise ConfigError(found)
         accounting.library()        # not installed: exit 2 with the pip command
 
     def __init__(self, cfg, algo, dim):

@@ -104,7 +104,8 @@ class Experiment:
         if model is None:
             rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
             model = build_model(cfg.model, self.dataset.input_shape, self.dataset.num_classes)
-            check_takes(model, cfg, self.dataset.x_train, self.dataset.num_classes)   # before any file is written
+            check_takes(model, cfg.model.name, cfg.data.name, self.dataset.x_train,
+                        self.dataset.num_classes)   # before any file is written
         signals.test_pause("model")
         self.flat = FlatModel(model, self.device)
         if cpu_kernels.wanted(cfg.runtime.kernels, cfg.model.name if zoo_model else None, self.device):
@@ -112,7 +113,8 @@ class Experiment:
         algo_cls = lookup(cfg.algorithm.name)
         algo_cls.check(cfg, self.flat)
         split = personal_split(cfg, self.flat, algo_cls)     # the entries that stay with each client (or None)
-        check_robust(cfg, algo_cls)     # server.aggregator and the omniscient attacks (fedmpi.round.robust_setup)
+        check_robust(algo_cls, server=cfg.server, attack=cfg.attack, algorithm_name=cfg.algorithm.name,   # robust_setup
+                     privacy=cfg.privacy, client_drift=cfg.eval.client_drift, server_data=cfg.server_data)
         check_optimizer(cfg.server)     # a plug-in server.optimizer, on every rank (rank 0 alone builds it)
         # The algorithm's context; who trained in round t is the participation provider's plan (built below, on
         # every rank alike; asked for only during the rounds).
@@ -137,16 +139,19 @@ class Experiment:
             console.say(f"fedmpi: warning: {self.attack_note}")
         poison = DataPoison(cfg.attack, self.malicious, cfg.seed, self.dataset.num_classes, self.dataset.x_train)
         self.stages = build_stages(cfg, algo, self.flat.dim, self.malicious)
-        clip = robust_stage(cfg, self.flat.dim)      # norm_bound under the plain reduction (after the attack)
+        clip = robust_stage(cfg.server, cfg.attack.name, self.flat.dim)   # norm_bound under the plain reduction
         if clip is not None:
             self.stages.append(clip)
-        WirePrecision.check(cfg, algo_cls)      # runtime.wire_dtype (fedmpi.uploads.precision), before any file
+        WirePrecision.check(cfg.runtime.wire_dtype, algo_cls, algorithm_name=cfg.algorithm.name,   # before any file
+                            compress=cfg.client.compress.name, secure_aggregation=cfg.server.secure_aggregation)
         if cfg.runtime.wire_dtype != "float32" and algo_cls.protocol == REDUCE:
             self.stages.append(WirePrecision(cfg.runtime.wire_dtype, self.flat.dim))    # last: what leaves
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
-        self.clients = ClientHost(cfg, comm, self.workers, algo, self.flat, parts, data, loss=loss,
+        self.clients = ClientHost(comm, self.workers, algo, self.flat, parts, data, seed=cfg.seed, client=cfg.client,
+                                  client_rate=algo.context.client_rate, data=cfg.data, server=cfg.server,
+                                  client_dealing=cfg.runtime.client_dealing, eval_batch=cfg.eval.batch_size, loss=loss,
                                   keeps_state=(algo.split is not None
                                                or any(stage.keeps_client_state for stage in self.stages)),
                                   poison=poison if poison.active else None)
@@ -165,24 +170,28 @@ class Experiment:
             self.backdoor = SplitEvaluation(comm, self.flat, x_bd, y_bd, cfg.eval.batch_size,
                                             self.dataset.num_classes, data.tensor, loss=loss)
         self.data = data
-        self.local_eval = (LocalEvaluation(cfg, comm, self.clients, algo, self.flat, data, self.split.local_test,
-                                           self.client_store, loss=loss)
+        self.local_eval = (LocalEvaluation(cfg.eval, cfg.client, cfg.seed, comm, self.clients, algo, self.flat, data,
+                                           self.split.local_test, self.client_store, loss=loss)
                            if cfg.eval.local_every is not None else None)
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
         algo.verify_declarations()
         self.server = self.shadow = None
         if comm.is_server:
-            self.server = Server(cfg, algo, self.flat, x0)
+            self.server = Server(algo, self.flat, x0, server=cfg.server, rounds=cfg.rounds,
+                                 client_rate=algo.context.client_rate, wire_dtype=cfg.runtime.wire_dtype)
             self.server.start(self._server_trainer(data, loss))
             if cfg.eval.divergence:
                 self.shadow = Shadow(cfg, self.flat, self.server.x, *data.train, parts, loss=loss)
             for stage in self.stages:
                 stage.on_server()
         self.participation = build_participation(cfg, algo, [len(p) for p in parts])
-        trainer = (self._fltrust_trainer(data, loss) if comm.is_server and robust_active(cfg)
+        trainer = (self._fltrust_trainer(data, loss)
+                   if comm.is_server and robust_active(cfg.server.aggregator, cfg.attack.name)
                    and rule_class(cfg.server.aggregator).needs_server_update else None)
-        protocol = robust_protocol(cfg, len(parts), trainer) or PROTOCOLS[algo.protocol]
+        protocol = robust_protocol(len(parts), trainer, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
+                                   gather_bytes=cfg.runtime.gather_bytes, client=cfg.client,
+                                   client_rate=algo.context.client_rate) or PROTOCOLS[algo.protocol]
         # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
         self.round_parts = RoundParts(
             algo=algo, clients=self.clients, wire=self.wire, server=self.server, participation=self.participation,

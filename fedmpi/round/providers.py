@@ -25,7 +25,8 @@ def build_participation(cfg, algo, part_sizes) -> Participation:
     if cfg.server.sampling == "poisson":
         PoissonSampling.check(cfg, type(algo))
         return PoissonSampling(cfg, algo)
-    return Everyone(cfg, algo)
+    return Everyone(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
+                    clients_per_round=cfg.server.clients_per_round)
 
 
 def build_stages(cfg, algo, dim, malicious=()) -> list:

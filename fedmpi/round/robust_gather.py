@@ -47,7 +47,7 @@ class GatherSettings:
     attack: object = None           # cfg.attack where it is omniscient, else None
     server_trainer: object = None   # fltrust (rank 0): the server's own training (fedmpi.core.train.ServerTrainer)
     client_cfg: object = None       # fltrust: the clients' training settings the server's update repeats
-    client_lr: object = None        # fltrust: round -> the clients' learning rate (schedules.client_lr)
+    client_lr: object = None        # fltrust: round -> the clients' learning rate (LearningRate.at)
     block: int = BLOCK
 
 
@@ -184,11 +184,12 @@ def detection(excluded, malicious) -> dict:
             "honest_excluded": share(int((excluded & ~malicious).sum()), int((~malicious).sum()))}
 
 
-def uses_gather(cfg) -> bool:
-    """Whether the run's uploads go through the chunked gather: a robust rule that needs every update, or an
-    omniscient attack (which needs the benign ones; with aggregator mean the gather computes the mean)."""
+def uses_gather(aggregator, attack_name) -> bool:
+    """Whether the run's uploads go through the chunked gather (server.aggregator = `aggregator`, attack.name =
+    `attack_name`): a robust rule that needs every update, or an omniscient attack (which needs the benign
+    ones; with aggregator mean the gather computes the mean)."""
     from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
 
-    omniscient = cfg.attack.name in OMNISCIENT_ATTACKS
-    return omniscient or cfg.server.aggregator not in ("mean", "norm_bound")
+    omniscient = attack_name in OMNISCIENT_ATTACKS
+    return omniscient or aggregator not in ("mean", "norm_bound")
 

@@ -10,12 +10,9 @@ without the server's set.
 
 from __future__ import annotations
 
-import functools
-
 from fedmpi.algorithms.registry import REGISTRY
 from fedmpi.attacks import malicious_clients
 from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
-from fedmpi.core import schedules
 from fedmpi.core.config_checks import Checks
 from fedmpi.robust.catalog import build_rule, rule_class, unused_key_problems
 from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
@@ -23,70 +20,73 @@ from fedmpi.round.robust_gather import ChunkedGather, GatherSettings, uses_gathe
 from fedmpi.round.robust_stage import NormBoundStage
 
 
-def robust_active(cfg) -> bool:
-    return cfg.server.aggregator != "mean" or cfg.attack.name in OMNISCIENT_ATTACKS
+def robust_active(aggregator, attack_name) -> bool:
+    """Whether server.aggregator = `aggregator` or attack.name = `attack_name` asks for robust aggregation."""
+    return aggregator != "mean" or attack_name in OMNISCIENT_ATTACKS
 
 
-def check_robust(cfg, algo_cls):
-    """ConfigError for a combination robust aggregation cannot run (module docstring)."""
-    if not robust_active(cfg):
+def check_robust(algo_cls, *, server, attack, algorithm_name, privacy, client_drift, server_data):
+    """ConfigError for a combination robust aggregation cannot run (module docstring), from the `server`,
+    `attack`, `privacy` and `server_data` sections, algorithm.name and eval.client_drift."""
+    aggregator, attack_name = server.aggregator, attack.name
+    if not robust_active(aggregator, attack_name):
         return
     c = Checks("")
-    aggregator, attack = cfg.server.aggregator, cfg.attack.name
     what = (f"server.aggregator = {aggregator!r}" if aggregator != "mean"
-            else f"attack.name = {attack!r} (an omniscient attack, run through the gather)")
+            else f"attack.name = {attack_name!r} (an omniscient attack, run through the gather)")
     c.require(algo_cls.robust_aggregation, "server.aggregator" if aggregator != "mean" else "attack.name",
-              aggregator if aggregator != "mean" else attack,
+              aggregator if aggregator != "mean" else attack_name,
               f"{'an omniscient attack runs through the gather and ' if aggregator == 'mean' else ''}needs an "
               f"algorithm whose upload is one vector averaged by weight; algorithm.name = "
-              f"{cfg.algorithm.name!r} is not one (it does not declare robust_aggregation); use one of "
+              f"{algorithm_name!r} is not one (it does not declare robust_aggregation); use one of "
               f"{', '.join(name for name, cls in REGISTRY.items() if cls.robust_aggregation)}")
-    c.require(not cfg.privacy.enabled, "privacy.mechanism", cfg.privacy.mechanism,
+    c.require(not privacy.enabled, "privacy.mechanism", privacy.mechanism,
               f"{what} cannot run with differential privacy (its noise is calibrated to the clipped sum); "
               f"set privacy.mechanism: none")
-    c.require(not (cfg.eval.client_drift and uses_gather(cfg)), "eval.client_drift", cfg.eval.client_drift,
+    c.require(not (client_drift and uses_gather(aggregator, attack_name)), "eval.client_drift", client_drift,
               f"the drift figures need the reduced sums, which {what} does not form; set eval.client_drift: false")
-    c.require(not rule_class(aggregator).needs_server_update or cfg.server_data.wanted, "server_data.size",
-              cfg.server_data.size, f"server.aggregator = {aggregator!r} needs the server's own set for its update: "
+    c.require(not rule_class(aggregator).needs_server_update or server_data.wanted, "server_data.size",
+              server_data.size, f"server.aggregator = {aggregator!r} needs the server's own set for its update: "
               f"set server_data.size > 0 (or server_data.fraction > 0)")
-    c.errors.extend(unused_key_problems(aggregator, cfg.server.robust))
+    c.errors.extend(unused_key_problems(aggregator, server.robust))
     c.done()
 
 
-def robust_stage(cfg, dim):
+def robust_stage(server, attack_name, dim):
     """norm_bound under the plain reduction: the upload stage that clips each update; else None."""
-    if cfg.server.aggregator == "norm_bound" and not uses_gather(cfg):
-        return NormBoundStage(cfg.server.robust, dim)
+    if server.aggregator == "norm_bound" and not uses_gather(server.aggregator, attack_name):
+        return NormBoundStage(server.robust, dim)
     return None
 
 
-def robust_protocol(cfg, num_clients, server_trainer=None):
-    """The chunked gather family configured for this run, or None where the plain reduction serves."""
-    if not uses_gather(cfg):
+def robust_protocol(num_clients, server_trainer=None, *, server, attack, seed, gather_bytes, client, client_rate):
+    """The chunked gather family configured for this run, or None where the plain reduction serves. From the
+    `server`, `attack` and `client` sections, the run's seed, runtime.gather_memory (`gather_bytes`, None: the
+    machine's share) and eta_l under client.lr_schedule (`client_rate`, what FLTrust's server update uses)."""
+    if not uses_gather(server.aggregator, attack.name):
         return None
-    omniscient = cfg.attack.name in OMNISCIENT_ATTACKS
-    budget = cfg.runtime.gather_bytes
+    omniscient = attack.name in OMNISCIENT_ATTACKS
     settings = GatherSettings(
-        rule=build_rule(cfg.server.aggregator, cfg.server.robust),
-        budget=default_budget() if budget is None else budget,
-        malicious=malicious_clients(cfg.attack, num_clients, cfg.seed),
-        attack=cfg.attack if omniscient else None,
-        server_trainer=server_trainer, client_cfg=cfg.client,
-        client_lr=functools.partial(schedules.client_lr, cfg))
+        rule=build_rule(server.aggregator, server.robust),
+        budget=default_budget() if gather_bytes is None else gather_bytes,
+        malicious=malicious_clients(attack, num_clients, seed),
+        attack=attack if omniscient else None,
+        server_trainer=server_trainer, client_cfg=client,
+        client_lr=client_rate.at)
     return ChunkedGather(settings)
 
 
-def dry_run_line(cfg, dim) -> str:
+def dry_run_line(server, attack_name, gather_bytes, dim) -> str:
     """`--dry-run`'s line on the chunked gather (empty where the run does not use it): the chunks a full round
-    of server.clients_per_round counted clients is cut into, and rank 0's bound for them."""
-    if not uses_gather(cfg):
+    of server.clients_per_round counted clients is cut into, and rank 0's bound for them (`gather_bytes`:
+    runtime.gather_memory, None: the machine's share)."""
+    if not uses_gather(server.aggregator, attack_name):
         return ""
-    budget = cfg.runtime.gather_bytes
-    budget = default_budget() if budget is None else budget
-    s = cfg.server.clients_per_round
+    budget = default_budget() if gather_bytes is None else gather_bytes
+    s = server.clients_per_round
     width = chunk_width(budget, s, dim)
-    passes = build_rule(cfg.server.aggregator, cfg.server.robust).passes()
-    return (f"robust aggregation: {cfg.server.aggregator} through the chunked gather, {passes} pass(es) (+1 for "
+    passes = build_rule(server.aggregator, server.robust).passes()
+    return (f"robust aggregation: {server.aggregator} through the chunked gather, {passes} pass(es) (+1 for "
             f"min_max/min_sum) over {len(chunk_bounds(dim, width))} chunk(s) of {width} coordinates for {s} "
             f"clients; rank 0 holds {s * width * BYTES_PER_ENTRY / 1e6:.1f} MB for a chunk "
             f"(runtime.gather_memory {budget / 1e6:.0f} MB)")

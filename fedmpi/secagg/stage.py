@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from fedmpi.core import rng
+from fedmpi.core.errors import ConfigError
 from fedmpi.secagg import agreement, costs
 from fedmpi.secagg.checks import noise_stddev, plan_of, problems, warnings
 from fedmpi.secagg.graph import degrees
@@ -40,6 +41,13 @@ class SecAggStage(UploadStage):
     own_vector_transport = True
 
     problems = staticmethod(problems)
+
+    @classmethod
+    def check(cls, cfg, algo_cls):
+        """ConfigError (before anything is written) with every one of `problems` at once."""
+        found = problems(cfg, algo_cls)
+        if found:
+            raise ConfigError(found)
 
     def __init__(self, cfg, algo, dim, kept_indices=None, epsilon_curve=None):
         """`kept_indices(round)`: the coordinates every client of the round uploads (shared rand-k), None
