@@ -229,8 +229,9 @@ def _dry_run(cfg):
         print(f"attack: {cfg.attack.name}, {len(plan.malicious)} malicious clients: "
               f"{', '.join(map(str, plan.malicious))}")
     print(f"model: {cfg.model.name}, {flat.n_params} parameters ({flat.dim} entries with buffers)")
-    if dry_run_line(cfg, flat.dim):
-        print(dry_run_line(cfg, flat.dim))
+    robust_line = dry_run_line(cfg.server, cfg.attack.name, cfg.runtime.gather_bytes, flat.dim)
+    if robust_line:
+        print(robust_line)
     for line in privacy_lines(cfg, plan.algorithm) + secagg_lines(cfg, plan.algorithm):
         print(line)
     print(dataset.summary())

@@ -276,10 +276,13 @@ def server_update(algo, x, acc, weight, t=0, server_lr=1.0):
     from types import SimpleNamespace
 
     from fedmpi import config
+    from fedmpi.core.schedules import LearningRate
     from fedmpi.round.server import Server
 
     flat = SimpleNamespace(device=x.device, dim=algo.dim, n_params=algo.n_params)
-    server = Server(config.from_dict({"server": {"lr": server_lr}}), algo, flat, x)
+    cfg = config.from_dict({"server": {"lr": server_lr}})
+    server = Server(algo, flat, x, server=cfg.server, rounds=cfg.rounds,
+                    client_rate=LearningRate.of(cfg.client, cfg.rounds), wire_dtype=cfg.runtime.wire_dtype)
     server.apply(t, acc, weight)
     return server.x
 

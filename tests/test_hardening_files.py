@@ -155,18 +155,18 @@ def test_a_model_that_cannot_take_the_data_is_refused_naming_both():
     cfg = config.Config(data=config.DataConfig(name="synthetic"), model=config.ModelConfig(name="lstm"))
     model = build_model(cfg.model, (60,), 10)
     with pytest.raises(ConfigError, match=r"model.name = 'lstm' cannot take data.name = 'synthetic'"):
-        check_takes(model, cfg, np.zeros((4, 60), dtype=np.float32), 10)
+        check_takes(model, cfg.model.name, cfg.data.name, np.zeros((4, 60), dtype=np.float32), 10)
 
 
 def test_the_model_check_changes_nothing_of_the_model():
     model = nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 2)).train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = config.Config()
-    check_takes(model, cfg, np.full((4, 3), 5.0, dtype=np.float32), 2)
+    check_takes(model, cfg.model.name, cfg.data.name, np.full((4, 3), 5.0, dtype=np.float32), 2)
     assert model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     with pytest.raises(ConfigError, match=r"outputs of shape \(1, 2\), not \(1, 7\)"):
-        check_takes(model, cfg, np.zeros((4, 3), dtype=np.float32), 7)
+        check_takes(model, cfg.model.name, cfg.data.name, np.zeros((4, 3), dtype=np.float32), 7)
 
 
 # --- finding 1: no command writes to one of its inputs; --csv keeps existing files --------------------------

@@ -274,9 +274,9 @@ def test_a_plugin_model_whose_forward_fails_on_the_data_is_refused(site):
     ds = load_dataset(cfg)
     model = build_model(cfg.model, ds.input_shape, ds.num_classes)
     with pytest.raises(ConfigError, match=r"model.name = 'myfl.nets:WrongWidth' cannot take data.name = 'blobs'"):
-        check_takes(model, cfg, ds.x_train, ds.num_classes)
+        check_takes(model, cfg.model.name, cfg.data.name, ds.x_train, ds.num_classes)
     with pytest.raises(ConfigError, match=r"one sample gives outputs of shape \(1, 3\), not \(1, 5\)"):
-        check_takes(model.lin.__class__(8, 3), cfg, ds.x_train, 5)
+        check_takes(model.lin.__class__(8, 3), cfg.model.name, cfg.data.name, ds.x_train, 5)
 
 
 @pytest.mark.parametrize("model, words", [

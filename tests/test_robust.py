@@ -285,12 +285,15 @@ def test_privacy_is_refused_and_dry_run_states_the_bound():
     cfg = config.from_dict({"privacy": {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0},
                             "server": {"aggregator": "median"}})
     with pytest.raises(ConfigError, match="privacy.mechanism"):
-        check_robust(cfg, FedAvg)
+        check_robust(FedAvg, server=cfg.server, attack=cfg.attack, algorithm_name=cfg.algorithm.name,
+                     privacy=cfg.privacy, client_drift=cfg.eval.client_drift, server_data=cfg.server_data)
     cfg = config.from_dict({"partition": {"clients": 100}, "runtime": {"gather_memory": "256MB"},
                             "server": {"aggregator": "median", "clients_per_round": 100}})
-    line = dry_run_line(cfg, 1756426)      # 256 MB / (100 x 4096 x 32 B) = 19 blocks of 4096 a chunk
+    # 256 MB / (100 x 4096 x 32 B) = 19 blocks of 4096 a chunk
+    line = dry_run_line(cfg.server, cfg.attack.name, cfg.runtime.gather_bytes, 1756426)
     assert "23 chunk(s) of 77824 coordinates" in line and "249.0 MB" in line
-    assert dry_run_line(config.from_dict({}), 1756426) == ""
+    default = config.from_dict({})
+    assert dry_run_line(default.server, default.attack.name, default.runtime.gather_bytes, 1756426) == ""
 
 
 def test_a_rule_at_its_fedavg_limit_composes_with_the_server_optimizer(tmp_path):

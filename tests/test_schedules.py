@@ -16,7 +16,7 @@ from conftest import read_metrics
 
 from fedmpi import config
 from fedmpi.core.errors import ConfigError
-from fedmpi.core.schedules import ScheduleConfig, client_lr, lr_at, server_lr
+from fedmpi.core.schedules import LearningRate, ScheduleConfig, lr_at
 from fedmpi.io import checkpoint, resume
 
 
@@ -67,8 +67,9 @@ def test_linear_warmup_over_the_first_rounds():
 def test_client_and_server_rates_follow_their_own_keys():
     cfg = config.from_dict({"client": {"lr": 0.1, "lr_schedule": {"name": "exponential", "gamma": 0.5}},
                             "server": {"lr": 2.0, "lr_schedule": "cosine"}, "rounds": 2})
-    assert [client_lr(cfg, t) for t in range(2)] == [0.1, 0.05]
-    np.testing.assert_allclose([server_lr(cfg, t) for t in range(2)], [2.0, 1.0], rtol=1e-12)
+    client, server = LearningRate.of(cfg.client, cfg.rounds), LearningRate.of(cfg.server, cfg.rounds)
+    assert [client.at(t) for t in range(2)] == [0.1, 0.05]
+    np.testing.assert_allclose([server.at(t) for t in range(2)], [2.0, 1.0], rtol=1e-12)
 
 
 @pytest.mark.parametrize("section,keys,named", [

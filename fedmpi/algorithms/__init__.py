@@ -16,21 +16,25 @@ from fedmpi.algorithms.base import (
 from fedmpi.algorithms.registry import lookup, register
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.personal import ParameterSplit, personal_names, split_of
+from fedmpi.core.schedules import LearningRate
 
 
-def algorithm_context(cfg, dim, n_params, history=None, split=None) -> AlgorithmContext:
+def algorithm_context(cfg, dim, n_params, history=None, split=None, client_rate=None) -> AlgorithmContext:
     """The context an algorithm of this config is built with. `history` answers `selected(t)`: a run passes
     its participation provider's plans (a PlanHistory bound to `participation.plan`); without one (hook tests,
     `--dry-run`) it is the standard draw, which the default provider plans. `split`: the model's
-    `personal_split` (None or empty: nothing personal)."""
+    `personal_split` (None or empty: nothing personal). `client_rate`: the run's eta_l schedule
+    (schedules.LearningRate), the one its clients train with; None builds it from `client` and `rounds`."""
     c = cfg.client
     client = ClientTraining(lr=c.lr, batch_size=c.batch_size, epochs=c.epochs, steps=c.steps, momentum=c.momentum,
                             drop_last=c.drop_last, lr_schedule=c.lr_schedule)
+    if client_rate is None:
+        client_rate = LearningRate.of(c, cfg.rounds)
     if history is None:
         history = StandardDraws(cfg.seed, cfg.partition.clients, cfg.server.clients_per_round)
     return AlgorithmContext(seed=cfg.seed, num_clients=cfg.partition.clients,
                             clients_per_round=cfg.server.clients_per_round, rounds=cfg.rounds, dim=dim,
-                            n_params=n_params, history=history, client=client,
+                            n_params=n_params, history=history, client=client, client_rate=client_rate,
                             privacy_enabled=cfg.privacy.enabled, split=split if split else None)
 
 

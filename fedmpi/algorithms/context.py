@@ -10,10 +10,10 @@ from typing import Protocol
 
 import numpy as np
 
-from fedmpi.core import rng, schedules
+from fedmpi.core import rng
 from fedmpi.core.lazy import torch
 from fedmpi.core.personal import ParameterSplit
-from fedmpi.core.schedules import ScheduleConfig
+from fedmpi.core.schedules import LearningRate, ScheduleConfig
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ class AlgorithmContext:
     n_params: int                 # its trainable entries
     history: ParticipationHistory   # round t's selected clients, on every rank
     client: ClientTraining        # the clients' training settings
+    client_rate: LearningRate     # eta_l under client.lr_schedule: the one the clients train with
     privacy_enabled: bool = False   # privacy.mechanism is on (FedNova then takes every a_i as 1)
     # The flat vector's shared and personal entries (model.personal and the class's `personal_patterns`);
     # None when nothing is personal (an empty split is passed as None).
@@ -90,7 +91,7 @@ class AlgorithmContext:
 
     def client_lr(self, round_) -> float:
         """eta_l of round `round_` under client.lr_schedule (what `ClientRun.lr` holds on the clients)."""
-        return schedules.lr_at(self.client.lr, self.client.lr_schedule, round_, self.rounds)
+        return self.client_rate.at(round_)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Attack set-ups that cannot run, refused before anything is written (ConfigError, exit 2), each naming the
 key and what would be valid. The section's own ranges are checked in fedmpi.attacks.keys; these checks need
 the data set (labels, input shape) and the algorithm's declared upload. The omniscient attacks' and the
-robust aggregators' own conditions are fedmpi.round.robust_setup.check_robust's (they run through the
+robust aggregators' own conditions are fedmpi.round.robust_checks.check_robust's (they run through the
 chunked gather, which also serves them with server.aggregator = mean)."""
 
 from __future__ import annotations

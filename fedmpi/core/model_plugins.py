@@ -24,9 +24,10 @@ GROUP = "fedmpi.models"
 TORCHVISION = "torchvision:"
 
 
-def build_plugin(cfg, input_shape, num_classes) -> nn.Module:
-    """The plug-in model `cfg.name` for samples of `input_shape` and `num_classes` classes, checked."""
-    name, kwargs = cfg.name, dict(cfg.kwargs)
+def build_plugin(model, input_shape, num_classes) -> nn.Module:
+    """The plug-in model `model.name` (the `model` section) for samples of `input_shape` and `num_classes`
+    classes, checked."""
+    name, kwargs = model.name, dict(model.kwargs)
     where = f"model.name = {show(name)}"
     if name.startswith(TORCHVISION) and name not in plugin_names.installed(GROUP):
         factory = _torchvision(name[len(TORCHVISION):], where)
@@ -41,25 +42,25 @@ def build_plugin(cfg, input_shape, num_classes) -> nn.Module:
             if key in named:
                 kwargs.setdefault(key, value)
     try:
-        model = factory(**kwargs)
+        module = factory(**kwargs)
     except (KeyboardInterrupt, ConfigError):
         raise
     except SystemExit as e:
         raise ConfigError(f"{where}: building it called sys.exit({show(e.code)})") from None
     except Exception as e:  # noqa: BLE001 - whatever the constructor raises is the plug-in's problem
         first = (str(e).splitlines() or [""])[0][:300]
-        raise ConfigError(f"{where}: building it with model.kwargs {show(cfg.kwargs)} raised "
+        raise ConfigError(f"{where}: building it with model.kwargs {show(model.kwargs)} raised "
                           f"{type(e).__name__}: {first}") from None
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"{where}: returned a {type(model).__name__}, not a torch.nn.Module")
-    bad = [(n, p.dtype) for n, p in model.named_parameters() if not p.is_floating_point()]
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"{where}: returned a {type(module).__name__}, not a torch.nn.Module")
+    bad = [(n, p.dtype) for n, p in module.named_parameters() if not p.is_floating_point()]
     if bad:
         raise ConfigError(f"{where}: parameter {bad[0][0]!r} has dtype {bad[0][1]}; every parameter must be "
                           f"floating point (SGD and the flat model vector are float)")
-    if not any(True for _ in model.parameters()):
+    if not any(True for _ in module.parameters()):
         raise ConfigError(f"{where}: the model has no parameters; there is nothing to train")
-    _check_float32(model, where)
-    return model
+    _check_float32(module, where)
+    return module
 
 
 def _check_float32(model, where):

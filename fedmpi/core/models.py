@@ -1,4 +1,4 @@
-"""The model zoo. Each builder takes the model config, the input shape and the class count (both from the
+"""The model zoo. Each builder takes the `model` section, the input shape and the class count (both from the
 data set) and returns an nn.Module that FlatModel can lay onto one flat vector.
 
 Convention for contrastive methods (MOON): a module with `forward_rep(x)` returns `(z, logits)`, where
@@ -17,22 +17,22 @@ from torch import nn
 from fedmpi.core.errors import ConfigError
 
 
-def _lr(cfg, shape, classes):
+def _lr(model, shape, classes):
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), classes))
 
 
-def _mlp(cfg, shape, classes):
+def _mlp(model, shape, classes):
     # McMahan et al.'s "2NN": two hidden layers of `hidden` units with ReLU; `mlp_norm: batch` puts a
     # BatchNorm1d after each hidden layer (a small model with normalization layers, for FedBN).
-    if getattr(cfg, "mlp_norm", "none") == "batch":
-        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), cfg.hidden), nn.BatchNorm1d(cfg.hidden),
-                             nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.BatchNorm1d(cfg.hidden), nn.ReLU(),
-                             nn.Linear(cfg.hidden, classes))
-    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), cfg.hidden), nn.ReLU(),
-                         nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, classes))
+    if getattr(model, "mlp_norm", "none") == "batch":
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), model.hidden), nn.BatchNorm1d(model.hidden),
+                             nn.ReLU(), nn.Linear(model.hidden, model.hidden), nn.BatchNorm1d(model.hidden), nn.ReLU(),
+                             nn.Linear(model.hidden, classes))
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(shape), model.hidden), nn.ReLU(),
+                         nn.Linear(model.hidden, model.hidden), nn.ReLU(), nn.Linear(model.hidden, classes))
 
 
-def _cnn_mnist(cfg, shape, classes):
+def _cnn_mnist(model, shape, classes):
     # McMahan et al.'s MNIST CNN: two 5x5 convolutions (32, 64 channels) each with 2x2 max pooling,
     # a dense layer of 512 units, softmax output.
     channels, height, width = _image_shape(shape, "cnn_mnist")
@@ -43,7 +43,7 @@ def _cnn_mnist(cfg, shape, classes):
         nn.Flatten(), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, classes))
 
 
-def _cnn2(cfg, shape, classes):
+def _cnn2(model, shape, classes):
     # The FSL paper's network: two convolutional and two dense hidden layers. The paper's appendix with the
     # exact sizes is not available here; this is the shape of McMahan et al.'s CIFAR model (TensorFlow's
     # CIFAR-10 tutorial, which that paper and Zhao et al. use): 5x5 convolutions of 64 channels with 2x2 max
@@ -82,14 +82,14 @@ class SimpleCNN(nn.Module):
         return self.forward_rep(x)[1]
 
 
-def _simple_cnn(cfg, shape, classes):
+def _simple_cnn(model, shape, classes):
     _, height, width = _image_shape(shape, "simple_cnn")
     if min(height, width) < 16:
         raise ConfigError(f"model.name = 'simple_cnn': needs images of at least 16x16, got {height}x{width}")
-    return SimpleCNN(shape, classes, cfg.projection)
+    return SimpleCNN(shape, classes, model.projection)
 
 
-def _pfl_cnn(cfg, shape, classes):
+def _pfl_cnn(model, shape, classes):
     # pfl-research's `simple_cnn` (benchmarks/model/pytorch/cnn.py, its CIFAR-10 benchmark model): 3x3 valid
     # convolutions of 32 and 64 channels with ReLU, 2x2 max pooling, dropout 0.25, a dense layer of 128 with
     # ReLU, dropout 0.5, the output layer; 1,626,442 parameters on 3x32x32. pfl takes NHWC images and
@@ -99,13 +99,13 @@ def _pfl_cnn(cfg, shape, classes):
     if min(height, width) < 6:
         raise ConfigError(f"model.name = 'pfl_cnn': needs images of at least 6x6, got {height}x{width}")
     flat = 64 * ((height - 4) // 2) * ((width - 4) // 2)
-    model = nn.Sequential(
+    net = nn.Sequential(
         nn.Conv2d(channels, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
         nn.Dropout(0.25), nn.Flatten(), nn.Linear(flat, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, classes))
-    for m in model.modules():
+    for m in net.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.xavier_uniform_(m.weight)
-    return model
+    return net
 
 
 class CharLSTM(nn.Module):
@@ -123,7 +123,7 @@ class CharLSTM(nn.Module):
         return self.out(states[:, -1])
 
 
-def _lstm(cfg, shape, classes):
+def _lstm(model, shape, classes):
     if len(shape) != 1:
         raise ConfigError(f"model.name = 'lstm': needs token sequences (data.name: shakespeare), but the "
                           f"dataset's inputs have shape {tuple(shape)}")
@@ -150,7 +150,7 @@ class ResNetRep(nn.Module):
         return self.forward_rep(x)[1]
 
 
-def _resnet18(cfg, shape, classes):
+def _resnet18(model, shape, classes):
     # torchvision's ResNet-18 adapted to small images as usual for CIFAR: a 3x3 stride-1 stem and no max
     # pooling. GroupNorm (2 groups) is the default because BatchNorm statistics average badly across
     # non-IID clients (Hsieh et al. 2020); with `norm: batch` the running statistics travel in the flat vector.
@@ -158,12 +158,12 @@ def _resnet18(cfg, shape, classes):
     from torchvision.models import resnet18
 
     channels, _, _ = _image_shape(shape, "resnet18")
-    norm = (lambda c: nn.GroupNorm(2, c)) if cfg.norm == "group" else nn.BatchNorm2d
+    norm = (lambda c: nn.GroupNorm(2, c)) if model.norm == "group" else nn.BatchNorm2d
     net = resnet18(num_classes=classes, norm_layer=norm)
     net.conv1 = nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False)
     net.maxpool = nn.Identity()
-    if cfg.projection:
-        return ResNetRep(net, net.fc.in_features, cfg.projection, classes)
+    if model.projection:
+        return ResNetRep(net, net.fc.in_features, model.projection, classes)
     return net
 
 
@@ -182,27 +182,27 @@ BUILDERS = {"lr": _lr, "mlp": _mlp, "cnn_mnist": _cnn_mnist, "cnn2": _cnn2, "sim
             "lstm": _lstm, "resnet18": _resnet18, "pfl_cnn": _pfl_cnn}
 
 
-def build_model(cfg, input_shape, num_classes) -> nn.Module:
-    if cfg.projection is not None and cfg.name not in BUILDERS:
-        raise ConfigError(f"model.projection = {cfg.projection}: only simple_cnn and resnet18 have a projection "
-                          f"head; set it null for model.name = {cfg.name!r}")
-    if cfg.name not in BUILDERS:        # a model from outside fedmpi (a plug-in or torchvision:NAME)
+def build_model(model, input_shape, num_classes) -> nn.Module:
+    if model.projection is not None and model.name not in BUILDERS:
+        raise ConfigError(f"model.projection = {model.projection}: only simple_cnn and resnet18 have a projection "
+                          f"head; set it null for model.name = {model.name!r}")
+    if model.name not in BUILDERS:        # a model from outside fedmpi (a plug-in or torchvision:NAME)
         from fedmpi.core.model_plugins import build_plugin
 
-        return build_plugin(cfg, tuple(input_shape), num_classes)
-    if cfg.projection is not None and cfg.name not in ("simple_cnn", "resnet18"):
-        raise ConfigError(f"model.projection = {cfg.projection}: only simple_cnn and resnet18 have a projection "
-                          f"head; set it null for model.name = {cfg.name!r}")
-    return BUILDERS[cfg.name](cfg, tuple(input_shape), num_classes)
+        return build_plugin(model, tuple(input_shape), num_classes)
+    if model.projection is not None and model.name not in ("simple_cnn", "resnet18"):
+        raise ConfigError(f"model.projection = {model.projection}: only simple_cnn and resnet18 have a projection "
+                          f"head; set it null for model.name = {model.name!r}")
+    return BUILDERS[model.name](model, tuple(input_shape), num_classes)
 
 
-
-def check_takes(model, cfg, x_train, num_classes):
-    """ConfigError (exit 2) unless the model built for `model.name` takes the data set's inputs: one training
-    sample through a forward pass must give [1, num_classes] outputs. Run at set-up, before any file is
-    written, so that a model that cannot take the data (an lstm on images or on synthetic features) is
-    refused there and never fails in round 0 after --overwrite replaced the old run. In eval mode and
-    without gradients, so nothing of the model (BatchNorm's running statistics) and no random stream moves."""
+def check_takes(model, model_name, data_name, x_train, num_classes):
+    """ConfigError (exit 2) unless the model built for `model.name` (`model_name`) takes the inputs of
+    `data.name` (`data_name`): one training sample through a forward pass must give [1, num_classes] outputs.
+    Run at set-up, before any file is written, so that a model that cannot take the data (an lstm on images
+    or on synthetic features) is refused there and never fails in round 0 after --overwrite replaced the old
+    run. In eval mode and without gradients, so nothing of the model (BatchNorm's running statistics) and no
+    random stream moves."""
     if len(x_train) == 0:
         return
     sample = torch.from_numpy(np.array(x_train[:1]))
@@ -213,13 +213,13 @@ def check_takes(model, cfg, x_train, num_classes):
             out = model(sample)
     except Exception as e:  # noqa: BLE001 - whatever the forward raises, the pair is what is wrong
         reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
-        raise ConfigError(f"model.name = {cfg.model.name!r} cannot take data.name = {cfg.data.name!r}'s inputs "
+        raise ConfigError(f"model.name = {model_name!r} cannot take data.name = {data_name!r}'s inputs "
                           f"(one sample of shape {tuple(sample.shape[1:])}, dtype {sample.dtype}): {reason}; "
                           f"choose a model for this data (lstm takes shakespeare's token sequences; "
                           f"lr, mlp and the CNNs float features or images)") from None
     finally:
         model.train(was_training)
     if tuple(getattr(out, "shape", ())) != (1, num_classes):
-        raise ConfigError(f"model.name = {cfg.model.name!r} on data.name = {cfg.data.name!r}: one sample gives "
+        raise ConfigError(f"model.name = {model_name!r} on data.name = {data_name!r}: one sample gives "
                           f"outputs of shape {tuple(getattr(out, 'shape', ()))}, not (1, {num_classes}) for "
                           f"its {num_classes} classes")

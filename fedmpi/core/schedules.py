@@ -87,11 +87,22 @@ def lr_at(base_lr: float, sched: ScheduleConfig, round_: int, run_rounds: int) -
     return float(lr)
 
 
-def client_lr(cfg, round_) -> float:
-    """eta_l of round `round_` under `client.lr_schedule`."""
-    return lr_at(cfg.client.lr, cfg.client.lr_schedule, round_, cfg.rounds)
+@dataclass(frozen=True)
+class LearningRate:
+    """One learning rate under its schedule for a run of `run_rounds` rounds: eta_l (`client.lr` under
+    `client.lr_schedule`) or eta_g (`server.lr` under `server.lr_schedule`). Built once by the assembler and
+    handed to every part that needs the round's rate, so that the rate logged, the rate trained with and the
+    rate an algorithm or FLTrust's server update reads are one computation."""
 
+    base: float
+    schedule: ScheduleConfig
+    run_rounds: int
 
-def server_lr(cfg, round_) -> float:
-    """eta_g of round `round_` under `server.lr_schedule`."""
-    return lr_at(cfg.server.lr, cfg.server.lr_schedule, round_, cfg.rounds)
+    @classmethod
+    def of(cls, section, run_rounds) -> LearningRate:
+        """The rate of a `client` or `server` section (its `lr` and `lr_schedule`)."""
+        return cls(section.lr, section.lr_schedule, run_rounds)
+
+    def at(self, round_) -> float:
+        """The rate of round `round_` (0-based)."""
+        return lr_at(self.base, self.schedule, round_, self.run_rounds)

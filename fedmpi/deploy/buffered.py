@@ -72,7 +72,9 @@ class BufferedPlan(RoundPlan):
 
 class BufferedParticipation(Participation):
     def __init__(self, cfg, algo, part_sizes):
-        super().__init__(cfg, algo)
+        self.cfg = cfg
+        super().__init__(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
+                         clients_per_round=cfg.server.clients_per_round)
         keys, clients = cfg.algorithm, cfg.clients
         self.buffer, self.concurrency = keys.buffer_size, keys.concurrency
         self.num_clients = len(part_sizes)

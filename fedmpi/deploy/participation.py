@@ -35,7 +35,9 @@ class DeployParticipation(Participation):
     """Plans by `fedmpi.deploy.plan.Deployment`; the simulated clock is its state."""
 
     def __init__(self, cfg, algo, part_sizes):
-        super().__init__(cfg, algo)
+        self.cfg = cfg
+        super().__init__(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
+                         clients_per_round=cfg.server.clients_per_round)
         self.deployment = Deployment(cfg.clients, cfg.server.straggler_policy(), cfg.seed, len(part_sizes),
                                      cfg.server.clients_per_round)
         self.steps = np.array([schedule(cfg.client, n).steps for n in part_sizes], dtype=np.float64)

@@ -36,14 +36,16 @@ class RoundPlan:
 
 
 class Participation:
-    """Provider of round plans. `state`/`load_state` carry what a resumed run needs (e.g. simulated time)."""
+    """Provider of round plans. `state`/`load_state` carry what a resumed run needs (e.g. simulated time).
+    Built from the run's `seed`, `num_clients` (partition.clients) and `clients_per_round`
+    (server.clients_per_round), which the standard draw reads."""
 
-    def __init__(self, cfg, algo):
-        self.cfg, self.algo = cfg, algo
+    def __init__(self, algo, *, seed, num_clients, clients_per_round):
+        self.algo = algo
+        self.seed, self.partition_clients, self.clients_per_round = seed, num_clients, clients_per_round
 
     def standard(self, t):
-        cfg = self.cfg
-        return rng.select_clients(cfg.seed, t, cfg.partition.clients, cfg.server.clients_per_round)
+        return rng.select_clients(self.seed, t, self.partition_clients, self.clients_per_round)
 
     def plan(self, t) -> RoundPlan:
         standard = self.standard(t)

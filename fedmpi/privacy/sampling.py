@@ -25,7 +25,9 @@ class PoissonSampling(Participation):
                               f"server.sampling: fixed")
 
     def __init__(self, cfg, algo):
-        super().__init__(cfg, algo)
+        self.cfg = cfg
+        super().__init__(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
+                         clients_per_round=cfg.server.clients_per_round)
         self.rate = poisson_rate(cfg.server.clients_per_round, cfg.partition.clients)
 
     def standard(self, t):

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from fedmpi.core.errors import InputError
-from fedmpi.privacy import accounting, plan
+from fedmpi.privacy import plan
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
 from fedmpi.uploads.base import UploadStage
 from fedmpi.uploads.forked import ForkAccounting, parent_value
@@ -30,12 +30,7 @@ CLIPPED, COUNT = 0, 1      # the stage's sums in the reduction: updates clipped,
 class PrivacyStage(UploadStage):
     name = "privacy"
 
-    problems = staticmethod(plan.stage_problems)
-
-    @classmethod
-    def check(cls, cfg, algo_cls):
-        super().check(cfg, algo_cls)
-        accounting.library()        # not installed: exit 2 with the pip command
+    # Its conditions (fedmpi.privacy.plan.stage_problems, the accountant's library) are fedmpi.run.resolve's.
 
     def __init__(self, cfg, algo, dim):
         self.cfg, self.privacy, self.seed, self.dim = cfg, cfg.privacy, cfg.seed, dim

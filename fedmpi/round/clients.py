@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms.base import REDUCE, ClientRun
-from fedmpi.core import rng, schedules, vectorized
-from fedmpi.core.errors import ConfigError
+from fedmpi.core import rng, vectorized
 from fedmpi.core.train import LocalTrainer, Schedule, evaluate, schedule, seed_torch_on
 from fedmpi.data.augment import make_transform
 from fedmpi.mpi.runtime import place_clients
@@ -81,12 +80,18 @@ class DealtClients:
 
 
 class ClientHost:
-    def __init__(self, cfg, comm, workers, algo, flat, parts, data, loss=None, keeps_state=False, poison=None):
-        """`workers`: the ranks that train clients; `data` holds the data set and moves its tensors to the
+    def __init__(self, comm, workers, algo, flat, parts, device_data, *, seed, client, client_rate, data, server,
+                 client_dealing, eval_batch, loss=None, keeps_state=False, poison=None):
+        """`workers`: the ranks that train clients; `device_data` holds the data set and moves its tensors to the
         device on first use (DeviceData); `keeps_state`: an upload stage keeps per-client state or clients have
         personal parameters (clients then train on their host); `poison`: the data attack
-        (fedmpi.attacks.data.DataPoison) or None."""
-        self.cfg, self.comm, self.workers, self.algo, self.flat = cfg, comm, workers, algo, flat
+        (fedmpi.attacks.data.DataPoison) or None. From the config: the run's `seed`, the `client` section and
+        its rate under client.lr_schedule (`client_rate`, schedules.LearningRate), the `data` section
+        (data.augment), the `server` section (clients_per_round, weighting), runtime.client_dealing and
+        eval.batch_size (`eval_batch`, SAFL's probes)."""
+        self.comm, self.workers, self.algo, self.flat = comm, workers, algo, flat
+        self.seed, self.client, self.client_rate, self.eval_batch = seed, client, client_rate, eval_batch
+        self.clients_per_round, self.weighting = server.clients_per_round, server.weighting
         self.poison = poison
         self.parts = parts
         self.sizes = np.array([len(p) for p in parts])
@@ -97,22 +102,22 @@ class ClientHost:
         self.trains = bool(self.mine) or (self.balanced and comm.rank in workers)
         self.x_train = self.y_train = self.trainer = self.group_trainer = None
         if self.trains:
-            self.x_train, self.y_train = data.train
+            self.x_train, self.y_train = device_data.train
             self.client_idx = ClientIndex(parts, flat.device)
-            self.trainer = LocalTrainer(flat, cfg.client, self.x_train, self.y_train,
-                                        transform=make_transform(cfg.data, data.dataset.input_shape), loss=loss)
+            self.trainer = LocalTrainer(flat, client, self.x_train, self.y_train,
+                                        transform=make_transform(data, device_data.dataset.input_shape), loss=loss)
         batched = self._plan_vectorize(loss)
         # runtime.client_dealing auto: dealt clients go to the workers as they become free (fedmpi.mpi.tickets),
         # where they train one by one; a batched group needs its clients known before it trains. The same
         # decision on every rank (the counter is made collectively); None: fixed shares (place_clients).
         self.tickets = (comm.ticket_counter()
-                        if self.balanced and cfg.runtime.client_dealing == "auto" and not batched else None)
+                        if self.balanced and client_dealing == "auto" and not batched else None)
 
     def _plan_vectorize(self, loss):
-        """`client.vectorize`: off, or auto/on when the algorithm and the model allow batched groups; `on`
-        with an algorithm or model that cannot fails here, on every rank. Whether clients train in batched
-        groups (the same on every rank and at every -n)."""
-        mode = self.cfg.client.vectorize
+        """`client.vectorize`: off, or auto/on when the algorithm and the model allow batched groups (`on` where
+        they cannot was refused by fedmpi.run.resolve). Whether clients train in batched groups (the same on
+        every rank and at every -n)."""
+        mode = self.client.vectorize
         if mode == "off":
             return False
         blocker = vectorized.unsupported(self.flat)
@@ -123,17 +128,14 @@ class ClientHost:
         elif loss is not None:
             blocker = "a custom loss trains client by client"
         if blocker:
-            if mode == "on":
-                raise ConfigError(f"client.vectorize = 'on': {blocker}; use auto (batch clients where possible) "
-                                  f"or off")
             return False
         # auto: one decision for the whole job from the config (the model, the partition's sizes, the round's
         # size), never from how many clients a rank holds, which follows -n (fedmpi.core.vectorized)
         if mode == "auto" and not (vectorized.worthwhile(self.flat) and vectorized.alike_enough(
-                self.sizes, self.cfg.client, self.cfg.server.clients_per_round)):
+                self.sizes, self.client, self.clients_per_round)):
             return False
         if self.trains:
-            self.group_trainer = vectorized.GroupTrainer(self.flat, self.cfg.client, self.x_train, self.y_train,
+            self.group_trainer = vectorized.GroupTrainer(self.flat, self.client, self.x_train, self.y_train,
                                                          transform=self.trainer.transform)
         return True
 
@@ -162,26 +164,26 @@ class ClientHost:
     # -- training -------------------------------------------------------------------------------------
     def new_run(self, t, cid):
         # server.weighting uniform: every client counts 1 in the average (None: its sample count)
-        weight = 1.0 if self.cfg.server.weighting == "uniform" else None
-        return ClientRun(cid, t, len(self.parts[cid]), lr=schedules.client_lr(self.cfg, t), weight=weight)
+        weight = 1.0 if self.weighting == "uniform" else None
+        return ClientRun(cid, t, len(self.parts[cid]), lr=self.client_rate.at(t), weight=weight)
 
     def schedule_of(self, run, standard):
         custom = self.algo.schedule(run.cid, self.algo.sizes, standard)
-        return Schedule(*custom) if custom else schedule(self.cfg.client, run.n_samples)
+        return Schedule(*custom) if custom else schedule(self.client, run.n_samples)
 
     def train_one(self, t, cid, standard, load_start, down=None):
         """Trains client `cid` from the start point that `load_start(run)` puts into the model (the algorithm's
         `local_training` hook runs its passes instead of the one pass, where it has one). The result is in
         `self.flat.vec`; returns its ClientRun."""
-        cfg, algo = self.cfg, self.algo
+        seed, algo = self.seed, self.algo
         run = self.new_run(t, cid)
         sched = self.schedule_of(run, standard)
         load_start(run)
         if algo.local_training is not None:
             loss_sum, seen = algo.local_training(run, down, self.flat, LocalPasses(self, run, sched))
         else:
-            seed_torch_on(self.flat.device, cfg.seed, rng.CLIENT, t, cid, 1)
-            loss_sum, seen = self.trainer.train(self.client_idx[cid], rng.stream(cfg.seed, rng.CLIENT, t, cid),
+            seed_torch_on(self.flat.device, seed, rng.CLIENT, t, cid, 1)
+            loss_sum, seen = self.trainer.train(self.client_idx[cid], rng.stream(seed, rng.CLIENT, t, cid),
                                                 sched, lr=run.lr, grad_hook=algo.grad_hook, loss_fn=algo.loss_fn,
                                                 step_hook=algo.step_hook, poison=self._poison(t, cid))
         run.steps, run.loss_sum, run.seen = sched.steps, loss_sum, seen
@@ -217,7 +219,7 @@ class ClientHost:
 
     def _train_group(self, runs, sched, down):
         """One batched group from the broadcast vector (`vectorizable`: the start point is the broadcast)."""
-        seed = self.cfg.seed
+        seed = self.seed
         clients = [(self.parts[run.cid], rng.stream(seed, rng.CLIENT, run.round, run.cid)) for run in runs]
         poisons = [self._poison(run.round, run.cid) for run in runs]
         weights, loss_sums, seen = self.group_trainer.train(down, clients, sched, lr=runs[0].lr,
@@ -237,5 +239,5 @@ class ClientHost:
         """Accuracy of model `vec` on training samples `indices` (SAFL's probe sets); loads `vec`."""
         self.flat.load(vec)
         idx = torch.from_numpy(np.asarray(indices)).to(self.flat.device)
-        acc, _ = evaluate(self.flat.module, self.x_train[idx], self.y_train[idx], self.cfg.eval.batch_size)
+        acc, _ = evaluate(self.flat.module, self.x_train[idx], self.y_train[idx], self.eval_batch)
         return acc

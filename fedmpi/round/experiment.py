@@ -106,7 +106,7 @@ class Experiment:
             console.say(f"fedmpi: warning: {self.attack_note}")
         poison = DataPoison(cfg.attack, self.malicious, cfg.seed, dataset.num_classes, dataset.x_train)
         self.stages = build_stages(cfg, algo, flat.dim, self.malicious)
-        clip = robust_stage(cfg, flat.dim)      # norm_bound under the plain reduction (after the attack)
+        clip = robust_stage(cfg.server, cfg.attack.name, flat.dim)   # norm_bound under the plain reduction
         if clip is not None:
             self.stages.append(clip)
         if cfg.runtime.wire_dtype != "float32" and algo_cls.protocol == REDUCE:
@@ -114,7 +114,9 @@ class Experiment:
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
-        self.clients = ClientHost(cfg, comm, self.workers, algo, flat, parts, data, loss=loss,
+        self.clients = ClientHost(comm, self.workers, algo, flat, parts, data, seed=cfg.seed, client=cfg.client,
+                                  client_rate=algo.context.client_rate, data=cfg.data, server=cfg.server,
+                                  client_dealing=cfg.runtime.client_dealing, eval_batch=cfg.eval.batch_size, loss=loss,
                                   keeps_state=(algo.split is not None
                                                or any(stage.keeps_client_state for stage in self.stages)),
                                   poison=poison if poison.active else None)
@@ -133,15 +135,16 @@ class Experiment:
             self.backdoor = SplitEvaluation(comm, flat, x_bd, y_bd, cfg.eval.batch_size,
                                             dataset.num_classes, data.tensor, loss=loss)
         self.data = data
-        self.local_eval = (LocalEvaluation(cfg, comm, self.clients, algo, self.flat, data, self.split.local_test,
-                                           self.client_store, loss=loss)
+        self.local_eval = (LocalEvaluation(cfg.eval, cfg.client, cfg.seed, comm, self.clients, algo, self.flat, data,
+                                           self.split.local_test, self.client_store, loss=loss)
                            if cfg.eval.local_every is not None else None)
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
         algo.verify_declarations()
         self.server = self.shadow = None
         if comm.is_server:
-            self.server = Server(cfg, algo, self.flat, x0)
+            self.server = Server(algo, self.flat, x0, server=cfg.server, rounds=cfg.rounds,
+                                 client_rate=algo.context.client_rate, wire_dtype=cfg.runtime.wire_dtype)
             self.server.start(self._server_trainer(data, loss))
             if cfg.eval.divergence:
                 self.shadow = Shadow(cfg, self.flat, self.server.x, *data.train, parts, loss=loss)
@@ -149,9 +152,12 @@ class Experiment:
                 stage.on_server()
         self.participation = build_participation(cfg, algo, [len(p) for p in parts])
         history.bind(self.participation.plan)
-        trainer = (self._fltrust_trainer(data, loss) if comm.is_server and robust_active(cfg)
+        trainer = (self._fltrust_trainer(data, loss)
+                   if comm.is_server and robust_active(cfg.server.aggregator, cfg.attack.name)
                    and rule_class(cfg.server.aggregator).needs_server_update else None)
-        protocol = robust_protocol(cfg, len(parts), trainer) or PROTOCOLS[algo.protocol]
+        protocol = robust_protocol(len(parts), trainer, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
+                                   gather_bytes=cfg.runtime.gather_bytes, client=cfg.client,
+                                   client_rate=algo.context.client_rate) or PROTOCOLS[algo.protocol]
         # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
         self.round_parts = RoundParts(
             algo=algo, clients=self.clients, wire=self.wire, server=self.server, participation=self.participation,

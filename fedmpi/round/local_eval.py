@@ -64,13 +64,14 @@ class LocalEvaluation:
     """The local evaluation of one rank's hosted clients. `local_test` is the split's LocalTest; `data` the
     experiment's DeviceData (its train or test tensors hold the splits)."""
 
-    def __init__(self, cfg, comm, clients, algo, flat, data, local_test, store, loss=None):
-        """`store`: the rank's ClientStateStore, whose device copies made for the evaluation are dropped after it
-        (with `local_clients: all` they would otherwise stay on a GPU until the next round's end)."""
-        self.cfg, self.comm, self.clients, self.algo, self.flat = cfg, comm, clients, algo, flat
-        self.store = store
-        self.every, self.scope = cfg.eval.local_every, cfg.eval.local_clients
-        self.finetune_steps, self.batch = cfg.eval.finetune_steps, cfg.eval.batch_size
+    def __init__(self, eval_cfg, client, seed, comm, clients, algo, flat, data, local_test, store, loss=None):
+        """`eval_cfg`: the `eval` section; `client`: the `client` section (the fine-tuning's batches); `seed`: the
+        run's seed. `store`: the rank's ClientStateStore, whose device copies made for the evaluation are dropped
+        after it (with `local_clients: all` they would otherwise stay on a GPU until the next round's end)."""
+        self.comm, self.clients, self.algo, self.flat = comm, clients, algo, flat
+        self.client, self.seed, self.store = client, seed, store
+        self.every, self.scope = eval_cfg.local_every, eval_cfg.local_clients
+        self.finetune_steps, self.batch = eval_cfg.finetune_steps, eval_cfg.batch_size
         self.data, self.local_test, self.loss = data, local_test, loss
         self.num_clients = len(clients.parts)
         self.sizes = local_test.sizes
@@ -126,9 +127,9 @@ class LocalEvaluation:
     def _finetune(self, t, cid):
         """`finetune_steps` plain SGD steps (the client's lr of round t and batch size) on its training split,
         with its own stream (seed, FINETUNE, t, cid): no algorithm hooks, nothing kept."""
-        clients, seed = self.clients, self.cfg.seed
+        clients, seed = self.clients, self.seed
         seed_torch_on(self.flat.device, seed, rng.FINETUNE, t, cid, 1)
-        sched = Schedule(self.cfg.client.batch_size, self.finetune_steps, self.cfg.client.drop_last)
+        sched = Schedule(self.client.batch_size, self.finetune_steps, self.client.drop_last)
         clients.trainer.train(clients.client_idx[cid], rng.stream(seed, rng.FINETUNE, t, cid), sched,
                               lr=clients.new_run(t, cid).lr)
 

@@ -36,7 +36,7 @@ class LocalPasses:
         host, run = self.host, self.run
         sched = self.sched if steps is None else Schedule(self.sched.batch_size, int(steps), self.sched.drop_last)
         purpose, keys = (rng.CLIENT, ()) if stream == 0 else (rng.PERSONAL, (int(stream),))
-        seed = host.cfg.seed
+        seed = host.seed
         seed_torch_on(host.flat.device, seed, purpose, run.round, run.cid, *keys, 1)
         return host.trainer.train(host.client_idx[run.cid], rng.stream(seed, purpose, run.round, run.cid, *keys),
                                   sched, lr=run.lr if lr is None else lr, grad_hook=grad_hook, loss_fn=loss_fn,
@@ -48,6 +48,6 @@ class LocalPasses:
         host = self.host
         idx = host.client_idx[self.run.cid]
         criterion = host.trainer.criterion
-        _, loss = evaluate(host.flat.module, host.x_train[idx], host.y_train[idx], host.cfg.eval.batch_size,
+        _, loss = evaluate(host.flat.module, host.x_train[idx], host.y_train[idx], host.eval_batch,
                            loss=None if criterion is F.cross_entropy else criterion)
         return loss

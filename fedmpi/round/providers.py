@@ -23,9 +23,9 @@ def build_participation(cfg, algo, part_sizes) -> Participation:
     if provider is not None:
         return provider
     if cfg.server.sampling == "poisson":
-        PoissonSampling.check(cfg, type(algo))
         return PoissonSampling(cfg, algo)
-    return Everyone(cfg, algo)
+    return Everyone(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
+                    clients_per_round=cfg.server.clients_per_round)
 
 
 def build_stages(cfg, algo, dim, malicious=()) -> list:
@@ -33,11 +33,9 @@ def build_stages(cfg, algo, dim, malicious=()) -> list:
     updates (the client crafts its update first, fedmpi.attacks.stage), update compression (client.compress),
     then differential privacy, which must bound exactly what is summed, or secure aggregation, which masks
     what is summed (the two are exclusive: fedmpi.secagg.checks)."""
-    SecAggStage.check(cfg, type(algo))
     stages = [AttackStage(cfg.attack, malicious, cfg.seed, dim)] if needs_stage(cfg.attack) and len(malicious) else []
     stages += list(stages_for(cfg, algo, dim))
     if cfg.privacy.enabled:
-        PrivacyStage.check(cfg, type(algo))
         stages.append(PrivacyStage(cfg, algo, dim))
     if cfg.server.secure_aggregation != "none":
         stages.append(secagg_stage(cfg, algo, dim))

@@ -47,7 +47,7 @@ class GatherSettings:
     attack: object = None           # cfg.attack where it is omniscient, else None
     server_trainer: object = None   # fltrust (rank 0): the server's own training (fedmpi.core.train.ServerTrainer)
     client_cfg: object = None       # fltrust: the clients' training settings the server's update repeats
-    client_lr: object = None        # fltrust: round -> the clients' learning rate (schedules.client_lr)
+    client_lr: object = None        # fltrust: round -> the clients' learning rate (LearningRate.at)
     block: int = BLOCK
 
 

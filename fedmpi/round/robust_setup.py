@@ -10,11 +10,8 @@ without the server's set.
 
 from __future__ import annotations
 
-import functools
-
 from fedmpi.attacks import malicious_clients
 from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
-from fedmpi.core import schedules
 from fedmpi.robust.catalog import build_rule
 from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
 from fedmpi.round.robust_checks import uses_gather
@@ -22,40 +19,41 @@ from fedmpi.round.robust_gather import ChunkedGather, GatherSettings
 from fedmpi.round.robust_stage import NormBoundStage
 
 
-def robust_stage(cfg, dim):
+def robust_stage(server, attack_name, dim):
     """norm_bound under the plain reduction: the upload stage that clips each update; else None."""
-    if cfg.server.aggregator == "norm_bound" and not uses_gather(cfg):
-        return NormBoundStage(cfg.server.robust, dim)
+    if server.aggregator == "norm_bound" and not uses_gather(server.aggregator, attack_name):
+        return NormBoundStage(server.robust, dim)
     return None
 
 
-def robust_protocol(cfg, num_clients, server_trainer=None):
-    """The chunked gather family configured for this run, or None where the plain reduction serves."""
-    if not uses_gather(cfg):
+def robust_protocol(num_clients, server_trainer=None, *, server, attack, seed, gather_bytes, client, client_rate):
+    """The chunked gather family configured for this run, or None where the plain reduction serves. From the
+    `server`, `attack` and `client` sections, the run's seed, runtime.gather_memory (`gather_bytes`, None: the
+    machine's share) and eta_l under client.lr_schedule (`client_rate`, what FLTrust's server update uses)."""
+    if not uses_gather(server.aggregator, attack.name):
         return None
-    omniscient = cfg.attack.name in OMNISCIENT_ATTACKS
-    budget = cfg.runtime.gather_bytes
+    omniscient = attack.name in OMNISCIENT_ATTACKS
     settings = GatherSettings(
-        rule=build_rule(cfg.server.aggregator, cfg.server.robust),
-        budget=default_budget() if budget is None else budget,
-        malicious=malicious_clients(cfg.attack, num_clients, cfg.seed),
-        attack=cfg.attack if omniscient else None,
-        server_trainer=server_trainer, client_cfg=cfg.client,
-        client_lr=functools.partial(schedules.client_lr, cfg))
+        rule=build_rule(server.aggregator, server.robust),
+        budget=default_budget() if gather_bytes is None else gather_bytes,
+        malicious=malicious_clients(attack, num_clients, seed),
+        attack=attack if omniscient else None,
+        server_trainer=server_trainer, client_cfg=client,
+        client_lr=client_rate.at)
     return ChunkedGather(settings)
 
 
-def dry_run_line(cfg, dim) -> str:
+def dry_run_line(server, attack_name, gather_bytes, dim) -> str:
     """`--dry-run`'s line on the chunked gather (empty where the run does not use it): the chunks a full round
-    of server.clients_per_round counted clients is cut into, and rank 0's bound for them."""
-    if not uses_gather(cfg):
+    of server.clients_per_round counted clients is cut into, and rank 0's bound for them (`gather_bytes`:
+    runtime.gather_memory, None: the machine's share)."""
+    if not uses_gather(server.aggregator, attack_name):
         return ""
-    budget = cfg.runtime.gather_bytes
-    budget = default_budget() if budget is None else budget
-    s = cfg.server.clients_per_round
+    budget = default_budget() if gather_bytes is None else gather_bytes
+    s = server.clients_per_round
     width = chunk_width(budget, s, dim)
-    passes = build_rule(cfg.server.aggregator, cfg.server.robust).passes()
-    return (f"robust aggregation: {cfg.server.aggregator} through the chunked gather, {passes} pass(es) (+1 for "
+    passes = build_rule(server.aggregator, server.robust).passes()
+    return (f"robust aggregation: {server.aggregator} through the chunked gather, {passes} pass(es) (+1 for "
             f"min_max/min_sum) over {len(chunk_bounds(dim, width))} chunk(s) of {width} coordinates for {s} "
             f"clients; rank 0 holds {s * width * BYTES_PER_ENTRY / 1e6:.1f} MB for a chunk "
             f"(runtime.gather_memory {budget / 1e6:.0f} MB)")

@@ -12,16 +12,22 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedmpi.core import schedules
+from fedmpi.core.schedules import LearningRate
 from fedmpi.round.server_opt import build_optimizer
 from fedmpi.uploads.precision import itemsize
 
 
 class Server:
-    def __init__(self, cfg, algo, flat, x0):
-        self.cfg, self.algo, self.flat = cfg, algo, flat
+    def __init__(self, algo, flat, x0, *, server, rounds, client_rate, wire_dtype):
+        """`server`: the `server` section (its optimizer, and eta_g under server.lr_schedule over the run's
+        `rounds`: the server optimizer's step, built here, its one user); `client_rate`: eta_l under
+        client.lr_schedule, the clients' (schedules.LearningRate), logged each round; `wire_dtype`:
+        runtime.wire_dtype (what an entry costs on the wire)."""
+        self.algo, self.flat = algo, flat
+        self.client_rate, self.server_rate = client_rate, LearningRate.of(server, rounds)
+        self.wire_dtype = wire_dtype
         self.x = x0.to(flat.device, copy=True)     # its own memory: the server optimizer may update it in place
-        self.optimizer = build_optimizer(cfg.server, flat.dim, flat.n_params)
+        self.optimizer = build_optimizer(server, flat.dim, flat.n_params)
 
     def start(self, server_trainer):
         """x_0: the algorithm's pretraining or warm-up on the server's set where it has one."""
@@ -40,7 +46,7 @@ class Server:
                                                                          device=update.device))
         if update is not None:
             if self.algo.uses_server_optimizer:
-                self.x = self.optimizer.step(self.x, update, schedules.server_lr(self.cfg, t))
+                self.x = self.optimizer.step(self.x, update, self.server_rate.at(t))
             else:
                 self.x = self.x + update.to(self.x.dtype)
         self.x = self.algo.after_step(self.x, t)
@@ -52,15 +58,15 @@ class Server:
             clients[name] = np.full(num_clients, np.nan, dtype=np.float32)
             clients[name][selected] = column[selected]
         # Personal entries are not sent (all of dim without them); the payload at the wire dtype's width.
-        dim_bytes = itemsize(self.cfg.runtime.wire_dtype) * self.algo.wire_dim
+        dim_bytes = itemsize(self.wire_dtype) * self.algo.wire_dim
         metrics = {
             "round": t,
             "train_loss": stats.loss / stats.seen if stats.seen else np.nan,
             "uploads": stats.uploads,
             "bytes_up": stats.bytes_up,
             "bytes_down": len(selected) * self.algo.down_vectors * dim_bytes,
-            "client_lr": schedules.client_lr(self.cfg, t),
-            "server_lr": schedules.server_lr(self.cfg, t),
+            "client_lr": self.client_rate.at(t),
+            "server_lr": self.server_rate.at(t),
         }
         return metrics, clients
 

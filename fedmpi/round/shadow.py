@@ -56,7 +56,7 @@ class Shadow:
         seed_torch_on(self.flat.device, cfg.seed, rng.SHADOW, t, 1)
         self.trainer.train(self.union, rng.stream(cfg.seed, rng.SHADOW, t),
                            Schedule(cfg.client.batch_size, self.steps(np.asarray(selected))),
-                           lr=schedules.client_lr(cfg, t))
+                           lr=schedules.LearningRate.of(cfg.client, cfg.rounds).at(t))
 
     def divergence(self, x):
         """(||x - w|| / ||w|| over the trainable part, the same per layer) against the shadow w."""

@@ -73,14 +73,17 @@ def _resolve(cfg, data, model, custom_loss):
     num_clients = algo.client_count(cfg.algorithm, cfg.partition.clients)
     personal = _asked(found, personal_entries, cfg, model, algo) or ()
     for check in (lambda: algo.check(cfg, model),
-                  lambda: check_robust(cfg, algo),
+                  lambda: check_robust(algo, server=cfg.server, attack=cfg.attack, algorithm_name=cfg.algorithm.name,
+                                       privacy=cfg.privacy, client_drift=cfg.eval.client_drift,
+                                       server_data=cfg.server_data),
                   lambda: check_optimizer(cfg.server),
                   lambda: deploy_check(cfg, algo, num_clients),
                   lambda: _vectorize(cfg, algo, model, personal, custom_loss)):
         _asked(found, check)
     attack_problems = attack_checks.problems(cfg, algo, data)
     found += attack_problems
-    found += wire_problems(cfg, algo.protocol)
+    found += wire_problems(cfg.runtime.wire_dtype, algo.protocol, algorithm_name=cfg.algorithm.name,
+                           compress=cfg.client.compress.name, secure_aggregation=cfg.server.secure_aggregation)
     found += secagg_problems(cfg, algo)
     if cfg.server.sampling == "poisson":
         _asked(found, PoissonSampling.check, cfg, algo)
@@ -92,7 +95,7 @@ def _resolve(cfg, data, model, custom_loss):
     plan = RunPlan(cfg=cfg, data=data, model=model, algorithm=algo, personal=tuple(personal),
                    num_clients=num_clients, malicious=malicious,
                    attack_note=no_malicious_note(cfg.attack, malicious, num_clients),
-                   robust=robust_active(cfg), custom_loss=custom_loss)
+                   robust=robust_active(cfg.server.aggregator, cfg.attack.name), custom_loss=custom_loss)
     return found, plan
 
 

@@ -4,7 +4,9 @@ A stage may change the trained vector in place (an update compressed and decoded
 it, or clipped), the client's weight (`run.weight`) and the bytes its upload costs (`run.payload_bytes`),
 and may keep per-client state that checkpoints save (under its own names). On the server it sees the
 reduced sums before the server update and may change them and their total weight (noise, expected
-cohort size). Stages apply to REDUCE algorithms; each says in `check` which algorithms it refuses.
+cohort size). Stages apply to REDUCE algorithms. What a stage cannot serve is refused at set-up by the
+stage's own `check`, with the values it reads (the precision's here; differential privacy's and secure
+aggregation's, which read many sections, in their packages): the base has no config hook.
 With no stage configured (the default) the path is exactly the algorithm's own.
 
 Room on the wire, for stages that must tell the workers something or hear from the clients (both none by
@@ -19,8 +21,6 @@ default, so the broadcast and the reduction stay exactly the algorithm's):
 
 from __future__ import annotations
 
-from fedmpi.core.errors import ConfigError
-
 
 class UploadStage:
     name = ""
@@ -32,19 +32,6 @@ class UploadStage:
     up_scalars = 0      # float64 sums in the reduction
     header_offset = 0   # where this stage's header values start among all stages' (set by `layout`)
     up_offset = 0       # where its sums start in the reduced upload vector (set by `layout`)
-
-    @staticmethod
-    def problems(cfg, algo_cls) -> list:
-        """What makes this stage unable to serve `cfg` with algorithm class `algo_cls` (one message each)."""
-        return []
-
-    @classmethod
-    def check(cls, cfg, algo_cls):
-        """Raises ConfigError for an algorithm this stage cannot serve (before anything is written): every
-        one of its `problems` at once."""
-        found = cls.problems(cfg, algo_cls)
-        if found:
-            raise ConfigError(found)
 
     def on_server(self):
         """Rank 0, once at set-up: work only the server needs (e.g. the privacy accountant's curve)."""

@@ -48,19 +48,21 @@ def round_to(tensor, wire_dtype):
     return tensor
 
 
-def problems(cfg, protocol):
-    """Why `cfg` cannot round its transport to runtime.wire_dtype (empty where it can, and at float32)."""
-    name = cfg.runtime.wire_dtype
+def problems(wire_dtype, protocol, *, algorithm_name, compress, secure_aggregation):
+    """Why runtime.wire_dtype = `wire_dtype` cannot round the transport of algorithm.name = `algorithm_name`
+    (uploading by `protocol`) with client.compress.name = `compress` and server.secure_aggregation =
+    `secure_aggregation` (empty where it can, and at float32)."""
+    name = wire_dtype
     if name == "float32":
         return []
     found = []
     if protocol not in ROUNDED_PROTOCOLS:
-        found.append(f"runtime.wire_dtype: {name} is for the reduce and gather protocols; {cfg.algorithm.name} uses "
+        found.append(f"runtime.wire_dtype: {name} is for the reduce and gather protocols; {algorithm_name} uses "
                      f"{protocol} (use float32)")
-    if cfg.client.compress.name != "none":
-        found.append(f"runtime.wire_dtype: {name} cannot follow client.compress ({cfg.client.compress.name}), which "
+    if compress != "none":
+        found.append(f"runtime.wire_dtype: {name} cannot follow client.compress ({compress}), which "
                      f"sets its own value encoding; use float32, or client.compress.name: none")
-    if cfg.server.secure_aggregation != "none":
+    if secure_aggregation != "none":
         found.append(f"runtime.wire_dtype: {name} cannot follow secure aggregation, whose field elements are the "
                      f"wire format; use float32")
     return found
@@ -70,10 +72,6 @@ class WirePrecision(UploadStage):
     """The last upload stage: the client's update rounded to the wire dtype (module docstring)."""
 
     name = "wire"
-
-    @staticmethod
-    def problems(cfg, algo_cls):
-        return problems(cfg, algo_cls.protocol)
 
     def __init__(self, wire_dtype, dim):
         self.wire_dtype, self.dim = wire_dtype, dim
