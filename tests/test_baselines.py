@@ -21,6 +21,7 @@ from fedmpi.algorithms import ClientRun, build_algorithm, lookup
 from fedmpi.algorithms.fednova import normalizer
 from fedmpi.core.errors import ConfigError
 from fedmpi.round.engine import upload_client
+from fedmpi.uploads.path import UploadPath
 
 # --- the hooks alone, on hand-computed cases ------------------------------------------------------------
 
@@ -37,7 +38,7 @@ def upload(algo, x, clients, t=0):
         algo.client_start(run, down, model)
         assert torch.equal(model.vec, x)
         model.vec.copy_(torch.tensor(y))
-        weight += upload_client(algo, (), run, down, model, acc)
+        weight += upload_client(algo, UploadPath((), 0), None, run, down, model, acc)
     return server_update(algo, x, acc, weight, t), down
 
 

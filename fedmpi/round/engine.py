@@ -23,6 +23,7 @@ is set from outside to steer a round.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -46,6 +47,8 @@ from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
+from fedmpi.uploads.base import ClientUpdate
+from fedmpi.uploads.path import RoundStages, UploadPath
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class RoundParts:
     wire: RoundBuffers
     server: Server | None       # rank 0 only
     participation: Participation
-    stages: tuple               # the upload stages (fedmpi.uploads.base.UploadStage), in upload order
+    stages: UploadPath          # the upload stages (fedmpi.uploads.base.UploadStage), in their order
     evaluation: SplitEvaluation
     shadow: Shadow | None       # rank 0 with eval.divergence only
     client_store: ClientStateStore
@@ -113,6 +116,7 @@ class Training:
     start: Callable | None = None
     down: torch.Tensor | None = None
     slots: dict = field(default_factory=dict)     # ROUTE: client id -> its model slot this round
+    stages: RoundStages | None = None             # the upload stages' views of the round (fedmpi.uploads.path)
 
 
 @dataclass(frozen=True)
@@ -177,21 +181,19 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     _inject_fault(parts.comm.rank, t)
     protocol, state = parts.protocol, parts.state
     plan = parts.participation.plan(t)      # who trains, whose update counts: the same on every rank
-    _broadcast(parts, plan, protocol.full_broadcast(parts, state, t), stopping, after_broadcast)
-    for stage in parts.stages:
-        stage.round_plan(plan)
+    header = _broadcast(parts, plan, protocol.full_broadcast(parts, state, t), stopping, after_broadcast)
+    stages = parts.stages.begin(plan, header)       # the upload stages' views of the round
     tally = parts.wire.new_tally()
-    training = protocol.training(parts, state, plan)        # this rank's clients and their start
+    training = dataclasses.replace(protocol.training(parts, state, plan), stages=stages)    # this rank's clients
     kept = train_clients(parts, plan, training, tally, protocol.trained)    # local training, then uploads
-    for stage in parts.stages:          # a stage's own collective (secure aggregation's integer sum)
-        stage.collective(parts.comm, plan, tally.acc)
+    parts.stages.collective(parts.comm, plan)       # a stage's own collective (secure aggregation's integer sum)
     closing = protocol.combine(parts, state, plan, tally, kept)     # reduction / gather / routing
     parts.participation.done(plan)          # the provider hears of the round (e.g. advances its clock)
     parts.client_store.end_round()          # the round's client vectors back to host memory (or the spill file)
-    stats, sums = _server_step(parts, plan, closing.update)
+    stats, sums, stage_metrics = _server_step(parts, stages, closing.update)
     evaluated, local = _evaluate(parts, plan, closing.evaluate)
     cosines = closing.drift.cosines(parts, sums, stats) if closing.drift is not None else None
-    return _outcome(parts, plan, stats, sums, evaluated, cosines, local)
+    return _outcome(parts, plan, stats, sums, evaluated, cosines, local, stage_metrics)
 
 
 # -- the steps ---------------------------------------------------------------------------------------------
@@ -205,7 +207,7 @@ def _broadcast(parts, plan, full, stopping, after_broadcast):
     wire.start_round(plan.selected)
     parts.clients.open_deal()       # before the broadcast: no ticket of this round is taken before it
     fill = server.fill_down if server else None
-    extra = _header_extra(parts.stages) if server and wire.header_len > HEADER else ()
+    extra = parts.stages.header(t) if server and wire.header_len > HEADER else ()
     received, round_ = wire.broadcast(t, command, fill, full, extra)
     if received == CMD_RUN and round_ != t:
         raise RuntimeError(f"rank {parts.comm.rank} expected round {t}, server broadcast round {round_}: "
@@ -215,18 +217,10 @@ def _broadcast(parts, plan, full, stopping, after_broadcast):
     if server and after_broadcast is not None:
         with parts.timer.phase("server"):
             after_broadcast()
-    if wire.header_len > HEADER:
-        values = wire.header_values()
-        for stage in parts.stages:
-            stage.receive(values[stage.header_offset: stage.header_offset + stage.header_size])
     if parts.shadow is not None:
         with parts.timer.phase("train"):
             parts.shadow.train_round(t, plan.selected)
-
-
-def _header_extra(stages):
-    """Server: the upload stages' header values for the round's broadcast."""
-    return [float(v) for stage in stages for v in stage.header()]
+    return wire.header_values() if wire.header_len > HEADER else ()
 
 
 def train_clients(parts, plan, training, tally, trained):
@@ -259,16 +253,17 @@ def from_broadcast(parts, t):
     return down, start
 
 
-def upload_client(algo, stages, run, down, model, acc):
-    """A counted client's upload into the accumulator `acc`: the upload stages' transform of the trained
-    model (e.g. clipping and compression), the algorithm's `accumulate`, then the stages' per-client sums;
-    returns the upload's weight."""
-    for stage in stages:
-        stage.client(run, down, model)
+def upload_client(algo, path, stages, run, down, model, acc):
+    """A counted client's upload into the accumulator `acc`: the upload path's transform of the trained model
+    (e.g. clipping and compression: `path`, an UploadPath, with the round's `stages` views), the algorithm's
+    `accumulate` of what the stages passed on, then the stages' per-client sums; returns the upload's weight."""
+    if len(path):
+        update = path.client(ClientUpdate(run.cid, run.round, model.vec, down[: model.dim], run.weight), stages)
+        run.weight, run.payload_bytes = update.weight, update.bytes
+        run.figures.update(update.figures)
     weight = algo.accumulate(run, down, model, acc)
-    for stage in stages:
-        for i, value in enumerate(stage.scalars(run)):
-            acc[stage.up_offset + i] += value
+    if len(path):
+        path.add_scalars(update, acc)
     return weight
 
 
@@ -276,24 +271,24 @@ def reduce(parts, tally, sums=True):
     """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only), with
     this rank's stop request. Where an upload stage carries the model update itself (secure aggregation),
     the reduction leaves the model vector out: no float model vector travels."""
-    own = sums and any(stage.own_vector_transport for stage in parts.stages)
+    own = sums and parts.stages.own_vector_transport
     parts.wire.reduce(tally, signals.requested(), sums, skip=parts.wire.dim if own else 0)
 
 
-def _server_step(parts, plan, update):
+def _server_step(parts, stages, update):
     """Server: the reduced statistics and sums, and (where `update`) the upload stages' and the server's
-    step from them; (None, None) elsewhere."""
+    step from them, with the stages' figures; (None, None, {}) elsewhere."""
     server = parts.server
     if not server:
-        return None, None
+        return None, None, {}
+    metrics = {}
     with parts.timer.phase("server"):
         stats = parts.wire.stats()
         sums, weight = parts.wire.sums(), stats.weight
         if update:
-            for stage in parts.stages:
-                weight = stage.server(plan.round, sums, weight)
-            server.apply(plan.round, sums, weight)
-    return stats, sums
+            sums, weight, metrics = parts.stages.server(sums, weight, stages)
+            server.apply(stages.plan.round, sums, weight)
+    return stats, sums, metrics
 
 
 def _evaluate(parts, plan, evaluate):
@@ -317,18 +312,18 @@ def _evaluate(parts, plan, evaluate):
         return evaluated, (parts.local_eval.run(plan, x) if local else None)
 
 
-def _outcome(parts, plan, stats, sums, evaluated, cosines, local=None):
+def _outcome(parts, plan, stats, sums, evaluated, cosines, local=None, stage_metrics=None):
     """The server's RoundOutcome: the round's record, the stop votes and what is non-finite."""
     server, timer = parts.server, parts.timer
     if not server:
         return RoundOutcome()
     with timer.phase("server"):
-        record = _record(parts, plan, stats, sums, evaluated, cosines, local)
+        record = _record(parts, plan, stats, sums, evaluated, cosines, local, stage_metrics or {})
     record.timing[0] += timer.take()     # the server's own time after the reduction
     return RoundOutcome(record, stats.stop_votes, nonfinite(record.metrics, stats, server.x))
 
 
-def _record(parts, plan, stats, sums, evaluated, cosines, local=None):
+def _record(parts, plan, stats, sums, evaluated, cosines, local, stage_metrics):
     """The round's row of /metrics, /clients and /timing."""
     t, server, shadow = plan.round, parts.server, parts.shadow
     metrics, clients = server.figures(t, plan.selected, stats, parts.wire.client_figures(), parts.num_clients)
@@ -355,8 +350,7 @@ def _record(parts, plan, stats, sums, evaluated, cosines, local=None):
     clients.update(extra_clients)
     metrics.update(parts.algo.round_metrics())
     metrics.update(plan.metrics)
-    for stage in parts.stages:
-        metrics.update(stage.round_metrics(t))
+    metrics.update(stage_metrics)
     clients.update(plan.columns)
     return RoundRecord(metrics, clients, parts.wire.timing(), server.x)
 

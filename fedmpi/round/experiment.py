@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms import algorithm_context
-from fedmpi.algorithms.base import REDUCE, PlanHistory, SetupContext
+from fedmpi.algorithms.base import PlanHistory, SetupContext
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.attacks import record
 from fedmpi.attacks.data import DataPoison, backdoor_test_set
@@ -29,20 +29,28 @@ from fedmpi.core.personal import split_of
 from fedmpi.core.train import ServerTrainer
 from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
+from fedmpi.plans.base import ProviderSetting
 from fedmpi.robust.catalog import rule_class
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.protocols import PROTOCOLS
-from fedmpi.round.providers import build_participation, build_stages
+from fedmpi.round.providers import PROVIDERS, STAGES, build_participation, build_stages
 from fedmpi.round.robust_checks import robust_active
-from fedmpi.round.robust_setup import robust_protocol, robust_stage
+from fedmpi.round.robust_setup import robust_protocol
+from fedmpi.round.robust_stage import NormBoundStage
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
-from fedmpi.uploads.base import layout
-from fedmpi.uploads.precision import WirePrecision
+from fedmpi.uploads.base import StageSetting
+from fedmpi.uploads.path import UploadPath
+
+
+def _given(cfg, classes) -> dict:
+    """{class: the sections (and top-level values) of `cfg` it declares it reads, by name}: what each stage or
+    provider is built from (fedmpi.round.providers), and all of the config it sees."""
+    return {cls: {name: getattr(cfg, name) for name in cls.reads} for cls in classes}
 
 
 def build_partition(cfg, dataset, parts=None):
@@ -105,26 +113,23 @@ class Experiment:
         if self.attack_note and comm.is_server:
             console.say(f"fedmpi: warning: {self.attack_note}")
         poison = DataPoison(cfg.attack, self.malicious, cfg.seed, dataset.num_classes, dataset.x_train)
-        self.stages = build_stages(cfg, algo, flat.dim, self.malicious)
-        clip = robust_stage(cfg.server, cfg.attack.name, flat.dim)   # norm_bound under the plain reduction
-        if clip is not None:
-            self.stages.append(clip)
-        if cfg.runtime.wire_dtype != "float32" and algo_cls.protocol == REDUCE:
-            self.stages.append(WirePrecision(cfg.runtime.wire_dtype, flat.dim))    # last: what leaves
+        # The upload stages, each given the sections it reads, in the order they declare.
+        self.stages = build_stages(StageSetting(algo, flat.dim, tuple(plan.malicious), comm.is_server),
+                                   _given(cfg, STAGES))
+        self.upload_path = UploadPath(self.stages, algo.up_vectors * flat.dim + algo.up_scalars)
         # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
         self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
         bind_client_state(self.client_store, algo, *self.stages)
         self.clients = ClientHost(comm, self.workers, algo, flat, parts, data, seed=cfg.seed, client=cfg.client,
                                   client_rate=algo.context.client_rate, data=cfg.data, server=cfg.server,
                                   client_dealing=cfg.runtime.client_dealing, eval_batch=cfg.eval.batch_size, loss=loss,
-                                  keeps_state=(algo.split is not None
-                                               or any(stage.keeps_client_state for stage in self.stages)),
+                                  keeps_state=algo.split is not None or self.upload_path.keeps_client_state,
                                   poison=poison if poison.active else None)
-        header_extra, up_extra = layout(self.stages, algo.up_vectors * flat.dim + algo.up_scalars)
         drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
-        drift_columns += ("robust_weight",) if clip is not None else ()
+        drift_columns += ("robust_weight",) if any(isinstance(s, NormBoundStage) for s in self.stages) else ()
+        layout = self.upload_path.layout
         self.wire = RoundBuffers(comm, algo, flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
-                                 header_extra, up_extra, extra_columns=drift_columns,
+                                 layout.header_len, layout.up_extra, extra_columns=drift_columns,
                                  wire_dtype=cfg.runtime.wire_dtype)
         self.evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test,
                                           cfg.eval.batch_size, dataset.num_classes, data.tensor, loss=loss)
@@ -147,10 +152,10 @@ class Experiment:
                                  client_rate=algo.context.client_rate, wire_dtype=cfg.runtime.wire_dtype)
             self.server.start(self._server_trainer(data, loss))
             if cfg.eval.divergence:
-                self.shadow = Shadow(cfg, self.flat, self.server.x, *data.train, parts, loss=loss)
-            for stage in self.stages:
-                stage.on_server()
-        self.participation = build_participation(cfg, algo, [len(p) for p in parts])
+                self.shadow = Shadow(self.flat, self.server.x, *data.train, parts, client=cfg.client, seed=cfg.seed,
+                                     client_rate=algo.context.client_rate, loss=loss)
+        self.participation = build_participation(ProviderSetting(algo, tuple(len(p) for p in parts)),
+                                                 _given(cfg, PROVIDERS))
         history.bind(self.participation.plan)
         trainer = (self._fltrust_trainer(data, loss)
                    if comm.is_server and robust_active(cfg.server.aggregator, cfg.attack.name)
@@ -161,7 +166,7 @@ class Experiment:
         # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
         self.round_parts = RoundParts(
             algo=algo, clients=self.clients, wire=self.wire, server=self.server, participation=self.participation,
-            stages=tuple(self.stages), evaluation=self.evaluation, shadow=self.shadow,
+            stages=self.upload_path, evaluation=self.evaluation, shadow=self.shadow,
             client_store=self.client_store, comm=comm, timer=comm.timer, flat=self.flat,
             test_set=lambda: data.test, protocol=protocol,
             state=protocol.new_state(len(parts), cfg.eval.client_drift), rounds=cfg.rounds,

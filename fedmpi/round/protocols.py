@@ -63,7 +63,7 @@ class Reduce(Family):
         flat, down = parts.clients.flat, training.down
         # Personal entries to the client's state; the upload then carries the broadcast's (no change) there.
         parts.algo.keep_personal(run.cid, flat, down)
-        weight = upload_client(parts.algo, parts.stages, run, down, flat, tally.acc)
+        weight = upload_client(parts.algo, parts.stages, training.stages, run, down, flat, tally.acc)
         parts.state.drift.measure(run, flat.vec - down[: flat.dim], weight, tally)
         tally.weight += weight
         tally.upload(run)

@@ -76,7 +76,7 @@ class ChunkedGather(Family):
         if not plan.counts(run.cid):
             return None
         flat, down = parts.clients.flat, training.down
-        weight = upload_client(parts.algo, parts.stages, run, down, flat, tally.acc)
+        weight = upload_client(parts.algo, parts.stages, training.stages, run, down, flat, tally.acc)
         if weight != len(parts.clients.parts[run.cid]):
             raise RuntimeError(f"client {run.cid}: upload weight {weight} is not its sample count; robust "
                                f"aggregation weighs clients by their sample counts")

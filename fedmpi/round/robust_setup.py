@@ -1,5 +1,6 @@
 """Set-up of robust aggregation (server.aggregator) and the omniscient attacks: what a config may combine,
-and the protocol family or upload stage that runs it (fedmpi.round.robust_gather, robust_stage).
+and the protocol family that runs it (fedmpi.round.robust_gather; norm_bound under the plain reduction is
+the upload stage fedmpi.round.robust_stage).
 
 Refused at set-up, exit 2, before any file is written: a robust aggregator or an omniscient attack with an
 algorithm that does not declare `robust_aggregation` (its upload is not one vector averaged by weight),
@@ -16,14 +17,6 @@ from fedmpi.robust.catalog import build_rule
 from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
 from fedmpi.round.robust_checks import uses_gather
 from fedmpi.round.robust_gather import ChunkedGather, GatherSettings
-from fedmpi.round.robust_stage import NormBoundStage
-
-
-def robust_stage(server, attack_name, dim):
-    """norm_bound under the plain reduction: the upload stage that clips each update; else None."""
-    if server.aggregator == "norm_bound" and not uses_gather(server.aggregator, attack_name):
-        return NormBoundStage(server.robust, dim)
-    return None
 
 
 def robust_protocol(num_clients, server_trainer=None, *, server, attack, seed, gather_bytes, client, client_rate):

@@ -24,19 +24,21 @@ import math
 import numpy as np
 import torch
 
-from fedmpi.core import rng, schedules
+from fedmpi.core import rng
 from fedmpi.core.flat import FlatModel
 from fedmpi.core.train import LocalTrainer, Schedule, evaluate, seed_torch_on
 
 
 class Shadow:
-    def __init__(self, cfg, flat, x0, x_train, y_train, parts, loss=None):
-        self.cfg = cfg
+    def __init__(self, flat, x0, x_train, y_train, parts, *, client, seed, client_rate, loss=None):
+        """From the `client` section (batches, epochs or steps, momentum), the run's `seed` and eta_l under
+        client.lr_schedule (`client_rate`, the schedules.LearningRate the clients train with)."""
+        self.client, self.seed, self.client_rate = client, seed, client_rate
         self.flat = FlatModel(copy.deepcopy(flat.module), flat.device)
         self.flat.load(x0)
         self.sizes = np.array([len(p) for p in parts])
         self.union = torch.from_numpy(np.sort(np.concatenate(parts))).to(flat.device)
-        self.trainer = LocalTrainer(self.flat, cfg.client, x_train, y_train, loss=loss)
+        self.trainer = LocalTrainer(self.flat, client, x_train, y_train, loss=loss)
         self.loss = loss
         spans, offset = [], 0
         for name, p in self.flat.module.named_parameters():
@@ -47,16 +49,15 @@ class Shadow:
         self.spans = [(a, b) for _, a, b in spans]
 
     def steps(self, selected):
-        c = self.cfg.client
+        c = self.client
         samples = c.steps * c.batch_size * len(selected) if c.steps else c.epochs * int(self.sizes[selected].sum())
         return max(1, math.ceil(samples / c.batch_size))
 
     def train_round(self, t, selected):
-        cfg = self.cfg
-        seed_torch_on(self.flat.device, cfg.seed, rng.SHADOW, t, 1)
-        self.trainer.train(self.union, rng.stream(cfg.seed, rng.SHADOW, t),
-                           Schedule(cfg.client.batch_size, self.steps(np.asarray(selected))),
-                           lr=schedules.LearningRate.of(cfg.client, cfg.rounds).at(t))
+        seed_torch_on(self.flat.device, self.seed, rng.SHADOW, t, 1)
+        self.trainer.train(self.union, rng.stream(self.seed, rng.SHADOW, t),
+                           Schedule(self.client.batch_size, self.steps(np.asarray(selected))),
+                           lr=self.client_rate.at(t))
 
     def divergence(self, x):
         """(||x - w|| / ||w|| over the trainable part, the same per layer) against the shadow w."""
