@@ -214,6 +214,7 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
     down = torch.randn(dim, generator=torch.Generator().manual_seed(99)) * 0.1
     expected = np.zeros(dim, dtype=np.int64)
     acc = torch.zeros(dim + 2, dtype=torch.float64)
+    total = stage.zeros()
     for cid in selected[counted]:
         model = VecModel(dim)
         model.vec = down + torch.randn(dim, generator=torch.Generator().manual_seed(int(cid))) * 0.3
@@ -225,11 +226,14 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
         assert torch.allclose(model.vec, down + torch.from_numpy(q / 1000.0).float())
         acc[:dim] += (model.vec - down).double()
         acc[dim:] += torch.tensor(update.scalars["secagg"], dtype=torch.float64)
-    stage.collective(LocalComm(), plan)
+        np.add(total, update.encoded, out=total)        # what the transport sums (SecureReduce)
+    LocalComm().reduce_sum_mod(total, stage.bits)
     assert stage.own_vector_transport       # the float reduction leaves acc[:dim] out (measured below)
-    sums, weight, figures = _server(stage, plan, acc.clone(), 4.0, dim)
+    sums = acc.clone()
+    weight, figures = stage.decode(plan, total, sums, 4.0)
     assert weight == 4.0
     assert torch.equal(sums[:dim], torch.from_numpy(expected / 1000.0))
+    figures.update(_server(stage, plan, sums, weight, dim)[2])
     assert figures["secagg_failed"] == 0 and figures["secagg_survivors"] == 4 and figures["secagg_dropped"] == 2
     assert figures["secagg_messages"] == 4 * 6 + 3 * 4
     assert figures["secagg_clipped_fraction"] == 1.0        # norms ~ 0.3 sqrt(40) > clip 0.5
@@ -242,13 +246,15 @@ def test_the_stage_fails_the_round_below_the_threshold(tmp_path):
     selected = np.arange(6)
     plan = RoundPlan(0, selected, selected, np.array([True, True, True, True, False, False]))
     stage.begin(plan, StageView(plan))
+    total = stage.zeros()
     for cid in range(4):
         model = VecModel(dim)
         model.vec = torch.ones(dim)
-        stage.client(ClientUpdate(cid, 0, model.vec, torch.zeros(dim), 5.0), StageView(plan))
-    sums = torch.zeros(dim + 2, dtype=torch.float64)
-    stage.collective(LocalComm(), plan)
-    sums, weight, figures = _server(stage, plan, sums, 4.0, dim)
+        update = stage.client(ClientUpdate(cid, 0, model.vec, torch.zeros(dim), 5.0), StageView(plan))
+        np.add(total, update.encoded, out=total)
+    sums = torch.ones(dim + 2, dtype=torch.float64)
+    LocalComm().reduce_sum_mod(total, stage.bits)
+    weight, figures = stage.decode(plan, total, sums, 4.0)
     assert weight == 0.0 and not sums[:dim].any()
     assert figures["secagg_failed"] == 1.0
 

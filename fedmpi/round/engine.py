@@ -2,33 +2,31 @@
 
 A round happens in this order, and `run_round` is the only place that says so:
   plan       round t's RoundPlan (who trains, whose update counts), the same on every rank
-  broadcast  the server's payload (header only unless the protocol needs the model); a stop ends every rank here
-  training   this rank's clients, one per-client loop for every protocol (batched groups where vectorizable)
-  uploads    the upload stages' per-client transform and sums, inside the protocol's handling of a trained client
-  combine    reduction / gather / routing / release of held updates, as the protocol says
-  server     the server step (unless the protocol skips it this round)
+  broadcast  the server's payload (header only unless the transport needs the model); a stop ends every rank here
+  training   this rank's clients, one per-client loop for every transport (batched groups where vectorizable),
+             each trained client handed on as a ClientUpdate value as it finishes
+  local      the transport's part of this rank: the upload stages' transform and the algorithm's upload of
+             each counted client, or its gate, hold or slot
+  combine    the transport's collectives: reduction / gather / routing / release of held updates
+  server     the upload stages' server step and the server's update (unless the transport skips it this round)
   evaluate   when due, every rank evaluates its share of the test set; local evaluation on the clients' hosts
   record     the server's row of /metrics, /clients and /timing, and what of it is non-finite
 
-How uploads travel is the algorithm's `protocol` declaration; each family is a value in fedmpi.round.protocols
-(REDUCE, GATHER, ROUTE, BUFFER) that supplies only what differs: which clients this rank trains and from
-what start, what happens to a trained client, and how the uploads are combined; the helpers they share
-(`from_broadcast`, `upload_client`, `reduce`, `Training`, `Closing`) are here.
-
-What a protocol keeps from round to round (ROUTE's period start and previous plan, REDUCE's drift scratch)
-is in `parts.state`, made by the family. Control goes in as arguments (`stopping`, `after_broadcast`) and
-comes out in the RoundOutcome (the record, the stop votes, the non-finite finding): nothing on the parts
-is set from outside to steer a round.
+How uploads travel is the algorithm's `protocol` declaration; each family is a transport
+(fedmpi.round.transport; REDUCE, GATHER, ROUTE, BUFFER in fedmpi.round.protocols, the chunked robust
+gather in fedmpi.round.robust_gather) that exchanges values with the round: `local(round_, updates)` ->
+LocalPart and `combine(comm, round_, local)` -> Combined. Control goes in as arguments (`stopping`,
+`after_broadcast`) and comes out in the RoundOutcome (the record, the stop votes, the non-finite finding):
+nothing on the parts is set from outside to steer a round.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,20 +39,20 @@ from fedmpi.mpi import signals
 from fedmpi.mpi.base import Comm
 from fedmpi.plans.base import Participation
 from fedmpi.round.clients import ClientHost
-from fedmpi.round.drift import ClientDrift
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
+from fedmpi.round.transport import RoundInput, Transport
 from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
 from fedmpi.uploads.base import ClientUpdate
-from fedmpi.uploads.path import RoundStages, UploadPath
+from fedmpi.uploads.path import UploadPath
 
 
 @dataclass(frozen=True)
 class RoundParts:
     """What a round works with on one rank, assembled once by `Experiment`. `server` and `shadow` are None
-    off rank 0 (the shadow also without eval.divergence); `state` is the protocol's own state across rounds."""
+    off rank 0 (the shadow also without eval.divergence)."""
 
     algo: Algorithm
     clients: ClientHost
@@ -69,8 +67,7 @@ class RoundParts:
     timer: Timer                # the communicator's
     flat: FlatModel
     test_set: Callable          # () -> (x_test, y_test) on the device, for the shadow's accuracy
-    protocol: Family             # fedmpi.round.protocols: how uploads travel: REDUCE, GATHER, ROUTE or BUFFER
-    state: object               # what `protocol.new_state` made
+    transport: Transport        # how uploads travel (fedmpi.round.transport): REDUCE, GATHER, ROUTE, BUFFER...
     rounds: int                 # cfg.rounds
     eval_every: int             # cfg.eval.every
     eval_batch: int             # cfg.eval.batch_size
@@ -107,70 +104,6 @@ class RoundOutcome:
     nonfinite: str = ""
 
 
-@dataclass(frozen=True)
-class Training:
-    """Which clients this rank trains this round, in order, and from what start: `start(run)` loads a
-    client's start point into the model; `down` is the broadcast payload (None where it is not the start)."""
-
-    cids: list
-    start: Callable | None = None
-    down: torch.Tensor | None = None
-    slots: dict = field(default_factory=dict)     # ROUTE: client id -> its model slot this round
-    stages: RoundStages | None = None             # the upload stages' views of the round (fedmpi.uploads.path)
-
-
-@dataclass(frozen=True)
-class Closing:
-    """What the protocol's combination says about the rest of its round: whether the server steps, whether
-    to evaluate (None: when due), the drift measurements for the clients' cosines (eval.client_drift) or None."""
-
-    update: bool = True
-    evaluate: bool | None = None
-    drift: ClientDrift | None = None
-
-
-class Family:
-    """A protocol family (its values are in fedmpi.round.protocols): what differs between the ways uploads
-    travel. Instances hold no state: what a family keeps across rounds lives in the object `new_state` makes
-    (RoundParts.state)."""
-
-    name = ""
-    drift_figures = False    # the reduced sums are the clients' weighted updates (gradient diversity applies)
-    # Dealt clients may go to whichever worker is free (ClientHost.round_clients): no rank needs to know who
-    # trained which client, only each rank's sums.
-    deals_as_free = False
-
-    def new_state(self, num_clients, client_drift):
-        return None
-
-    def full_broadcast(self, parts, state, t):
-        """Whether round t's broadcast carries the payload (else the header only)."""
-        return True
-
-    def training(self, parts, state, plan) -> Training:
-        """This rank's clients of the round, from the broadcast (hosted clients, in plan order)."""
-        if not parts.clients.mine:
-            return Training([])
-        down, start = from_broadcast(parts, plan.round)
-        return Training(parts.clients.hosted(plan.selected), start, down)
-
-    def trained(self, parts, plan, run, training, tally):
-        """A client has trained (its model in `parts.clients.flat`): its upload, gate, hold or slot."""
-
-    def combine(self, parts, state, plan, tally, kept) -> Closing:
-        """After training: the uploads to the server."""
-        reduce(parts, tally)
-        return Closing()
-
-    def figures(self, state) -> tuple:
-        """Server: the family's own figures of the round just combined, ({metric: value}, {name: [N] row})
-        (e.g. the chunked gather's robust weights); none by default."""
-        return {}, {}
-
-    def __repr__(self):
-        return f"<protocol {self.name}>"
-
-
 def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: Callable | None = None
               ) -> RoundOutcome:
     """Round t on this rank. `stopping` (server): the ranks that asked to stop in the previous round (its
@@ -179,21 +112,18 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     while the workers train (the run loop's deferred log row)."""
     parts.comm.enter_round(t)
     _inject_fault(parts.comm.rank, t)
-    protocol, state = parts.protocol, parts.state
+    transport = parts.transport
     plan = parts.participation.plan(t)      # who trains, whose update counts: the same on every rank
-    header = _broadcast(parts, plan, protocol.full_broadcast(parts, state, t), stopping, after_broadcast)
-    stages = parts.stages.begin(plan, header)       # the upload stages' views of the round
-    tally = parts.wire.new_tally()
-    training = dataclasses.replace(protocol.training(parts, state, plan), stages=stages)    # this rank's clients
-    kept = train_clients(parts, plan, training, tally, protocol.trained)    # local training, then uploads
-    parts.stages.collective(parts.comm, plan)       # a stage's own collective (secure aggregation's integer sum)
-    closing = protocol.combine(parts, state, plan, tally, kept)     # reduction / gather / routing
+    header = _broadcast(parts, plan, transport.full_broadcast(t), stopping, after_broadcast)
+    round_ = RoundInput(plan, transport.training(plan), parts.stages.begin(plan, header))
+    local = transport.local(round_, client_updates(parts, round_))     # local training, then this rank's part
+    combined = transport.combine(parts.comm, round_, local)     # reduction / gather / routing
     parts.participation.done(plan)          # the provider hears of the round (e.g. advances its clock)
     parts.client_store.end_round()          # the round's client vectors back to host memory (or the spill file)
-    stats, sums, stage_metrics = _server_step(parts, stages, closing.update)
-    evaluated, local = _evaluate(parts, plan, closing.evaluate)
-    cosines = closing.drift.cosines(parts, sums, stats) if closing.drift is not None else None
-    return _outcome(parts, plan, stats, sums, evaluated, cosines, local, stage_metrics)
+    stage_metrics = _server_step(parts, round_, combined)
+    evaluated, local_figures = _evaluate(parts, plan, combined.evaluate)
+    cosines = combined.drift.cosines(parts, combined.sums, combined.stats) if combined.drift is not None else None
+    return _outcome(parts, plan, combined, evaluated, cosines, local_figures, stage_metrics)
 
 
 # -- the steps ---------------------------------------------------------------------------------------------
@@ -223,72 +153,29 @@ def _broadcast(parts, plan, full, stopping, after_broadcast):
     return wire.header_values() if wire.header_len > HEADER else ()
 
 
-def train_clients(parts, plan, training, tally, trained):
-    """The one per-client loop of every protocol: trains `training.cids` (batched groups first where
-    `client.vectorize` allows), hands each trained client to `trained(parts, plan, run, training, tally)`
-    (the protocol's part: accumulate, gate, hold, keep the slot) and adds its loss and figures to the tally;
-    returns what `trained` returned, per client."""
-    kept = []
+def client_updates(parts, round_):
+    """The one per-client loop of every transport: trains `round_.training.cids` (batched groups first where
+    `client.vectorize` allows) and yields each trained client as a ClientUpdate (its vector a view of the
+    rank's flat model, valid until the next one is asked for: the transport consumes it as it comes)."""
+    plan, training, flat = round_.plan, round_.training, parts.clients.flat
     if not training.cids:
-        return kept
+        return
+    start = training.down[: flat.dim] if training.down is not None else None
     with parts.timer.phase("train"):
         for run in parts.clients.train(plan.round, training.cids, plan.standard, training.down, training.start):
-            kept.append(trained(parts, plan, run, training, tally))
-            tally.record(run)
-    return kept
+            yield ClientUpdate(run.cid, run.round, flat.vec, start, run.weight, run=run)
 
 
-def from_broadcast(parts, t):
-    """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`);
-    the algorithm's `round_start` hook sees the payload first."""
-    algo, flat = parts.algo, parts.clients.flat
-    down = parts.wire.down()
-    if algo.round_start is not None:
-        algo.round_start(t, down)
-
-    def start(run):
-        algo.client_start(run, down, flat)
-        algo.load_personal(run.cid, flat)       # personal entries: the client's own (no-op without a split)
-
-    return down, start
-
-
-def upload_client(algo, path, stages, run, down, model, acc):
-    """A counted client's upload into the accumulator `acc`: the upload path's transform of the trained model
-    (e.g. clipping and compression: `path`, an UploadPath, with the round's `stages` views), the algorithm's
-    `accumulate` of what the stages passed on, then the stages' per-client sums; returns the upload's weight."""
-    if len(path):
-        update = path.client(ClientUpdate(run.cid, run.round, model.vec, down[: model.dim], run.weight), stages)
-        run.weight, run.payload_bytes = update.weight, update.bytes
-        run.figures.update(update.figures)
-    weight = algo.accumulate(run, down, model, acc)
-    if len(path):
-        path.add_scalars(update, acc)
-    return weight
-
-
-def reduce(parts, tally, sums=True):
-    """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only), with
-    this rank's stop request. Where an upload stage carries the model update itself (secure aggregation),
-    the reduction leaves the model vector out: no float model vector travels."""
-    own = sums and parts.stages.own_vector_transport
-    parts.wire.reduce(tally, signals.requested(), sums, skip=parts.wire.dim if own else 0)
-
-
-def _server_step(parts, stages, update):
-    """Server: the reduced statistics and sums, and (where `update`) the upload stages' and the server's
-    step from them, with the stages' figures; (None, None, {}) elsewhere."""
+def _server_step(parts, round_, combined):
+    """Server, where the transport says the server steps: the upload stages' server step from the combined
+    sums and weight, then the server's update; the stages' figures ({} elsewhere)."""
     server = parts.server
-    if not server:
-        return None, None, {}
-    metrics = {}
+    if not (server and combined.update):
+        return {}
     with parts.timer.phase("server"):
-        stats = parts.wire.stats()
-        sums, weight = parts.wire.sums(), stats.weight
-        if update:
-            sums, weight, metrics = parts.stages.server(sums, weight, stages)
-            server.apply(stages.plan.round, sums, weight)
-    return stats, sums, metrics
+        sums, weight, metrics = parts.stages.server(combined.sums, combined.weight, round_.stages)
+        server.apply(round_.plan.round, sums, weight)
+    return metrics
 
 
 def _evaluate(parts, plan, evaluate):
@@ -312,23 +199,24 @@ def _evaluate(parts, plan, evaluate):
         return evaluated, (parts.local_eval.run(plan, x) if local else None)
 
 
-def _outcome(parts, plan, stats, sums, evaluated, cosines, local=None, stage_metrics=None):
+def _outcome(parts, plan, combined, evaluated, cosines, local, stage_metrics):
     """The server's RoundOutcome: the round's record, the stop votes and what is non-finite."""
     server, timer = parts.server, parts.timer
     if not server:
         return RoundOutcome()
     with timer.phase("server"):
-        record = _record(parts, plan, stats, sums, evaluated, cosines, local, stage_metrics or {})
+        record = _record(parts, plan, combined, evaluated, cosines, local, stage_metrics)
     record.timing[0] += timer.take()     # the server's own time after the reduction
+    stats = combined.stats
     return RoundOutcome(record, stats.stop_votes, nonfinite(record.metrics, stats, server.x))
 
 
-def _record(parts, plan, stats, sums, evaluated, cosines, local, stage_metrics):
+def _record(parts, plan, combined, evaluated, cosines, local, stage_metrics):
     """The round's row of /metrics, /clients and /timing."""
-    t, server, shadow = plan.round, parts.server, parts.shadow
+    t, server, shadow, stats = plan.round, parts.server, parts.shadow, combined.stats
     metrics, clients = server.figures(t, plan.selected, stats, parts.wire.client_figures(), parts.num_clients)
-    if stats.weight > 0 and parts.protocol.drift_figures:
-        head = sums[: parts.flat.dim]
+    if stats.weight > 0 and parts.transport.drift_figures:
+        head = combined.sums[: parts.flat.dim]
         metrics["update_sq_norm"] = stats.update_sq / stats.weight
         metrics["aggregate_sq_norm"] = float(torch.dot(head, head)) / stats.weight ** 2
         metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
@@ -345,9 +233,8 @@ def _record(parts, plan, stats, sums, evaluated, cosines, local, stage_metrics):
         metrics["weight_divergence"], metrics["weight_divergence_layers"] = shadow.divergence(server.x)
         if evaluated is not None:
             metrics["shadow_acc"] = shadow.accuracy(*parts.test_set(), parts.eval_batch)
-    extra_metrics, extra_clients = parts.protocol.figures(parts.state)
-    metrics.update(extra_metrics)
-    clients.update(extra_clients)
+    metrics.update(combined.metrics)
+    clients.update(combined.columns)
     metrics.update(parts.algo.round_metrics())
     metrics.update(plan.metrics)
     metrics.update(stage_metrics)

@@ -31,14 +31,14 @@ from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
 from fedmpi.plans.base import ProviderSetting
 from fedmpi.robust.catalog import rule_class
+from fedmpi.round.assembly import build_transport
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
-from fedmpi.round.protocols import PROTOCOLS
 from fedmpi.round.providers import PROVIDERS, STAGES, build_participation, build_stages
 from fedmpi.round.robust_checks import robust_active
-from fedmpi.round.robust_setup import robust_protocol
+from fedmpi.round.robust_setup import gather_settings
 from fedmpi.round.robust_stage import NormBoundStage
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
@@ -160,16 +160,18 @@ class Experiment:
         trainer = (self._fltrust_trainer(data, loss)
                    if comm.is_server and robust_active(cfg.server.aggregator, cfg.attack.name)
                    and rule_class(cfg.server.aggregator).needs_server_update else None)
-        protocol = robust_protocol(len(parts), trainer, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
-                                   gather_bytes=cfg.runtime.gather_bytes, client=cfg.client,
-                                   client_rate=algo.context.client_rate) or PROTOCOLS[algo.protocol]
+        gather = gather_settings(len(parts), trainer, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
+                                 gather_bytes=cfg.runtime.gather_bytes, client=cfg.client,
+                                 client_rate=algo.context.client_rate)
+        transport = build_transport(algo, self.clients, self.wire, self.upload_path,
+                                    participation=self.participation, comm=comm, server=self.server, gather=gather,
+                                    client_drift=cfg.eval.client_drift)
         # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
         self.round_parts = RoundParts(
             algo=algo, clients=self.clients, wire=self.wire, server=self.server, participation=self.participation,
             stages=self.upload_path, evaluation=self.evaluation, shadow=self.shadow,
             client_store=self.client_store, comm=comm, timer=comm.timer, flat=self.flat,
-            test_set=lambda: data.test, protocol=protocol,
-            state=protocol.new_state(len(parts), cfg.eval.client_drift), rounds=cfg.rounds,
+            test_set=lambda: data.test, transport=transport, rounds=cfg.rounds,
             eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift,
             local_eval=self.local_eval, backdoor=self.backdoor)
 

@@ -56,10 +56,10 @@ class RoundTally:
     bytes_up: int = 0
     update_sq: float = 0.0
 
-    def upload(self, run):
-        """Counts one upload and its bytes (`run.payload_bytes`, e.g. compressed, or the dense default)."""
+    def upload(self, payload_bytes=None):
+        """Counts one upload and its bytes (`payload_bytes`, e.g. compressed, or None: the dense default)."""
         self.uploads += 1
-        self.bytes_up += self.upload_bytes if run.payload_bytes is None else int(run.payload_bytes)
+        self.bytes_up += self.upload_bytes if payload_bytes is None else int(payload_bytes)
 
     def record(self, run):
         """Adds a trained client's loss and per-client figures."""

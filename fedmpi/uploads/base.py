@@ -5,11 +5,12 @@ A stage sees values and returns values:
   client(update, view) -> update            worker, per counted client: a `ClientUpdate` in, one out (its
                                             vector transformed, its weight, bytes, scalars, figures replaced)
   server(sums, weight, view) -> (sums, weight, metrics)   rank 0, after the round's combination
-and, for the stages that must talk over the round, three more hooks (none by default):
+and, for the stages that must talk over the round, two more hooks (none by default):
   header(t) -> list                          rank 0, before round t's broadcast: `header_size` floats for
                                             every rank (e.g. differential privacy's adaptive clip)
   begin(plan, view)                          every rank, after the broadcast (secure aggregation's round set-up)
-  collective(comm, plan)                     every rank, before the combination (secure aggregation's sum)
+A stage that carries the update itself (`own_vector_transport`: secure aggregation's masked integers, in the
+update's `encoded`) is summed by its own transport (fedmpi.round.protocols.SecureReduce).
 What a stage tells the others is in the values it returns, never in attributes set on it or on a shared
 record: the update's weight (DP's and secure aggregation's uniform 1), its bytes on the wire, its scalar
 contributions to the stage's own sums in the reduction (`up_scalars` of them, in the returned update's
@@ -50,8 +51,10 @@ class ClientUpdate:
     start: object                   # torch.Tensor, dim entries, read-only
     weight: float                   # its weight in the average (n_i, or 1 under uniform weights)
     bytes: int | None = None        # what it costs on the wire (None: the dense default)
+    encoded: object = None          # the payload where it is not the float vector (secure aggregation's)
     scalars: dict = field(default_factory=dict)     # stage name -> its `up_scalars` contributions
     figures: dict = field(default_factory=dict)     # per-client figures for /clients (e.g. robust_weight)
+    run: object = None              # the algorithm's record of the client's training (its hooks take it)
 
     def delta(self):
         """The update itself, vector - start (a new tensor)."""
@@ -99,8 +102,8 @@ class UploadStage(StageState):
     reads: tuple = ()
     order = 50                    # its place on the upload path, lower first (module docstring)
     keeps_client_state = False    # per-client state (e.g. a compression residual): clients train on their host
-    # The model update reaches the server by the stage's own collective (secure aggregation's integer sum): the
-    # float reduction then leaves out the algorithm's first upload vector, which would only carry zeros.
+    # The model update reaches the server in the update's `encoded` payload, summed by the stage's own transport
+    # (secure aggregation's integer sum): the float reduction leaves out the algorithm's first upload vector.
     own_vector_transport = False
     header_size = 0     # broadcast header floats (module docstring)
     up_scalars = 0      # float64 sums in the reduction
@@ -120,10 +123,6 @@ class UploadStage(StageState):
     def client(self, update: ClientUpdate, view: StageView) -> ClientUpdate:
         """Worker, per counted client: the update as this stage passes it on."""
         return update
-
-    def collective(self, comm, plan):
-        """Every rank, after its clients trained and before the round's combination: a stage's own collective,
-        entered by every rank (secure aggregation's integer sum)."""
 
     def server(self, sums, weight, view: StageView) -> tuple:
         """Rank 0, after the combination: (sums, total weight to divide by, /metrics figures of the round)."""

@@ -36,9 +36,9 @@ class UploadPath:
     def keeps_client_state(self) -> bool:
         return any(stage.keeps_client_state for stage in self.stages)
 
-    @property
-    def own_vector_transport(self) -> bool:
-        return any(stage.own_vector_transport for stage in self.stages)
+    def carrier(self):
+        """The stage that carries the update itself (`own_vector_transport`), or None."""
+        return next((stage for stage in self.stages if stage.own_vector_transport), None)
 
     def header(self, t) -> list:
         """Rank 0, before round t's broadcast: every stage's header values, in order."""
@@ -63,10 +63,6 @@ class UploadPath:
         for stage, slots in zip(self.stages, self.layout.slots):
             for i, value in enumerate(update.scalars.get(stage.name, ())):
                 acc[slots.scalars.start + i] += value
-
-    def collective(self, comm, plan):
-        for stage in self.stages:
-            stage.collective(comm, plan)
 
     def server(self, sums, weight, round_: RoundStages) -> tuple:
         """Rank 0, after the combination: (sums, weight, /metrics figures) through every stage in order."""
