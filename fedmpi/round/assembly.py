@@ -1,11 +1,12 @@
 """Straight-line assembly of a round's parts that the experiment builds from values (docs/design.md §5):
 which transport carries the uploads, given the algorithm's declaration, the upload path and the robust
-settings, each decided by fedmpi.run.resolve before anything is built."""
+settings, each decided by fedmpi.run.resolve before anything is built; which observers report figures."""
 
 from __future__ import annotations
 
 from fedmpi.algorithms.base import BUFFER, GATHER, ROUTE
-from fedmpi.round.drift import ClientDrift
+from fedmpi.round.drift import ClientDrift, GradientDiversity
+from fedmpi.round.observers import TriggeredAccuracy
 from fedmpi.round.protocols import Buffer, Gather, Reduce, Route, SecureReduce
 from fedmpi.round.robust_gather import ChunkedGather
 
@@ -23,8 +24,24 @@ def build_transport(algo, clients, wire, path, *, participation, comm, server, g
         return Route(algo, clients, wire, path, participation, comm)
     if algo.protocol == BUFFER:
         return Buffer(algo, clients, wire, path)
-    drift = ClientDrift(len(clients.parts), client_drift)
+    drift = ClientDrift(len(clients.parts), client_drift, wire.comm, wire.share)
     carrier = path.carrier()
     if carrier is not None:
         return SecureReduce(algo, clients, wire, path, drift, carrier)
     return Reduce(algo, clients, wire, path, drift)
+
+
+def build_observers(transport, dim, shadow=None, triggered=None) -> tuple:
+    """The round's observers, in the order they report: the gradient diversity where the transport's sums are
+    the clients' weighted updates, the backdoor's success rate on the `triggered` evaluation, the divergence
+    `shadow` (rank 0 under eval.divergence), the clients' cosines (REDUCE under eval.client_drift: the
+    transport's drift measurements). The same collective observers, in the same order, on every rank."""
+    observers = [GradientDiversity(dim)] if transport.drift_figures else []
+    if triggered is not None:
+        observers.append(TriggeredAccuracy(triggered))
+    if shadow is not None:
+        observers.append(shadow)
+    drift = getattr(transport, "drift", None)
+    if drift is not None and drift.keep:
+        observers.append(drift)     # last: sharing the aggregate overwrites the workers' shared model
+    return tuple(observers)

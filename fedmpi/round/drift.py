@@ -17,10 +17,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedmpi.round.observers import Observer
 
-class ClientDrift:
-    def __init__(self, num_clients, keep_updates):
+
+class ClientDrift(Observer):
+    """The round's drift measurements on every rank (`measure`, by the REDUCE transport, for each counted
+    client), and with `keep_updates` (eval.client_drift) the observer of the clients' cosines."""
+
+    def __init__(self, num_clients, keep_updates, comm=None, share=None):
+        """`comm`: the communicator the cosines are reduced over; `share(x)`: rank 0's vector to every rank
+        (RoundBuffers.share); both only needed with `keep_updates`."""
         self.num_clients, self.keep = num_clients, keep_updates
+        self.comm, self.share = comm, share
         self.updates = {}
 
     def measure(self, run, delta, weight, tally):
@@ -31,19 +39,44 @@ class ClientDrift:
             tally.columns["update_norm"][run.cid] = sq ** 0.5
             self.updates[run.cid] = delta.clone()
 
-    def cosines(self, parts, sums, stats):
-        """Collective: every rank's clients' cosines with the aggregate; the column on rank 0, None elsewhere.
-        `parts`: the round's parts (fedmpi.round.engine.RoundParts: its comm, wire and flat model)."""
-        dim = parts.flat.dim
+    def round_figures(self, t, x, round_):
+        """Collective: every rank's clients' cosines with the aggregate; the column on rank 0."""
+        if not self.keep:
+            return {}, {}
+        sums, stats, comm = round_.sums, round_.stats, self.comm
         aggregate = None
-        if parts.comm.is_server:
+        if comm.is_server:
+            dim = len(x)
             aggregate = (sums[:dim] / stats.weight).float() if stats.weight > 0 else torch.zeros(dim)
-        aggregate = parts.wire.share(aggregate)
+        aggregate = self.share(aggregate)
         column = np.zeros(self.num_clients)
         norm = float(torch.linalg.vector_norm(aggregate))
         for cid, delta in self.updates.items():
             denom = norm * float(torch.linalg.vector_norm(delta))
             column[cid] = float(torch.dot(delta, aggregate.to(delta.device))) / denom if denom > 0 else np.nan
         self.updates.clear()
-        parts.comm.reduce_sum(column)
-        return column if parts.comm.is_server else None
+        comm.reduce_sum(column)
+        if not comm.is_server:
+            return {}, {}
+        selected = round_.plan.selected
+        row = np.full(self.num_clients, np.nan, dtype=np.float32)
+        row[selected] = column[selected]
+        return {}, {"update_cosine": row}
+
+
+class GradientDiversity(Observer):
+    """Rank 0: sum_i p_i ||Delta_i||^2 (a statistic of the reduction) against ||sum_i p_i Delta_i||^2 from the
+    reduced sums, where the transport's sums are the clients' weighted updates (its `drift_figures`)."""
+
+    def __init__(self, dim):
+        self.dim = dim
+
+    def round_figures(self, t, x, round_):
+        stats = round_.stats
+        if stats is None or not stats.weight > 0:
+            return {}, {}
+        head = round_.sums[: self.dim]
+        update_sq = stats.update_sq / stats.weight
+        aggregate_sq = float(torch.dot(head, head)) / stats.weight ** 2
+        return {"update_sq_norm": update_sq, "aggregate_sq_norm": aggregate_sq,
+                "gradient_diversity": update_sq / max(aggregate_sq, 1e-300)}, {}

@@ -41,8 +41,8 @@ from fedmpi.plans.base import Participation
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
+from fedmpi.round.observers import Observed
 from fedmpi.round.server import Server
-from fedmpi.round.shadow import Shadow
 from fedmpi.round.transport import RoundInput, Transport
 from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
 from fedmpi.uploads.base import ClientUpdate
@@ -51,8 +51,8 @@ from fedmpi.uploads.path import UploadPath
 
 @dataclass(frozen=True)
 class RoundParts:
-    """What a round works with on one rank, assembled once by `Experiment`. `server` and `shadow` are None
-    off rank 0 (the shadow also without eval.divergence)."""
+    """What a round works with on one rank, assembled once by `Experiment`. `server` is None off rank 0;
+    `observers` are the figures' observers this rank calls (fedmpi.round.observers)."""
 
     algo: Algorithm
     clients: ClientHost
@@ -61,19 +61,15 @@ class RoundParts:
     participation: Participation
     stages: UploadPath          # the upload stages (fedmpi.uploads.base.UploadStage), in their order
     evaluation: SplitEvaluation
-    shadow: Shadow | None       # rank 0 with eval.divergence only
     client_store: ClientStateStore
     comm: Comm                  # MpiComm or LocalComm
     timer: Timer                # the communicator's
     flat: FlatModel
-    test_set: Callable          # () -> (x_test, y_test) on the device, for the shadow's accuracy
     transport: Transport        # how uploads travel (fedmpi.round.transport): REDUCE, GATHER, ROUTE, BUFFER...
     rounds: int                 # cfg.rounds
     eval_every: int             # cfg.eval.every
-    eval_batch: int             # cfg.eval.batch_size
-    client_drift: bool          # cfg.eval.client_drift
     local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)
-    backdoor: SplitEvaluation | None = None     # attack.name = backdoor: the triggered test set (backdoor_acc)
+    observers: tuple = ()       # the figures' observers (fedmpi.round.observers), in the order they report
 
     @property
     def num_clients(self):
@@ -121,16 +117,17 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     parts.participation.done(plan)          # the provider hears of the round (e.g. advances its clock)
     parts.client_store.end_round()          # the round's client vectors back to host memory (or the spill file)
     stage_metrics = _server_step(parts, round_, combined)
-    evaluated, local_figures = _evaluate(parts, plan, combined.evaluate)
-    cosines = combined.drift.cosines(parts, combined.sums, combined.stats) if combined.drift is not None else None
-    return _outcome(parts, plan, combined, evaluated, cosines, local_figures, stage_metrics)
+    due, evaluated, local_figures, x = _evaluate(parts, plan, combined.evaluate)
+    observed = Observed(plan, due, combined.sums, combined.weight, combined.stats)
+    figures = _observe(parts, t, parts.server.x if parts.server else x, observed)   # every rank: collectives
+    return _outcome(parts, plan, combined, evaluated, figures, local_figures, stage_metrics)
 
 
 # -- the steps ---------------------------------------------------------------------------------------------
 
 def _broadcast(parts, plan, full, stopping, after_broadcast):
     """The round's broadcast (header only unless `full`); every rank leaves here on a stop. Rank 0 then
-    writes the deferred row and trains the divergence shadow while the workers train their clients."""
+    writes the deferred row, and the observers start the round (while the workers train their clients)."""
     t, wire, server = plan.round, parts.wire, parts.server
     signals.test_pause("broadcast")     # (the first round's: a test's Ctrl-C at the end of set-up)
     command = CMD_STOP if stopping else CMD_RUN
@@ -147,9 +144,10 @@ def _broadcast(parts, plan, full, stopping, after_broadcast):
     if server and after_broadcast is not None:
         with parts.timer.phase("server"):
             after_broadcast()
-    if parts.shadow is not None:
+    if parts.observers:
         with parts.timer.phase("train"):
-            parts.shadow.train_round(t, plan.selected)
+            for observer in parts.observers:
+                observer.round_start(t, plan)
     return wire.header_values() if wire.header_len > HEADER else ()
 
 
@@ -181,58 +179,55 @@ def _server_step(parts, round_, combined):
 def _evaluate(parts, plan, evaluate):
     """Collective when due (`evaluate`, None: every eval.every rounds and the last): every rank evaluates its
     share of the test set on the global model; then, when eval.local_every says so (and `evaluate` is not
-    False), the local evaluation of its hosted clients. (global figures, local (figures, columns)) on the
-    server, each None elsewhere or when not due."""
-    due = parts.eval_due(plan.round) if evaluate is None else evaluate
+    False), the local evaluation of its hosted clients. (whether the global model was evaluated, global
+    figures, local (figures, columns), the global model): the figures on the server, None elsewhere or when
+    not due; the model where anything was evaluated (a view of the broadcast buffer off rank 0), else None."""
+    due = bool(parts.eval_due(plan.round) if evaluate is None else evaluate)
     local = parts.local_eval is not None and evaluate is not False and parts.local_eval.due(plan.round)
-    if not (due or local):
-        return None, None
     server = parts.server
+    if not (due or local):
+        return False, None, None, None
     with parts.timer.phase("eval"):
         x = parts.wire.share(server.x if server else None)
         evaluated = parts.evaluation.run(x) if due else None
-        if due and parts.backdoor is not None:
-            # The attack success rate: the share of triggered non-target test samples classified as the target.
-            backdoor = parts.backdoor.run(x)
-            if evaluated is not None and backdoor is not None:
-                evaluated = (*evaluated, backdoor[0])
-        return evaluated, (parts.local_eval.run(plan, x) if local else None)
+        return due, evaluated, (parts.local_eval.run(plan, x) if local else None), x
 
 
-def _outcome(parts, plan, combined, evaluated, cosines, local, stage_metrics):
+def _observe(parts, t, x, observed):
+    """Every rank: the observers' figures of the round (rank 0's row), each in its turn."""
+    metrics, columns = {}, {}
+    if parts.observers:
+        with parts.timer.phase("eval"):
+            for observer in parts.observers:
+                more, rows = observer.round_figures(t, x, observed)
+                metrics.update(more)
+                columns.update(rows)
+    return metrics, columns
+
+
+def _outcome(parts, plan, combined, evaluated, observed, local, stage_metrics):
     """The server's RoundOutcome: the round's record, the stop votes and what is non-finite."""
     server, timer = parts.server, parts.timer
     if not server:
         return RoundOutcome()
     with timer.phase("server"):
-        record = _record(parts, plan, combined, evaluated, cosines, local, stage_metrics)
+        record = _record(parts, plan, combined, evaluated, observed, local, stage_metrics)
     record.timing[0] += timer.take()     # the server's own time after the reduction
     stats = combined.stats
     return RoundOutcome(record, stats.stop_votes, nonfinite(record.metrics, stats, server.x))
 
 
-def _record(parts, plan, combined, evaluated, cosines, local, stage_metrics):
+def _record(parts, plan, combined, evaluated, observed, local, stage_metrics):
     """The round's row of /metrics, /clients and /timing."""
-    t, server, shadow, stats = plan.round, parts.server, parts.shadow, combined.stats
+    t, server, stats = plan.round, parts.server, combined.stats
     metrics, clients = server.figures(t, plan.selected, stats, parts.wire.client_figures(), parts.num_clients)
-    if stats.weight > 0 and parts.transport.drift_figures:
-        head = combined.sums[: parts.flat.dim]
-        metrics["update_sq_norm"] = stats.update_sq / stats.weight
-        metrics["aggregate_sq_norm"] = float(torch.dot(head, head)) / stats.weight ** 2
-        metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
     if evaluated is not None:
-        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated[:3]
-        if len(evaluated) > 3:
-            metrics["backdoor_acc"] = evaluated[3]
-    if cosines is not None:
-        clients["update_cosine"][plan.selected] = cosines[plan.selected]
+        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
+    metrics.update(observed[0])
+    clients.update(observed[1])
     if local is not None:
         metrics.update(local[0])
         clients.update(local[1])
-    if shadow is not None:
-        metrics["weight_divergence"], metrics["weight_divergence_layers"] = shadow.divergence(server.x)
-        if evaluated is not None:
-            metrics["shadow_acc"] = shadow.accuracy(*parts.test_set(), parts.eval_batch)
     metrics.update(combined.metrics)
     clients.update(combined.columns)
     metrics.update(parts.algo.round_metrics())

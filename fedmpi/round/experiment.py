@@ -31,7 +31,7 @@ from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
 from fedmpi.plans.base import ProviderSetting
 from fedmpi.robust.catalog import rule_class
-from fedmpi.round.assembly import build_transport
+from fedmpi.round.assembly import build_observers, build_transport
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
 from fedmpi.round.evaluation import SplitEvaluation
@@ -133,12 +133,6 @@ class Experiment:
                                  wire_dtype=cfg.runtime.wire_dtype)
         self.evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test,
                                           cfg.eval.batch_size, dataset.num_classes, data.tensor, loss=loss)
-        # The backdoor's success rate: the triggered test set without the target class, split like the test set.
-        self.backdoor = None
-        if cfg.attack.name == "backdoor":
-            x_bd, y_bd = backdoor_test_set(dataset.x_test, dataset.y_test, cfg.attack, poison.trigger)
-            self.backdoor = SplitEvaluation(comm, flat, x_bd, y_bd, cfg.eval.batch_size,
-                                            dataset.num_classes, data.tensor, loss=loss)
         self.data = data
         self.local_eval = (LocalEvaluation(cfg.eval, cfg.client, cfg.seed, comm, self.clients, algo, self.flat, data,
                                            self.split.local_test, self.client_store, loss=loss)
@@ -146,14 +140,15 @@ class Experiment:
         probe = self.clients.probe_accuracy if self.clients.mine else None
         algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
         algo.verify_declarations()
-        self.server = self.shadow = None
+        self.server = shadow = None
         if comm.is_server:
             self.server = Server(algo, self.flat, x0, server=cfg.server, rounds=cfg.rounds,
                                  client_rate=algo.context.client_rate, wire_dtype=cfg.runtime.wire_dtype)
             self.server.start(self._server_trainer(data, loss))
             if cfg.eval.divergence:
-                self.shadow = Shadow(self.flat, self.server.x, *data.train, parts, client=cfg.client, seed=cfg.seed,
-                                     client_rate=algo.context.client_rate, loss=loss)
+                shadow = Shadow(self.flat, self.server.x, *data.train, parts, client=cfg.client, seed=cfg.seed,
+                                client_rate=algo.context.client_rate, test_set=lambda: data.test,
+                                eval_batch=cfg.eval.batch_size, loss=loss)
         self.participation = build_participation(ProviderSetting(algo, tuple(len(p) for p in parts)),
                                                  _given(cfg, PROVIDERS))
         history.bind(self.participation.plan)
@@ -166,14 +161,18 @@ class Experiment:
         transport = build_transport(algo, self.clients, self.wire, self.upload_path,
                                     participation=self.participation, comm=comm, server=self.server, gather=gather,
                                     client_drift=cfg.eval.client_drift)
-        # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
+        # The figures' observers: the gradient diversity, the backdoor's success rate on the triggered test set
+        # (without the target class, split like the test set), the clients' cosines, the divergence's shadow.
+        triggered = (backdoor_test_set(dataset.x_test, dataset.y_test, cfg.attack, poison.trigger)
+                     if cfg.attack.name == "backdoor" else None)
+        self.observers = build_observers(transport, flat.dim, shadow, triggered and SplitEvaluation(
+            comm, flat, *triggered, cfg.eval.batch_size, dataset.num_classes, data.tensor, loss=loss))
+        # What a round works with (fedmpi.round.engine.run_round): the parts above and the transport.
         self.round_parts = RoundParts(
             algo=algo, clients=self.clients, wire=self.wire, server=self.server, participation=self.participation,
-            stages=self.upload_path, evaluation=self.evaluation, shadow=self.shadow,
-            client_store=self.client_store, comm=comm, timer=comm.timer, flat=self.flat,
-            test_set=lambda: data.test, transport=transport, rounds=cfg.rounds,
-            eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift,
-            local_eval=self.local_eval, backdoor=self.backdoor)
+            stages=self.upload_path, evaluation=self.evaluation, client_store=self.client_store, comm=comm,
+            timer=comm.timer, flat=self.flat, transport=transport, rounds=cfg.rounds, eval_every=cfg.eval.every,
+            local_eval=self.local_eval, observers=self.observers)
 
     def _server_trainer(self, data, loss):
         if not (self.algo.uses_server_set and len(self.split.server_idx)):
@@ -205,8 +204,8 @@ class Experiment:
     def metric_attrs(self):
         """Attributes of /metrics datasets: per-class test counts, the divergence's layer names."""
         attrs = {"class_acc": {"class_counts": self.evaluation.class_counts}}
-        if self.shadow is not None:
-            attrs["weight_divergence_layers"] = {"layers": self.shadow.layers}
+        for observer in self.observers:
+            attrs.update(observer.metric_attrs())
         return attrs
 
     def global_model(self):
