@@ -4,7 +4,10 @@ settings, each decided by fedmpi.run.resolve before anything is built; which obs
 
 from __future__ import annotations
 
+import torch
+
 from fedmpi.algorithms.base import BUFFER, GATHER, ROUTE
+from fedmpi.core.train import ServerTrainer
 from fedmpi.round.drift import ClientDrift, GradientDiversity
 from fedmpi.round.observers import TriggeredAccuracy
 from fedmpi.round.protocols import Buffer, Gather, Reduce, Route, SecureReduce
@@ -45,3 +48,16 @@ def build_observers(transport, dim, shadow=None, triggered=None) -> tuple:
     if drift is not None and drift.keep:
         observers.append(drift)     # last: sharing the aggregate overwrites the workers' shared model
     return tuple(observers)
+
+
+def server_trainer(flat, data, server_idx, *, client, seed, loss=None, evaluated=None):
+    """Training on the server's own set (`server_idx` into the training set; None where it is empty) with the
+    clients' settings (the `client` section) and the run's `seed`: an algorithm's pretraining or server
+    learning, or FLTrust's server update. `evaluated`: eval.batch_size where the trainer also evaluates on the
+    test set (an algorithm's warm-up target), None otherwise."""
+    if server_idx is None or not len(server_idx):
+        return None
+    idx = torch.from_numpy(server_idx).to(flat.device)
+    if evaluated is None:
+        return ServerTrainer(flat, client, *data.train, idx, seed, loss=loss)
+    return ServerTrainer(flat, client, *data.train, idx, seed, loss=loss, test=data.test, eval_batch=evaluated)
