@@ -54,6 +54,11 @@ class Participation:
     asks the providers in turn (fedmpi.round.providers) and takes the first one built."""
 
     reads: tuple = ("seed", "partition", "server")
+    # A plug-in's declarations (fedmpi.plans.catalog): the participation.keys it reads, the algorithm families
+    # it plans for, whether privacy's accountant may count its cohorts.
+    uses: tuple = ()
+    protocols: tuple = ("reduce",)
+    works_with_dp = False
 
     @classmethod
     def build(cls, setting: ProviderSetting, *, seed, partition, server):

@@ -32,7 +32,6 @@ from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.providers import PROVIDERS, STAGES, build_participation, build_stages
 from fedmpi.round.robust_setup import gather_settings
-from fedmpi.round.robust_stage import NormBoundStage
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
@@ -72,7 +71,7 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
         console.say(f"fedmpi: warning: {plan.attack_note}")
     malicious = np.asarray(plan.malicious, dtype=np.int64)      # drawn from the seed alone by resolve
     poison = DataPoison(cfg.attack, malicious, cfg.seed, dataset.num_classes, dataset.x_train)
-    stages = build_stages(StageSetting(algo, n, plan.malicious, server_rank), _given(cfg, STAGES))
+    stages = build_stages(StageSetting(algo, n, plan.malicious, server_rank), _given(cfg, STAGES + plan.plugin_stages))
     path = UploadPath(stages, algo.up_vectors * n + algo.up_scalars)
     # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
     store = ClientStateStore(cfg.runtime.client_state_bytes)
@@ -82,7 +81,7 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
                          eval_batch=cfg.eval.batch_size, loss=loss, poison=poison if poison.active else None,
                          keeps_state=algo.split is not None or path.keeps_client_state)
     columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
-    columns += ("robust_weight",) if any(isinstance(s, NormBoundStage) for s in stages) else ()
+    columns += tuple(name for stage in stages for name in stage.columns)
     wire = RoundBuffers(comm, algo, n, len(parts), placement.device, cfg.runtime.cuda_aware_mpi, path.layout.header_len,
                         path.layout.up_extra, extra_columns=columns, wire_dtype=cfg.runtime.wire_dtype)
     evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test, cfg.eval.batch_size, dataset.num_classes,
@@ -103,8 +102,8 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
                             test_set=lambda: data.test, eval_batch=cfg.eval.batch_size, loss=loss)
         if plan.robust and rule_class(cfg.server.aggregator).needs_server_update:
             fltrust = server_trainer(flat, data, split.server_idx, client=cfg.client, seed=cfg.seed, loss=loss)
-    participation = build_participation(ProviderSetting(algo, tuple(len(p) for p in parts)),
-                                        _given(cfg, PROVIDERS))
+    participation = build_participation(ProviderSetting(algo, tuple(len(p) for p in parts)), _given(
+        cfg, ((plan.plugin_provider,) if plan.plugin_provider else ()) + PROVIDERS))
     history.bind(participation.plan)
     gather = gather_settings(len(parts), fltrust, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
                              gather_bytes=cfg.runtime.gather_bytes, client=cfg.client, client_rate=rate)

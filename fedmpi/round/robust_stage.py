@@ -14,6 +14,7 @@ from fedmpi.uploads.base import ORDER_BOUND, UploadStage
 class NormBoundStage(UploadStage):
     name, order = "norm_bound", ORDER_BOUND
     reads = ("server", "attack")
+    columns = ("robust_weight",)
 
     @classmethod
     def build(cls, setting, *, server, attack):

@@ -107,6 +107,12 @@ class UploadStage(StageState):
     own_vector_transport = False
     header_size = 0     # broadcast header floats (module docstring)
     up_scalars = 0      # float64 sums in the reduction
+    columns: tuple = ()     # the per-client figures its updates carry (/clients/<name>)
+    # A plug-in's declarations (fedmpi.uploads.catalog): the uploads.keys it reads, and whether it may run
+    # under differential privacy and secure aggregation.
+    uses: tuple = ()
+    works_with_dp = False
+    works_with_secure_aggregation = False
 
     @classmethod
     def build(cls, setting: StageSetting, **sections) -> UploadStage | None:
