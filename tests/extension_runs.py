@@ -238,7 +238,9 @@ RUNS["entry_point"] = {**RUNS["external"], "algorithm": {"name": ENTRY_POINT, "b
 RUNS["context"] = {**RUNS["external"], "algorithm": {"name": "extpkg.context:Coverage", "repeat_bonus": 0.5}}
 RUNS["nesterov"] = {"server": {"clients_per_round": 5, "optimizer": "examples.nesterov:Nesterov", "momentum": 0.9,
                                "lr": 0.5}}
-RESUMED = ("adam", "external", "context", "nesterov")
+RUNS["norm_clip"] = {"uploads": {"stages": ["examples.norm_clip_stage:NormClip"], "keys": {"max_norm": 0.05}}}
+RUNS["cyclic"] = {"participation": {"name": "examples.cyclic_participation:Cyclic", "keys": {"groups": 3}}}
+RESUMED = ("adam", "external", "context", "nesterov", "norm_clip", "cyclic")
 
 
 def config_of(name, out):

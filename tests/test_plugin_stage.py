@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import re
 
+import extension_runs as ext
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, small_config
+from conftest import ROOT, read_global, small_config
 
 import fedmpi
 from fedmpi.cli import main
@@ -97,3 +98,12 @@ def test_the_doc_shows_the_example_file_as_it_is():
     doc = (ROOT / "docs" / "extending.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert (ROOT / "examples" / "norm_clip_stage.py").read_text() in blocks
+
+
+@pytest.mark.mpi
+def test_mpiexec_n3_gives_the_in_process_model_and_resumes_bit_identically(importable, tmp_path_factory):
+    runs = ext.shared(tmp_path_factory)
+    whole = read_global(runs["norm_clip"])
+    assert np.array_equal(whole, read_global(runs["norm_clip-resumed"]))
+    alone = fedmpi.simulate(ext.config_of("norm_clip", tmp_path_factory.mktemp("alone")))
+    assert np.array_equal(whole, alone.model)
