@@ -242,12 +242,6 @@ class RoundBuffers:
         self.up_dev[: self.up_len].copy_(self.up_host[: self.up_len], non_blocking=True)
         return self.up_dev[: self.up_len]
 
-    def set_sums(self, acc, weight):
-        """Server: sums that arrived other than by the reduction (gated uploads), and their total weight."""
-        self.up_host[: self.up_len].copy_(acc)
-        self.up_np[self.up_len + WEIGHT] = weight
-        self.sums_on_device = False
-
     def stats(self) -> RoundStats:
         s = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)
         return RoundStats(float(s[WEIGHT]), float(s[LOSS]), float(s[SEEN]), float(s[UPLOADS]), float(s[BYTES_UP]),
