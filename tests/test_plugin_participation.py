@@ -10,7 +10,7 @@ import re
 import extension_runs as ext
 import numpy as np
 import pytest
-from conftest import ROOT, read_global, small_config
+from conftest import ROOT, small_config
 
 import fedmpi
 from fedmpi.core import rng
@@ -90,8 +90,4 @@ def test_the_doc_shows_the_example_file_as_it_is():
 
 @pytest.mark.mpi
 def test_mpiexec_n3_gives_the_in_process_model_and_resumes_bit_identically(importable, tmp_path_factory):
-    runs = ext.shared(tmp_path_factory)
-    whole = read_global(runs["cyclic"])
-    assert np.array_equal(whole, read_global(runs["cyclic-resumed"]))
-    alone = fedmpi.simulate(ext.config_of("cyclic", tmp_path_factory.mktemp("alone")))
-    assert np.array_equal(whole, alone.model)
+    ext.assert_n3_is_in_process_and_resumes("cyclic", tmp_path_factory)

@@ -11,7 +11,7 @@ import extension_runs as ext
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, read_global, small_config
+from conftest import ROOT, small_config
 
 import fedmpi
 from fedmpi.cli import main
@@ -102,8 +102,4 @@ def test_the_doc_shows_the_example_file_as_it_is():
 
 @pytest.mark.mpi
 def test_mpiexec_n3_gives_the_in_process_model_and_resumes_bit_identically(importable, tmp_path_factory):
-    runs = ext.shared(tmp_path_factory)
-    whole = read_global(runs["norm_clip"])
-    assert np.array_equal(whole, read_global(runs["norm_clip-resumed"]))
-    alone = fedmpi.simulate(ext.config_of("norm_clip", tmp_path_factory.mktemp("alone")))
-    assert np.array_equal(whole, alone.model)
+    ext.assert_n3_is_in_process_and_resumes("norm_clip", tmp_path_factory)

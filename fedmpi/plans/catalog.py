@@ -29,16 +29,11 @@ PROTOCOLS = ("reduce", "gather", "route", "buffer")
 def provider_class(name, sections):
     """The Participation class `name` stands for, checked against what it declares; `sections`: the names a
     provider may read (the config's top-level fields)."""
-    cls = plugin_names.resolve(name, GROUP, KEY)
+    cls = plugin_names.load_subclass(name, GROUP, KEY, Participation)
     where = f"{KEY} = {name!r}"
-    if not (isinstance(cls, type) and issubclass(cls, Participation)):
-        raise ConfigError(f"{where}: {cls!r} is not a subclass of fedmpi.plans.base.Participation")
-    for attr, allowed in (("reads", sections), ("uses", None), ("protocols", PROTOCOLS)):
-        declared = getattr(cls, attr, ())
-        if not (isinstance(declared, tuple) and all(isinstance(k, str) for k in declared)
-                and (allowed is None or set(declared) <= set(allowed))):
-            raise ConfigError(f"{where}: {cls.__name__}.{attr} must be a tuple of "
-                              f"{', '.join(allowed) if allowed else 'key names'}; it is {declared!r}")
+    plugin_names.check_names(cls, "reads", where, sections, f"config sections ({', '.join(sections)})")
+    plugin_names.check_names(cls, "uses", where)
+    plugin_names.check_names(cls, "protocols", where, PROTOCOLS, f"protocols ({', '.join(PROTOCOLS)})")
     if not isinstance(getattr(cls, "works_with_dp", False), bool):
         raise ConfigError(f"{where}: {cls.__name__}.works_with_dp must be True or False")
     if "build" not in vars(cls):

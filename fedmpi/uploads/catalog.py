@@ -32,21 +32,14 @@ CAPABILITIES = ("works_with_dp", "works_with_secure_aggregation")
 def stage_class(name, sections):
     """The UploadStage class `name` stands for, checked against what it declares; `sections`: the names a
     stage may read (the config's top-level fields)."""
-    cls = plugin_names.resolve(name, GROUP, KEY)
-    where = f"{KEY}: {name!r}"
-    if not (isinstance(cls, type) and issubclass(cls, UploadStage)):
-        raise ConfigError(f"{where}: {cls!r} is not a subclass of fedmpi.uploads.base.UploadStage")
+    cls = plugin_names.load_subclass(name, GROUP, KEY, UploadStage)
+    where = f"{KEY} = {name!r}"
     if not isinstance(cls.name, str) or not cls.name:
         raise ConfigError(f"{where}: the class {cls.__name__} declares no name")
     if not (isinstance(cls.order, int) and not isinstance(cls.order, bool) and 0 <= cls.order <= 100):
         raise ConfigError(f"{where}: {cls.__name__}.order must be an int in [0, 100]; it is {cls.order!r}")
-    for attr, allowed in (("reads", sections), ("uses", None)):
-        declared = getattr(cls, attr, ())
-        if not (isinstance(declared, tuple) and all(isinstance(k, str) for k in declared)
-                and (allowed is None or set(declared) <= set(allowed))):
-            raise ConfigError(f"{where}: {cls.__name__}.{attr} must be a tuple of "
-                              f"{'config sections (' + ', '.join(allowed) + ')' if allowed else 'key names'}; "
-                              f"it is {declared!r}")
+    plugin_names.check_names(cls, "reads", where, sections, f"config sections ({', '.join(sections)})")
+    plugin_names.check_names(cls, "uses", where)
     for flag in CAPABILITIES:
         if not isinstance(getattr(cls, flag, False), bool):
             raise ConfigError(f"{where}: {cls.__name__}.{flag} must be True or False")
