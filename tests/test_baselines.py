@@ -21,7 +21,7 @@ from fedmpi import config
 from fedmpi.algorithms import ClientRun, build_algorithm, lookup
 from fedmpi.algorithms.fednova import normalizer
 from fedmpi.core.errors import ConfigError
-from fedmpi.round.drift import ClientDrift
+from fedmpi.round.observers import ClientDrift
 from fedmpi.round.protocols import Reduce
 
 # --- the hooks alone, on hand-computed cases ------------------------------------------------------------

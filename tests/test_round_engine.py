@@ -20,7 +20,8 @@ from fedmpi.algorithms.fedbuff import staleness_weight
 from fedmpi.core.errors import StopRequested
 from fedmpi.mpi.local import LocalComm
 from fedmpi.round.engine import RoundOutcome, run_round
-from fedmpi.round.protocols import Buffer, Gather, Reduce, Route
+from fedmpi.round.protocols import Buffer, Gather, Reduce
+from fedmpi.round.route import Route
 from fedmpi.run.setup import experiment as set_up_experiment
 
 THETA0 = rp.X0.astype(np.float32).astype(np.float64)   # the initial (w1, w2, b) as the float32 model holds them

@@ -1,4 +1,4 @@
-"""Each transport alone (fedmpi.round.transport): built from its collaborators, fed hand-made ClientUpdates,
+"""Each transport alone (fedmpi.round.protocols): built from its collaborators, fed hand-made ClientUpdates,
 combined over LocalComm, with no config and no Experiment. Every figure is worked out here from the updates:
 REDUCE's weighted float64 sums, consumed as a stream; secure aggregation's decoded integer sum with no float
 model vector reduced; GATHER's fusion in client-id order; BUFFER's releases; ROUTE's statistics-only rounds
@@ -20,10 +20,10 @@ from fedmpi.deploy.buffered import BufferedPlan
 from fedmpi.mpi.local import LocalComm
 from fedmpi.robust.catalog import build_rule
 from fedmpi.robust.keys import RobustConfig
-from fedmpi.round.drift import ClientDrift
-from fedmpi.round.protocols import Buffer, Gather, Reduce, Route, SecureReduce
+from fedmpi.round.observers import ClientDrift
+from fedmpi.round.protocols import Buffer, Gather, Reduce, RoundInput, SecureReduce, Training
 from fedmpi.round.robust_gather import ChunkedGather, GatherSettings
-from fedmpi.round.transport import RoundInput, Training
+from fedmpi.round.route import Route
 from fedmpi.secagg import agreement, masks
 from fedmpi.secagg.checks import Plan
 from fedmpi.secagg.keys import SecAggConfig

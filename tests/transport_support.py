@@ -11,10 +11,9 @@ import torch
 from fedmpi.algorithms import ClientRun
 from fedmpi.mpi.local import LocalComm
 from fedmpi.plans.base import RoundPlan
-from fedmpi.round.transport import RoundInput, Training
+from fedmpi.round.protocols import RoundInput, Training
 from fedmpi.round.wire import RoundBuffers
-from fedmpi.uploads.base import ClientUpdate
-from fedmpi.uploads.path import UploadPath
+from fedmpi.uploads.base import ClientUpdate, UploadPath
 
 
 def host(model, sizes, rank=0, workers=(0,)):

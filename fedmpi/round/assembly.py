@@ -8,10 +8,10 @@ import torch
 
 from fedmpi.algorithms.base import BUFFER, GATHER, ROUTE
 from fedmpi.core.train import ServerTrainer
-from fedmpi.round.drift import ClientDrift, GradientDiversity
-from fedmpi.round.observers import TriggeredAccuracy
-from fedmpi.round.protocols import Buffer, Gather, Reduce, Route, SecureReduce
+from fedmpi.round.observers import ClientDrift, GradientDiversity, TriggeredAccuracy
+from fedmpi.round.protocols import Buffer, Gather, Reduce, SecureReduce
 from fedmpi.round.robust_gather import ChunkedGather
+from fedmpi.round.route import Route
 
 
 def build_transport(algo, clients, wire, path, *, participation, comm, server, gather, client_drift):

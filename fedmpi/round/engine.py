@@ -13,7 +13,7 @@ A round happens in this order, and `run_round` is the only place that says so:
   record     the server's row of /metrics, /clients and /timing, and what of it is non-finite
 
 How uploads travel is the algorithm's `protocol` declaration; each family is a transport
-(fedmpi.round.transport; REDUCE, GATHER, ROUTE, BUFFER in fedmpi.round.protocols, the chunked robust
+(fedmpi.round.protocols: REDUCE, GATHER and BUFFER there, ROUTE in fedmpi.round.route, the chunked robust
 gather in fedmpi.round.robust_gather) that exchanges values with the round: `local(round_, updates)` ->
 LocalPart and `combine(comm, round_, local)` -> Combined. Control goes in as arguments (`stopping`,
 `after_broadcast`) and comes out in the RoundOutcome (the record, the stop votes, the non-finite finding):
@@ -42,11 +42,10 @@ from fedmpi.round.clients import ClientHost
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.observers import Observed
+from fedmpi.round.protocols import RoundInput, Transport
 from fedmpi.round.server import Server
-from fedmpi.round.transport import RoundInput, Transport
 from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
-from fedmpi.uploads.base import ClientUpdate
-from fedmpi.uploads.path import UploadPath
+from fedmpi.uploads.base import ClientUpdate, UploadPath
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ class RoundParts:
     comm: Comm                  # MpiComm or LocalComm
     timer: Timer                # the communicator's
     flat: FlatModel
-    transport: Transport        # how uploads travel (fedmpi.round.transport): REDUCE, GATHER, ROUTE, BUFFER...
+    transport: Transport        # how uploads travel (fedmpi.round.protocols): REDUCE, GATHER, ROUTE, BUFFER...
     rounds: int                 # cfg.rounds
     eval_every: int             # cfg.eval.every
     local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)

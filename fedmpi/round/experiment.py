@@ -35,8 +35,7 @@ from fedmpi.round.robust_setup import gather_settings
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
-from fedmpi.uploads.base import StageSetting
-from fedmpi.uploads.path import UploadPath
+from fedmpi.uploads.base import StageSetting, UploadPath
 
 __all__ = ["DeviceData", "Experiment", "build", "build_partition"]
 

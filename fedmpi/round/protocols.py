@@ -1,16 +1,33 @@
-"""The protocol families as transports (fedmpi.round.transport): how one round's uploads travel, by the
-`protocol` an algorithm's family declares.
+"""Transports: how one round's uploads travel from the clients' ranks to the server, as values in and out, and
+the protocol families that are transports (the `protocol` an algorithm's family declares).
 
+A transport is built once per run with the collaborators it works with (the algorithm, the rank's client
+host and flat model, the round's buffers, the upload path), and each round:
+
+  training(plan) -> Training                      which clients this rank trains, from what start
+  local(round_, updates) -> LocalPart             this rank's part, from the stream of its trained clients'
+                                                  `ClientUpdate`s, consumed as each client finishes
+  combine(comm, round_, local) -> Combined        the collective(s) that bring the parts to rank 0: its
+                                                  sums, their total weight, the transport's figures
+
+`round_` is a `RoundInput`: the round's plan, the Training and the upload stages' views. No transport reads
+another part of the round or writes into the server's buffers behind a call: what it gives the server is
+the Combined it returns. The algorithm's own hooks (`accumulate`, `gate`, `hold`/`release`, the slots)
+stay the algorithm's contract; a transport calls them. What a transport keeps across rounds (ROUTE's
+period start and previous plan) is its own.
+
+The families:
 - REDUCE (FedAvg and most algorithms): the selected clients' weighted uploads into one accumulator, one
   Reduce to the server. Under secure aggregation (`SecureReduce`) the update travels as masked integers
   summed modulo 2^b, and the float Reduce carries only the statistics.
 - GATHER (SAFL with upload gating): clients decide after training whether to upload; the server first
   gathers the mask of who uploads, then only the uploaders' vectors (`masked_gather`, Gatherv).
-- ROUTE (FedSkip): model slots persist between aggregations; inside a period they move between the ranks
-  hosting consecutive clients with point-to-point transfers, and only the round's statistics are reduced;
-  at aggregation rounds the slots are reduced like FedAvg's uploads.
+- ROUTE (FedSkip, fedmpi.round.route): model slots persist between aggregations; inside a period they move
+  between the ranks hosting consecutive clients with point-to-point transfers, and only the round's
+  statistics are reduced; at aggregation rounds the slots are reduced like FedAvg's uploads.
 - BUFFER (FedBuff): clients train in the round of the model version they start from and hold their
   updates until the round of their simulated arrival; the arrivals are reduced like FedAvg's uploads.
+- the chunked robust gather (fedmpi.round.robust_gather): every counted update to rank 0 chunk by chunk.
 
 A client whose update does not count this round (the plan says so: dropped out, past the deadline) leaves
 its state as it was: REDUCE skips its accumulate, GATHER its gate (its figures are NaN), ROUTE keeps the
@@ -20,12 +37,141 @@ The order of a round's steps is fedmpi.round.engine.run_round's; a transport is 
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 
 from fedmpi.algorithms import base
-from fedmpi.round.transport import Combined, LocalPart, Training, Transport
+from fedmpi.mpi import signals
 from fedmpi.uploads.precision import round_to
+
+
+@dataclass(frozen=True)
+class Training:
+    """Which clients this rank trains this round, in order, and from what start: `start(run)` loads a
+    client's start point into the model; `down` is the broadcast payload (None where it is not the start)."""
+
+    cids: list
+    start: Callable | None = None
+    down: torch.Tensor | None = None
+    slots: dict = field(default_factory=dict)     # ROUTE: client id -> its model slot this round
+
+
+@dataclass(frozen=True)
+class RoundInput:
+    """What a transport knows of the round: the plan (the same on every rank), this rank's Training and the
+    upload stages' views (fedmpi.uploads.base.RoundStages)."""
+
+    plan: object
+    training: Training
+    stages: object = None
+
+
+@dataclass
+class LocalPart:
+    """One rank's part of a round: `tally`, its running totals and per-client figures (fedmpi.round.wire), whose
+    accumulator holds its weighted sums; `kept`, what the family keeps per client for its combination (GATHER's
+    vectors, the gather's rows); `total`, secure aggregation's masked integer sum."""
+
+    tally: object
+    kept: list = field(default_factory=list)
+    total: object = None
+
+
+@dataclass(frozen=True)
+class Combined:
+    """What the combination gives the round: on rank 0 the sums the server steps from (`sums`, `weight`), the
+    reduced statistics, the transport's own figures ({metric: value}, {name: [N] row}); everywhere whether
+    the server steps (`update`), whether to evaluate (None: when due) and the drift measurements (REDUCE with
+    eval.client_drift)."""
+
+    sums: torch.Tensor | None = None
+    weight: float = 0.0
+    stats: object = None
+    metrics: dict = field(default_factory=dict)
+    columns: dict = field(default_factory=dict)
+    update: bool = True
+    evaluate: bool | None = None
+    drift: object = None
+
+
+class Transport:
+    name = ""
+    drift_figures = False    # the reduced sums are the clients' weighted updates (gradient diversity applies)
+    # Dealt clients may go to whichever worker is free (ClientHost.round_clients): no rank needs to know who
+    # trained which client, only each rank's sums.
+    deals_as_free = False
+
+    def __init__(self, algo, clients, wire, path):
+        """`algo`: the algorithm; `clients`: the rank's ClientHost (placement, the flat model); `wire`: the
+        round's RoundBuffers; `path`: the upload path (fedmpi.uploads.base.UploadPath)."""
+        self.algo, self.clients, self.wire, self.path = algo, clients, wire, path
+        self.flat = clients.flat
+
+    def full_broadcast(self, t) -> bool:
+        """Whether round t's broadcast carries the payload (else the header only)."""
+        return True
+
+    def training(self, plan) -> Training:
+        """This rank's clients of the round, from the broadcast (hosted clients, in plan order)."""
+        if not self.clients.mine:
+            return Training([])
+        down, start = self.from_broadcast(plan.round)
+        return Training(self.clients.hosted(plan.selected), start, down)
+
+    def local(self, round_: RoundInput, updates) -> LocalPart:
+        raise NotImplementedError
+
+    def combine(self, comm, round_: RoundInput, local: LocalPart) -> Combined:
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<transport {self.name}>"
+
+    # -- what the families share ---------------------------------------------------------------------
+    def from_broadcast(self, t):
+        """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`);
+        the algorithm's `round_start` hook sees the payload first."""
+        algo, flat = self.algo, self.flat
+        down = self.wire.down()
+        if algo.round_start is not None:
+            algo.round_start(t, down)
+
+        def start(run):
+            algo.client_start(run, down, flat)
+            algo.load_personal(run.cid, flat)       # personal entries: the client's own (no-op without a split)
+
+        return down, start
+
+    def upload(self, update, round_: RoundInput, acc):
+        """A counted client's upload into `acc`: the upload path's transform of `update`, the algorithm's
+        `accumulate` of what it passed on, then the stages' scalars; (the upload's weight, the update)."""
+        if len(self.path):
+            update = self.path.client(update, round_.stages)
+        run = update.run if update.weight == update.run.weight else dataclasses.replace(update.run,
+                                                                                          weight=update.weight)
+        weight = self.algo.accumulate(run, round_.training.down, self.flat, acc)
+        if len(self.path):
+            self.path.add_scalars(update, acc)
+        return weight, update
+
+    @staticmethod
+    def record(tally, update):
+        """A trained client's loss and per-client figures (its training's, then those the upload path added)."""
+        tally.record(update.run)
+        for name, value in update.figures.items():
+            tally.columns[name][update.cid] = value
+
+    def reduce(self, tally, sums=True, skip=0):
+        """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only, `skip`:
+        leaves the first sums out), with this rank's stop request; on rank 0 (sums, stats)."""
+        self.wire.reduce(tally, signals.requested(), sums, skip=skip)
+        if not self.wire.comm.is_server:
+            return None, None
+        return self.wire.sums(), self.wire.stats()
 
 
 class Reduce(Transport):
@@ -34,7 +180,7 @@ class Reduce(Transport):
     deals_as_free = True        # runtime.client_dealing auto may deal the round's clients to whoever is free
 
     def __init__(self, algo, clients, wire, path, drift):
-        """`drift`: the round's drift measurements (fedmpi.round.drift.ClientDrift)."""
+        """`drift`: the round's drift measurements (fedmpi.round.observers.ClientDrift)."""
         super().__init__(algo, clients, wire, path)
         self.drift = drift
 
@@ -155,85 +301,6 @@ class Gather(Transport):
             acc[: self.flat.dim].add_(z.double() - x64, alpha=w)
             weight += w
         return acc, weight
-
-
-class Route(Transport):
-    """FedSkip's slots. What it keeps across rounds is its own: the current period's broadcast global model,
-    where slots train (`period_start`), and the previous round's plan (None before this process's first round)."""
-
-    name = base.ROUTE
-
-    def __init__(self, algo, clients, wire, path, participation, comm):
-        """`participation`: the provider (whose past plans and counted clients weigh the slots); `comm`: the
-        communicator the slots move over."""
-        super().__init__(algo, clients, wire, path)
-        self.participation, self.comm = participation, comm
-        self.period_start, self.previous = None, None
-
-    def full_broadcast(self, t):
-        # The model travels at period starts, and at this process's first round (a resumed run's slots
-        # train from the broadcast too).
-        return self.algo.is_period_start(t) or self.previous is None
-
-    def training(self, plan):
-        algo, clients, t = self.algo, self.clients, plan.round
-        if self.full_broadcast(t) and clients.mine:
-            self.period_start = self.wire.down()[: self.flat.dim].clone()
-        order = [int(c) for c in algo.order(t, plan.selected)]
-        if not algo.is_period_start(t):
-            previous = self.previous if self.previous is not None else self.participation.plan(t - 1)
-            self.move_slots(algo.order(t - 1, previous.selected), order)
-        slots = {cid: slot for slot, cid in enumerate(order)}
-        period_start = self.period_start
-
-        def start(run):
-            algo.start_slot(run, slots[run.cid], period_start, clients.flat)
-
-        return Training([cid for cid in order if cid in clients.mine], start, None, slots)
-
-    def local(self, round_, updates):
-        tally, training = self.wire.new_tally(), round_.training
-        for update in updates:
-            run = update.run
-            if round_.plan.counts(run.cid):
-                tally.upload()
-            else:       # dropped or too late: the slot keeps its parameters from before the round
-                training.start(run)
-            self.algo.finish_slot(run, training.slots[run.cid], self.flat)
-            self.record(tally, update)
-        return LocalPart(tally)
-
-    def combine(self, comm, round_, local):
-        algo, clients, plan = self.algo, self.clients, round_.plan
-        t, tally = plan.round, local.tally
-        aggregate = algo.is_aggregation(t)
-        if aggregate and clients.mine:
-            counted = self.participation.counted
-            weights = algo.slot_weights(t, lambda s, c: len(clients.parts[c]) if counted(s, c) else 0)
-            tally.weight += algo.accumulate_slots(self.period_start, weights, tally.acc)
-        # Inside a period only the statistics travel; the model moves with the slots.
-        sums, stats = self.reduce(tally, sums=aggregate)
-        self.previous = plan
-        # Evaluated at aggregation rounds only: x does not change in between, and a run's length must not
-        # change its log (a resumed run would otherwise carry an extra evaluation at the first run's end).
-        return Combined(sums, stats.weight if stats else 0.0, stats, update=aggregate, evaluate=aggregate)
-
-    def move_slots(self, previous, order):
-        """Sends each slot from the rank of its previous client to the rank of its next one."""
-        algo, comm = self.algo, self.comm
-        host, dim = self.clients.host, self.flat.dim
-        sends, receives = [], {}
-        for slot, (src_c, dst_c) in enumerate(zip(previous, order)):
-            src, dst = int(host[src_c]), int(host[dst_c])
-            if src == dst:
-                continue
-            if comm.rank == src:
-                sends.append((dst, slot, algo.take_slot(slot).to("cpu", torch.float32).numpy()))
-            elif comm.rank == dst:
-                receives[slot] = (src, np.empty(dim, dtype=np.float32))
-        comm.route(sends, [(src, slot, buf) for slot, (src, buf) in receives.items()])
-        for slot, (_, buf) in receives.items():
-            algo.put_slot(slot, torch.from_numpy(buf).to(self.flat.device))
 
 
 class Buffer(Transport):

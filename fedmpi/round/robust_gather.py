@@ -31,8 +31,7 @@ from fedmpi.core.train import schedule
 from fedmpi.mpi.runtime import place_clients
 from fedmpi.robust.chunks import BLOCK, chunk_bounds, chunk_width
 from fedmpi.robust.driver import aggregate_chunks, total_passes
-from fedmpi.round.protocols import Reduce
-from fedmpi.round.transport import Combined, LocalPart, Transport
+from fedmpi.round.protocols import Combined, LocalPart, Reduce, Transport
 
 DETECTION = ("detect_precision", "detect_recall", "honest_excluded")
 
