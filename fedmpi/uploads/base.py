@@ -184,6 +184,7 @@ class RoundStages:
 
     plan: object
     header: tuple = ()      # every stage's header values, as received
+    views: tuple = ()       # each stage's StageView of the round (its header slots)
 
 
 class UploadPath:
@@ -213,14 +214,15 @@ class UploadPath:
 
     def begin(self, plan, header_values=()) -> RoundStages:
         """Every rank, after the broadcast: each stage's `begin`; the round's views for the hooks below."""
-        round_ = RoundStages(plan, tuple(header_values))
-        for stage, view in zip(self.stages, self.layout.views(plan, round_.header)):
+        header = tuple(header_values)
+        round_ = RoundStages(plan, header, self.layout.views(plan, header))
+        for stage, view in zip(self.stages, round_.views):
             stage.begin(plan, view)
         return round_
 
     def client(self, update: ClientUpdate, round_: RoundStages) -> ClientUpdate:
         """Worker: a counted client's update through every stage."""
-        for stage, view in zip(self.stages, self.layout.views(round_.plan, round_.header)):
+        for stage, view in zip(self.stages, round_.views):
             update = stage.client(update, view)
         return update
 
