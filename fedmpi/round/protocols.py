@@ -110,6 +110,7 @@ class Transport:
         round's RoundBuffers; `path`: the upload path (fedmpi.uploads.base.UploadPath)."""
         self.algo, self.clients, self.wire, self.path = algo, clients, wire, path
         self.flat = clients.flat
+        self.staged = path is not None and len(path) > 0     # an upload stage is configured
 
     def full_broadcast(self, t) -> bool:
         """Whether round t's broadcast carries the payload (else the header only)."""
@@ -149,12 +150,12 @@ class Transport:
     def upload(self, update, round_: RoundInput, acc):
         """A counted client's upload into `acc`: the upload path's transform of `update`, the algorithm's
         `accumulate` of what it passed on, then the stages' scalars; (the upload's weight, the update)."""
-        if len(self.path):
+        if self.staged:
             update = self.path.client(update, round_.stages)
         run = update.run if update.weight == update.run.weight else dataclasses.replace(update.run,
                                                                                           weight=update.weight)
         weight = self.algo.accumulate(run, round_.training.down, self.flat, acc)
-        if len(self.path):
+        if self.staged:
             self.path.add_scalars(update, acc)
         return weight, update
 
@@ -162,8 +163,9 @@ class Transport:
     def record(tally, update):
         """A trained client's loss and per-client figures (its training's, then those the upload path added)."""
         tally.record(update.run)
-        for name, value in update.figures.items():
-            tally.columns[name][update.cid] = value
+        if update.figures:
+            for name, value in update.figures.items():
+                tally.columns[name][update.cid] = value
 
     def reduce(self, tally, sums=True, skip=0):
         """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only, `skip`:
@@ -200,7 +202,8 @@ class Reduce(Transport):
                 # Personal entries to the client's state; the upload then carries the broadcast's (no change) there.
                 self.algo.keep_personal(update.cid, flat, down)
                 weight, update = self.upload(update, round_, tally.acc)
-                self.take(update, part)
+                if part.total is not None:
+                    self.take(update, part)
                 self.drift.measure(update.run, update.delta(), weight, tally)
                 tally.weight += weight
                 tally.upload(update.bytes)
