@@ -5,6 +5,7 @@ reference loop, measured in pairs, one table.
     python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --pairs 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
     python bench/bench.py --done-when --markdown README.md docs/performance.md   # issue 30's measurement
+    python bench/bench.py --workloads SK       # the full Shakespeare build's set-up (bench/shakespeare_setup.py)
 
 Paired (bench/paired.py, bench/pacing.py): every fedmpi run has a run of its baseline (the reference loop,
 or for QS fedmpi at -n 1) beside it. By default (`--pace round`) the two are launched together and take
@@ -289,13 +290,16 @@ def _write_markdown(docs, rows, variation, command, pace="round"):
 
 
 def main(argv=None):
-    everything = [*WORKLOADS, "QS", "W4", "W6"]
+    everything = [*WORKLOADS, "QS", "W4", "W6", "SK"]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", nargs="+", default=[w for w in everything if w != "W5"], choices=everything,
+    p.add_argument("--workloads", nargs="+", default=[w for w in everything if w not in ("W5", "SK")],
+                   choices=everything,
                    help="W1 W2 W3 W5 (against the reference), QS (the quickstart, evaluation every round, against "
                         "fedmpi at -n 1), W4 (cross-device scale, bench/w4.py; at -n 2 and 3 of --ranks) and W6 "
-                        "(a round's fixed cost at -n 2 to 17 and its fitted scaling law, bench/w6.py); "
-                        "default all but W5 (pfl-research's CIFAR-10 setup, bench/w5.py)")
+                        "(a round's fixed cost at -n 2 to 17 and its fitted scaling law, bench/w6.py), SK (the full "
+                        "Shakespeare build's set-up from its JSON and its binary form against the targets 5 s and "
+                        "1 GB, bench/shakespeare_setup.py); default all but W5 (pfl-research's CIFAR-10 setup, "
+                        "bench/w5.py) and SK")
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 3], help="fedmpi -n values (default 1 2 3)")
     p.add_argument("--loop-ranks", nargs="*", type=int, default=[2],
                    help="-n values also run with client.vectorize=off, the per-client loop (default 2)")
@@ -323,6 +327,9 @@ def main(argv=None):
                         + paired.END + " of each FILE (README.md docs/performance.md)")
     p.add_argument("--w4-scale", type=float, default=1.0,
                    help="W4's client counts times this (a smoke test of its plumbing; default 1)")
+    p.add_argument("--shakespeare", default="/tmp/shakespeare-full",
+                   help="SK's build folder, built there where missing (default /tmp/shakespeare-full; with --quick a "
+                        "0.2%% build in the run folder)")
     p.add_argument("--reference-worker", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--share", nargs=2, type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -343,7 +350,7 @@ def main(argv=None):
                 for wl, (ranks, rounds) in DONE_WHEN.items()]
     else:
         plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize, args.floor), args.rounds)
-                for wl in args.workloads if wl not in ("W4", "W6")]
+                for wl in args.workloads if wl not in ("W4", "W6", "SK")]
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
     print(f"fedmpi bench: workloads {' '.join(wl for wl, *_ in plan) or '-'}, pairs {args.pairs}, cores "
           f"{os.cpu_count()}, load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
@@ -372,6 +379,11 @@ def main(argv=None):
               f"{w4.expected_overhead_note(w4_rows)} MB")
     if "W6" in args.workloads and not args.done_when:
         record["W6"] = _sibling("w6").main(["--out", str(base / "W6")] + (["--quick"] if args.quick else []))
+    if "SK" in args.workloads and not args.done_when:
+        sk = (["--data", str(base / "SK-data"), "--fraction", "0.002", "--repeats", "1"] if args.quick else
+              ["--data", args.shakespeare, "--repeats", str(max(args.pairs, 3))])
+        print()
+        record["SK"] = _sibling("shakespeare_setup").main(sk + ["--ranks", *map(str, args.ranks)])
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1, default=float))
     if not args.out:

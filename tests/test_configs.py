@@ -193,7 +193,7 @@ FULL_SIZE = {
 # LEAF sets with natural users: (users, training samples per user, test samples, input shape, classes, dtype);
 # the users are as many as the FedSkip paper keeps, their sizes a round stand-in.
 NATURAL = {"femnist": (180, 200, 4000, (1, 28, 28), 62, np.float32),
-           "shakespeare": (660, 100, 6600, (80,), 80, np.int64)}
+           "shakespeare": (660, 100, 6600, (80,), 80, np.uint8)}      # token ids as the loader gives them
 
 
 def stand_in(cfg):

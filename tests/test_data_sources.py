@@ -78,11 +78,11 @@ def test_femnist_users_and_pixels(tmp_path):
 def test_shakespeare_tokens_and_next_char(tmp_path):
     written = write_leaf(tmp_path, "shakespeare")
     ds = load_dataset(cfg_for("shakespeare", tmp_path))
-    assert ds.x_train.shape == (19, 80) and ds.x_train.dtype == np.int64 and ds.num_classes == 80
+    assert ds.x_train.shape == (19, 80) and ds.x_train.dtype == np.uint8 and ds.num_classes == 80
     users, data = written["train"]
     first = data[users[0]]
     assert "".join(VOCAB[i] for i in ds.x_train[0]) == first["x"][0]
-    assert VOCAB[ds.y_train[0]] == first["y"][0]
+    assert VOCAB[ds.y_train[0]] == first["y"][0] and ds.y_train.dtype == np.int64     # ids uint8, labels int64
     assert encode_chars(["\u00e9 "]).tolist() == [VOCAB.index(" ")] * 2     # unknown -> space
 
 

@@ -254,7 +254,7 @@ def test_existing_out_is_refused_then_replaced_only_after_a_complete_build(plays
     monkeypatch.undo()
     assert main(argv + ["--seed", "3"]) == 2                 # an earlier build: replaced only with --overwrite
     assert main(argv + ["--overwrite", "--seed", "3"]) == 0
-    assert sorted(os.listdir(fresh)) == ["build.json", "notes.txt", "test", "train"]
+    assert sorted(os.listdir(fresh)) == ["binary", "build.json", "notes.txt", "test", "train"]
     assert (fresh / "notes.txt").read_text() == "mine" and json.loads((fresh / "build.json").read_text())["seed"] == 3
     assert sorted(os.listdir(tmp_path)) == ["fresh", "out", "plays"]    # no temporary folder left behind
 

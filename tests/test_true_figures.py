@@ -28,7 +28,7 @@ def test_an_empty_evaluation_or_training_set_is_refused_naming_the_key(tmp_path,
     path = write_config(tmp_path / "c.yaml", cfg)
     for mode in (["--dry-run"], []):
         assert main(["run", str(path), *mode]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
+        err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("data: loading")]
         assert len(err) == 1 and "data.root" in err[0] and f"the {part} set is empty" in err[0], err
     assert not (tmp_path / "out").exists()
 

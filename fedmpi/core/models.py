@@ -119,6 +119,10 @@ class CharLSTM(nn.Module):
         self.out = nn.Linear(hidden, vocab)
 
     def forward(self, tokens):
+        # Shakespeare's ids are uint8 in memory (fedmpi.data.leaf) and the embedding takes int64; other dtypes go
+        # in as they are, so that float inputs still fail (a model that cannot take the data is refused).
+        if tokens.dtype == torch.uint8:
+            tokens = tokens.long()
         states, _ = self.lstm(self.embed(tokens))
         return self.out(states[:, -1])
 

@@ -1,5 +1,6 @@
 """The in-memory form every source produces (`fedmpi.data.load` turns a config into one), and its flat form
-(`to_arrays` / `from_arrays`: the arrays a node shares, fedmpi.data.shared)."""
+(`to_arrays` / `from_arrays`: the arrays a node shares, fedmpi.data.shared, and a binary build stores,
+fedmpi.data.leaf_binary)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from fedmpi.core.errors import ConfigError
 class Dataset:
     """Whole train and test sets as arrays; clients later become index arrays into `x_train`.
 
-    `x_*` are float32 (images as N x C x H x W, normalised) or int64 token ids; `y_*` are int64 labels.
+    `x_*` are float32 (images as N x C x H x W, normalised) or integer token ids (Shakespeare: uint8, its
+    vocabulary having 80 characters; a plug-in's: int64); `y_*` are int64 labels.
     `users` is the natural split into clients where the source has one (SYNTHETIC users, LEAF writers);
     `test_users` each such user's own test samples where the source has them (LEAF: the user's test file rows).
     """

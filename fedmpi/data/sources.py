@@ -20,7 +20,7 @@ from fedmpi.core import rng
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import InputError
 from fedmpi.core.output_paths import replace_with
-from fedmpi.data import leaf
+from fedmpi.data import leaf, leaf_binary
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.arrays import arrays
 from fedmpi.data.dataset import Dataset, from_arrays
@@ -211,6 +211,14 @@ def _idx_stream(data, seed, partition):
     return Stream(partial(tv.idx_specs, data), partial(tv.idx_fill, data))
 
 
+def _leaf_binary_stream(data, seed, partition):
+    """Shakespeare streams where its binary form is there: the node's first rank checks it, every rank copies
+    its share of the mapped files' rows into the node's window (a JSON-only folder loads on the first rank)."""
+    if not leaf_binary.present(data.root):
+        return None
+    return Stream(partial(leaf_binary.specs, data.root), partial(leaf_binary.fill, data.root))
+
+
 def _from_files(load):
     """A LOADERS entry for a source read from files, which depends on the data section alone."""
     return lambda data, seed, partition: load(data)
@@ -218,7 +226,8 @@ def _from_files(load):
 
 # Sources that can write straight into a node's shared arrays: name -> stream(data, seed, partition), a Stream,
 # or None where this config cannot stream (fedmpi.data.shared then loads on the node's first rank).
-STREAMED = {"synthetic": _synthetic_stream, **{name: _idx_stream for name in tv.IDX_FAMILY}}
+STREAMED = {"synthetic": _synthetic_stream, "shakespeare": _leaf_binary_stream,
+            **{name: _idx_stream for name in tv.IDX_FAMILY}}
 
 LOADERS = {"synthetic": synthetic, **{name: _from_files(load) for name, load in (
     ("mnist5k", mnist5k), ("mnist", tv.mnist), ("fashion_mnist", tv.fashion_mnist), ("emnist", tv.emnist),

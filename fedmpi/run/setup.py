@@ -11,10 +11,12 @@ alone; nothing is written, so a refusal ends every rank the same way before any 
 from __future__ import annotations
 
 import dataclasses
+import time
 
-from fedmpi.core import cpu_kernels, rng
+from fedmpi.core import console, cpu_kernels, rng
 from fedmpi.core.flat import FlatModel, forward_probe
 from fedmpi.core.models import build_model
+from fedmpi.data.announce import loaded_line, loading_line
 from fedmpi.data.data_shape import DataShape
 from fedmpi.data.shared import load_shared
 from fedmpi.mpi import signals
@@ -43,7 +45,7 @@ def experiment(cfg, comm, *, dataset=None, model=None, parts=None, loss=None) ->
     node = comm.node_local(gpus)      # with the data's sharing, the only collectives of set-up
     # The node's ranks share one copy of the data set (collective over the node, before anything here can
     # fail on one rank alone).
-    dataset = dataset if dataset is not None else load_shared(cfg, comm)
+    dataset = dataset if dataset is not None else _load_data(cfg, comm)
     placement = _placement(cfg, comm, node)
     signals.test_pause("partition")
     split = build_partition(cfg, dataset, parts)
@@ -60,6 +62,18 @@ def experiment(cfg, comm, *, dataset=None, model=None, parts=None, loss=None) ->
         cpu_kernels.use_fast_kernels(flat)
     plan = resolve(cfg, DataShape.of(dataset), flat.describe(probe), custom_loss=loss is not None)
     return Experiment(plan, comm, placement, dataset, split, flat, loss=loss)
+
+
+def _load_data(cfg, comm):
+    """The node-shared data set, announced on rank 0 as it starts and ends (unless progress is off)."""
+    say = comm.rank == 0 and cfg.runtime.progress != "off"
+    if say:
+        console.say(loading_line(cfg.data))
+    start = time.perf_counter()
+    dataset = load_shared(cfg, comm)
+    if say:
+        console.say(loaded_line(dataset, cfg.partition.clients, time.perf_counter() - start))
+    return dataset
 
 
 def _placement(cfg, comm, node) -> Placement:

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""FedSkip against FedAvg on the full Shakespeare build, in the paper's setting as far as two cores allow
+(issue 42; jobs/configs/fedskip/shakespeare_full.yaml): both over the same rounds, then their test figures as
+a CSV and a PNG for docs/reproduction.md, and the seconds per round with the rounds an hour holds.
+
+    python tools/fedskip_shakespeare_full.py [--rounds 30] [--steps K] [--ranks 3] [--eval-samples 10000]
+           [--data runs/data/shakespeare_full] [--out runs/fedskip_full]
+           [--csv docs/reproduction_fedskip_shakespeare_full.csv] [--png docs/reproduction_fedskip_shakespeare_full.png]
+
+The full build is made in --data where missing (`fedmpi data shakespeare`, the extra `shakespeare`). The
+evaluation reads a fixed subsample of its test windows: --eval-samples of them drawn once with a fixed seed
+into a second folder beside it (the build's binary form with the smaller test set; every role keeps its test
+windows that were drawn), the same for both methods. `--steps K` caps each client's local work at K steps
+(`client.steps`) instead of the paper's 10 epochs, which take about half an hour a round on two cores.
+Each method is one `mpiexec -n RANKS fedmpi run` of the config; the table printed at the end gives each
+method's median seconds per round (rounds 2 onwards, from run.h5's wall clock) and the rounds that fit in
+an hour at that pace, with the evaluation's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "jobs" / "configs" / "fedskip" / "shakespeare_full.yaml"
+METHODS = {"fedskip": [], "fedavg": ["algorithm={name: fedavg}"]}
+SUBSAMPLE_SEED = 42
+
+
+def full_build(data):
+    if not (Path(data) / "build.json").is_file():
+        subprocess.run([sys.executable, "-m", "fedmpi", "data", "shakespeare", "--out", str(data)], check=True)
+    return Path(data)
+
+
+def eval_view(data, samples):
+    """A folder with the build's arrays and `samples` of its test windows (drawn without replacement with a
+    fixed seed, kept in order); each role keeps its drawn windows as its own test split."""
+    from fedmpi.data import leaf_binary
+
+    view = Path(f"{data}_eval{samples}")
+    if (view / leaf_binary.FOLDER / leaf_binary.INDEX).is_file():
+        return view
+    arrays = leaf_binary.read(str(data))
+    n_test = len(arrays["y_test"])
+    keep = np.sort(np.random.default_rng(SUBSAMPLE_SEED).choice(n_test, size=min(samples, n_test), replace=False))
+    renumber = np.full(n_test, -1, dtype=np.int64)
+    renumber[keep] = np.arange(len(keep))
+    index, offsets = arrays["test_users_index"], arrays["test_users_offsets"]
+    users = [renumber[index[offsets[k]:offsets[k + 1]]] for k in range(len(offsets) - 1)]
+    users = [u[u >= 0] for u in users]
+    small = dict(arrays, x_test=arrays["x_test"][keep], y_test=arrays["y_test"][keep],
+                 test_users_index=np.concatenate(users),
+                 test_users_offsets=np.concatenate([[0], np.cumsum([len(u) for u in users])]))
+    staging = Path(f"{view}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    leaf_binary.write(str(staging), small)
+    os.replace(staging, view)
+    return view
+
+
+def run(method, rounds, steps, ranks, data, out):
+    overrides = [f"rounds={rounds}", f"data.root={data}", f"out={out}", *METHODS[method]]
+    if steps:
+        overrides += [f"client.steps={steps}"]
+    cmd = [sys.executable, "-m", "fedmpi", "run", str(CONFIG), *overrides, "--overwrite"]
+    if ranks > 1:
+        cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks), *cmd]
+    start = time.monotonic()
+    subprocess.run(cmd, check=True)
+    return time.monotonic() - start
+
+
+def figures(out):
+    import h5py
+
+    with h5py.File(Path(out) / "run.h5", "r", locking=False) as f:
+        m = {k: f["metrics"][k][()] for k in ("round", "test_acc", "test_loss", "wall_s") if k in f["metrics"]}
+    return m
+
+
+def per_round(m):
+    """(median seconds of a round from round 2 on, seconds of the rounds with an evaluation beyond that)."""
+    steps = np.diff(np.concatenate([[0.0], m["wall_s"]]))
+    evaluated = np.isfinite(m["test_acc"])
+    later = steps[1:] if len(steps) > 1 else steps
+    plain = [s for s, e in zip(later, evaluated[1:]) if not e] or list(later)
+    with_eval = [s for s, e in zip(later, evaluated[1:]) if e]
+    median = statistics.median(plain)
+    return median, (statistics.median(with_eval) - median if with_eval else 0.0)
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "round", "test_acc", "test_loss", "wall_s"])
+        for method, m in rows.items():
+            for r, acc, loss, wall in zip(m["round"], m["test_acc"], m["test_loss"], m["wall_s"]):
+                if np.isfinite(acc):
+                    w.writerow([method, int(r) + 1, f"{acc:.6f}", f"{loss:.6f}", f"{wall:.1f}"])
+
+
+def write_png(path, rows, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for method, m in rows.items():
+        seen = np.isfinite(m["test_acc"])
+        for ax, key in zip(axes, ("test_acc", "test_loss")):
+            ax.plot(m["round"][seen] + 1, m[key][seen], marker="o", label=method)
+    for ax, key in zip(axes, ("test accuracy", "test loss")):
+        ax.set_xlabel("round")
+        ax.set_ylabel(key)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--steps", type=int, help="local steps per client instead of the paper's 10 epochs")
+    p.add_argument("--ranks", type=int, default=3)
+    p.add_argument("--eval-samples", type=int, default=10_000)
+    p.add_argument("--data", default="runs/data/shakespeare_full")
+    p.add_argument("--out", default="runs/fedskip_full")
+    p.add_argument("--csv", default=str(ROOT / "docs" / "reproduction_fedskip_shakespeare_full.csv"))
+    p.add_argument("--png", default=str(ROOT / "docs" / "reproduction_fedskip_shakespeare_full.png"))
+    args = p.parse_args(argv)
+    data = eval_view(full_build(args.data), args.eval_samples)
+    rows, took = {}, {}
+    for method in METHODS:
+        out = Path(args.out) / method
+        took[method] = run(method, args.rounds, args.steps, args.ranks, data, out)
+        rows[method] = figures(out)
+    write_csv(args.csv, rows)
+    local = f"{args.steps} local steps" if args.steps else "10 local epochs"
+    write_png(args.png, rows, f"FedSkip (delta 3) vs FedAvg, full Shakespeare build (851 roles), 10 per round, "
+                              f"{local}, {args.eval_samples:,} test windows, -n {args.ranks}")
+    print(f"{'method':8} {'rounds':>6} {'s/round':>8} {'+eval s':>8} {'rounds/hour':>11} {'whole s':>8} "
+          f"{'last acc':>8}")
+    for method, m in rows.items():
+        s, e = per_round(m)
+        acc = m["test_acc"][np.isfinite(m["test_acc"])]
+        print(f"{method:8} {len(m['round']):>6} {s:>8.1f} {e:>8.1f} {3600 / (s + e / 3):>11.1f} "
+              f"{took[method]:>8.0f} {acc[-1] if len(acc) else float('nan'):>8.4f}")
+    print(f"rounds/hour: 3600 / (s/round + the evaluation's extra seconds / 3, one evaluation every 3 rounds); "
+          f"CSV {args.csv}, PNG {args.png}")
+
+
+if __name__ == "__main__":
+    main()
