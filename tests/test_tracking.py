@@ -141,7 +141,8 @@ def test_mlflow_holds_every_number_the_client_quantiles_and_the_config(tracked):
     for tag, values in number_columns(metrics).items():
         measured = np.flatnonzero(np.isfinite(values))
         history = client.get_metric_history(run.info.run_id, tag)
-        assert [(m.step, m.value) for m in history] == [(int(metrics["round"][i]) + 1, values[i]) for i in measured], tag
+        steps = [(int(metrics["round"][i]) + 1, values[i]) for i in measured]      # 1-based
+        assert [(m.step, m.value) for m in history] == steps, tag
     # No histograms in MLflow: quartiles of the clients measured each round.
     loss = client.get_metric_history(run.info.run_id, "clients/loss/median")
     rows = [r[np.isfinite(r)].astype(np.float64) for r in clients["loss"]]

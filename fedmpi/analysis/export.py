@@ -5,8 +5,8 @@ What goes out, under the same names in both:
 - every per-round figure under /metrics by its name (`test_acc`, `weight_divergence`, an attack's
   `backdoor_acc`, the robust aggregators' `detect_precision`, `detect_recall`, `honest_excluded`, ...), its
   1-based round as the step and in the CSV's `round` column (the first round is 1, as on the console and in
-  `fedmpi report`; /metrics/round on disk stores 0 for it); a [round, k] figure as NAME/LABEL per column (`class_acc/3`, the layer names of
-  `weight_divergence_layers`);
+  `fedmpi report`; /metrics/round on disk stores 0 for it); a [round, k] figure as NAME/LABEL per column
+  (`class_acc/3`, the layer names of `weight_divergence_layers`);
 - the phase times `/timing/<phase>` [round, rank] as `timing/PHASE/rankR`;
 - TensorBoard only: each per-client figure `/clients/<name>` [round, client] as a histogram per round
   (`clients/NAME`) over the clients measured that round.
