@@ -32,7 +32,7 @@ from fedmpi.data.stats import partition_stats
 from fedmpi.robust.catalog import rule_class
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.engine import RoundParts
-from fedmpi.round.evaluation import SplitEvaluation
+from fedmpi.round.evaluation import SplitEvaluation, eval_subset
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.protocols import PROTOCOLS
 from fedmpi.round.providers import build_participation, build_stages
@@ -126,12 +126,16 @@ class Experiment:
         self.wire = RoundBuffers(comm, algo, flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
                                  header_extra, up_extra, extra_columns=drift_columns,
                                  wire_dtype=cfg.runtime.wire_dtype)
-        self.evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test,
+        # eval.max_samples: every evaluation (and the backdoor's) on one fixed, seeded subsample of the test set.
+        self.test_indices = eval_subset(len(dataset.y_test), cfg.eval.max_samples, cfg.seed)
+        x_test, y_test = ((dataset.x_test, dataset.y_test) if self.test_indices is None else
+                          (dataset.x_test[self.test_indices], dataset.y_test[self.test_indices]))
+        self.evaluation = SplitEvaluation(comm, flat, x_test, y_test,
                                           cfg.eval.batch_size, dataset.num_classes, data.tensor, loss=loss)
         # The backdoor's success rate: the triggered test set without the target class, split like the test set.
         self.backdoor = None
         if cfg.attack.name == "backdoor":
-            x_bd, y_bd = backdoor_test_set(dataset.x_test, dataset.y_test, cfg.attack, poison.trigger)
+            x_bd, y_bd = backdoor_test_set(x_test, y_test, cfg.attack, poison.trigger)
             self.backdoor = SplitEvaluation(comm, flat, x_bd, y_bd, cfg.eval.batch_size,
                                             dataset.num_classes, data.tensor, loss=loss)
         self.data = data
@@ -188,10 +192,13 @@ class Experiment:
     @property
     def partition_groups(self):
         """/partition, /partition/server (and /partition/shared) datasets for the run file; /attack (the
-        malicious ids, the attack's keys as attributes) when an attack is configured."""
+        malicious ids, the attack's keys as attributes) when an attack is configured; /eval/test_indices (the
+        global test samples every evaluation used) with eval.max_samples."""
         groups = dict(self.split.groups)
         if not self.cfg.attack.inert:
             groups["attack"] = record(self.cfg.attack, self.malicious)
+        if self.test_indices is not None:       # eval.max_samples: which test samples every evaluation used
+            groups["eval"] = {"test_indices": self.test_indices}
         return groups
 
     @property
