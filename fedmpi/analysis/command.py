@@ -10,6 +10,7 @@ run's own figure beside it (FILE-RUN.png), --clients the local-accuracy CDFs and
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -134,7 +135,9 @@ def csv_rows(rows, by=()):
 
 
 def _csv_value(column, value):
-    """Counts and rounds of a run as integers (29, not 29.0); everything else as it is."""
+    """Counts and rounds of a run as integers (29, not 29.0), a figure not measured as an empty cell."""
+    if isinstance(value, float) and math.isnan(value):
+        return ""
     if figures.UNITS.get(column) in ("count", "round") and isinstance(value, float) and value.is_integer():
         return int(value)
     return value

@@ -45,9 +45,10 @@ def series(run, name):
 
 
 def last(values):
-    """The last finite value (NaN when there is none)."""
-    finite = values[np.isfinite(values)]
-    return float(finite[-1]) if len(finite) else math.nan
+    """The last measured value (NaN where none was; an infinite one, e.g. the epsilon of a run without noise,
+    counts)."""
+    measured = values[~np.isnan(values)]
+    return float(measured[-1]) if len(measured) else math.nan
 
 
 def finite_mean(values):

@@ -7,8 +7,9 @@ The parts, in this order, each only where it differs from plain training:
   +OPT          server.optimizer other than sgd (adam, yogi, avgm, ...: FedAdam is fedavg+adam)
   +AGG          server.aggregator other than the weighted mean (median, krum, trimmed_mean, fltrust, ...)
   +uniform      server.weighting: uniform (every client weighs 1)
-  +clipC        server.clip = C: updates clipped to L2 norm C in the clear (the twin of secure aggregation)
-  +dp           privacy.mechanism other than none (client-level differential privacy)
+  +dp           privacy.mechanism gaussian with noise (client-level differential privacy)
+  +clipC        privacy.mechanism gaussian with noise_multiplier 0 and no target_epsilon: updates clipped to L2
+                norm C in the clear, uniform weights, no noise (the clear-text twin of secure aggregation)
   +secagg       server.secure_aggregation: secagg or secagg_plus (+secagg_plus)
   ' vs ATTACK'  attack.name other than none
 Hyperparameters of the algorithm itself (FSL's gamma, FedProx's mu) are not in the label: they are a sweep's
@@ -48,11 +49,10 @@ def method_label(config) -> str:
         label += f"+{aggregator}"
     if _get(config, "server.weighting", "samples") == "uniform":
         label += "+uniform"
-    clip = _get(config, "server.clip")
-    if clip is not None:
-        label += f"+clip{clip:g}" if isinstance(clip, (int, float)) else f"+clip{clip}"
     if _get(config, "privacy.mechanism", "none") not in (None, "none"):
-        label += "+dp"
+        clear = _get(config, "privacy.noise_multiplier") == 0 and _get(config, "privacy.target_epsilon") is None
+        clip = _get(config, "privacy.clip")
+        label += (f"+clip{clip:g}" if isinstance(clip, (int, float)) else f"+clip{clip}") if clear else "+dp"
     secure = _get(config, "server.secure_aggregation", "none")
     if secure not in (None, "none"):
         label += f"+{secure}"

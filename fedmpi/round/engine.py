@@ -75,8 +75,7 @@ class RoundParts:
     client_drift: bool          # cfg.eval.client_drift
     local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)
     backdoor: SplitEvaluation | None = None     # attack.name = backdoor: the triggered test set (backdoor_acc)
-    # rank 0: (round, test samples) -> a context around an evaluation of the global model (the progress line)
-    on_evaluate: Callable | None = None
+    on_evaluate: Callable | None = None     # rank 0: (round, test samples) -> context around an evaluation
 
     @property
     def num_clients(self):
