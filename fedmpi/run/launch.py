@@ -253,7 +253,7 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, trac
                     # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
                     # workers, waiting for the next round, end with the job (as on a failure).
                     rows.flush()
-                    raise Diverged(f"diverged in round {t}: {outcome.nonfinite}; the newest checkpoint holds "
+                    raise Diverged(f"diverged in round {t + 1}: {outcome.nonfinite}; the newest checkpoint holds "
                                    f"the last finite model (runtime.on_nonfinite: continue would go on)")
             if checkpoints and checkpoint.due(cfg, t + 1):
                 rows.flush()     # a checkpoint never gets ahead of the log (--resume checks the rows)
