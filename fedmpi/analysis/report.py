@@ -32,7 +32,7 @@ class Run:
     server_partition: dict = field(default_factory=dict)
     metric_attrs: dict = field(default_factory=dict)    # {metric: its dataset's attributes}, e.g. class_counts
     timing: dict = field(default_factory=dict)          # {phase: [round, rank] seconds} from /timing
-    groups: dict = field(default_factory=dict)          # small optional groups: {"attack": {"malicious": ids}}
+    groups: dict = field(default_factory=dict)          # small optional groups: /attack, /partition/shared
 
     @property
     def name(self):
@@ -125,7 +125,7 @@ def _read_run(path) -> Run:
         part = _numeric_group(f, "partition")
         server = _numeric_group(f, "partition/server")
         timing = {k: v[:n] for k, v in _numeric_group(f, "timing").items() if v.ndim == 2}
-        groups = {"attack": _numeric_group(f, "attack")} if "attack" in f else {}
+        groups = {name: _numeric_group(f, name) for name in ("attack", "partition/shared") if name in f}
     run = Run(path, attrs, metrics, part, server, metric_attrs, timing, groups)
     _ = run.config  # parsed (and checked) now, so a malformed file is skipped here, not half-way through a table
     return run
