@@ -108,10 +108,11 @@ def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels
     _save(plt, fig, axes, path)
 
 
-def draw_groups(ax, groups, metric="test_acc", x="round", colors=None):
+def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True):
     """On `ax`, one line per group ({label: [runs]}): the mean over its runs with a band of +- one sample
     standard deviation, over the rounds that all of them have and where the figure was measured.
-    `colors` may fix a group's colour ({label: colour}), e.g. to match it across panels."""
+    `colors` may fix a group's colour ({label: colour}), e.g. to match it across panels; `counted` adds the
+    group's number of runs to its label."""
     for i, (label, members) in enumerate(groups.items()):
         n = min(len(r.metrics.get("round", [])) for r in members)
         if n == 0 or any(metric not in r.metrics or np.ndim(r.metrics[metric]) != 1 or not has_x(r, x)
@@ -121,7 +122,8 @@ def draw_groups(ax, groups, metric="test_acc", x="round", colors=None):
         ys = np.array([np.asarray(r.metrics[metric][:n], dtype=np.float64) for r in members])
         keep = np.isfinite(ys).all(axis=0)
         mean = ys[:, keep].mean(axis=0)
-        line, = ax.plot(xs[keep], mean, label=f"{label} ({len(members)})", linestyle=_STYLES[i // 10 % 3],
+        line, = ax.plot(xs[keep], mean, label=f"{label} ({len(members)})" if counted else label,
+                        linestyle=_STYLES[i // 10 % 3],
                         color=(colors or {}).get(label), marker="o" if keep.sum() < 3 else None)
         if len(members) > 1:
             std = ys[:, keep].std(axis=0, ddof=1)

@@ -27,11 +27,37 @@ from fedmpi.analysis.sweeps import group_runs
 COLUMNS = 3         # panels per row
 
 
+def setting_labels(runs):
+    """A label per run that runs share only when they differ in nothing but the seed (and run-time keys): the
+    method, and where runs of one method differ in other config keys, those keys' values (`fedavg,
+    clients.dropout=0.3`)."""
+    from fedmpi.analysis.frames import RUN_ONLY_KEYS, flatten
+
+    flat = [flatten(run.config) for run in runs]
+    peers = {}
+    for run, config in zip(runs, flat):
+        peers.setdefault(run.method, []).append(config)
+    labels = []
+    for run, config in zip(runs, flat):
+        same = peers[run.method]
+        keys = sorted({k for c in same for k in c})
+        differing = [k for k in keys if k != "seed" and not k.startswith(RUN_ONLY_KEYS)
+                     and len({repr(c.get(k)) for c in same}) > 1]
+        labels.append(run.method + "".join(f", {k}={config.get(k)}" for k in differing))
+    return labels
+
+
 def groups_of(runs, by=()):
-    """{label: [runs]}: by method, or by the values of the dotted config keys `by`."""
-    keys = list(by) or ["method"]
-    return {", ".join(str(v) if k == "method" else f"{k}={v}" for k, v in zip(keys, key)): members
-            for key, members in group_runs(runs, keys).items()}
+    """{label (n runs): [runs]}: the runs that differ only by seed (`setting_labels`), or by the values of the
+    dotted config keys `by`."""
+    if by:
+        groups = {", ".join(str(v) if k == "method" else f"{k}={v}" for k, v in zip(by, key)): members
+                  for key, members in group_runs(runs, list(by)).items()}
+    else:
+        groups = {}
+        for run, label in zip(runs, setting_labels(runs)):
+            groups.setdefault(label, []).append(run)
+    return {f"{label} ({len(members)})": members for label, members in groups.items()}
 
 
 def _has(runs, metric):
@@ -84,13 +110,22 @@ def plot_overview(runs, path, by=(), x="round", title=None):
 
 def _curve(metric, x):
     def panel(ax, groups, colors):
-        draw_groups(ax, {k: v for k, v in groups.items() if all(has_x(r, x) for r in v)}, metric, x, colors)
+        draw_groups(ax, {k: v for k, v in groups.items() if all(has_x(r, x) for r in v)}, metric, x, colors,
+                    counted=False)
+        if x == "round":
+            _integer_rounds(ax)
         ax.set_xlabel(X_AXES[x])
         ax.set_ylabel(wrap(metric.replace("_", " ")))
         if x == "bytes":
             ax.xaxis.set_major_formatter(lambda v, _: human_bytes(v))
         return f"{metric.replace('_', ' ')} against {X_AXES[x]}"
     return panel
+
+
+def _integer_rounds(ax):
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _personalization(ax, groups, colors):
@@ -113,7 +148,8 @@ def _personalization(ax, groups, colors):
 
 
 def _robustness(ax, groups, colors):
-    draw_groups(ax, groups, "backdoor_acc", "round", colors)
+    draw_groups(ax, groups, "backdoor_acc", "round", colors, counted=False)
+    _integer_rounds(ax)
     ax.set_xlabel(X_AXES["round"])
     ax.set_ylabel(wrap("backdoor success rate"))
     return "robustness: attack success (backdoor_acc)"
@@ -121,6 +157,8 @@ def _robustness(ax, groups, colors):
 
 def _privacy(ax, groups, colors):
     for label, members in groups.items():
+        if not all("epsilon" in r.metrics for r in members):
+            continue            # no privacy accountant in this group: no epsilon to put it at
         eps = np.array([figures.last(figures.series(r, "epsilon")) for r in members])
         acc = np.array([figures.last(figures.series(r, "test_acc")) for r in members])
         keep = np.isfinite(acc)
@@ -131,13 +169,14 @@ def _privacy(ax, groups, colors):
         ax.errorbar([min(xs, 1e3)], [acc[keep].mean()], yerr=[acc[keep].std(ddof=1) if keep.sum() > 1 else 0],
                     fmt="o", capsize=3, label=label, color=colors[label])
     ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlabel("epsilon (no mechanism: drawn at 1000)")
+    ax.set_xlabel("epsilon (infinite, e.g. clip without noise: drawn at 1000)")
     ax.set_ylabel("final test accuracy")
     return "privacy: final accuracy against epsilon"
 
 
 def _secure_aggregation(ax, groups, colors):
-    draw_groups(ax, groups, "secagg_clipped_fraction", "round", colors)
+    draw_groups(ax, groups, "secagg_clipped_fraction", "round", colors, counted=False)
+    _integer_rounds(ax)
     ax.axhline(figures.HALF, color="gray", linestyle="--", linewidth=0.8)
     ax.set_xlabel(X_AXES["round"])
     ax.set_ylabel(wrap("share of updates clipped before masking"))
@@ -146,7 +185,7 @@ def _secure_aggregation(ax, groups, colors):
 
 def _deployment(ax, groups, colors):
     draw_groups(ax, {k: v for k, v in groups.items() if all(has_x(r, "sim_time") for r in v)}, "test_acc",
-                "sim_time", colors)
+                "sim_time", colors, counted=False)
     ax.set_xlabel(X_AXES["sim_time"])
     ax.set_ylabel("test accuracy")
     return "deployment: accuracy against simulated time"
