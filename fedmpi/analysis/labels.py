@@ -33,30 +33,26 @@ def algorithm_name(config):
     return str(algorithm.get("name", "?") if isinstance(algorithm, dict) else algorithm or "?")
 
 
+# (key, the value that adds nothing, how a value reads in the label), in the label's order (the docstring's)
+PARTS = (("eval.finetune_steps", 0, "+ft{}"), ("server.optimizer", "sgd", "+{}"), ("server.aggregator", "mean", "+{}"),
+         ("server.weighting", "samples", "+{}"), ("privacy.mechanism", "none", None),
+         ("server.secure_aggregation", "none", "+{}"), ("attack.name", "none", " vs {}"))
+
+
+def _privacy(config):
+    """+dp, or +clipC for the clear-text twin of secure aggregation (clip, no noise, no target epsilon)."""
+    clear = _get(config, "privacy.noise_multiplier") == 0 and _get(config, "privacy.target_epsilon") is None
+    clip = _get(config, "privacy.clip")
+    return (f"+clip{clip:g}" if isinstance(clip, (int, float)) else f"+clip{clip}") if clear else "+dp"
+
+
 def method_label(config) -> str:
     """The label of the method a resolved config runs (see the module's docstring)."""
     if not isinstance(config, dict):
         return "?"
     label = algorithm_name(config)
-    steps = _get(config, "eval.finetune_steps", 0)
-    if steps:
-        label += f"+ft{steps}"
-    optimizer = _get(config, "server.optimizer", "sgd")
-    if optimizer not in (None, "sgd"):
-        label += f"+{optimizer}"
-    aggregator = _get(config, "server.aggregator", "mean")
-    if aggregator not in (None, "mean"):
-        label += f"+{aggregator}"
-    if _get(config, "server.weighting", "samples") == "uniform":
-        label += "+uniform"
-    if _get(config, "privacy.mechanism", "none") not in (None, "none"):
-        clear = _get(config, "privacy.noise_multiplier") == 0 and _get(config, "privacy.target_epsilon") is None
-        clip = _get(config, "privacy.clip")
-        label += (f"+clip{clip:g}" if isinstance(clip, (int, float)) else f"+clip{clip}") if clear else "+dp"
-    secure = _get(config, "server.secure_aggregation", "none")
-    if secure not in (None, "none"):
-        label += f"+{secure}"
-    attack = _get(config, "attack.name", "none")
-    if attack not in (None, "none"):
-        label += f" vs {attack}"
+    for key, plain, form in PARTS:
+        value = _get(config, key, plain)
+        if value not in (None, plain):
+            label += _privacy(config) if form is None else form.format(value)
     return label

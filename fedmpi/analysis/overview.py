@@ -147,11 +147,15 @@ def _personalization(ax, groups, colors):
     return "personalization: clients' local accuracy (CDF, last local evaluation)"
 
 
-def _robustness(ax, groups, colors):
-    draw_groups(ax, groups, "backdoor_acc", "round", colors, counted=False)
+def _against_rounds(ax, groups, colors, metric, ylabel):
+    draw_groups(ax, groups, metric, "round", colors, counted=False)
     _integer_rounds(ax)
     ax.set_xlabel(X_AXES["round"])
-    ax.set_ylabel(wrap("backdoor success rate"))
+    ax.set_ylabel(wrap(ylabel))
+
+
+def _robustness(ax, groups, colors):
+    _against_rounds(ax, groups, colors, "backdoor_acc", "backdoor success rate")
     return "robustness: attack success (backdoor_acc)"
 
 
@@ -175,11 +179,8 @@ def _privacy(ax, groups, colors):
 
 
 def _secure_aggregation(ax, groups, colors):
-    draw_groups(ax, groups, "secagg_clipped_fraction", "round", colors, counted=False)
-    _integer_rounds(ax)
+    _against_rounds(ax, groups, colors, "secagg_clipped_fraction", "share of updates clipped before masking")
     ax.axhline(figures.HALF, color="gray", linestyle="--", linewidth=0.8)
-    ax.set_xlabel(X_AXES["round"])
-    ax.set_ylabel(wrap("share of updates clipped before masking"))
     return "secure aggregation: updates clipped (secagg.clip)"
 
 
