@@ -112,3 +112,22 @@ def test_a_run_shows_its_progress_and_evaluates_its_recorded_subsample(tmp_path,
     assert counts.sum() == 300                          # the evaluation's test set is the subsample
     assert np.isnan(acc[0]) and np.isfinite(acc[1])
     assert (acc[1] * 300) == pytest.approx(round(acc[1] * 300))     # a share of the 300 samples
+
+
+def test_the_run_loops_evaluation_is_announced_with_its_round():
+    """fedmpi.run.launch wraps rank 0's global evaluation: each run inside Progress.evaluation, for the round set."""
+    from fedmpi.run.progress import AnnouncedEvaluation
+
+    class Evaluation:
+        n, class_counts = 4000, np.array([1, 2])
+
+        def run(self, vec):
+            return ("figures of", vec)
+
+    out = io.StringIO()
+    announced = AnnouncedEvaluation(Evaluation(), Progress(9, 0, "lines", stream=out, notice_s=0.0,
+                                                           notice_samples=1000))
+    announced.round_ = 6
+    assert announced.run("x") == ("figures of", "x") and announced.n == 4000
+    np.testing.assert_array_equal(announced.class_counts, [1, 2])
+    assert lines_of(out)[0] == "round 7/9  evaluating the global model on 4000 test samples"

@@ -27,7 +27,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,7 +74,6 @@ class RoundParts:
     client_drift: bool          # cfg.eval.client_drift
     local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)
     backdoor: SplitEvaluation | None = None     # attack.name = backdoor: the triggered test set (backdoor_acc)
-    on_evaluate: Callable | None = None     # rank 0: (round, test samples) -> context around an evaluation
 
     @property
     def num_clients(self):
@@ -310,9 +308,7 @@ def _evaluate(parts, plan, evaluate):
     server = parts.server
     with parts.timer.phase("eval"):
         x = parts.wire.share(server.x if server else None)
-        around = parts.on_evaluate(plan.round, parts.evaluation.n) if due and parts.on_evaluate else nullcontext()
-        with around:
-            evaluated = parts.evaluation.run(x) if due else None
+        evaluated = parts.evaluation.run(x) if due else None
         if due and parts.backdoor is not None:
             # The attack success rate: the share of triggered non-target test samples classified as the target.
             backdoor = parts.backdoor.run(x)

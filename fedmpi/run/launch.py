@@ -56,7 +56,7 @@ from fedmpi.round.experiment import Experiment
 from fedmpi.run.clip_warning import ClipWarning
 from fedmpi.run.how import how_it_ran
 from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
-from fedmpi.run.progress import Progress
+from fedmpi.run.progress import AnnouncedEvaluation, Progress
 from fedmpi.run.rows import DeferredRows
 from fedmpi.run.setup import experiment
 from fedmpi.run.tracking import Tracking
@@ -238,11 +238,14 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, trac
     rows = DeferredRows(log, progress, exp.num_clients, cfg.runtime.log_flush_s, tracking, exp.metric_attrs,
                         warning)
     # Rank 0's progress hears of each evaluation of the global model (a long one gets a line before it).
-    parts = dataclasses.replace(exp.round_parts, on_evaluate=progress.evaluation) if progress else exp.round_parts
+    announced = AnnouncedEvaluation(exp.round_parts.evaluation, progress) if progress else None
+    parts = dataclasses.replace(exp.round_parts, evaluation=announced) if announced else exp.round_parts
     stop_votes = 0      # server: ranks that asked to stop in the latest round; the next broadcast stops them all
     try:
         for t in range(first_round, cfg.rounds):
             t0 = time.monotonic()
+            if announced:
+                announced.round_ = t
             outcome = engine.run_round(parts, t, stopping=stop_votes, after_broadcast=rows.seal)
             record = outcome.record
             if record is not None:

@@ -118,6 +118,21 @@ class Progress:
             self.bar = None
 
 
+class AnnouncedEvaluation:
+    """Rank 0's evaluation of the global model (fedmpi.round.evaluation.SplitEvaluation), each `run` inside
+    `progress.evaluation` for the round the loop sets in `round_`; everything else is the evaluation's own."""
+
+    def __init__(self, evaluation, progress):
+        self._evaluation, self._progress, self.round_ = evaluation, progress, 0
+
+    def __getattr__(self, name):
+        return getattr(self._evaluation, name)
+
+    def run(self, vec):
+        with self._progress.evaluation(self.round_, self._evaluation.n):
+            return self._evaluation.run(vec)
+
+
 def _isatty(stream):
     try:
         return stream is not None and stream.isatty()
