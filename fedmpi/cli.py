@@ -59,7 +59,8 @@ def _parser(argv=None):
     rep.add_argument("--by", action="append", default=[], metavar="KEY",
                      help="one row per value of this dotted config key (repeatable; `method` for the method label), "
                           "mean +- std over the rest; a group that mixes different settings is named in a note")
-    rep.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
+    rep.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
+                     help="table format (latex: booktabs tabulars, e.g. of a --by grouped summary for a paper)")
     rep.add_argument("--classes", action="store_true",
                      help="per run, the final accuracy of each class, worst first, beside the clients' label counts")
     rep.add_argument("--clients", action="store_true",

@@ -187,6 +187,16 @@ def test_paper_tables_in_markdown_and_latex(tmp_path):
         a.table(summary, "html")
 
 
+def test_report_prints_a_grouped_summary_as_latex(tmp_path, capsys):
+    for seed in (0, 1):
+        write_run(tmp_path / f"s{seed}" / "run.h5", config=base_config(tmp_path / f"s{seed}", seed=seed))
+    assert main(["report", str(tmp_path), "--by", "method", "--format", "latex"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("\\begin{tabular}{llr") and lines[2].startswith("method & runs & seeds & emd")
+    assert lines[4].startswith("fedavg & 2 & 0,1 & ") and "$\\pm$" in lines[4] and lines[-1] == "\\end{tabular}"
+    assert all(line.startswith(("\\", "%")) or "&" in line for line in lines if line)     # nothing LaTeX chokes on
+
+
 def test_the_per_run_figure_of_an_attack_run_has_a_backdoor_panel(tmp_path, capsys):
     attacked = write_run(tmp_path / "runs" / "attacked" / "run.h5", instruments=False)
     write_run(tmp_path / "runs" / "clean" / "run.h5", instruments=False)

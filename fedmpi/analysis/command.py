@@ -72,7 +72,7 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     rows = sweep_rows(runs, by, target, notes) if by else report.summarize(runs, target)
     print(tables(rows, by, fmt), file=out)
     for note in notes:
-        print(f"note: {note}", file=out)
+        print(("% " if fmt == "latex" else "") + f"note: {note}", file=out)
     for wanted, section in ((classes, class_section), (timing, timing_section)):
         for run in runs if wanted else ():
             print("\n" + section(run, fmt), file=out)
@@ -120,8 +120,8 @@ def tables(rows, by=(), fmt="text"):
         names = present(rows, [f.name for f in figures.FIGURES if f.family == family])
         if names:
             members = [r for r in rows if any(_measured([r], n) for n in names)]
-            blocks.append(f"{family}:\n" + report.format_table([_pick(r, head + names) for r in members], fmt,
-                                                                left=len(head)))
+            table = report.format_table([_pick(r, head + names) for r in members], fmt, left=len(head))
+            blocks.append(("% " if fmt == "latex" else "") + f"{family}:\n" + table)
     return "\n\n".join(blocks)
 
 

@@ -253,12 +253,7 @@ def table(summary_df, fmt="markdown", figures=None, digits=3):
     if fmt == "markdown":
         lines = [head, [":--"] * len(keys) + ["--:"] * len(names)] + body
         return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines)
-    esc = lambda text: (text.replace("\\", "\\textbackslash{}").replace("&", "\\&").replace("%", "\\%")  # noqa: E731
-                        .replace("_", "\\_").replace("#", "\\#").replace("±", "$\\pm$"))
-    lines = ["\\begin{tabular}{" + "l" * len(keys) + "r" * len(names) + "}", "\\toprule",
-             " & ".join(esc(h) for h in head) + " \\\\", "\\midrule"]
-    lines += [" & ".join(esc(c) for c in line) + " \\\\" for line in body]
-    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"])
+    return report.latex_table(head, body, len(keys))
 
 
 def _heading(name):

@@ -211,12 +211,30 @@ def _cell(row, key):
     return text
 
 
+def latex_table(head, body, left):
+    """A LaTeX (booktabs) tabular of the header `head` and the rows `body` (text cells), the first `left`
+    columns left-aligned, the others right-aligned."""
+    def esc(text):
+        for plain, escaped in (("\\", "\\textbackslash{}"), ("&", "\\&"), ("%", "\\%"), ("_", "\\_"),
+                               ("#", "\\#"), ("$", "\\$"), ("±", "$\\pm$")):
+            text = text.replace(plain, escaped)
+        return text
+
+    lines = ["\\begin{tabular}{" + "l" * left + "r" * (len(head) - left) + "}", "\\toprule",
+             " & ".join(esc(h) for h in head) + " \\\\", "\\midrule"]
+    lines += [" & ".join(esc(c) for c in row) + " \\\\" for row in body]
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"])
+
+
 def format_table(rows, fmt="text", left=3):
-    """Aligned plain text (`fmt="text"`, the first `left` columns left-aligned) or a markdown table."""
+    """Aligned plain text (`fmt="text"`, the first `left` columns left-aligned), a markdown table or a LaTeX
+    (booktabs) tabular."""
     if not rows:
         return "(no runs)"
     keys = [k for k in rows[0] if not (k.endswith("_std") and k[:-4] in rows[0])]
     cells = [[_cell(r, k) for k in keys] for r in rows]
+    if fmt == "latex":
+        return latex_table(keys, cells, left)
     if fmt == "markdown":
         lines = [keys, [":--" if i < left else "--:" for i in range(len(keys))]] + cells
         return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines)

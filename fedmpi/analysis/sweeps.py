@@ -76,5 +76,5 @@ def sweep_rows(runs, by, target=None, notes=None):
         mixed = mixed_keys(members, by) if notes is not None else []
         if mixed:
             notes.append(f"the group {', '.join(f'{k}={v}' for k, v in zip(by, key))} mixes runs that differ in "
-                         f"{', '.join(mixed)}: add --by for them, or --by method")
+                         f"{', '.join(mixed)}: add --by for them" + ("" if "method" in by else ", or --by method"))
     return rows
