@@ -24,7 +24,7 @@ from fedmpi.cli import main
 
 pytestmark = pytest.mark.mpi
 
-R = 3
+R = 2
 LOCAL = {"every": 1, "local_every": R, "local_clients": "all"}
 CLIP = 0.01                 # every update of the lr model is longer: secure aggregation clips them all
 FAMILIES = {
@@ -136,7 +136,7 @@ def test_personalization_and_every_family_in_the_csv_and_the_default_table(runs,
 def test_secure_aggregation_warns_when_it_clips_and_its_clear_text_twin_compares(runs):
     _, attrs = read_metrics(runs / "paper" / "secagg-s0")
     assert attrs["secagg_clip_warning"] == (f"more than half of the updates clipped to secagg.clip = {CLIP:g} in "
-                                            f"{R} round(s): 1, 2, 3")
+                                            f"{R} round(s): {', '.join(map(str, range(1, R + 1)))}")
     secure, _ = read_metrics(runs / "paper" / "secagg-s0")
     twin, twin_attrs = read_metrics(runs / "paper" / "twin-s0")
     assert twin_attrs["status"] == "finished" and "secagg_clip_warning" not in twin_attrs

@@ -163,6 +163,9 @@ def test_tools_on_a_half_appended_file(half_written, tmp_path):
     assert "running" in proc.stdout and " 29 " in proc.stdout
     [row] = list(csv.DictReader(open(tmp_path / "t.csv")))
     assert row["status"] == "running" and row["rounds_done"] == "29"
+    [frame] = analysis.runs(str(half_written)).to_dict("records")       # the Python API reads it alike
+    assert frame["status"] == "running" and frame["rounds_done"] == 29
+    assert analysis.rounds(str(half_written), metrics=["train_loss"])["round"].max() == 29
     proc = tool("curves.py", half_written.parent, "--out", tmp_path / "curves.png")
     assert proc.returncode == 0, proc.stderr
     proc = tool("sweep.py", half_written, "--by", "seed", "--plot", tmp_path / "s.png")
