@@ -100,6 +100,7 @@ OPTIONS = {
     "eval.finetune_steps": (10, "+ft10"), "server.optimizer": ("adam", "+adam"),
     "server.aggregator": ("krum", "+krum"), "server.weighting": ("uniform", "+uniform"),
     "privacy.mechanism": ("gaussian", "+dp"), "server.secure_aggregation": ("secagg", "+secagg"),
+    "secagg.weighting": ("samples", "+weighted"),
     "attack.name": ("label_flip", " vs label_flip"),
 }
 

@@ -11,6 +11,7 @@ The parts, in this order, each only where it differs from plain training:
   +clipC        privacy.mechanism gaussian with noise_multiplier 0 and no target_epsilon: updates clipped to L2
                 norm C in the clear, uniform weights, no noise (the clear-text twin of secure aggregation)
   +secagg       server.secure_aggregation: secagg or secagg_plus (+secagg_plus)
+  +weighted     secagg.weighting: samples (weighted secure aggregation)
   ' vs ATTACK'  attack.name other than none
 Hyperparameters of the algorithm itself (FSL's gamma, FedProx's mu) are not in the label: they are a sweep's
 keys, grouped by `--by algorithm.gamma` (a summary says when a group mixes runs that differ in them).
@@ -36,7 +37,8 @@ def algorithm_name(config):
 # (key, the value that adds nothing, how a value reads in the label), in the label's order (the docstring's)
 PARTS = (("eval.finetune_steps", 0, "+ft{}"), ("server.optimizer", "sgd", "+{}"), ("server.aggregator", "mean", "+{}"),
          ("server.weighting", "samples", "+{}"), ("privacy.mechanism", "none", None),
-         ("server.secure_aggregation", "none", "+{}"), ("attack.name", "none", " vs {}"))
+         ("server.secure_aggregation", "none", "+{}"), ("secagg.weighting", "uniform", "+weighted"),
+         ("attack.name", "none", " vs {}"))
 
 
 def _privacy(config):

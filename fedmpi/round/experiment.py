@@ -70,7 +70,8 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
         console.say(f"fedmpi: warning: {plan.attack_note}")
     malicious = np.asarray(plan.malicious, dtype=np.int64)      # drawn from the seed alone by resolve
     poison = DataPoison(cfg.attack, malicious, cfg.seed, dataset.num_classes, dataset.x_train)
-    stages = build_stages(StageSetting(algo, n, plan.malicious, server_rank), _given(cfg, STAGES + plan.plugin_stages))
+    setting = StageSetting(algo, n, plan.malicious, server_rank, tuple(len(p) for p in parts))
+    stages = build_stages(setting, _given(cfg, STAGES + plan.plugin_stages))
     path = UploadPath(stages, algo.up_vectors * n + algo.up_scalars)
     # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
     store = ClientStateStore(cfg.runtime.client_state_bytes)
