@@ -14,7 +14,18 @@ from fedmpi.mpi.launcher import RANK_VARIABLES, launcher_rank  # noqa: F401 - RA
 EXIT_BROKEN_PIPE = 141      # 128 + SIGPIPE: what a shell reports for `yes | head`
 
 
-def _parser():
+def _report_epilog(argv):
+    """The definition of every figure the report prints, for `fedmpi report --help` (read only when the command
+    is report: the analysis package is not imported for a run)."""
+    if "report" not in (argv if argv is not None else sys.argv[1:])[:1]:
+        return None
+    from fedmpi.analysis.figures import help_text
+
+    return ("figures (NaN, shown as -, where a run did not record what a figure is computed from; rounds are "
+            "1-based; /metrics/round on disk stores 0 for the first round):\n" + help_text())
+
+
+def _parser(argv=None):
     p = argparse.ArgumentParser(prog="fedmpi", description="MPI-based federated learning simulator")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one experiment (under mpiexec -n P for P ranks)")
@@ -25,21 +36,31 @@ def _parser():
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in out")
     run.add_argument("--fork-from", metavar="OLD_OUT@ROUND",
                      help="start from OLD_OUT's checkpoint after ROUND rounds, with the keys given here changed")
-    rep = sub.add_parser("report", help="table of runs from their run.h5 files")
+    rep = sub.add_parser("report", help="table of runs from their run.h5 files", epilog=_report_epilog(argv),
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="One row per run (or per group with --by) of the figures below, then a section "
+                                     "per family some run recorded. The same reader and figures as the Python API "
+                                     "(fedmpi.analysis.runs, docs/analysis.md).")
     rep.add_argument("runs", nargs="+", help="run.h5 files, run folders, folders of runs (searched) or globs")
     rep.add_argument("--plot", metavar="FILE.png",
-                     help="also draw accuracy and loss curves into this PNG, and beside it FILE-RUN.png per run "
-                          "with accuracy, weight divergence and per-class accuracy where the run recorded them")
+                     help="also draw one figure of all the runs: accuracy and loss against rounds and bytes, grouped "
+                          "by method (or --by) with the spread over seeds shaded, and a panel per family recorded")
+    rep.add_argument("--per-run", action="store_true",
+                     help="with --plot, also FILE-RUN.png per run: accuracy (and the shadow's), backdoor success, "
+                          "weight divergence and per-class accuracy where the run recorded them")
     rep.add_argument("--x", choices=("round", "bytes", "wall", "sim_time"), default="round",
                      help="x axis of --plot: rounds, bytes moved, wall time or simulated time (default round)")
-    rep.add_argument("--csv", metavar="FILE.csv", help="also write the table as CSV (an existing FILE is kept "
-                                                       "unless --force)")
+    rep.add_argument("--csv", metavar="FILE.csv", help="also write the table with every family's figures as CSV, "
+                                                       "and each view asked for as FILE-VIEW.csv (classes, clients, "
+                                                       "attack, timing; an existing file is kept unless --force)")
     rep.add_argument("--force", action="store_true", help="replace existing --csv and --plot files")
     rep.add_argument("--target", type=float, metavar="ACC",
                      help="add the rounds and bytes until the test accuracy first reaches ACC, e.g. 0.8")
     rep.add_argument("--by", action="append", default=[], metavar="KEY",
-                     help="one row per value of this dotted config key (repeatable), mean +- std over the rest")
-    rep.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
+                     help="one row per value of this dotted config key (repeatable; `method` for the method label), "
+                          "mean +- std over the rest; a group that mixes different settings is named in a note")
+    rep.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
+                     help="table format (latex: booktabs tabulars, e.g. of a --by grouped summary for a paper)")
     rep.add_argument("--classes", action="store_true",
                      help="per run, the final accuracy of each class, worst first, beside the clients' label counts")
     rep.add_argument("--clients", action="store_true",
@@ -121,7 +142,7 @@ def _abort_peers(code):
 
 
 def _main(argv):
-    parser = _parser()
+    parser = _parser(argv)
     # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, docs/design.md §1), which a
     # plain parse_args rejects once an option has ended the positional list.
     args, extra = parser.parse_known_args(argv)
@@ -257,7 +278,7 @@ def _report(args):
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
                           x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
-                          clients=args.clients, attack=args.attack, force=args.force)
+                          clients=args.clients, attack=args.attack, force=args.force, per_run=args.per_run)
 
 
 def _verify(args):

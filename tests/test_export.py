@@ -60,7 +60,7 @@ def test_tensorboard_scalars_are_the_run_figures(run, tmp_path, capsys):
                                                      ("timing/reduce/rank1", timing["reduce"][:, 1])]:
         events = acc.Scalars(tag)
         measured = np.flatnonzero(np.isfinite(values))          # rounds without a value are left out
-        assert [e.step for e in events] == [int(m["round"][i]) for i in measured], tag
+        assert [e.step for e in events] == [int(m["round"][i]) + 1 for i in measured], tag     # 1-based
         np.testing.assert_array_equal([e.value for e in events], values[measured].astype(np.float32), err_msg=tag)
     # Evaluated every second round: test_acc has 4 points of 8.
     assert len(acc.Scalars("test_acc")) == 4 and len(acc.Scalars("train_loss")) == 8
@@ -77,7 +77,7 @@ def test_tensorboard_histograms_are_the_clients_of_each_round(run, tmp_path, cap
     assert set(acc.Tags()["histograms"]) == {"clients/update_norm", "clients/update_cosine"}
     for name in ("update_norm", "update_cosine"):
         events = acc.Histograms(f"clients/{name}")
-        assert [e.step for e in events] == [int(r) for r in m["round"]]
+        assert [e.step for e in events] == [int(r) + 1 for r in m["round"]]
         for e, row in zip(events, clients[name]):
             values = row[np.isfinite(row)].astype(np.float64)   # the clients measured that round
             h = e.histogram_value
@@ -95,7 +95,7 @@ def test_csv_has_one_row_per_round_with_every_figure(run, tmp_path, capsys):
     assert code == 0 and "8 rows written" in out
     m, _, timing = metrics_of(run)
     rows = list(csv.DictReader(open(tmp_path / "run.csv")))
-    assert [r["round"] for r in rows] == [str(i) for i in range(8)]
+    assert [r["round"] for r in rows] == [str(i) for i in range(1, 9)]        # 1-based, as on the console
 
     def column(name):
         return np.array([float(r[name]) if r[name] else np.nan for r in rows])
@@ -129,7 +129,7 @@ def test_a_running_file_exports_its_complete_rounds(run, tmp_path, capsys):
     code, out, _ = export(capsys, run, "--csv", tmp_path / "r.csv", "--tensorboard", tmp_path / "tb")
     assert code == 0 and "8 rounds, status running" in out
     assert len(list(csv.DictReader(open(tmp_path / "r.csv")))) == 8
-    assert max(e.step for e in load_events(tmp_path / "tb").Scalars("train_loss")) == 7
+    assert max(e.step for e in load_events(tmp_path / "tb").Scalars("train_loss")) == 8       # round 8, 1-based
 
 
 def test_earlier_event_files_are_kept_unless_overwrite(run, tmp_path, capsys):

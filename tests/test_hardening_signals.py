@@ -182,7 +182,7 @@ def test_console_and_progress_write_into_a_broken_pipe_without_raising():
         assert console.say("fedmpi: one line", stream) is False
         assert console.say("fedmpi: and another", stream) is True      # silenced: /dev/null takes it
         progress = Progress(3, 0, "lines", stream=stream)
-        progress.update(2, 0.5, 1.0, 0.1)
+        progress.update(2, {"test_acc": 0.5, "test_loss": 1.0}, 0.1)
         progress.close()
     finally:
         stream.close()

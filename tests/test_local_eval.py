@@ -166,13 +166,14 @@ def test_report_clients_and_export_carry_the_local_figures(tmp_path, capsys):
     assert report_command([run_file], clients=True, plot=str(tmp_path / "p.png"), out=out) == 0
     text = out.getvalue()
     metrics = load_runs([str(run_file)])[0].metrics
-    line = next(row for row in text.splitlines() if row.startswith("fedper") and "finished" not in row)
+    section = text.split("local accuracy at the last local evaluation")[1]      # the --clients view
+    line = next(row for row in section.splitlines() if row.startswith("fedper"))
     cells = line.split()
-    assert cells[1] == "1" and cells[2] == "6"        # round index 1, six clients evaluated
+    assert cells[1] == "2" and cells[2] == "6"        # round 2 (1-based: the second), six clients evaluated
     assert cells[3] == f"{metrics['local_acc_mean'][1]:.4f}" and cells[5] == f"{metrics['local_acc_worst10'][1]:.4f}"
     assert (tmp_path / "p-fedper-clients.png").stat().st_size > 0
     assert fedmpi_main(["export", str(run_file), "--csv", str(tmp_path / "e.csv")]) == 0
     rows = list(csv.DictReader(open(tmp_path / "e.csv")))
     assert float(rows[1]["local_acc_worst10"]) == pytest.approx(metrics["local_acc_worst10"][1])
-    assert rows[0]["local_acc_mean"] == ""          # not evaluated in round 0
+    assert rows[0]["local_acc_mean"] == "" and rows[0]["round"] == "1"      # not evaluated in the first round
     capsys.readouterr()

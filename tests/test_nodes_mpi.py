@@ -183,3 +183,29 @@ def test_two_nodes_move_the_round_by_one_collective_among_the_leaders(runs):
     leader = {"Ibarrier": 4, "leaders.Bcast": 2, "leaders.Reduce": 2}
     assert hierarchical == [leader, {"Ibarrier": 4}, leader, {"Ibarrier": 4}]
     assert flat == [{"Ibarrier": 4, "Bcast": 2, "Reduce": 2}] * 4
+
+
+def test_the_run_file_records_how_it_ran_on_two_nodes(runs):
+    """Issue 40: a two-node run used to record `hosts: 'vm'` and nothing of its nodes or its round's path."""
+    import importlib.metadata
+
+    import yaml
+
+    _, attrs = read_metrics(runs / "nodes_fedavg")
+    assert attrs["nodes"] == 2 and attrs["ranks_per_node"] == "2,2" and attrs["rank_nodes"] == "0,0,1,1"
+    assert attrs["round_path"].startswith("hierarchical: node-shared memory within each node, MPI among the 2")
+    assert len(attrs["rank_hosts"].split(",")) == 4 and set(attrs["hosts"].split(",")) == \
+        set(attrs["rank_hosts"].split(","))
+    assert attrs["devices"] == "cpu,cpu,cpu,cpu" and len(attrs["rank_threads"].split(",")) == 4
+    assert attrs["mpi_library"] and attrs["mpi_version"].count(".") == 1
+    for library in ("python", "torch", "numpy", "h5py", "mpi4py"):
+        assert attrs[f"version_{library}"]
+    resolved = yaml.safe_load(attrs["resolved"])
+    assert resolved["runtime.device"] == ["cpu"] and resolved["runtime.progress"] in ("bar", "lines")
+    assert {"runtime.threads", "runtime.kernels", "runtime.client_dealing", "client.vectorize",
+            "server.trains_clients"} <= set(resolved)
+    assert attrs["fedmpi_version"] == importlib.metadata.version("fedmpi")     # one version, pip's and the file's
+    _, flat = read_metrics(runs / "flat_fedavg")
+    assert flat["round_path"] == "flat: MPI collectives among all ranks" and flat["nodes"] == 2
+    _, one = read_metrics(runs / "n1_fedavg")
+    assert one["nodes"] == 1 and one["ranks_per_node"] == "1" and one["world_size"] == 1

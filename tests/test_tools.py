@@ -102,11 +102,12 @@ def test_summary_figures_follow_from_the_logged_metrics(runs):
     m = run.metrics
     acc = m["test_acc"]
     [row] = report.summarize([run], target=float(acc[5]))
-    assert row["rounds"] == LIVE_ROUNDS and row["status"] == "finished"
-    assert row["final_acc"] == pytest.approx(acc[-20:].mean())
+    assert row["rounds_done"] == LIVE_ROUNDS and row["status"] == "finished"
+    assert row["final_acc"] == acc[-1]                              # evaluated every round: the last one
+    assert row["acc_last20_mean"] == pytest.approx(acc[-20:].mean())
     assert row["best_acc"] == pytest.approx(acc.max())
     rolling = report.rolling_mean(acc)
-    assert row["rise_round"] == np.flatnonzero(rolling >= 0.9 * row["final_acc"])[0] + 1
+    assert row["rise_round"] == np.flatnonzero(rolling >= 0.9 * row["acc_last20_mean"])[0] + 1
     first = np.flatnonzero(acc >= acc[5])[0]
     assert row["target_round"] == first + 1
     assert row["target_bytes"] == pytest.approx((m["bytes_up"][:first + 1] + m["bytes_down"][:first + 1]).sum())
@@ -161,7 +162,10 @@ def test_tools_on_a_half_appended_file(half_written, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "running" in proc.stdout and " 29 " in proc.stdout
     [row] = list(csv.DictReader(open(tmp_path / "t.csv")))
-    assert row["status"] == "running" and row["rounds"] == "29"
+    assert row["status"] == "running" and row["rounds_done"] == "29"
+    [frame] = analysis.runs(str(half_written)).to_dict("records")       # the Python API reads it alike
+    assert frame["status"] == "running" and frame["rounds_done"] == 29
+    assert analysis.rounds(str(half_written), metrics=["train_loss"])["round"].max() == 29
     proc = tool("curves.py", half_written.parent, "--out", tmp_path / "curves.png")
     assert proc.returncode == 0, proc.stderr
     proc = tool("sweep.py", half_written, "--by", "seed", "--plot", tmp_path / "s.png")
@@ -183,7 +187,8 @@ def test_compare_writes_table_csv_and_png(runs, tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "t.csv")))
     assert sorted(r["run"] for r in rows) == sorted(SWEEP)
     assert all(0 < float(r["final_acc"]) <= 1 for r in rows)
-    assert png_shape(tmp_path / "acc.png")[:2] == (504, 1440)      # two panels: accuracy and loss
+    height, width = png_shape(tmp_path / "acc.png")[:2]
+    assert 2.0 < width / height < 3.0       # one figure: accuracy and loss against bytes (the --x), a row of two
 
 
 def test_fedmpi_report_is_the_same_code(runs, capsys, tmp_path):
@@ -201,11 +206,13 @@ def test_curves_against_rounds_and_bytes(runs, tmp_path):
     proc = tool("curves.py", runs["sweep"], "--out", tmp_path / "one.png", "--metric", "test_acc", "--x", "bytes",
                 "--label-by", "algorithm.gamma", "--smooth", "2")
     assert proc.returncode == 0, proc.stderr
-    assert png_shape(tmp_path / "one.png")[:2] == (504, 720)
+    one = png_shape(tmp_path / "one.png")[:2]
+    assert 1.1 < one[1] / one[0] < 1.7                                  # one panel
     proc = tool("curves.py", str(runs["sweep"] / "*"), "--out", tmp_path / "three.png", "--metric", "test_acc",
                 "--metric", "test_loss", "--metric", "server_loss", "--x", "wall")
     assert proc.returncode == 0, proc.stderr
-    assert png_shape(tmp_path / "three.png")[:2] == (504, 2160)
+    three = png_shape(tmp_path / "three.png")[:2]
+    assert 2.6 < three[1] / one[1] < 3.4                                # three panels
 
 
 def test_curve_x_axes(runs):

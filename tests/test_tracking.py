@@ -78,10 +78,11 @@ def tracked(tmp_path_factory):
         original(self, step, *args, **kwargs)
         metrics, _ = read_metrics(out)          # the running job's file
         acc, client = events(out), mlflow_client(out)
-        assert [e.step for e in acc.Scalars("train_loss")] == list(range(step + 1))
+        # the row of /metrics/round `step` (0 for the first round) is the trackers' 1-based step step + 1
+        assert [e.step for e in acc.Scalars("train_loss")] == list(range(1, step + 2))
         assert acc.Scalars("train_loss")[-1].value == np.float32(metrics["train_loss"][step])
         history = client.get_metric_history(mlflow_run_id(out), "train_loss")
-        assert [(m.step, m.value) for m in history][-1] == (step, metrics["train_loss"][step])
+        assert [(m.step, m.value) for m in history][-1] == (step + 1, metrics["train_loss"][step])
         seen.append(step)
 
     mp = pytest.MonkeyPatch()
@@ -90,7 +91,7 @@ def tracked(tmp_path_factory):
         assert main(["run", str(path)]) == 0
     finally:
         mp.undo()
-    assert seen == list(range(ROUNDS))
+    assert seen == list(range(ROUNDS))         # the rows' /metrics/round
     return out
 
 
@@ -105,12 +106,12 @@ def test_tensorboard_holds_every_number_of_metrics_and_the_client_histograms(tra
     for tag, values in expected.items():
         measured = np.flatnonzero(np.isfinite(values))
         points = acc.Scalars(tag)
-        assert [p.step for p in points] == [int(metrics["round"][i]) for i in measured], tag
+        assert [p.step for p in points] == [int(metrics["round"][i]) + 1 for i in measured], tag
         np.testing.assert_array_equal([p.value for p in points], values[measured].astype(np.float32), err_msg=tag)
     assert set(acc.Tags()["histograms"]) == {f"clients/{k}" for k in clients}
     for name, table in clients.items():
         hists = acc.Histograms(f"clients/{name}")
-        assert [h.step for h in hists] == list(range(ROUNDS))
+        assert [h.step for h in hists] == list(range(1, ROUNDS + 1))
         for h, row in zip(hists, table):
             row = row[np.isfinite(row)].astype(np.float64)
             assert h.histogram_value.num == len(row) and sum(h.histogram_value.bucket) == len(row)
@@ -140,7 +141,8 @@ def test_mlflow_holds_every_number_the_client_quantiles_and_the_config(tracked):
     for tag, values in number_columns(metrics).items():
         measured = np.flatnonzero(np.isfinite(values))
         history = client.get_metric_history(run.info.run_id, tag)
-        assert [(m.step, m.value) for m in history] == [(int(metrics["round"][i]), values[i]) for i in measured], tag
+        steps = [(int(metrics["round"][i]) + 1, values[i]) for i in measured]      # 1-based
+        assert [(m.step, m.value) for m in history] == steps, tag
     # No histograms in MLflow: quartiles of the clients measured each round.
     loss = client.get_metric_history(run.info.run_id, "clients/loss/median")
     rows = [r[np.isfinite(r)].astype(np.float64) for r in clients["loss"]]
@@ -173,7 +175,7 @@ def test_a_failing_tracker_is_reported_once_and_the_run_finishes_unchanged(tmp_p
     assert len(lines) == 3, err
     assert lines[0].startswith("fedmpi: tracker mlflow dropped (cannot start: ") and "the run goes on" in lines[0]
     assert lines[1].startswith("fedmpi: tracker wandb dropped (cannot start: ") and "import of wandb" in lines[1]
-    assert lines[2] == ("fedmpi: tracker tensorboard dropped (logging round 0 failed: RuntimeError: disk on fire); "
+    assert lines[2] == ("fedmpi: tracker tensorboard dropped (logging round 1 failed: RuntimeError: disk on fire); "
                         "the run goes on, run.h5 has every figure")
     metrics, attrs = read_metrics(out)
     assert attrs["status"] == "finished" and len(metrics["round"]) == ROUNDS
@@ -198,10 +200,10 @@ def test_resume_continues_the_same_tracker_runs(tmp_path):
     assert mlflow_run_id(out) == run_id and glob.glob(str(out / "tensorboard" / "run-*")) == folder
     assert len(glob.glob(os.path.join(folder[0], "events.out.tfevents.*"))) == 2
     points = events(out).Scalars("train_loss")
-    assert [p.step for p in points] == list(range(ROUNDS + 1))
+    assert [p.step for p in points] == list(range(1, ROUNDS + 2))
     np.testing.assert_array_equal([p.value for p in points], metrics["train_loss"].astype(np.float32))
     history = mlflow_client(out).get_metric_history(run_id, "train_loss")
-    assert [m.step for m in history] == [0, 1, 2, 2, 3]     # MLflow keeps both values of round 2, newest last
+    assert [m.step for m in history] == [1, 2, 3, 3, 4]     # MLflow keeps both values of round 3, newest last
     assert [m.value for m in history][-2:] == list(metrics["train_loss"][2:])
     assert mlflow_client(out).get_run(run_id).info.status == "FINISHED"
 
@@ -216,10 +218,10 @@ def test_a_fork_hands_its_trackers_the_parent_rows_first(tracked, tmp_path):
     acc = events(out)
     for tag, values in number_columns(metrics).items():
         measured = np.flatnonzero(np.isfinite(values))
-        assert [p.step for p in acc.Scalars(tag)] == list(measured), tag
+        assert [p.step for p in acc.Scalars(tag)] == list(measured + 1), tag
         np.testing.assert_array_equal([p.value for p in acc.Scalars(tag)], values[measured].astype(np.float32))
-    assert [h.step for h in acc.Histograms("clients/loss")] == list(range(ROUNDS))
-    assert [p.step for p in acc.Scalars("timing/train/rank0")] == list(range(ROUNDS))
+    assert [h.step for h in acc.Histograms("clients/loss")] == list(range(1, ROUNDS + 1))
+    assert [p.step for p in acc.Scalars("timing/train/rank0")] == list(range(1, ROUNDS + 1))
 
 
 def test_wandb_offline_writes_its_run_folder(tmp_path, monkeypatch):

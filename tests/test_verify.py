@@ -33,8 +33,8 @@ def test_identical_runs_exit_0_through_their_last_round(tmp_path, capsys):
     a, b = write_run(tmp_path / "a" / "run.h5"), write_run(tmp_path / "b" / "run.h5")
     code, out, _ = run_verify(capsys, a.parent, b)          # a run folder or its run.h5
     assert code == 0
-    assert verdict(out) == "verdict: identical through round 5 (6 rounds compared by model fingerprint)"
-    assert "final model (/model/global): bit-identical (after round 5)" in out
+    assert verdict(out) == "verdict: identical through round 6 (6 rounds compared by model fingerprint)"  # 1-based
+    assert "final model (/model/global): bit-identical (after round 6)" in out
     # The only config difference is out, a run-time key, marked as such.
     [diff] = [line for line in out.splitlines() if " out " in line and str(tmp_path / "a") in line]
     assert diff.split()[:2] == ["*", "out"] and str(tmp_path / "b") in diff
@@ -46,15 +46,15 @@ def test_runs_that_part_name_the_first_differing_round(tmp_path, capsys):
                   config=base_config(tmp_path / "b", client={"lr": 0.1, "batch_size": 10}))
     code, out, _ = run_verify(capsys, a, b)
     assert code == 1
-    assert verdict(out) == ("verdict: differ: first difference at round 3 by model fingerprint, identical "
-                            "through round 2")
+    assert verdict(out) == ("verdict: differ: first difference at round 4 by model fingerprint, identical "
+                            "through round 3")           # the fourth round, /metrics/round 3, parts
     [lr] = [line.split() for line in out.splitlines() if "client.lr" in line]
     assert lr == ["client.lr", "0.05", "0.1"]                 # not a run-time key: no mark
     # The table of largest differences: test_acc parts by exactly the factor written, at the round written.
     acc_a, acc_b = figures(6)[0]["test_acc"], figures(6, 3, 1e-3)[0]["test_acc"]
     rel = np.abs(acc_a - acc_b) / np.maximum(np.abs(acc_a), np.abs(acc_b))
     [row] = [line.split() for line in out.splitlines() if line.startswith("test_acc ")]
-    assert float(row[1]) == pytest.approx(rel.max(), rel=1e-2) and row[2] == str(int(np.argmax(rel)))
+    assert float(row[1]) == pytest.approx(rel.max(), rel=1e-2) and row[2] == str(int(np.argmax(rel)) + 1)
     assert row[3] == "NO"
 
 
@@ -62,7 +62,7 @@ def test_a_different_seed_differs_at_the_first_round(tmp_path, capsys):
     a = write_run(tmp_path / "a" / "run.h5")
     b = write_run(tmp_path / "b" / "run.h5", perturb_from=0, scale=0.5, config=base_config(tmp_path / "b", seed=1))
     code, out, _ = run_verify(capsys, a, b)
-    assert code == 1 and "first difference at round 0 by model fingerprint, the first round both have" in out
+    assert code == 1 and "first difference at round 1 by model fingerprint, the first round both have" in out
     [seed] = [line.split() for line in out.splitlines() if line.lstrip().startswith("seed ")]
     assert seed == ["seed", "0", "1"]
 
@@ -76,17 +76,17 @@ def test_running_and_preempted_runs_are_compared_over_the_rounds_both_have(tmp_p
         del f["metrics/round"]
         f["metrics/round"] = np.append(rounds, 4.0)
     code, out, _ = run_verify(capsys, a, running)
-    assert code == 0 and verdict(out).startswith("verdict: identical through round 3 (4 rounds")
+    assert code == 0 and verdict(out).startswith("verdict: identical through round 4 (4 rounds")
     assert "note: B is running: compared up to its last complete round" in out
     assert "final model (/model/global): not compared: B has no /model/global" in out
     preempted = write_run(tmp_path / "p" / "run.h5", rounds=4, status="preempted")
     code, out, _ = run_verify(capsys, preempted, a)
-    assert code == 0 and "identical through round 3" in out
-    assert "not compared: A ends after round 3, B after round 5" in out
+    assert code == 0 and "identical through round 4" in out
+    assert "not compared: A ends after round 4, B after round 6" in out
     # A preempted run that parts from the other is still caught.
     parted = write_run(tmp_path / "q" / "run.h5", rounds=4, status="preempted", perturb_from=2, scale=1e-6)
     code, out, _ = run_verify(capsys, a, parted)
-    assert code == 1 and "first difference at round 2" in out
+    assert code == 1 and "first difference at round 3" in out
 
 
 def test_final_models_are_compared_and_checked_against_their_fingerprint(tmp_path, capsys):
@@ -95,7 +95,7 @@ def test_final_models_are_compared_and_checked_against_their_fingerprint(tmp_pat
         f["model/global"][3] += np.float32(0.5)
     code, out, _ = run_verify(capsys, a, b)
     assert code == 1
-    assert "note: B's /model/global does not match its last fingerprint (round 5)" in out
+    assert "note: B's /model/global does not match its last fingerprint (round 6)" in out
     assert "final model (/model/global): differ: largest difference 0.5" in out
     assert verdict(out) == "verdict: differ: the final models differ although every compared round agrees"
 
@@ -147,13 +147,13 @@ def test_files_without_fingerprints_are_compared_by_metrics_and_model(tmp_path, 
     b = write_run(tmp_path / "b" / "run.h5", **old)
     code, out, _ = run_verify(capsys, a, b)
     assert code == 0 and "note: model fingerprints not recorded in A and B" in out
-    assert verdict(out) == ("verdict: identical through round 5 (6 rounds compared by per-round metrics and "
+    assert verdict(out) == ("verdict: identical through round 6 (6 rounds compared by per-round metrics and "
                             "final model)")
     parted = write_run(tmp_path / "c" / "run.h5", perturb_from=4, scale=1e-6, **old)
     code, out, _ = run_verify(capsys, a, parted)
     assert code == 1
-    assert verdict(out) == ("verdict: differ: first difference at round 4 (test_acc, test_loss, train_loss) by "
-                            "per-round metrics and final model, identical through round 3")
+    assert verdict(out) == ("verdict: differ: first difference at round 5 (test_acc, test_loss, train_loss) by "
+                            "per-round metrics and final model, identical through round 4")
     # One side with fingerprints, the other without: still compared, and said so.
     new = write_run(tmp_path / "d" / "run.h5")
     code, out, _ = run_verify(capsys, new, a)
@@ -207,12 +207,12 @@ def test_real_runs_same_config_identical_other_seed_differs_at_once(tmp_path, ca
     run_many(1, configs)
     code, out, _ = run_verify(capsys, tmp_path / "a", tmp_path / "b")
     assert code == 0, out
-    assert verdict(out).startswith("verdict: identical through round 1 (2 rounds")
-    assert "final model (/model/global): bit-identical (after round 1)" in out
+    assert verdict(out).startswith("verdict: identical through round 2 (2 rounds")
+    assert "final model (/model/global): bit-identical (after round 2)" in out
     assert "torch" in out and "-n (world_size)" in out
     code, out, _ = run_verify(capsys, tmp_path / "a", tmp_path / "c")
     assert code == 1, out
     first = verdict(out).split("first difference at round ")[1].split()[0]
-    assert first in ("0", "1")
+    assert first in ("1", "2")
     [seed] = [line.split() for line in out.splitlines() if line.lstrip().startswith("seed ")]
     assert seed == ["seed", "1", "2"]

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from fedmpi import __version__, analysis
-from fedmpi.analysis import batch_report, report
+from fedmpi.analysis import batch_report, figures, report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "deploy")
@@ -89,8 +89,8 @@ def time_to(run, target):
 
 
 def final_accuracy(run):
-    acc = np.asarray(run.metrics["test_acc"], dtype=np.float64)
-    return float(np.mean(acc[np.isfinite(acc)][-FINAL_EVALS:]))
+    """The mean of the last FINAL_EVALS evaluations (fedmpi.analysis.figures' acc_last20_mean with this window)."""
+    return figures.acc_last_mean(run, FINAL_EVALS)
 
 
 def mean_std(values):

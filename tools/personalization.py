@@ -3,6 +3,7 @@
 
     python tools/personalization.py --run [--np 3] [--seeds 0 1 2] [--out runs/personalization]
     python tools/personalization.py                # table from finished runs only
+    python tools/personalization.py --from RUNS... --csv table.csv   # the same table from your own runs
 
 Grid: two label-skewed splits of mnist5k's 4,000 training samples over CLIENTS clients, each client holding
 out LOCAL_TEST of its samples as its own test split (partition.local_test):
@@ -109,37 +110,61 @@ def recorded_wall(out):
         return sum(float(line.split()[0]) for line in f if line.strip())
 
 
-def final(run_dir, key):
-    import h5py
+def split_of(row):
+    """The split a run used, by the grid's names (SPLITS) where it is one of them, else scheme and parameter."""
+    partition = {k.split(".", 1)[1]: v for k, v in row.items() if k.startswith("partition.")}
+    for name, spec in SPLITS.items():
+        if all(partition.get(k) == v for k, v in spec.items()):
+            return name
+    scheme = partition.get("scheme", "?")
+    return scheme + {"dirichlet": f"{partition.get('beta')}", "shards": f"{partition.get('shards_per_client')}",
+                     "labels": f"{partition.get('labels_per_client')}"}.get(scheme, "")
 
-    path = os.path.join(run_dir, "run.h5")
-    if not os.path.exists(path):
-        return np.nan
-    with h5py.File(path, "r", locking=False) as f:
-        if f.attrs.get("status") != "finished" or key not in f["metrics"]:
-            return np.nan
-        return float(f["metrics"][key][-1])
+
+def _labels():
+    """fedmpi's method label of each grid method -> the table's name for it (FedAvg+FT for fedavg+ft10)."""
+    from fedmpi.analysis.labels import method_label
+
+    return {method_label(config(next(iter(SPLITS)), m, "unused")): label for m, (label, _, _) in METHODS.items()}
 
 
-def table(args):
+def table_from(paths):
+    """The table's rows from any finished runs in `paths` (files, run folders, folders of runs, globs), read
+    through fedmpi.analysis: one row per (split, method), each figure's mean and std over the runs (seeds)."""
+    from fedmpi import analysis
+
+    df = analysis.runs(paths)
+    if not len(df):
+        return []
+    df = df[df["status"] == "finished"].copy()
+    if not len(df):
+        return []
+    df["split"] = [split_of(row) for row in df.to_dict("records")]
+    names = _labels()
+    df["label"] = [names.get(m, m) for m in df["method"]]
+    figures = {"local_acc_mean": "local_acc", "local_acc_worst10": "worst10", "final_acc": "global_test_acc"}
+    summary = analysis.summary(df, by=["split", "label"], figures=list(figures), warn=False)
     rows = []
-    for split in SPLITS:
-        for method, (label, _, _) in METHODS.items():
-            runs = [os.path.join(args.out, "runs", f"{split}-{method}-seed{s}") for s in args.seeds]
-            row = {"split": split, "method": label}
-            for key, short in (("local_acc_mean", "local_acc"), ("local_acc_worst10", "worst10"),
-                               ("test_acc", "global_test_acc")):
-                values = np.array([final(r, key) for r in runs])
-                done = values[np.isfinite(values)]
-                row[f"{short}_mean"] = float(done.mean()) if len(done) else np.nan
-                row[f"{short}_std"] = float(done.std(ddof=1)) if len(done) > 1 else np.nan
-                row["seeds"] = len(done)
-            rows.append(row)
+    for record in summary.to_dict("records"):
+        row = {"split": record["split"], "method": record["label"], "seeds": int(record["n"])}
+        for name, short in figures.items():
+            row[f"{short}_mean"], row[f"{short}_std"] = record[f"{name}_mean"], record[f"{name}_std"]
+        rows.append(row)
     return rows
 
 
+def table(args):
+    """The grid's rows: its finished runs under OUT/runs (or the runs named by --from)."""
+    if getattr(args, "runs_from", None):
+        return table_from(args.runs_from)
+    paths = [os.path.join(args.out, "runs", f"{split}-{method}-seed{s}") for split in SPLITS for method in METHODS
+             for s in args.seeds]
+    return table_from([p for p in paths if os.path.exists(os.path.join(p, "run.h5"))])
+
+
 def lookup(rows, split, label, key="local_acc_mean"):
-    return next(r[key] for r in rows if r["split"] == split and r["method"] == label)
+    """A figure of the row (split, method); NaN where no run of it was read."""
+    return next((r[key] for r in rows if r["split"] == split and r["method"] == label), np.nan)
 
 
 # method -> (the paper's qualitative claim, the row it is compared with, the figure compared)
@@ -273,9 +298,12 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "personalization"))
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="only these methods (default: all)")
     p.add_argument("--csv", default=CSV)
+    p.add_argument("--from", dest="runs_from", nargs="+", metavar="RUNS",
+                   help="the table from these runs instead (any folder of runs with local evaluation, read through "
+                        "fedmpi.analysis: grouped by split and method label); with --csv/--write-doc as usual")
     p.add_argument("--write-doc", action="store_true", help="replace the section in docs/reproduction.md")
     args = p.parse_args(argv)
-    paths = write_configs(args.out)
+    paths = write_configs(args.out) if not args.runs_from else []
     if args.methods:
         paths = [q for q in paths if os.path.basename(q)[:-5].split("-", 1)[1] in args.methods]
     wall = None

@@ -96,7 +96,8 @@ def table_rows(groups):
             rows.append({"method": label, "epsilon": "∞ (no DP)" if math.isinf(eps) else f"{eps:g}",
                          "noise multiplier": f"{z[0]:.3f}" if z else "-",
                          "epsilon reached": f"{max(reached):.3f}" if reached else "∞",
-                         "final_acc": summary["final_acc"], "final_acc_std": summary["final_acc_std"],
+                         "acc_last20_mean": summary["acc_last20_mean"],
+                         "acc_last20_mean_std": summary["acc_last20_mean_std"],
                          "best_acc": summary["best_acc"], "best_acc_std": summary["best_acc_std"],
                          "clipped": "-" if math.isnan(clipped) else f"{100 * clipped:.0f}%",
                          "wall_s": summary["wall_s"]})
@@ -143,7 +144,7 @@ def section(args, rows, groups):
         "Configs: `jobs/configs/privacy/`. Finite epsilons add `privacy: {mechanism: gaussian, clip: "
         f"{CLIP:g}, target_epsilon: EPS, delta: {DELTA:g}}}` (RDP accountant), so each run's noise multiplier "
         f"is calibrated to reach EPS after its {rounds} rounds; ∞ is the method without any DP mechanism "
-        "(sample-count weights, no clipping), with the same Poisson sampling. final_acc = mean test accuracy "
+        "(sample-count weights, no clipping), with the same Poisson sampling. acc_last20_mean = mean test accuracy "
         "of the last 20 rounds; clipped = mean fraction of the round's updates that were clipped.",
         "",
         report.format_table(rows, "markdown", left=2),

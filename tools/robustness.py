@@ -33,6 +33,7 @@ import numpy as np
 
 import fedmpi
 from fedmpi import __version__
+from fedmpi.analysis import figures
 from fedmpi.core.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,10 +91,8 @@ def config_for(partition, attack, aggregator, seed, rounds):
 
 
 def tail_mean(values):
-    values = np.asarray(values, dtype=np.float64)
-    window = values[-max(1, math.ceil(TAIL * len(values))):]
-    window = window[np.isfinite(window)]
-    return float(window.mean()) if len(window) else float("nan")
+    """The figure's mean over the last 10% of rounds (fedmpi.analysis.figures: backdoor_acc_tail10's definition)."""
+    return figures.tail_mean(np.asarray(values, dtype=np.float64), TAIL)
 
 
 def run_cell(partition, attack, aggregator, seeds, rounds):

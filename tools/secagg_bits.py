@@ -20,9 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
 import yaml
+
+from fedmpi import analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 COHORT, CLIP = 10, 1.0
@@ -73,17 +74,12 @@ def main(argv=None):
     print("| setting | b | scale | final acc | best acc | clipped | masked bytes / client |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, extra in settings().items():
-        final, best, clipped, masked = [], [], [], []
-        for seed in args.seeds:
-            with h5py.File(out / f"{name}-seed{seed}" / "run.h5", "r") as f:
-                acc = f["metrics/test_acc"][()]
-                acc = acc[np.isfinite(acc)]
-                final.append(acc[-1])
-                best.append(acc.max())
-                m = f["metrics"]
-                clipped.append(np.nanmean(m["secagg_clipped_fraction"][()]) if "secagg_clipped_fraction" in m
-                               else np.nan)
-                masked.append(m["secagg_masked_bytes"][0] if "secagg_masked_bytes" in m else 4 * 7850)
+        runs = analysis.load_runs([str(out / f"{name}-seed{seed}") for seed in args.seeds])
+        df = analysis.runs(runs)        # the figures of fedmpi.analysis.figures, one row per seed
+        final, best = df["final_acc"].to_numpy(), df["best_acc"].to_numpy()
+        clipped = df["secagg_clipped_fraction"].to_numpy()
+        masked = [r.metrics["secagg_masked_bytes"][0] if "secagg_masked_bytes" in r.metrics else 4 * 7850
+                  for r in runs]
         sec = extra.get("secagg", {})
         print(f"| {name} | {sec.get('bits', '-')} | {sec.get('scale', '-'):g} | "
               f"{np.mean(final):.4f} +- {np.std(final):.4f} | {np.mean(best):.4f} +- {np.std(best):.4f} | "

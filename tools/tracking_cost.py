@@ -18,10 +18,10 @@ import os
 import tempfile
 import time
 
-import h5py
 import numpy as np
 import yaml
 
+from fedmpi.analysis.report import read_run
 from fedmpi.cli import main
 from fedmpi.run import tracking
 
@@ -55,8 +55,7 @@ def measure(name, rounds, root):
         code = main(["run", path, "--overwrite"])
     finally:
         tracking.Tracking.open, tracking.Tracking.log_row = open_, log_row
-    with h5py.File(os.path.join(root, name, "run.h5"), "r", locking=False) as f:
-        round_s = float(np.median(np.diff(f["metrics/wall_s"][()])))
+    round_s = float(np.median(np.diff(read_run(os.path.join(root, name, "run.h5")).metrics["wall_s"])))
     rows.sort()
     median = rows[len(rows) // 2] * 1e3 if rows else float("nan")
     print(f"{name:12s} exit {code}  start {starts[0] if starts else float('nan'):.2f} s  per round: median "

@@ -10,12 +10,9 @@ honest_excluded), each at the last evaluation (`_last`) and as the mean over the
 
 from __future__ import annotations
 
-import math
-import warnings
-
 import numpy as np
 
-from fedmpi.analysis import report
+from fedmpi.analysis import figures, report
 from fedmpi.io.store import open_run
 
 FIGURES = ("test_acc", "backdoor_acc", "detect_precision", "detect_recall", "honest_excluded")
@@ -23,16 +20,12 @@ TAIL = 0.1      # the share of the last rounds whose mean is reported
 
 
 def last_and_tail(values, tail=TAIL):
-    """(the last finite value, the mean of the finite values of the last ceil(tail * rounds) rounds); NaN
-    for a figure never measured."""
+    """(the last measured value, the mean of the measured values of the last ceil(tail * rounds) rounds), as
+    fedmpi.analysis.figures defines them; NaN for a figure never measured."""
     values = np.asarray(values, dtype=np.float64).ravel()
-    finite = values[np.isfinite(values)]
-    if not len(finite):
+    if not np.isfinite(values).any():
         return np.nan, np.nan
-    window = values[-max(1, math.ceil(tail * len(values))):]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)     # a window without an evaluation stays NaN
-        return float(finite[-1]), float(np.nanmean(window))
+    return figures.last(values), figures.tail_mean(values, tail)
 
 
 def malicious_ids(path):

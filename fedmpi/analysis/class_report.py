@@ -1,7 +1,8 @@
 """`fedmpi report --classes`: which classes a run loses.
 
-Per class: the final accuracy (mean of the last evaluations, as the run's final accuracy), the best, the
-test samples behind it, and beside them what the clients held of that class (from the label histograms
+Per class: the accuracy at the last evaluation (`final_acc`, as the run's), the mean of the last 20 evaluations
+(`acc_last20_mean`, as the run's; the classes are sorted by it), the best, the test samples behind it, and
+beside them what the clients held of that class (from the label histograms
 under /partition/labels): training samples, how many clients hold any, and the server's set. Worst
 classes first. Reads `/metrics/class_acc` [round, class] with its attribute `class_counts`.
 """
@@ -27,7 +28,7 @@ def class_accuracy(run):
 
 
 def class_rows(run, window=report.WINDOW):
-    """One row per class, worst final accuracy first (None when not recorded)."""
+    """One row per class, worst acc_last20_mean first (None when not recorded)."""
     found = class_accuracy(run)
     if found is None:
         return None
@@ -35,21 +36,23 @@ def class_rows(run, window=report.WINDOW):
     classes = acc.shape[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)     # a class never measured stays NaN, on purpose
-        final = np.nanmean(acc[-window:], axis=0) if len(acc) else np.full(classes, np.nan)
+        smooth = np.nanmean(acc[-window:], axis=0) if len(acc) else np.full(classes, np.nan)
         best = np.nanmax(acc, axis=0) if len(acc) else np.full(classes, np.nan)
     test_n = _per_class(run.metric_attrs.get("class_acc", {}).get("class_counts"), classes)
     labels = _histogram(run.partition.get("labels"), classes)
     server = _histogram(run.server_partition.get("labels"), classes)
     rows = []
     for c in range(classes):
-        row = {"class": c, "final_acc": float(final[c]), "best_acc": float(best[c]), "test_n": test_n[c]}
+        measured = acc[np.isfinite(acc[:, c]), c]
+        row = {"class": c, "final_acc": float(measured[-1]) if len(measured) else np.nan,
+               "acc_last20_mean": float(smooth[c]), "best_acc": float(best[c]), "test_n": test_n[c]}
         if labels is not None:
             row["train_n"] = float(labels[:, c].sum())
             row["clients"] = float((labels[:, c] > 0).sum())
         if server is not None and server.sum() > 0:
             row["server_n"] = float(server[:, c].sum())
         rows.append(row)
-    return sorted(rows, key=lambda r: (np.isnan(r["final_acc"]), r["final_acc"], r["class"]))
+    return sorted(rows, key=lambda r: (np.isnan(r["acc_last20_mean"]), r["acc_last20_mean"], r["class"]))
 
 
 def _per_class(values, classes):
@@ -66,12 +69,12 @@ def _histogram(labels, classes):
 
 
 def lost_classes(rows):
-    """The classes whose final accuracy is below half the mean over classes: the ones the run lost."""
-    finals = np.array([r["final_acc"] for r in rows])
+    """The classes whose acc_last20_mean is below half its mean over classes: the ones the run lost."""
+    finals = np.array([r["acc_last20_mean"] for r in rows])
     if not np.isfinite(finals).any():
         return []
     bar = 0.5 * np.nanmean(finals)
-    return [r["class"] for r in rows if np.isfinite(r["final_acc"]) and r["final_acc"] < bar]
+    return [r["class"] for r in rows if np.isfinite(r["acc_last20_mean"]) and r["acc_last20_mean"] < bar]
 
 
 def class_section(run, fmt="text", window=report.WINDOW):
@@ -81,9 +84,9 @@ def class_section(run, fmt="text", window=report.WINDOW):
         return f"{run.name}: per-class accuracy not recorded (/metrics/class_acc)"
     evaluations = len(class_accuracy(run)[1])
     lost = lost_classes(rows)
-    lines = [f"{run.name}: per-class accuracy, worst first (final = mean of the last {min(window, evaluations)} "
-             f"of {evaluations} evaluations)",
-             "lost (final accuracy below half the mean over classes): "
+    lines = [f"{run.name}: per-class accuracy, worst first (final_acc: at the last evaluation; acc_last20_mean: "
+             f"mean of the last {min(window, evaluations)} of {evaluations} evaluations)",
+             "lost (acc_last20_mean below half its mean over classes): "
              + (", ".join(map(str, lost)) if lost else "none"),
              report.format_table(rows, fmt, left=1)]
     return "\n".join(lines)

@@ -33,7 +33,7 @@ def client_row(run):
     if not len(rows):
         return None
     last = rows[-1]
-    row = {"run": run.name, "round": int(run.metrics["round"][last]),
+    row = {"run": run.name, "round": int(run.metrics["round"][last]) + 1,     # 1-based, as everywhere it is read
            "clients": _evaluated(run, last)}
     for name, column in FIGURES.items():
         values = run.metrics.get(name)
@@ -81,7 +81,7 @@ def plot_clients(run, path):
         return False
     plt = pyplot()
     fig, (curves, cdf) = plt.subplots(1, 2, figsize=(10, 4))
-    rounds = np.asarray(run.metrics["round"])
+    rounds = np.asarray(run.metrics["round"]) + 1      # 1-based
     test = np.asarray(run.metrics.get("test_acc", np.full(len(rounds), np.nan)), dtype=np.float64)
     seen = np.isfinite(test)
     curves.plot(rounds[seen], test[seen], label="global model, global test set")
@@ -96,7 +96,7 @@ def plot_clients(run, path):
     cdf.step(last, np.arange(1, len(last) + 1) / len(last), where="post", label="clients' local accuracy")
     if seen.any():
         cdf.axvline(test[seen][-1], color="gray", linestyle="--", label="global test accuracy")
-    cdf.set_xlabel(f"local accuracy (round {int(rounds[rows[-1]])})")
+    cdf.set_xlabel(f"local accuracy (round {int(rounds[rows[-1]])})")       # (rounds is 1-based here)
     cdf.set_ylabel("share of clients")
     cdf.legend()
     fig.suptitle(run.name)

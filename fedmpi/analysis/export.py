@@ -3,9 +3,10 @@ record; an export can be made again at any time, also from a running job's file)
 
 What goes out, under the same names in both:
 - every per-round figure under /metrics by its name (`test_acc`, `weight_divergence`, an attack's
-  `backdoor_acc`, the robust aggregators' `detect_precision`, `detect_recall`, `honest_excluded`, ...), its round
-  as the step; a [round, k] figure as NAME/LABEL per column (`class_acc/3`, the layer names of
-  `weight_divergence_layers`);
+  `backdoor_acc`, the robust aggregators' `detect_precision`, `detect_recall`, `honest_excluded`, ...), its
+  1-based round as the step and in the CSV's `round` column (the first round is 1, as on the console and in
+  `fedmpi report`; /metrics/round on disk stores 0 for it); a [round, k] figure as NAME/LABEL per column
+  (`class_acc/3`, the layer names of `weight_divergence_layers`);
 - the phase times `/timing/<phase>` [round, rank] as `timing/PHASE/rankR`;
 - TensorBoard only: each per-client figure `/clients/<name>` [round, client] as a histogram per round
   (`clients/NAME`) over the clients measured that round.
@@ -123,7 +124,7 @@ def clear_event_files(folder, old):
 def write_tensorboard(run, clients, folder):
     """Writes the event file; returns (scalar points, histograms) written."""
     Event, HistogramProto, Summary = _tensorboard()
-    steps = np.asarray(run.metrics["round"], dtype=np.float64)
+    steps = np.asarray(run.metrics["round"], dtype=np.float64) + 1       # 1-based, as a person reads rounds
     walls = _wall_times(run)
     series = scalar_series(run)
     writer = EventFile(folder)      # synchronous: a full disk is an OSError here, not a thread's traceback
@@ -162,11 +163,11 @@ def _cell(value):
 
 
 def write_csv(run, path):
-    """One row per round: `round`, every per-round figure (NAME/LABEL columns for [round, k] ones, the
+    """One row per round: `round` (1-based), every per-round figure (NAME/LABEL columns for [round, k] ones, the
     fingerprint as text), the phase times per rank. Returns the number of rows."""
     series = scalar_series(run)
     text = [(k, run.metrics[k]) for k in report.TEXT_METRICS if k in run.metrics]
-    rounds = np.asarray(run.metrics["round"])
+    rounds = np.asarray(run.metrics["round"], dtype=np.float64) + 1      # 1-based, as a person reads rounds
 
     def write(fh):
         writer = csv.writer(fh)

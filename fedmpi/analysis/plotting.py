@@ -4,8 +4,11 @@ message instead of an ImportError where matplotlib is not installed."""
 from __future__ import annotations
 
 import os
+import textwrap
 
 from fedmpi.core.output_paths import replace_with
+
+LABEL_WIDTH = 34        # characters per line of an axis label: a longer one wraps instead of being cut off
 
 
 def pyplot():
@@ -20,6 +23,24 @@ def pyplot():
     return plt
 
 
+def wrap(label, width=LABEL_WIDTH):
+    """An axis label on as many lines as it needs."""
+    return textwrap.fill(str(label), width)
+
+
+def legend_below(fig, axes):
+    """One legend for the whole figure, below its panels (never over the curves, never cut off: the figure is
+    saved with its bounding box around everything), with each label once."""
+    seen = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        columns = max(1, min(len(seen), 4 if max(len(label) for label in seen) < 30 else 2))
+        fig.legend(list(seen.values()), list(seen), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=columns,
+                   fontsize=8, frameon=False)
+
+
 def save(plt, fig, path):
     fig.tight_layout()
     save_figure(fig, path)
@@ -27,6 +48,7 @@ def save(plt, fig, path):
 
 
 def save_figure(fig, path):
-    """`fig` as a file at `path`, written to a temporary file renamed into place (never through a link)."""
+    """`fig` as a file at `path`, written to a temporary file renamed into place (never through a link); the
+    bounding box is fitted around every label and legend, so none is cut off."""
     fmt = os.path.splitext(path)[1][1:].lower() or "png"
-    replace_with(path, lambda fh: fig.savefig(fh, dpi=120, format=fmt), mode="wb")
+    replace_with(path, lambda fh: fig.savefig(fh, dpi=120, format=fmt, bbox_inches="tight"), mode="wb")

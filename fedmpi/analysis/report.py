@@ -1,4 +1,5 @@
-"""Reading run files and summarising them: the table of `fedmpi report` (and of tools/)."""
+"""Reading run files and summarising them: the table of `fedmpi report` (and of tools/). The figures themselves
+and their definitions are in `fedmpi.analysis.figures`."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from functools import cached_property
 import h5py
 import numpy as np
 
+import fedmpi.analysis.figures as figures
+from fedmpi.analysis.figures import WINDOW, bytes_moved, mean_client_emd, rolling_mean  # noqa: F401 - public here
+from fedmpi.analysis.labels import algorithm_name, method_label
 from fedmpi.config import yamlio
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.output_paths import replace_with
-from fedmpi.io.store import CORE_METRICS, open_run
+from fedmpi.io.store import CORE_METRICS, open_run, read_clients
 
-WINDOW = 20          # evaluations in the rolling mean that defines "final accuracy" (FSL paper)
-RISE_FRACTION = 0.9  # rise time: first round whose rolling accuracy reaches 90% of the final value
 READ_RETRIES = 5
 
 
@@ -30,6 +32,7 @@ class Run:
     server_partition: dict = field(default_factory=dict)
     metric_attrs: dict = field(default_factory=dict)    # {metric: its dataset's attributes}, e.g. class_counts
     timing: dict = field(default_factory=dict)          # {phase: [round, rank] seconds} from /timing
+    groups: dict = field(default_factory=dict)          # small optional groups: /attack, /partition/shared
 
     @property
     def name(self):
@@ -38,6 +41,23 @@ class Run:
     @cached_property
     def config(self):
         return parse_config(self.attrs.get("config", ""))
+
+    @cached_property
+    def method(self):
+        """The method's label: the algorithm with what distinguishes it (fedmpi.analysis.labels)."""
+        return method_label(self.config)
+
+    def client_figure(self, name):
+        """/clients/NAME as [round, client] (rounds cut to the complete /metrics rows), read on first use; None
+        where the run did not record it or the file cannot be read now."""
+        cache = self.__dict__.setdefault("_clients", {})
+        if name not in cache:
+            try:
+                table = read_clients(self.path, len(self.metrics.get("round", []))).get(name)
+            except (OSError, KeyError, ValueError, RuntimeError):
+                table = None
+            cache[name] = table
+        return cache[name]
 
 
 class MalformedRun(ValueError):
@@ -105,7 +125,8 @@ def _read_run(path) -> Run:
         part = _numeric_group(f, "partition")
         server = _numeric_group(f, "partition/server")
         timing = {k: v[:n] for k, v in _numeric_group(f, "timing").items() if v.ndim == 2}
-    run = Run(path, attrs, metrics, part, server, metric_attrs, timing)
+        groups = {name: _numeric_group(f, name) for name in ("attack", "partition/shared") if name in f}
+    run = Run(path, attrs, metrics, part, server, metric_attrs, timing, groups)
     _ = run.config  # parsed (and checked) now, so a malformed file is skipped here, not half-way through a table
     return run
 
@@ -139,75 +160,20 @@ def _numeric_group(f, name):
     return out
 
 
-def rolling_mean(values, window=WINDOW):
-    values = np.asarray(values, dtype=np.float64)
-    csum = np.concatenate([[0.0], np.cumsum(values)])
-    idx = np.arange(1, len(values) + 1)
-    lo = np.maximum(0, idx - window)
-    return (csum[idx] - csum[lo]) / (idx - lo)
-
-
 def accuracy_figures(rounds, acc, window=WINDOW):
-    """(final, best, rise round): final = mean of the last `window` evaluations; rise = first round whose
-    rolling mean reaches RISE_FRACTION of final."""
-    mask = ~np.isnan(acc)
-    r, a = np.asarray(rounds)[mask], np.asarray(acc)[mask]
-    if len(a) == 0:
-        return np.nan, np.nan, np.nan
-    final = float(a[-window:].mean())
-    rolling = rolling_mean(a, window)
-    reached = np.flatnonzero(rolling >= RISE_FRACTION * final)
-    rise = float(r[reached[0]] + 1) if len(reached) else np.nan
-    return final, float(a.max()), rise
-
-
-def bytes_moved(metrics):
-    """Cumulative bytes moved (up + down) at the end of each round."""
-    up, down = (np.nan_to_num(np.asarray(metrics.get(k, []), dtype=np.float64)) for k in ("bytes_up", "bytes_down"))
-    return np.cumsum(up + down)
-
-
-def target_figures(metrics, target):
-    """(rounds, bytes) until the first evaluation whose test accuracy reaches `target` (NaN if none did)."""
-    acc = np.asarray(metrics.get("test_acc", []), dtype=np.float64)
-    reached = np.flatnonzero(np.nan_to_num(acc, nan=-np.inf) >= target)
-    if not len(reached):
-        return np.nan, np.nan
-    i = reached[0]
-    return float(metrics["round"][i] + 1), float(bytes_moved(metrics)[i])
+    """(acc_last20_mean, best, rise round) of test accuracies `acc` at 0-based `rounds` (NaN where not
+    evaluated): fedmpi.analysis.figures' definitions for arrays (tools/ that hold no run use it)."""
+    run = Run("", {}, {"round": np.asarray(rounds), "test_acc": np.asarray(acc, dtype=np.float64)})
+    return (figures.acc_last_mean(run, window), figures.BY_NAME["best_acc"].compute(run), figures.rise_round(run))
 
 
 def summarize(runs, target=None):
-    """One row per run (the table of `fedmpi report` and tools/); with `target`, also the rounds and the
-    bytes moved until the test accuracy first reached it."""
-    rows = []
-    for run in runs:
-        m = run.metrics
-        final, best, rise = accuracy_figures(m.get("round", []), m.get("test_acc", []))
-        row = {
-            "run": run.name,
-            "algorithm": str(run.attrs.get("algorithm", algorithm_name(run.config))),
-            "status": str(run.attrs.get("status", "?")),
-            "rounds": int(len(m.get("round", []))),
-            "emd": mean_client_emd(run.partition),
-            "final_acc": final,
-            "best_acc": best,
-            "rise_round": rise,
-        }
-        if target is not None:
-            row["target_round"], row["target_bytes"] = target_figures(m, target)
-        row.update({
-            "uploads": float(np.nansum(m.get("uploads", []))),
-            "bytes_moved": float(np.nansum(m.get("bytes_up", [])) + np.nansum(m.get("bytes_down", []))),
-            "wall_s": float(m["wall_s"][-1]) if len(m.get("wall_s", [])) else np.nan,
-        })
-        rows.append(row)
-    return rows
-
-
-def algorithm_name(config):
-    algorithm = config.get("algorithm")
-    return str(algorithm.get("name", "?") if isinstance(algorithm, dict) else algorithm or "?")
+    """One row per run: its name, method label, algorithm and status, then every figure of
+    fedmpi.analysis.figures (NaN where the run has nothing to compute it from); with `target`, also the round
+    and the bytes moved until the test accuracy first reached it."""
+    return [{"run": run.name, "method": run.method,
+             "algorithm": str(run.attrs.get("algorithm", algorithm_name(run.config))),
+             "status": str(run.attrs.get("status", "?")), **figures.compute(run, target)} for run in runs]
 
 
 def _fmt(key, v):
@@ -215,14 +181,17 @@ def _fmt(key, v):
         return v
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return "-"
-    if key.endswith(("acc", "_share")):
+    unit = figures.UNITS.get(key)
+    if unit == "share" or (unit is None and key.endswith(("acc", "_share"))):
         return f"{v:.4f}"
+    if unit == "bytes":
+        return human_bytes(v)
+    if unit == "seconds":
+        return f"{v:.1f}"
     if key == "emd":
         return f"{v:.3f}"
-    if key in ("bytes_moved", "target_bytes"):
-        return human_bytes(v)
-    if key == "wall_s":
-        return f"{v:.1f}"
+    if unit == "number":
+        return f"{v:.4g}"
     return f"{v:.0f}"
 
 
@@ -242,12 +211,30 @@ def _cell(row, key):
     return text
 
 
+def latex_table(head, body, left):
+    """A LaTeX (booktabs) tabular of the header `head` and the rows `body` (text cells), the first `left`
+    columns left-aligned, the others right-aligned."""
+    def esc(text):
+        for plain, escaped in (("\\", "\\textbackslash{}"), ("&", "\\&"), ("%", "\\%"), ("_", "\\_"),
+                               ("#", "\\#"), ("$", "\\$"), ("±", "$\\pm$")):
+            text = text.replace(plain, escaped)
+        return text
+
+    lines = ["\\begin{tabular}{" + "l" * left + "r" * (len(head) - left) + "}", "\\toprule",
+             " & ".join(esc(h) for h in head) + " \\\\", "\\midrule"]
+    lines += [" & ".join(esc(c) for c in row) + " \\\\" for row in body]
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}"])
+
+
 def format_table(rows, fmt="text", left=3):
-    """Aligned plain text (`fmt="text"`, the first `left` columns left-aligned) or a markdown table."""
+    """Aligned plain text (`fmt="text"`, the first `left` columns left-aligned), a markdown table or a LaTeX
+    (booktabs) tabular."""
     if not rows:
         return "(no runs)"
     keys = [k for k in rows[0] if not (k.endswith("_std") and k[:-4] in rows[0])]
     cells = [[_cell(r, k) for k in keys] for r in rows]
+    if fmt == "latex":
+        return latex_table(keys, cells, left)
     if fmt == "markdown":
         lines = [keys, [":--" if i < left else "--:" for i in range(len(keys))]] + cells
         return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines)
@@ -265,14 +252,6 @@ def write_csv(rows, path):
         writer.writerows(rows)
 
     replace_with(path, write, newline="")
-
-
-def mean_client_emd(stats):
-    """Sample-weighted mean of the clients' EMD to the whole training set (NaN without partition data)."""
-    if "emd" not in stats or "samples" not in stats or np.shape(stats["emd"]) != np.shape(stats["samples"]):
-        return np.nan
-    samples = np.asarray(stats["samples"], dtype=np.float64)
-    return float((np.asarray(stats["emd"]) * samples).sum() / max(samples.sum(), 1))
 
 
 def partition_summary(stats, title="clients"):

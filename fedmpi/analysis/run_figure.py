@@ -1,21 +1,16 @@
-"""The per-run figure of `fedmpi report --plot`: test accuracy (with the centralized shadow model's where it
-was trained), weight divergence ||w_FL - w_SGD|| / ||w_SGD|| (with its layers), and a heat map of the
-per-class accuracy over rounds. A panel is drawn only for what the run recorded; a run that recorded
-none of the three instruments gets no figure (its accuracy is in the comparison curves already)."""
+"""The per-run figure of `fedmpi report --plot FILE --per-run`: test accuracy (with the centralized shadow model's
+where it was trained), the backdoor's success rate under a backdoor attack, weight divergence ||w_FL - w_SGD|| /
+||w_SGD|| (with its layers), and a heat map of the per-class accuracy over rounds. A panel is drawn only for what
+the run recorded. Rounds are 1-based."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from fedmpi.analysis.class_report import class_accuracy
-from fedmpi.analysis.plotting import pyplot, save
+from fedmpi.analysis.plotting import pyplot, save, wrap
 
-INSTRUMENTS = ("weight_divergence", "class_acc", "shadow_acc")
 MAX_LAYER_LINES = 12        # more layers than this would hide the total; they stay in the CSV/TensorBoard export
-
-
-def has_instruments(run):
-    return any(name in run.metrics for name in INSTRUMENTS)
 
 
 def _series(run, name):
@@ -31,6 +26,8 @@ def _series(run, name):
 def plot_run(run, path):
     """Writes the figure of one run to `path`."""
     panels = [_accuracy]
+    if len(_series(run, "backdoor_acc")[0]):
+        panels.append(_backdoor)
     if "weight_divergence" in run.metrics:
         panels.append(_divergence)
     if class_accuracy(run) is not None:
@@ -55,6 +52,15 @@ def _accuracy(fig, ax, run):
         ax.legend(fontsize=8)
 
 
+def _backdoor(fig, ax, run):
+    x, y = _series(run, "backdoor_acc")
+    ax.plot(x, y, color="C3", marker="o" if len(x) < 3 else None)
+    ax.set_xlabel("round")
+    ax.set_ylabel(wrap("backdoor success rate (triggered non-target test samples classified as the target)"))
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+
+
 def _divergence(fig, ax, run):
     x, y = _series(run, "weight_divergence")
     ax.plot(x, y, color="k", linewidth=2, label="whole model", marker="o" if len(x) < 3 else None)
@@ -68,7 +74,7 @@ def _divergence(fig, ax, run):
             ax.plot(rounds[keep], layers[keep, j], linewidth=0.8, alpha=0.7,
                     label=names[j] if j < len(names) else f"layer {j}")
     ax.set_xlabel("round")
-    ax.set_ylabel("weight divergence")
+    ax.set_ylabel(wrap("weight divergence ||w_FL - w_SGD|| / ||w_SGD||"))
     ax.set_title("||w_FL - w_SGD|| / ||w_SGD||", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

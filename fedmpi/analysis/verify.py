@@ -44,7 +44,8 @@ class Side:
 
     @property
     def rounds(self):
-        return np.asarray(self.run.metrics["round"], dtype=np.float64)
+        """The rounds of the run's rows, 1-based as everywhere a person reads them (/metrics/round + 1)."""
+        return np.asarray(self.run.metrics["round"], dtype=np.float64) + 1
 
     @property
     def status(self):

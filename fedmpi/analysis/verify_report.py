@@ -58,7 +58,7 @@ def run_table(a, b):
     """Status, rounds, -n, versions and lineage of both runs, side by side."""
     def rounds(side):
         n = len(side.rounds)
-        return f"{n} (0-{int(side.rounds[-1])})" if n else "0"
+        return f"{n} (1-{int(side.rounds[-1])})" if n else "0"
 
     def fork(side):
         parent = side.run.attrs.get("parent_out")

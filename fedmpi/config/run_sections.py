@@ -35,9 +35,13 @@ class EvalConfig:
     local_every: int | None = None
     local_clients: Literal["selected", "all"] = "selected"
     finetune_steps: int = 0
+    # Evaluate the global model on a fixed, seeded subsample of this many global test samples (drawn once from
+    # (seed, EVAL_SUBSET), the same on every rank and at every -n; its indices go to run.h5's /eval/test_indices);
+    # null: the whole test set. For test sets too large to evaluate every few rounds.
+    max_samples: int | None = None
 
     RANGES: ClassVar[dict] = {"every": count(), "batch_size": count(), "local_every": count(),
-                              "finetune_steps": count(0)}
+                              "finetune_steps": count(0), "max_samples": count()}
 
     def __post_init__(self):
         c = _Checks("eval")
@@ -50,6 +54,8 @@ class EvalConfig:
         c.require(self.local_clients == "selected" or self.local_every is not None, "local_clients",
                   self.local_clients, "chooses whom a local evaluation covers: set eval.local_every too")
         c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
+        c.require(self.max_samples is None or self.max_samples >= 1, "max_samples", self.max_samples,
+                  "must be a positive integer (test samples per evaluation) or null (the whole test set)")
         c.done()
 
 

@@ -18,6 +18,8 @@ PRIVACY, AVAILABILITY, DROPOUT, CLOCK, COMPRESS, SHADOW = range(7, 13)
 # evaluation, the malicious set and the attacks' own draws, personal models' extra randomness, the secure
 # aggregation's pairwise and self masks, its shares and its stochastic rounding.
 LOCAL_TEST, FINETUNE, ATTACK, PERSONAL, SECAGG = range(13, 18)
+# eval.max_samples: the fixed subsample of the global test set that every evaluation of the run uses.
+EVAL_SUBSET = 18
 
 
 def stream(seed, purpose, *keys) -> np.random.Generator:

@@ -106,7 +106,7 @@ class ClientHost:
             self.client_idx = ClientIndex(parts, flat.device)
             self.trainer = LocalTrainer(flat, client, self.x_train, self.y_train,
                                         transform=make_transform(data, device_data.dataset.input_shape), loss=loss)
-        batched = self._plan_vectorize(loss)
+        self.batched = batched = self._plan_vectorize(loss)
         # runtime.client_dealing auto: dealt clients go to the workers as they become free (fedmpi.mpi.tickets),
         # where they train one by one; a batched group needs its clients known before it trains. The same
         # decision on every rank (the counter is made collectively); None: fixed shares (place_clients).

@@ -228,6 +228,7 @@ def _record(parts, plan, combined, evaluated, observed, local, stage_metrics):
         metrics.update(local[0])
         clients.update(local[1])
     metrics.update(combined.metrics)
+    metrics["bytes_down"] += combined.down_bytes        # e.g. secure aggregation's keys and shares received
     clients.update(combined.columns)
     metrics.update(parts.algo.round_metrics())
     metrics.update(plan.metrics)

@@ -18,6 +18,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedmpi.core import rng
+
+
+def eval_subset(n_test, max_samples, seed):
+    """eval.max_samples: the sorted indices of the fixed subsample of the global test set every evaluation of
+    the run uses (drawn from (seed, EVAL_SUBSET): the same on every rank, at every -n, after a resume), or None
+    for the whole set (max_samples null)."""
+    if max_samples is None:
+        return None
+    chosen = rng.stream(seed, rng.EVAL_SUBSET).choice(n_test, size=min(max_samples, n_test), replace=False)
+    return np.sort(chosen)
+
 
 class SplitEvaluation:
     def __init__(self, comm, flat, x_test, y_test, batch_size, num_classes, to_device, loss=None):

@@ -28,7 +28,7 @@ from fedmpi.round.assembly import build_observers, build_transport, server_train
 from fedmpi.round.clients import ClientHost
 from fedmpi.round.device_data import DeviceData
 from fedmpi.round.engine import RoundParts
-from fedmpi.round.evaluation import SplitEvaluation
+from fedmpi.round.evaluation import SplitEvaluation, eval_subset
 from fedmpi.round.local_eval import LocalEvaluation
 from fedmpi.round.providers import PROVIDERS, STAGES, build_participation, build_stages
 from fedmpi.round.robust_setup import gather_settings
@@ -70,7 +70,8 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
         console.say(f"fedmpi: warning: {plan.attack_note}")
     malicious = np.asarray(plan.malicious, dtype=np.int64)      # drawn from the seed alone by resolve
     poison = DataPoison(cfg.attack, malicious, cfg.seed, dataset.num_classes, dataset.x_train)
-    stages = build_stages(StageSetting(algo, n, plan.malicious, server_rank), _given(cfg, STAGES + plan.plugin_stages))
+    setting = StageSetting(algo, n, plan.malicious, server_rank, tuple(len(p) for p in parts))
+    stages = build_stages(setting, _given(cfg, STAGES + plan.plugin_stages))
     path = UploadPath(stages, algo.up_vectors * n + algo.up_scalars)
     # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
     store = ClientStateStore(cfg.runtime.client_state_bytes)
@@ -83,8 +84,11 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
     columns += tuple(name for stage in stages for name in stage.columns)
     wire = RoundBuffers(comm, algo, n, len(parts), placement.device, cfg.runtime.cuda_aware_mpi, path.layout.header_len,
                         path.layout.up_extra, extra_columns=columns, wire_dtype=cfg.runtime.wire_dtype)
-    evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test, cfg.eval.batch_size, dataset.num_classes,
-                                 data.tensor, loss=loss)
+    # eval.max_samples: every evaluation (and the backdoor's) on one fixed, seeded subsample of the test set.
+    kept = eval_subset(len(dataset.y_test), cfg.eval.max_samples, cfg.seed)
+    x_test, y_test = (dataset.x_test, dataset.y_test) if kept is None else (dataset.x_test[kept], dataset.y_test[kept])
+    evaluation = SplitEvaluation(comm, flat, x_test, y_test, cfg.eval.batch_size, dataset.num_classes, data.tensor,
+                                 loss=loss)
     local_eval = (LocalEvaluation(cfg.eval, cfg.client, cfg.seed, comm, clients, algo, flat, data, split.local_test,
                                   store, loss=loss) if cfg.eval.local_every is not None else None)
     algo.setup(SetupContext([len(p) for p in split.parts], split.server_idx, x0,
@@ -111,7 +115,7 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
     # The backdoor's success rate: the triggered test set without the target class, split like the test set.
     triggered = None
     if cfg.attack.name == "backdoor":
-        x_bd, y_bd = backdoor_test_set(dataset.x_test, dataset.y_test, cfg.attack, poison.trigger)
+        x_bd, y_bd = backdoor_test_set(x_test, y_test, cfg.attack, poison.trigger)
         triggered = SplitEvaluation(comm, flat, x_bd, y_bd, cfg.eval.batch_size, dataset.num_classes, data.tensor,
                                     loss=loss)
     return RoundParts(algo=algo, clients=clients, wire=wire, server=server, participation=participation, stages=path,
@@ -132,6 +136,7 @@ class Experiment:
         self.wire, self.evaluation, self.client_store = p.wire, p.evaluation, p.client_store
         self.stages, self.observers = list(p.stages), p.observers
         self.malicious, self.attack_note = np.asarray(plan.malicious, dtype=np.int64), plan.attack_note
+        self.test_indices = eval_subset(len(dataset.y_test), plan.cfg.eval.max_samples, plan.cfg.seed)   # as `build`
 
     # -- what the run loop and checkpoints see ---------------------------------------------------------
     @property
@@ -141,10 +146,13 @@ class Experiment:
     @property
     def partition_groups(self):
         """/partition, /partition/server (and /partition/shared) datasets for the run file; /attack (the
-        malicious ids, the attack's keys as attributes) when an attack is configured."""
+        malicious ids, the attack's keys as attributes) when an attack is configured; /eval/test_indices (the
+        global test samples every evaluation used) with eval.max_samples."""
         groups = dict(self.split.groups)
         if not self.cfg.attack.inert:
             groups["attack"] = record(self.cfg.attack, self.malicious)
+        if self.test_indices is not None:       # eval.max_samples: which test samples every evaluation used
+            groups["eval"] = {"test_indices": self.test_indices}
         return groups
 
     @property

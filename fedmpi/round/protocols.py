@@ -86,7 +86,8 @@ class Combined:
     """What the combination gives the round: on rank 0 the sums the server steps from (`sums`, `weight`), the
     reduced statistics, the transport's own figures ({metric: value}, {name: [N] row}); everywhere whether
     the server steps (`update`), whether to evaluate (None: when due) and the drift measurements (REDUCE with
-    eval.client_drift)."""
+    eval.client_drift); `down_bytes`: what the round's clients received beyond the broadcast model (secure
+    aggregation's keys and shares), added to /metrics/bytes_down."""
 
     sums: torch.Tensor | None = None
     weight: float = 0.0
@@ -96,6 +97,7 @@ class Combined:
     update: bool = True
     evaluate: bool | None = None
     drift: object = None
+    down_bytes: float = 0.0
 
 
 class Transport:
@@ -248,7 +250,9 @@ class SecureReduce(Reduce):
         if sums is None:
             return Combined(drift=self._drift())
         weight, metrics = self.secure.decode(round_.plan, local.total, sums, stats.weight)
-        return Combined(sums, weight, stats, metrics, drift=self._drift())
+        # every client of the cohort (the selected) received its neighbours' keys and shares
+        received = metrics.get("secagg_extra_down_bytes", 0.0) * len(round_.plan.selected)
+        return Combined(sums, weight, stats, metrics, drift=self._drift(), down_bytes=received)
 
 
 class Gather(Transport):

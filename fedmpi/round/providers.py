@@ -48,7 +48,8 @@ class SecureAggregation(SecAggStage):
         if setting.on_server and secagg.noise != "none":
             sampling = Sampling("fixed", partition.clients, server.clients_per_round)
             curve = accounting.epsilon_curve(rounds, secagg.delta, sampling, secagg.noise_multiplier, "rdp")
-        return cls(secagg, plan_for(secagg, server, partition), seed, dim, kept, curve)
+        max_weight = max(setting.sizes, default=1) if secagg.weighting == "samples" else None
+        return cls(secagg, plan_for(secagg, server, partition), seed, dim, kept, curve, max_weight)
 
 
 STAGES = (AttackStage, CompressionStage, PrivacyStage, SecureAggregation, NormBoundStage, WirePrecision)

@@ -132,6 +132,7 @@ class RoundBuffers:
         # (pageable, not pinned, memory) instead of a pinned buffer of its own, so that GPU ranks take the
         # node-shared and hierarchical round too. Only device buffers that MPI moves itself stay out.
         shared = comm.round_buffers(down_len, up_len, host_buffers=not self.device_mpi)
+        self.node_shared = shared is not None       # the round goes through node-shared memory (run.h5's round_path)
         if shared is not None:
             self.down_host, self.up_host = (torch.from_numpy(a) for a in shared)
         else:

@@ -37,6 +37,10 @@ class MemoryLog:
 
     def __init__(self):
         self.rows, self.client_rows, self.timing_rows = [], [], []
+        self.attrs = {}         # what the run would set as run.h5's attributes while it goes
+
+    def set_attrs(self, **attrs):
+        self.attrs.update(attrs)
 
     def append(self, metrics, clients=None, num_clients=None, timing=None):
         self.rows.append(dict(metrics))

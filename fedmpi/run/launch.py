@@ -26,6 +26,7 @@ A non-finite loss or model stops the run at that round with status `diverged` an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import socket
@@ -52,8 +53,10 @@ from fedmpi.io.store import RunLog, open_run
 from fedmpi.mpi import signals
 from fedmpi.mpi.base import WorkerFailed
 from fedmpi.round.experiment import Experiment
+from fedmpi.run.clip_warning import ClipWarning
+from fedmpi.run.how import how_it_ran
 from fedmpi.run.memory import is_out_of_memory, out_of_memory_text
-from fedmpi.run.progress import Progress
+from fedmpi.run.progress import AnnouncedEvaluation, Progress
 from fedmpi.run.rows import DeferredRows
 from fedmpi.run.setup import experiment
 from fedmpi.run.tracking import Tracking
@@ -102,7 +105,9 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
     start = resume or fork
     try:
         first_round = load_into(exp, start) if start else 0
+        how = how_it_ran(cfg, comm, exp)        # collective: rank 0 gets every rank's host, device, threads
         if comm.is_server:
+            exp.how = how
             if fork:
                 fork.tell_stages(exp.stages)    # privacy figures of the rounds that had the mechanism
             log = _open_log(cfg, comm, exp, overwrite, resume)
@@ -184,7 +189,7 @@ def _create_log(cfg, comm, exp, overwrite):
     return replacing(cfg.out, overwrite, functools.partial(
         RunLog.create, run_path(cfg), cfg, comm.size, [socket.gethostname()], exp.partition_groups,
         extra_attrs={"algorithm": cfg.algorithm.name, "dim": exp.flat.dim, "device": str(exp.device),
-                     "threads": exp.threads, "training_ranks": len(exp.workers), **exp.run_attrs()}))
+                     "threads": exp.threads, "training_ranks": len(exp.workers), **exp.run_attrs(), **exp.how}))
 
 
 def _open_log(cfg, comm, exp, overwrite, resume):
@@ -194,7 +199,7 @@ def _open_log(cfg, comm, exp, overwrite, resume):
     _say(f"resuming from {resume.path}: round {resume.round} of {cfg.rounds}, at -n {comm.size}")
     # Rows after the checkpoint are dropped: this run recomputes them.
     return RunLog.reopen(run_path(cfg), resume.round, config=cfg.to_yaml(), world_size=comm.size,
-                         device=str(exp.device), threads=exp.threads, **exp.run_attrs())
+                         device=str(exp.device), threads=exp.threads, **exp.run_attrs(), **exp.how)
 
 
 def _open_tracking(cfg, log, resume, fork=None):
@@ -229,12 +234,19 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, trac
     # Rank 0 seals a round's row right after the next round's broadcast, while the workers train, instead of
     # keeping them waiting for it, and writes rows in batches (fedmpi.run.rows); before a checkpoint, a stop
     # or the end every row is written at once.
-    rows = DeferredRows(log, progress, exp.num_clients, cfg.runtime.log_flush_s, tracking, exp.metric_attrs)
+    warning = ClipWarning(cfg.secagg.clip) if comm.is_server and cfg.server.secure_aggregation != "none" else None
+    rows = DeferredRows(log, progress, exp.num_clients, cfg.runtime.log_flush_s, tracking, exp.metric_attrs,
+                        warning)
+    # Rank 0's progress hears of each evaluation of the global model (a long one gets a line before it).
+    announced = AnnouncedEvaluation(exp.round_parts.evaluation, progress) if progress else None
+    parts = dataclasses.replace(exp.round_parts, evaluation=announced) if announced else exp.round_parts
     stop_votes = 0      # server: ranks that asked to stop in the latest round; the next broadcast stops them all
     try:
         for t in range(first_round, cfg.rounds):
             t0 = time.monotonic()
-            outcome = engine.run_round(exp.round_parts, t, stopping=stop_votes, after_broadcast=rows.seal)
+            if announced:
+                announced.round_ = t
+            outcome = engine.run_round(parts, t, stopping=stop_votes, after_broadcast=rows.seal)
             record = outcome.record
             if record is not None:
                 wall_s = record.metrics["wall_s"] = time.monotonic() - began
@@ -244,7 +256,7 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, trac
                     # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
                     # workers, waiting for the next round, end with the job (as on a failure).
                     rows.flush()
-                    raise Diverged(f"diverged in round {t}: {outcome.nonfinite}; the newest checkpoint holds "
+                    raise Diverged(f"diverged in round {t + 1}: {outcome.nonfinite}; the newest checkpoint holds "
                                    f"the last finite model (runtime.on_nonfinite: continue would go on)")
             if checkpoints and checkpoint.due(cfg, t + 1):
                 rows.flush()     # a checkpoint never gets ahead of the log (--resume checks the rows)

@@ -91,6 +91,7 @@ def _resolve(cfg, data, model, custom_loss):
     found += wire_problems(cfg.runtime.wire_dtype, algo.protocol, algorithm_name=cfg.algorithm.name,
                            compress=cfg.client.compress.name, secure_aggregation=cfg.server.secure_aggregation)
     found += secagg_problems(cfg, algo)
+    found += _eval_problems(cfg.eval, data)
     if cfg.server.sampling == "poisson":
         _asked(found, PoissonSampling.check, cfg, algo)
     if cfg.privacy.enabled:
@@ -145,3 +146,11 @@ def _unique(lines):
 
 
 __all__ = ["RunPlan", "problems", "resolve"]
+
+
+def _eval_problems(eval_cfg, data):
+    """eval.max_samples subsamples the global test set: it must be below the set's size to mean anything."""
+    if eval_cfg.max_samples is not None and eval_cfg.max_samples >= data.n_test:
+        return [f"eval.max_samples = {eval_cfg.max_samples}: the global test set holds {data.n_test} samples, so "
+                f"this subsample would be all of them; set a smaller number, or null to evaluate the whole set"]
+    return []

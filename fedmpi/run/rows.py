@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io.store import LogRow
 from fedmpi.mpi import signals
+from fedmpi.run.clip_warning import ATTR
 
 
 class DeferredRows:
-    def __init__(self, log, progress, num_clients, flush_s=1.0, tracking=None, metric_attrs=None):
+    def __init__(self, log, progress, num_clients, flush_s=1.0, tracking=None, metric_attrs=None, clip_warning=None):
         self.log, self.progress, self.tracking = log, progress, tracking
+        self.clip_warning = clip_warning        # secure aggregation's (fedmpi.run.clip_warning), or None
         self.num_clients, self.flush_s, self.metric_attrs = num_clients, flush_s, metric_attrs
         self._waiting = None        # (round, record, seconds): the newest round's row, not sealed yet
         self._batch = []            # sealed rows: (round, LogRow, seconds)
@@ -65,9 +65,13 @@ class DeferredRows:
             return
         with signals.deferred():
             self.log.append_rows([row for _, row, _ in batch], num_clients=self.num_clients)
+            if self.clip_warning is not None:
+                added = [self.clip_warning.see(t, row.metrics) for t, row, _ in batch]     # every row seen
+                if any(added):
+                    self.log.set_attrs(**{ATTR: self.clip_warning.text()})
         for t, row, seconds in batch:
             metrics = row.metrics
             if self.tracking:
                 self.tracking.log_row(metrics.get("round", t), metrics, self.metric_attrs, row.clients, row.timing)
             if self.progress:
-                self.progress.update(t, metrics.get("test_acc", np.nan), metrics.get("test_loss", np.nan), seconds)
+                self.progress.update(t, metrics, seconds)

@@ -61,6 +61,13 @@ class SecAggConfig:
     delta: float = 1e-5
     """delta of the (epsilon, delta) the accountant reports for the distributed noise."""
 
+    weighting: Literal["uniform", "samples"] = "uniform"
+    """How the server averages the survivors' updates. `uniform`: every update counts 1 (DP-FedAvg's choice).
+    `samples`: client i's clipped update is multiplied by w_i = n_i / n_max before it becomes integers (n_i its
+    sample count, n_max the largest client's: weights the server knows, each at most 1, so the field and a
+    client's sensitivity stay those of the uniform case) and the server divides the decoded sum by the
+    survivors' sum of w_i: the sample-weighted average of FedAvg, of the clipped updates."""
+
     RANGES: ClassVar[dict] = {"threshold": count(0), "neighbours": count(0)}    # the low ends: its own checks
 
     def __post_init__(self):
@@ -78,6 +85,8 @@ class SecAggConfig:
         c.require(_number(self.noise_multiplier) and 0.01 <= self.noise_multiplier <= 1e4, "noise_multiplier",
                   self.noise_multiplier, "must be a number in [0.01, 1e4]")
         c.require(_number(self.delta) and 0 < self.delta < 1, "delta", self.delta, "must be in (0, 1)")
+        c.require(self.weighting in ("uniform", "samples"), "weighting", self.weighting,
+                  "must be uniform (every update 1) or samples (n_i / n_max, multiplied in before masking)")
         if not c.errors:
             refuse_unused(c, self, "noise", NOISE_USES, "noise")
         c.done()

@@ -7,12 +7,15 @@ float sum would be (`decode`). The float reduction carries no update at all: it 
 
 Where each part runs:
   every rank, round start   the round's set-up (cohort = the plan's selected clients, graph, public keys)
-  worker, per counted client  clip, scale, stochastic rounding (its stream), distributed-DP noise, masks;
-                            the model becomes x_t + q_i / scale (what the server's sum holds of it), weight 1
+  worker, per counted client  clip, weight (secagg.weighting), scale, stochastic rounding (its stream),
+                            distributed-DP noise, masks; the model becomes x_t + q_i / (scale w_i), weight w_i
   the transport             the rank's sum of the masked vectors, the integer reduction (collective)
   rank 0, after it          the unmasking (Shamir reconstruction, mask removal), decoding, the figures
-The upload is averaged with uniform weights, as in DP-FedAvg: weights n_i would need the clients' sample
-counts, and under distributed DP a weight would scale one client's sensitivity.
+The upload is averaged with uniform weights by default, as in DP-FedAvg. With `secagg.weighting: samples` each
+client multiplies its clipped update by w_i = n_i / n_max, a weight the server knows (every rank has the
+partition), before it becomes integers; w_i <= 1, so the field's bound and a client's sensitivity under
+distributed DP stay those of the uniform case, and the server divides the decoded sum by the survivors' sum of
+w_i (carried by the float reduction as the round's weight).
 """
 
 from __future__ import annotations
@@ -42,14 +45,15 @@ class SecAggStage(UploadStage):
 
     problems = staticmethod(problems)
 
-    def __init__(self, keys, plan, seed, dim, kept_indices=None, curve=None):
+    def __init__(self, keys, plan, seed, dim, kept_indices=None, curve=None, max_weight=None):
         """`plan`: the protocol's numbers (fedmpi.secagg.checks.plan_for); `kept_indices(round)`: the coordinates
         every client of the round uploads (shared rand-k), None for all; `curve`: the accountant's epsilon per
         round for the distributed noise (rank 0, None without noise). Both come from packages this one does
-        not import (deploy's rand-k, privacy's accountant): fedmpi.round.providers builds the stage."""
+        not import (deploy's rand-k, privacy's accountant): fedmpi.round.providers builds the stage. `max_weight`:
+        n_max of secagg.weighting samples (None: uniform weights)."""
         self.keys, self.mode, self.seed, self.dim = keys, plan.mode, seed, dim
         self.plan = plan
-        self.kept_indices, self.curve = kept_indices, curve
+        self.kept_indices, self.curve, self.max_weight = kept_indices, curve, max_weight
         self.length = dim if kept_indices is None else len(kept_indices(0))
         self.masked_bytes = costs.masked_bytes(self.length, self.keys.bits)
         self.bits = keys.bits
@@ -88,7 +92,9 @@ class SecAggStage(UploadStage):
         delta = update.delta().detach().to("cpu", torch.float64).numpy()
         if self.kept is not None:
             delta = delta[self.kept]
-        q, norm = quantize(delta, keys.clip, keys.scale, rng.stream(self.seed, rng.SECAGG, t, cid, agreement.ROUNDING))
+        weight = 1.0 if self.max_weight is None else update.run.n_samples / self.max_weight
+        q, norm = quantize(delta, keys.clip, keys.scale * weight,
+                           rng.stream(self.seed, rng.SECAGG, t, cid, agreement.ROUNDING))
         sent = q
         if keys.noise != "none":
             sigma = noise_stddev(keys) / math.sqrt(len(self.setup.cohort))
@@ -96,16 +102,17 @@ class SecAggStage(UploadStage):
                                                rng.stream(self.seed, rng.SECAGG, t, cid, agreement.NOISE))
             sent = q + noise
         y, _ = masked_upload(self.setup, cid, to_ring(sent, keys.bits))
-        # The trained model as the server's sum holds it (noise aside): x_t + q_i / scale.
+        # The trained model as the server's sum holds it (noise aside), per unit weight: x_t + q_i / (scale w_i).
+        unit = keys.scale * weight if weight > 0 else keys.scale        # (a client without samples sends 0)
         decoded = np.zeros(self.dim) if self.kept is not None else None
         if decoded is not None:
-            decoded[self.kept] = q / keys.scale
+            decoded[self.kept] = q / unit
         else:
-            decoded = q / keys.scale
+            decoded = q / unit
         update.vector.copy_(x + torch.from_numpy(decoded).to(update.vector.device, update.vector.dtype))
         degree = len(self.setup.graph[cid])
         clipped = 0.0 if norm <= keys.clip else 1.0      # a NaN norm counts as clipped (it was zeroed)
-        return update.adding(weight=1.0, bytes=self.masked_bytes + costs.client_cost(degree, 0, True).up,
+        return update.adding(weight=weight, bytes=self.masked_bytes + costs.client_cost(degree, 0, True).up,
                              encoded=y, scalars={self.name: (time.perf_counter() - began, clipped)})
 
     # -- rank 0, after the reductions -------------------------------------------------------------------

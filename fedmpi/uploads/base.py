@@ -91,12 +91,14 @@ class StageView:
 class StageSetting:
     """What the build of a stage knows beside its config sections: the algorithm (its declarations:
     up_vectors, protocol, dim), the flat model's length, the run's malicious clients and whether this rank
-    is the server (rank 0 resolves what only it needs, e.g. the accountant's epsilon curve)."""
+    is the server (rank 0 resolves what only it needs, e.g. the accountant's epsilon curve), and the clients'
+    sample counts (the same on every rank: e.g. secure aggregation's weights n_i / n_max)."""
 
     algo: object
     dim: int
     malicious: tuple = ()
     on_server: bool = False
+    sizes: tuple = ()
 
 
 class UploadStage(StageState):

@@ -95,15 +95,18 @@ class Tracking:
         """{run.h5 attribute: identity} of the trackers running, for --resume."""
         return {attr_name(t.name): t.identity for t in self.trackers if t.identity}
 
-    def log_row(self, step, metrics, metric_attrs=None, clients=None, timing=None):
-        """One round's row, as appended to run.h5 (fedmpi.io.store.RunLog.append's arguments)."""
+    def log_row(self, round_, metrics, metric_attrs=None, clients=None, timing=None):
+        """One round's row, as appended to run.h5 (fedmpi.io.store.RunLog.append's arguments); `round_` is the
+        row's /metrics/round (0 for the first round), logged as the 1-based step a person reads (the first
+        round is step 1, as on the console and in `fedmpi report`)."""
         if not self.trackers:
             return
+        step = int(round_) + 1
         scalars = series.row_scalars(metrics, metric_attrs, timing)
         per_client = series.row_clients(clients)
         wall = time.time()
         for tracker in list(self.trackers):
-            self._guard(tracker, f"logging round {step}", tracker.log_round, int(step), scalars, per_client, wall)
+            self._guard(tracker, f"logging round {step}", tracker.log_round, step, scalars, per_client, wall)
 
     def replay(self, path, rows):
         """The first `rows` rows already in the run file at `path` (a fork's rows copied from its parent),

@@ -1,0 +1,141 @@
+"""Curves of any per-round figure against rounds (1-based), bytes moved, wall time or simulated time, one line per
+run or one mean line with a band of +- one standard deviation per group of runs (PNG or any matplotlib format,
+the Agg backend)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedmpi.analysis import figures
+from fedmpi.analysis.plotting import legend_below, pyplot, save_figure, wrap
+from fedmpi.analysis.report import human_bytes
+from fedmpi.analysis.sweeps import group_runs
+
+X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
+          "sim_time": "simulated time (s)"}
+X_METRICS = {"wall": "wall_s", "sim_time": "sim_time_s"}     # the x axes that are a logged figure
+_STYLES = ("-", "--", ":")      # after the ten default colours, lines change style
+LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss",
+          "weight_divergence": "weight divergence ||w_FL - w_SGD|| / ||w_SGD||",
+          "shadow_acc": "test accuracy of centralized SGD (shadow)",
+          "gradient_diversity": "gradient diversity sum p_i ||D_i||^2 / ||sum p_i D_i||^2",
+          "update_sq_norm": "sum_i p_i ||D_i||^2", "aggregate_sq_norm": "||sum_i p_i D_i||^2",
+          "client_lr": "client learning rate", "server_lr": "server learning rate",
+          "local_acc_mean": "local accuracy (sample-weighted mean over clients)",
+          "local_acc_unweighted": "local accuracy (mean over clients)",
+          "local_acc_worst10": "local accuracy, worst 10% of clients",
+          "local_acc_worst": "worst client's local accuracy",
+          "local_acc_std": "std of the clients' local accuracy",
+          "local_below_global": "share of clients below the global model",
+          "backdoor_acc": "backdoor success rate (triggered non-target test samples -> target)",
+          "detect_precision": "detection precision (malicious among excluded)",
+          "detect_recall": "detection recall (malicious excluded)",
+          "honest_excluded": "share of honest clients excluded"}
+
+
+def has_x(run, x):
+    return x not in X_METRICS or X_METRICS[x] in run.metrics
+
+
+def curve_x(run, x):
+    """The x values of every round: the 1-based round, the cumulative bytes moved, the wall time or the
+    simulated time (a KeyError where the run did not log the figure: `has_x`)."""
+    m = run.metrics
+    if x in X_METRICS:
+        return np.asarray(m[X_METRICS[x]], dtype=np.float64)
+    return {"round": lambda: np.asarray(m["round"]) + 1.0, "bytes": lambda: figures.bytes_moved(m)}[x]()
+
+
+def curve(run, metric, x="round"):
+    """(x, y) of a per-round figure (`curve_x` for x), the rounds where it was not measured left out;
+    empty where the run did not record the figure or the x axis, or the figure is not one value per round."""
+    m = run.metrics
+    if metric not in m or np.ndim(m[metric]) != 1 or not has_x(run, x):
+        return np.zeros(0), np.zeros(0)
+    y = np.asarray(m[metric], dtype=np.float64)
+    xs = curve_x(run, x)
+    keep = np.isfinite(y) & np.isfinite(xs)
+    return xs[keep], y[keep]
+
+
+def missing_curves(runs, metrics, x):
+    """One line per (run, figure) that `plot_curves` cannot draw, saying why."""
+    lines = []
+    for run in runs:
+        if not has_x(run, x):
+            lines.append(f"{run.name}: {X_METRICS[x]} not recorded, so it has no --x {x} curve")
+            continue
+        for metric in metrics:
+            if metric not in run.metrics:
+                lines.append(f"{run.name}: {metric} not recorded")
+            elif np.ndim(run.metrics[metric]) != 1:
+                lines.append(f"{run.name}: {metric} is not one value per round (it is drawn by fedmpi report "
+                             f"--plot or exported with fedmpi export)")
+    return lines
+
+
+def _axes(plt, metrics, x, title):
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.2), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        ax.set_xlabel(X_AXES[x])
+        ax.set_ylabel(wrap(LABELS.get(metric, metric.replace("_", " "))))
+        ax.grid(alpha=0.3)
+        if x == "bytes":
+            ax.xaxis.set_major_formatter(lambda v, _: human_bytes(v))
+    if title:
+        fig.suptitle(title)
+    return fig, axes[0]
+
+
+def _save(plt, fig, axes, path):
+    fig.tight_layout()
+    legend_below(fig, axes)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None):
+    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points."""
+    plt = pyplot()
+    fig, axes = _axes(plt, metrics, x, title)
+    labels = labels or [run.name for run in runs]
+    for ax, metric in zip(axes, metrics):
+        for i, (run, label) in enumerate(zip(runs, labels)):
+            xs, ys = curve(run, metric, x)
+            if len(xs):
+                ax.plot(xs, figures.rolling_mean(ys, smooth) if smooth > 1 else ys, label=label,
+                        linestyle=_STYLES[i // 10 % 3])
+    _save(plt, fig, axes, path)
+
+
+def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True):
+    """On `ax`, one line per group ({label: [runs]}): the mean over its runs with a band of +- one sample
+    standard deviation, over the rounds that all of them have and where the figure was measured.
+    `colors` may fix a group's colour ({label: colour}), e.g. to match it across panels; `counted` adds the
+    group's number of runs to its label."""
+    for i, (label, members) in enumerate(groups.items()):
+        n = min(len(r.metrics.get("round", [])) for r in members)
+        if n == 0 or any(metric not in r.metrics or np.ndim(r.metrics[metric]) != 1 or not has_x(r, x)
+                         for r in members):
+            continue
+        xs = np.mean([curve_x(r, x)[:n] for r in members], axis=0)
+        ys = np.array([np.asarray(r.metrics[metric][:n], dtype=np.float64) for r in members])
+        keep = np.isfinite(ys).all(axis=0)
+        mean = ys[:, keep].mean(axis=0)
+        line, = ax.plot(xs[keep], mean, label=f"{label} ({len(members)})" if counted else label,
+                        linestyle=_STYLES[i // 10 % 3],
+                        color=(colors or {}).get(label), marker="o" if keep.sum() < 3 else None)
+        if len(members) > 1:
+            std = ys[:, keep].std(axis=0, ddof=1)
+            ax.fill_between(xs[keep], mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
+    """One line per group of the keys `by` (mean +- std over its runs, e.g. seeds), one panel per metric."""
+    plt = pyplot()
+    fig, axes = _axes(plt, metrics, x, title)
+    groups = {", ".join(f"{k}={v}" for k, v in zip(by, key)): members
+              for key, members in group_runs(runs, by).items()}
+    for ax, metric in zip(axes, metrics):
+        draw_groups(ax, groups, metric, x)
+    _save(plt, fig, axes, path)

@@ -1,0 +1,272 @@
+"""The Python API over many run files, as pandas DataFrames: `runs` (one row per run), `rounds` (tidy per-round
+figures: run, round, metric, value; per client or per class on request) and `summary` (mean, std, n and a 95%
+confidence interval per group, over seeds). `fedmpi report`, `fedmpi export` and tools/ read runs through the same
+reader (fedmpi.analysis.report.read_run) and the same figures (fedmpi.analysis.figures).
+
+Rounds are 1-based here as everywhere a person reads them: /metrics/round stores 0 for the first round, and
+`rounds()` adds 1. Files still being written are read up to their last complete round, one file at a time, when
+the call reaches it; /clients is read only where a figure or `per="client"` needs it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+
+import numpy as np
+
+from fedmpi.analysis import figures as figs
+from fedmpi.analysis import report
+
+# Config keys that say how a run ran, not what it computed: a group that differs only in these is like with like.
+RUN_ONLY_KEYS = ("out", "runtime.", "checkpoint.")
+# The run file's attributes that describe the run (next to its config): column name -> attribute.
+RUN_ATTRS = {"version": "fedmpi_version", "world_size": "world_size", "nodes": "nodes",
+             "ranks_per_node": "ranks_per_node", "hosts": "hosts", "device": "device", "threads": "threads",
+             "started": "started", "updated": "updated"}
+# t quantiles q(0.975) of Student's t with 1..30 degrees of freedom (beyond: a Cornish-Fisher expansion)
+_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
+         2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
+         2.0518, 2.0484, 2.0452, 2.0423)
+_Z975 = 1.959963984540054
+
+
+def _pandas():
+    import pandas
+
+    return pandas
+
+
+# --- reading ----------------------------------------------------------------------------------------------
+
+def _as_runs(source, err=None):
+    """Runs from paths or globs (a str or a list), a DataFrame of `runs()` (its `path` column) or Run objects."""
+    if hasattr(source, "columns") and "path" in source.columns:
+        source = list(source["path"])
+    if isinstance(source, (str, os.PathLike)):
+        source = [source]
+    source = list(source)
+    if all(isinstance(item, report.Run) for item in source):
+        return source
+    from fedmpi.analysis.sources import load_runs
+
+    return load_runs([os.fspath(item) for item in source], err=err)
+
+
+def flatten(config, prefix=""):
+    """{dotted key: value} of a nested config; lists become tuples (so that a column can be grouped by)."""
+    out = {}
+    for key, value in (config or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, list):
+            out[name] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        else:
+            out[name] = value if not isinstance(value, dict) else None
+    return out
+
+
+def unique_names(runs):
+    """Each run's folder name, or parent/name where two runs share a folder name."""
+    names = [run.name for run in runs]
+    clash = {n for n in names if names.count(n) > 1}
+    return [os.path.join(os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(run.path)))), run.name)
+            if run.name in clash else run.name for run in runs]
+
+
+def run_row(run, name=None, target=None):
+    """One run as a row: its name, path, method, status and description, every figure, every config key."""
+    row = {"run": name or run.name, "path": run.path, "method": run.method, "status": str(run.attrs.get("status", "?"))}
+    for column, attr in RUN_ATTRS.items():
+        value = run.attrs.get(attr)
+        row[column] = value.item() if hasattr(value, "item") else value
+    row.update(figs.compute(run, target))
+    row.update({k: v for k, v in flatten(run.config).items() if k not in row})
+    return row
+
+
+def runs(paths, target=None, err=None):
+    """One row per run found in `paths` (files, run folders, folders of runs searched recursively, globs; or Run
+    objects): `run`, `path`, `method` (fedmpi.analysis.labels), `status`, the run file's description (`version`,
+    `world_size`, `nodes`, `hosts`, ...), every summary figure of fedmpi.analysis.figures (NaN where the run has
+    nothing to compute it from; with `target` also target_round and target_bytes), and every config key
+    flattened to a dotted column (`seed`, `algorithm.name`, `client.lr`, ...). A file that cannot be read is
+    named on `err` (default stderr) and left out."""
+    found = _as_runs(paths, err)
+    pd = _pandas()
+    return pd.DataFrame([run_row(run, name, target) for run, name in zip(found, unique_names(found))])
+
+
+def rounds(source, metrics=None, per=None, err=None):
+    """Tidy per-round figures of the runs in `source` (paths or globs, a DataFrame of `runs()`, Run objects):
+
+    per=None      columns run, round, metric, value: every per-round /metrics figure (a [round, k] one as
+                  NAME/LABEL per column, e.g. class_acc/3; phase times as timing/PHASE/rankR);
+    per="client"  columns run, round, client, metric, value: every /clients figure;
+    per="class"   columns run, round, class, metric, value: class_acc per class.
+
+    `round` is 1-based. Rounds where a figure was not measured (NaN) are left out. `metrics` keeps only
+    the named figures (for per=None, a name keeps its NAME/LABEL columns too)."""
+    if per not in (None, "client", "class"):
+        raise ValueError(f"per = {per!r}: must be None, 'client' or 'class'")
+    pd = _pandas()
+    found = _as_runs(source, err)
+    frames = [_tidy(run, name, metrics, per) for run, name in zip(found, unique_names(found))]
+    columns = ["run", "round"] + ([per] if per else []) + ["metric", "value"]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
+def _keep(tag, metrics):
+    return metrics is None or tag in metrics or tag.split("/")[0] in metrics
+
+
+def _tidy(run, name, metrics, per):
+    from fedmpi.analysis.export import scalar_series
+
+    pd = _pandas()
+    steps = np.asarray(run.metrics["round"], dtype=np.float64) + 1
+    parts = []
+    if per is None:
+        for tag, values in scalar_series(run):
+            if _keep(tag, metrics):
+                keep = np.isfinite(values[:len(steps)])
+                parts.append(pd.DataFrame({"round": steps[:len(values)][keep], "metric": tag,
+                                           "value": values[:len(steps)][keep]}))
+    else:
+        if per == "client":
+            table = {n: run.client_figure(n) for n in _client_names(run)}
+        else:
+            table = {"class_acc": run.metrics.get("class_acc")}
+        for metric, values in table.items():
+            if values is None or np.ndim(values) != 2 or not _keep(metric, metrics):
+                continue
+            values = np.asarray(values, dtype=np.float64)[:len(steps)]
+            r, k = np.nonzero(np.isfinite(values))
+            parts.append(pd.DataFrame({"round": steps[r], per: k, "metric": metric, "value": values[r, k]}))
+    if not parts:
+        return pd.DataFrame()
+    frame = pd.concat(parts, ignore_index=True)
+    frame.insert(0, "run", name)
+    frame["round"] = frame["round"].astype(np.int64)
+    return frame
+
+
+def _client_names(run):
+    from fedmpi.io.store import open_run
+
+    try:
+        with open_run(run.path) as f:
+            return [n for n in f.get("clients", {}) if n != "ids"]
+    except (OSError, KeyError, ValueError):
+        return []
+
+
+# --- summaries --------------------------------------------------------------------------------------------
+
+def t_quantile(dof):
+    """q(0.975) of Student's t with `dof` degrees of freedom (a table to 30, then a Cornish-Fisher expansion)."""
+    if dof < 1:
+        return math.nan
+    if dof <= len(_T975):
+        return _T975[dof - 1]
+    z, v = _Z975, float(dof)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3)
+            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * v ** 4))
+
+
+def figure_columns(df):
+    """The summary figures present in a `runs()` DataFrame with at least one measured value, in figures' order."""
+    names = [f.name for f in figs.FIGURES + figs.TARGET_FIGURES]
+    return [n for n in names if n in df.columns and np.isfinite(df[n].to_numpy(dtype=np.float64)).any()]
+
+
+def config_columns(df):
+    known = {"run", "path", "method", "status", *RUN_ATTRS, *figs.DEFINITIONS}
+    return [c for c in df.columns if c not in known and not c.startswith(RUN_ONLY_KEYS)]
+
+
+def differing(members, columns, over):
+    out = []
+    for column in columns:
+        if column == over:
+            continue
+        values = {repr(v) for v in members[column]}
+        if len(values) > 1:
+            out.append(column)
+    return out
+
+
+def summary(df, by=("method",), over="seed", figures=None, warn=True):
+    """One row per group of `df` (a `runs()` DataFrame) sharing the values of the columns `by`: the group's keys,
+    `n` (its runs), `over` (the values of that column in the group, e.g. the seeds), `varies` (config keys other
+    than `over` whose values differ within the group, empty when the group is like with like; a warning names
+    them), then for every figure FIG: FIG_mean, FIG_std (sample, ddof 1), FIG_n (runs that measured it) and
+    FIG_ci95 (half-width of the 95% confidence interval of the mean, Student's t: t(0.975, n-1) std / sqrt n;
+    NaN for a single run)."""
+    pd = _pandas()
+    by = [by] if isinstance(by, str) else list(by)
+    missing = [k for k in by + [over] if k not in df.columns]
+    if missing:
+        raise KeyError(f"no column {', '.join(missing)} in the runs' table: group by a config key as a dotted "
+                       f"column ({', '.join(c for c in df.columns[:8])}, ...) or 'method'")
+    names = list(figures) if figures is not None else figure_columns(df)
+    columns = config_columns(df)
+    rows = []
+    groups = df.groupby(by, sort=True, dropna=False) if by else [((), df)]
+    for key, members in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(by, key))
+        row["n"] = len(members)
+        row[over] = ",".join(str(v) for v in members[over])
+        varies = differing(members, [c for c in columns if c not in by], over)
+        row["varies"] = ",".join(varies)
+        if varies and warn:
+            warnings.warn(f"the group {dict(zip(by, key))} mixes runs that differ in {', '.join(varies)}: "
+                          f"add them to by= (or group by 'method')", stacklevel=2)
+        for name in names:
+            values = members[name].to_numpy(dtype=np.float64)
+            values = values[np.isfinite(values)]
+            n = len(values)
+            std = float(values.std(ddof=1)) if n > 1 else math.nan
+            row[f"{name}_mean"] = float(values.mean()) if n else math.nan
+            row[f"{name}_std"] = std
+            row[f"{name}_n"] = n
+            row[f"{name}_ci95"] = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def table(summary_df, fmt="markdown", figures=None, digits=3):
+    """The grouped summary as a paper's table: one row per group (its keys and n), one column per figure as
+    "mean ± std" (`digits` decimals; a share in %, bytes in MB). fmt: markdown, or latex (booktabs)."""
+    if fmt not in ("markdown", "latex"):
+        raise ValueError(f"fmt = {fmt!r}: must be markdown or latex")
+    names = figures or [c[:-5] for c in summary_df.columns if c.endswith("_mean")]
+    keys = [c for c in summary_df.columns if not c.endswith(("_mean", "_std", "_n", "_ci95"))
+            and c not in ("varies",)]
+    head = keys + [_heading(n) for n in names]
+    body = [[str(row[k]) for k in keys] + [_cell(row, n, digits) for n in names] for _, row in summary_df.iterrows()]
+    if fmt == "markdown":
+        lines = [head, [":--"] * len(keys) + ["--:"] * len(names)] + body
+        return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines)
+    return report.latex_table(head, body, len(keys))
+
+
+def _heading(name):
+    unit = figs.UNITS.get(name)
+    return name + {"share": " (%)", "bytes": " (MB)", "seconds": " (s)"}.get(unit, "")
+
+
+def _cell(row, name, digits):
+    mean, std = row.get(f"{name}_mean", math.nan), row.get(f"{name}_std", math.nan)
+    if not np.isfinite(mean):
+        return "-"
+    scale = {"share": 100.0, "bytes": 1e-6}.get(figs.UNITS.get(name), 1.0)
+    text = f"{mean * scale:.{digits}g}" if scale == 1.0 and abs(mean) >= 10 ** digits else f"{mean * scale:.{digits}f}"
+    if np.isfinite(std):
+        text += f" ± {std * scale:.{digits}f}"
+    return text
