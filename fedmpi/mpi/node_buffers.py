@@ -32,6 +32,7 @@ import numpy as np
 
 SWITCH = "FEDMPI_NODE_BUFFERS"
 ALIGN = 64          # the broadcast part of a slot starts on a cache line
+SUM_BLOCK = 1 << 15     # float64 entries the leader sums at a time (256 kB of its slot: in a core's cache)
 
 
 def wanted():
@@ -76,11 +77,17 @@ class NodeBuffers:
 
     def sum_into_leader(self, span):
         """The node's first rank (rank 0 on its node): adds every other rank's entries `span` of its reduction
-        slot into its own, in node-rank order."""
+        slot into its own, in node-rank order. Block by block, every other slot's block added while the
+        leader's is in cache: one pass over the leader's slot whatever the node's size (a slot after another
+        read and wrote it once per rank: 48 instead of 32 bytes moved per entry at 3 ranks), the same
+        additions in the same order on every entry."""
         a, b = span
         mine = self.up[0][a:b]
-        for other in self.up[1:]:
-            np.add(mine, other[a:b], out=mine)
+        others = [other[a:b] for other in self.up[1:]]
+        for i in range(0, b - a, SUM_BLOCK):
+            block = mine[i:i + SUM_BLOCK]
+            for other in others:
+                np.add(block, other[i:i + SUM_BLOCK], out=block)
 
     def copy_from_leader(self, buf, span):
         """A rank other than the node's first: the first rank's broadcast entries `span` into `buf`."""

@@ -92,6 +92,27 @@ class Sgd(ServerOptimizer):
         return x.add_(self._step)
 
 
+# Entries per block of `mean_sgd_step`: its float64 and float32 scratch (768 kB) stay in a core's cache.
+MEAN_STEP_BLOCK = 1 << 16
+
+
+def mean_sgd_step(x, sums, weight, lr, block=MEAN_STEP_BLOCK):
+    """FedAvg's server step in one pass: x += float32((sums / weight) * lr) in place, block by block, the very
+    operations of `weighted_mean_update` then `Sgd.step` on every entry (so the same bits), without their
+    model-sized mean and step vectors. `x` float32 and `sums` float64, on the CPU, of equal length."""
+    n = x.numel()
+    width = min(block, n)
+    mean = torch.empty(width, dtype=torch.float64)
+    step = torch.empty(width, dtype=torch.float32)
+    for i in range(0, n, block):
+        k = min(block, n - i)
+        m = torch.div(sums[i:i + k], weight, out=mean[:k])
+        if lr != 1.0:
+            m.mul_(lr)
+        x[i:i + k].add_(step[:k].copy_(m))
+    return x
+
+
 @register_optimizer
 class AvgM(ServerOptimizer):
     name = "avgm"
