@@ -137,10 +137,10 @@ if SAMPLING:
 
     def _recorded_window(self, *args, **kwargs):
         _node_init(self, *args, **kwargs)
-        slots = [a for a in (*self.up, *self.down) if a.size]
+        slots = [a for a in (*self.up, self.down) if a.size]       # the reduction slots, rank 0's broadcast slot
         addresses = [(a.__array_interface__["data"][0], a.nbytes) for a in slots]
-        WINDOW.update(start=min(a for a, _ in addresses), end=max(a + n for a, n in addresses),
-                      own_kb=(self.up[self.rank].nbytes + self.down[self.rank].nbytes) // 1024)
+        own = self.up[self.rank].nbytes + (self.down.nbytes if self.rank == 0 else 0)
+        WINDOW.update(start=min(a for a, _ in addresses), end=max(a + n for a, n in addresses), own_kb=own // 1024)
 
     _node_free = node_buffers.NodeBuffers.free
 

@@ -11,8 +11,7 @@ Memory (bench/_rank.py samples each rank's RSS, PSS and USS; peaks): `held` is t
 ranks' slots of the node's round window that this rank reads (rank 0 sums the workers' float64 reduction
 slots, a worker copies rank 0's broadcast slot: those pages count in the reader's RSS in full and in its PSS
 by half, though their owners hold them). Targets (issue 42): a worker holds at most 20 bytes per parameter with
-plain SGD (its model, one layer's gradient at a time, its float64 reduction slot, its copy of the broadcast),
-rank 0 at most 24.
+plain SGD (its model, one layer's gradient at a time, its float64 reduction slot), rank 0 at most 24.
 
 Cost per byte: from each run's /timing, a round's fixed part (rank 0's round less the longest training of any
 rank; bench/w6.py's `round_costs`, rounds 2 to the one before the last), the MLP's less logistic regression's,
@@ -79,9 +78,9 @@ def round_bytes(ranks):
     -n `ranks` with node buffers (docs/performance.md, "Large models"): rank 0 reads every rank's float64
     reduction slot and writes the sums (8 (P + 1)); the server step reads the sums and x and writes x (16);
     the round's checks read the sums (the drift figures' dot product) and x (the non-finite check) (12);
-    the broadcast copies x into rank 0's slot (8); then, on the workers side by side, a worker copies that slot
-    (8) and clears its reduction slot for the next tally (8)."""
-    return 8 * (ranks + 1) + 16 + 12 + 8 + 8 + 8
+    the broadcast copies x into rank 0's slot (8), which the workers then read where it is; and, on the
+    workers side by side, a worker clears its reduction slot for the next tally (8)."""
+    return 8 * (ranks + 1) + 16 + 12 + 8 + 8
 
 
 def fixed_seconds(run_h5):

@@ -3,28 +3,19 @@ parameter of each rank, the passes of a round outside training and their bound a
 targets' status), the held memory that leaves out the other ranks' slots (bench/_rank.py's smaps reading) and
 issue 42's targets on both bases (bench/issue42.py), on hand-computed numbers."""
 
-import importlib.util
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, bench_module
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"test_bench42_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-large_model = _load("large_model")
-paired = _load("paired")
-issue42 = _load("issue42")
+large_model = bench_module("large_model", "test_bench42")
+paired = bench_module("paired", "test_bench42")
+issue42 = bench_module("issue42", "test_bench42")
 
 
 def test_round_bytes_count_the_passes_outside_training():
     # -n 3: rank 0 reads 3 slots and writes the sums (32), the server step (16), the checks (12), the
-    # broadcast's copy into rank 0's slot (8), a worker's copy (8) and its cleared slot (8).
-    assert large_model.round_bytes(3) == 32 + 16 + 12 + 8 + 8 + 8 == 84
+    # broadcast's copy into rank 0's slot (8, which the workers read in place) and a worker's cleared slot (8).
+    assert large_model.round_bytes(3) == 32 + 16 + 12 + 8 + 8 == 76
     assert large_model.round_bytes(2) - large_model.round_bytes(3) == -8     # one slot fewer to read
 
 
@@ -39,7 +30,7 @@ def test_memory_is_bytes_per_parameter_over_the_small_models_run():
                                              ([24.5, 20.0, 20.1], 9.0, (False, False, False))])
 def test_the_targets_read_the_held_memory_and_the_cost_over_the_bound(held, cost, met):
     row = {"n": 3, "params": 100e6, "ns_per_byte": cost, "memory": {k: held for k in ("rss", "pss", "uss", "held")}}
-    lines, status = large_model.report(row, bandwidth=21.0 / 2.0)   # 84 bytes / 4 per byte at 10.5 GB/s: 2 ns
+    lines, status = large_model.report(row, bandwidth=19.0 / 2.0)   # 76 bytes / 4 per byte at 9.5 GB/s: 2 ns
     assert status["bound_ns"] == pytest.approx(2.0) and status["cost_over_bound"] == pytest.approx(cost / 2.0)
     assert status["worker_held"] == max(held[1:]) and status["server_held"] == held[0]
     target = lines[5]

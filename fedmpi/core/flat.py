@@ -18,8 +18,20 @@ import numpy as np
 from fedmpi.core.lazy import nn, torch
 from fedmpi.core.model_shape import ModelShape
 
-# Entries per block of `add_update`: its float32 and float64 scratch (768 kB) stay in a core's cache.
+# Entries per block of the blocked passes (`add_update`, round.server_opt.mean_sgd_step): their float32 and
+# float64 scratch (768 kB) stays in a core's cache.
 UPDATE_BLOCK = 1 << 16
+
+
+def in_blocks(n, block, *dtypes):
+    """Yields (start, stop, scratch) for consecutive blocks of at most `block` of `n` entries, `scratch` one CPU
+    vector per dtype in `dtypes`, cut to the block's length (the same memory every block): for passes over
+    model-sized vectors whose temporaries should stay in cache instead of becoming model-sized themselves."""
+    width = min(block, n)
+    buffers = [torch.empty(width, dtype=dtype) for dtype in dtypes]
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        yield start, stop, [b[: stop - start] for b in buffers]
 
 
 def add_update(acc, vec, start, weight, block=UPDATE_BLOCK):
@@ -31,14 +43,9 @@ def add_update(acc, vec, start, weight, block=UPDATE_BLOCK):
     more model-sized vector for a moment (4 bytes per parameter of a worker's peak)."""
     if acc.device.type != "cpu":
         return acc.add_(vec - start, alpha=weight)
-    n = acc.numel()
-    width = min(block, n)
-    diff = torch.empty(width, dtype=torch.float32)
-    wide = torch.empty(width, dtype=torch.float64)
-    for i in range(0, n, block):
-        k = min(block, n - i)
-        torch.sub(vec[i:i + k], start[i:i + k], out=diff[:k])
-        acc[i:i + k].add_(wide[:k].copy_(diff[:k]), alpha=weight)
+    for i, j, (diff, wide) in in_blocks(acc.numel(), block, torch.float32, torch.float64):
+        torch.sub(vec[i:j], start[i:j], out=diff)
+        acc[i:j].add_(wide.copy_(diff), alpha=weight)
     return acc
 
 

@@ -26,6 +26,7 @@ from fedmpi.algorithms.state import ServerVectors
 from fedmpi.core import plugin_names
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.flat import UPDATE_BLOCK, in_blocks
 from fedmpi.core.lazy import torch
 
 OPTIMIZERS: dict = {}
@@ -92,24 +93,15 @@ class Sgd(ServerOptimizer):
         return x.add_(self._step)
 
 
-# Entries per block of `mean_sgd_step`: its float64 and float32 scratch (768 kB) stay in a core's cache.
-MEAN_STEP_BLOCK = 1 << 16
-
-
-def mean_sgd_step(x, sums, weight, lr, block=MEAN_STEP_BLOCK):
+def mean_sgd_step(x, sums, weight, lr, block=UPDATE_BLOCK):
     """FedAvg's server step in one pass: x += float32((sums / weight) * lr) in place, block by block, the very
     operations of `weighted_mean_update` then `Sgd.step` on every entry (so the same bits), without their
     model-sized mean and step vectors. `x` float32 and `sums` float64, on the CPU, of equal length."""
-    n = x.numel()
-    width = min(block, n)
-    mean = torch.empty(width, dtype=torch.float64)
-    step = torch.empty(width, dtype=torch.float32)
-    for i in range(0, n, block):
-        k = min(block, n - i)
-        m = torch.div(sums[i:i + k], weight, out=mean[:k])
+    for i, j, (mean, step) in in_blocks(x.numel(), block, torch.float64, torch.float32):
+        m = torch.div(sums[i:j], weight, out=mean)
         if lr != 1.0:
             m.mul_(lr)
-        x[i:i + k].add_(step[:k].copy_(m))
+        x[i:j].add_(step.copy_(m))
     return x
 
 
