@@ -55,15 +55,15 @@ def run(parts, base, pairs, rounds=None, hidden=9970, large=True):
 def _large(parts, base, hidden, summary):
     """bench/large_model.py's measurement at LARGE_RANKS, the triad before and after."""
     large_model = parts.sibling("large_model")
-    bandwidths = [large_model.triad()]
+    bandwidths, sha = [large_model.triad()], large_model.sha256_speed()
     rows = [large_model.measure(parts, base, n, hidden, 0.0) for n in LARGE_RANKS]
     bandwidths.append(large_model.triad())
     bandwidth = max(bandwidths)
     print(f"\nlarge model (bench/large_model.py --hidden {hidden}): triad {bandwidths[0]:.1f} and "
-          f"{bandwidths[1]:.1f} GB/s, the bound takes {bandwidth:.1f}")
-    out = {"triad_gb_s": bandwidths, "rows": []}
+          f"{bandwidths[1]:.1f} GB/s, the bound takes {bandwidth:.1f}; SHA-256 {sha:.2f} GB/s")
+    out = {"triad_gb_s": bandwidths, "sha256_gb_s": sha, "rows": []}
     for row in rows:
-        lines, status = large_model.report(row, bandwidth)
+        lines, status = large_model.report(row, bandwidth, sha)
         print("\n".join(lines))
         summary.append(f"large -n {row['n']}: worker holds {status['worker_held']:.1f} bytes/parameter "
                        f"(<= {large_model.WORKER_HELD_MAX:g}), rank 0 {status['server_held']:.1f} "

@@ -67,3 +67,13 @@ def test_issue42_targets_are_half_the_floor_on_both_workloads_and_ranks():
          "acc": 0.5, "runs": 3}
     assert paired.format_row("W5", "-n 2", s, 50, targets=issue42.TARGETS)[-1] == "met (<= 0.5)"
     assert paired.format_row("W5", "-n 2", s, 50)[-1] == "met (<= 0.55)"      # issue 30's bound by default
+
+
+def test_where_rank_0_trains_its_fingerprint_joins_the_bound():
+    # -n 2 on two cores: rank 0 hashes the model (4 bytes a parameter: 1 per byte of it) on its own path.
+    memory = {k: [24.0, 16.0] for k in ("rss", "pss", "uss", "held")}
+    row = {"n": 2, "params": 1e6, "ns_per_byte": 6.0, "memory": memory}
+    memory_only = large_model.report(row, bandwidth=17.0)[1]["bound_ns"]          # 68 bytes / 4 at 17 GB/s: 1 ns
+    _, status = large_model.report({**row, "server_trains": True}, bandwidth=17.0, sha_speed=0.5)
+    assert memory_only == pytest.approx(1.0) and status["bound_ns"] == pytest.approx(1.0 + 2.0)
+    assert status["cost_over_bound"] == pytest.approx(2.0)
