@@ -316,6 +316,8 @@ def main(argv=None):
                 for wl in args.workloads if wl not in ("W4", "W6")]
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
     if args.done_when_42:
+        print(f"fedmpi bench: issue 42's measurement, pairs {args.pairs}, cores {os.cpu_count()}, load "
+              f"{os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
         table = lambda rows: paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))  # noqa: E731
         parts = types.SimpleNamespace(measure=measure, plan_rows=plan_rows, print_table=print_table, sibling=_sibling,
                                       run_fedmpi=run_fedmpi, markdown=table, when=markdown.when)

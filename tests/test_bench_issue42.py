@@ -77,3 +77,18 @@ def test_where_rank_0_trains_its_fingerprint_joins_the_bound():
     _, status = large_model.report({**row, "server_trains": True}, bandwidth=17.0, sha_speed=0.5)
     assert memory_only == pytest.approx(1.0) and status["bound_ns"] == pytest.approx(1.0 + 2.0)
     assert status["cost_over_bound"] == pytest.approx(2.0)
+
+
+def test_its_markdown_block_is_marked_in_the_performance_page_and_refused_elsewhere(tmp_path, capsys):
+    markdown = bench_module("markdown", "test_bench42")
+    docs = markdown.targets([str(ROOT / "docs" / "performance.md")], *issue42.MARKS)
+    assert list(docs) == [str(ROOT / "docs" / "performance.md")]
+    other = tmp_path / "notes.md"
+    other.write_text("no markers\n")
+    with pytest.raises(SystemExit) as stop:
+        markdown.targets([str(other)], *issue42.MARKS)
+    assert stop.value.code == 2 and "notes.md" in capsys.readouterr().err
+    target = tmp_path / "page.md"
+    target.write_text(f"a\n{issue42.MARKS[0]}\nold\n{issue42.MARKS[1]}\nb\n")
+    markdown.write(markdown.targets([str(target)], *issue42.MARKS), "new table", *issue42.MARKS)
+    assert target.read_text() == f"a\n{issue42.MARKS[0]}\nnew table\n{issue42.MARKS[1]}\nb\n"
