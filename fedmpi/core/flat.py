@@ -38,9 +38,9 @@ def add_update(acc, vec, start, weight, block=UPDATE_BLOCK):
     """acc += weight * (vec - start) in place: a client's float32 update (its trained vector less its start),
     weighted, into a float64 accumulator. The same two roundings as `acc.add_(vec - start, alpha=weight)`
     (the float32 difference, then the float64 multiply-add), so the same bits; on the CPU a block at a time,
-    through a float64 copy of the block: torch adds a float32 tensor into a float64 one element by element,
-    unvectorised (~2 ns an entry, W5's 1.6 M entries 3-4 ms a client), and the whole difference would be one
-    more model-sized vector for a moment (4 bytes per parameter of a worker's peak)."""
+    through a float64 copy of the block. The one-line form makes the float32 difference and then, as torch
+    promotes a float32 operand of a float64 sum on the CPU, a float64 copy of all of it: 12 bytes per parameter
+    for a moment and two more passes over memory (W5's 1.6 M entries: 3-4 ms a client)."""
     if acc.device.type != "cpu":
         return acc.add_(vec - start, alpha=weight)
     for i, j, (diff, wide) in in_blocks(acc.numel(), block, torch.float32, torch.float64):
