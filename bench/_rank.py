@@ -57,6 +57,33 @@ def _rank():
     return 0
 
 
+# The node's round window (fedmpi.mpi.node_buffers): [start, end) of every rank's slots and the bytes of this
+# rank's own, recorded where it is made (below), so that the memory a rank holds can leave out the other
+# ranks' slots it reads (rank 0 sums the workers' reduction slots, a worker copies rank 0's broadcast slot:
+# their pages count in this rank's RSS, and in its PSS by half, though their owners hold them).
+WINDOW = {}
+
+
+def _others_slots_kb():
+    """Resident kB of the other ranks' slots of the round window mapped by this process (0 without one)."""
+    if not WINDOW:
+        return 0
+    total, start, end = 0, WINDOW["start"], WINDOW["end"]
+    try:
+        with open("/proc/self/smaps") as fh:
+            overlaps = False
+            for line in fh:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(v, 16) for v in head.split("-"))
+                    overlaps = lo < end and hi > start
+                elif overlaps and head == "Rss:":
+                    total += int(line.split()[1])
+    except OSError:
+        return 0
+    return max(0, total - WINDOW["own_kb"])
+
+
 def _write_stats():
     folder = os.environ.get("FEDMPI_BENCH_STATS")
     if not folder:
@@ -68,7 +95,8 @@ def _write_stats():
              "wall_s": time.monotonic() - BEGAN, "round_cpu_s": [cpu for _, cpu in ROUNDS],
              "round_wall_s": [wall for wall, _ in ROUNDS], "pace_wait_s": BATON.waited if BATON else 0.0}
     if SAMPLING:        # (bench.py reads missing peaks as NaN)
-        stats.update(peak_pss_mb=PEAKS["pss_kb"] / 1024.0, peak_uss_mb=PEAKS["uss_kb"] / 1024.0)
+        stats.update(peak_pss_mb=PEAKS["pss_kb"] / 1024.0, peak_uss_mb=PEAKS["uss_kb"] / 1024.0,
+                     others_slots_mb=WINDOW.get("others_kb", _others_slots_kb()) / 1024.0)
     with open(os.path.join(folder, f"rank-{stats['rank']}.json"), "w") as fh:
         json.dump(stats, fh)
 
@@ -101,6 +129,27 @@ def _timed_round(parts, t, **kwargs):
 
 
 engine.run_round = _timed_round     # the run loop calls it through the module (fedmpi.run.launch._loop)
+
+if SAMPLING:
+    import fedmpi.mpi.node_buffers as node_buffers  # noqa: E402
+
+    _node_init = node_buffers.NodeBuffers.__init__
+
+    def _recorded_window(self, *args, **kwargs):
+        _node_init(self, *args, **kwargs)
+        slots = [a for a in (*self.up, self.down) if a.size]       # the reduction slots, rank 0's broadcast slot
+        addresses = [(a.__array_interface__["data"][0], a.nbytes) for a in slots]
+        own = self.up[self.rank].nbytes + (self.down.nbytes if self.rank == 0 else 0)
+        WINDOW.update(start=min(a for a, _ in addresses), end=max(a + n for a, n in addresses), own_kb=own // 1024)
+
+    _node_free = node_buffers.NodeBuffers.free
+
+    def _measured_free(self):
+        WINDOW["others_kb"] = _others_slots_kb()        # while the window is still mapped
+        _node_free(self)
+
+    node_buffers.NodeBuffers.__init__ = _recorded_window
+    node_buffers.NodeBuffers.free = _measured_free
 
 code = main(sys.argv[1:])
 sys.stdout.flush()

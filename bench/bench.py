@@ -42,7 +42,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
 
@@ -157,10 +156,12 @@ def plan_rows(wl, ranks, loop_ranks, vectorize, floor=False):
     return rows + [(f"-n {n} loop", n, "off") for n in loop_ranks if not (vectorize == "off" and n in ranks)]
 
 
-def measure(wl, rows, pairs, base, rounds=None, pace="round"):
+def measure(wl, rows, pairs, base, rounds=None, pace="round", targets=None):
     """Runs workload `wl`'s baseline and rows in pairs (paired.launch_order); returns (table rows, record,
     the host's variation). `pace`: "round", the pair's two jobs side by side taking turns a round at a time
-    (bench/pacing.py); "run", the baseline's run, then the row's."""
+    (bench/pacing.py); "run", the baseline's run, then the row's (the peers' basis). `targets`: the rows'
+    bounds (paired.TARGETS, issue 30's, by default)."""
+    targets = paired.TARGETS if targets is None else targets
     overrides = PREPARE[wl](base) if wl in PREPARE else {}
     baseline_label = "-n 1" if wl == "QS" else "ref"
     per_round = (quickstart_config("-") if wl == "QS" else WORKLOADS[wl])["server"]["clients_per_round"]
@@ -171,7 +172,7 @@ def measure(wl, rows, pairs, base, rounds=None, pace="round"):
         label = row[0]
         jobs = []
         for j, (lab, n, mode) in enumerate([(baseline_label, 1 if wl == "QS" else None, "auto"), row]):
-            work = base / wl / lab.replace(" ", "").replace("-", "") / f"pair{p}-{k + j}"
+            work = base / wl / pace / lab.replace(" ", "").replace("-", "") / f"pair{p}-{k + j}"
             cfg = (quickstart_config(work / "out", rounds, mode) if wl == "QS"
                    else workload_config(wl, work / "out", rounds, mode or "auto", overrides))
             jobs.append((cfg, n, work))
@@ -188,7 +189,7 @@ def measure(wl, rows, pairs, base, rounds=None, pace="round"):
     record = {f"{wl} {baseline_label}": {"summary": b, "samples": every_base}}
     for label, *_ in rows:
         s = paired.summarize_row([a for a, _ in runs[label]], [r for _, r in runs[label]])
-        table.append(paired.format_row(wl, label, s, per_round))
+        table.append(paired.format_row(wl, label, s, per_round, targets=targets))
         record[f"{wl} {label}"] = {"summary": s, "samples": [r for _, r in runs[label]]}
     print(f"  {wl} {baseline_label}: {b['runs']} runs, {b['s_round']:.4f} s/round, host variation "
           f"{100 * b['variation']:.1f}% (max - min of its runs over their median)", flush=True)
@@ -248,45 +249,8 @@ WORKLOADS["W5"] = _w5.WORKLOAD
 PREPARE = {"W5": lambda base: {"data": {"root": str(_w5.write_cifar10_like(base / "W5-data"))}}}
 
 
-def _refuse(message):
-    """Bad input: one line and exit 2, before anything runs or is written (as fedmpi's ConfigError)."""
-    print(f"bench: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _markdown_targets(paths):
-    """The documents whose marked block --markdown replaces, checked before anything runs."""
-    docs = {}
-    for path in paths or ():
-        try:
-            doc = Path(path).read_text()
-            paired.replace_marked(doc, "")
-        except (OSError, ValueError) as e:
-            _refuse(f"--markdown {path}: {e}")
-        docs[path] = doc
-    return docs
-
-
-def _write_markdown(docs, rows, variation, command, pace="round"):
-    how = ("Each fedmpi run and a baseline run (the reference loop; for QS fedmpi at `-n 1`) were launched "
-           "together and took turns a round at a time (bench/pacing.py); a pair's ratio is the median over "
-           "rounds 2.. of round t's seconds over the baseline's round t" if pace == "round" else
-           "Each fedmpi run is paired with a baseline run just before it (the reference loop; for QS fedmpi at "
-           "`-n 1`); a pair's ratio is that of their medians of seconds per round (rounds 2..)")
-    block = "\n".join([
-        f"Measured with `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} "
-        f"cores, load {os.getloadavg()[0]:.1f} at the end). " + how + "; the row's figure is the median of its "
-        "pairs' ratios, min-max beside it. `ref x2` is the two-process floor: two reference processes side by "
-        "side, each training the half of every round's clients that fedmpi deals a training rank, no "
-        "communication, server or log. The host's variation (max - min of the baseline's own runs over their "
-        "median): " + ", ".join(f"{wl} {100 * v:.1f}%" for wl, v in variation.items()) + ".", "",
-        paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))])
-    print("\n" + block)
-    for path, doc in docs.items():
-        tmp = Path(f"{path}.bench-tmp")
-        tmp.write_text(paired.replace_marked(doc, block))
-        os.replace(tmp, path)
-        print(f"bench: table written into {path}")
+markdown = _sibling("markdown")       # --markdown: the marked blocks of README.md and docs/performance.md
+_refuse = markdown.refuse
 
 
 def main(argv=None):
@@ -319,6 +283,11 @@ def main(argv=None):
     p.add_argument("--done-when", action="store_true",
                    help="issue 30's measurement: W1 at -n 2 3, QS at -n 3, W2 at -n 2 3, W5 at -n 2 3, 3 pairs "
                         "(--pairs to change), shortened rounds; with the targets' status")
+    p.add_argument("--done-when-42", action="store_true",
+                   help="issue 42's measurement (bench/issue42.py): W1 and W5 at -n 2 3 on the peers' basis and "
+                        "paced, 3 pairs (--pairs to change), and the large model's memory and cost per byte")
+    p.add_argument("--large-hidden", type=int, default=9970,
+                   help="the large model's hidden width with --done-when-42 (default 9970: 100 M parameters)")
     p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, -n 1 and 2, one pair")
     p.add_argument("--out", default=None, help="folder for run files (default: a temporary folder)")
     p.add_argument("--json", help="also write every measurement to this JSON file")
@@ -337,10 +306,11 @@ def main(argv=None):
         _reference_worker(*args.reference_worker, share=tuple(args.share) if args.share else None)
         return 0
     if args.pairs is None:
-        args.pairs = 3 if args.done_when else 1
+        args.pairs = 3 if args.done_when or args.done_when_42 else 1
     if args.pairs < 1:
         _refuse(f"--pairs must be at least 1, got {args.pairs}")
-    docs = _markdown_targets(args.markdown)
+    marks = _sibling("issue42").MARKS if args.done_when_42 else (paired.BEGIN, paired.END)
+    docs = markdown.targets(args.markdown, *marks)
     if args.quick:
         args.rounds, args.pairs = args.rounds or 2, 1
         if args.ranks == [1, 2, 3]:
@@ -352,6 +322,19 @@ def main(argv=None):
         plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize, args.floor), args.rounds)
                 for wl in args.workloads if wl not in ("W4", "W6", "SK")]
     base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
+    if args.done_when_42:
+        print(f"fedmpi bench: issue 42's measurement, pairs {args.pairs}, cores {os.cpu_count()}, load "
+              f"{os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
+        table = lambda rows: paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))  # noqa: E731
+        parts = types.SimpleNamespace(measure=measure, plan_rows=plan_rows, print_table=print_table, sibling=_sibling,
+                                      run_fedmpi=run_fedmpi, markdown=table, when=markdown.when)
+        record = _sibling("issue42").run(parts, base, args.pairs, args.rounds, args.large_hidden)
+        markdown.write(docs, record.pop("markdown").replace("COMMAND", _command(argv)), *marks)
+        if args.json:
+            Path(args.json).write_text(json.dumps(record, indent=1, default=float))
+        if not args.out:
+            shutil.rmtree(base, ignore_errors=True)
+        return 0
     print(f"fedmpi bench: workloads {' '.join(wl for wl, *_ in plan) or '-'}, pairs {args.pairs}, cores "
           f"{os.cpu_count()}, load {os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
     rows, record, variation = [], {}, {}
@@ -365,8 +348,7 @@ def main(argv=None):
         print("x base: the median over pairs of (run / its pair's baseline) in seconds per round, (min-max) "
               "beside it; for a baseline row, its runs' spread about their median (the host's variation)")
     if docs or args.done_when:
-        _write_markdown(docs, rows, variation, "python bench/bench.py " + " ".join(argv if argv is not None
-                                                                                  else sys.argv[1:]), args.pace)
+        markdown.write(docs, markdown.issue30_block(rows, variation, _command(argv), args.pace))
     if "W4" in args.workloads and not args.done_when:
         w4 = _sibling("w4")
         ranks = tuple(n for n in args.ranks if n >= 2) or w4.W4_RANKS
@@ -389,6 +371,10 @@ def main(argv=None):
     if not args.out:
         shutil.rmtree(base, ignore_errors=True)
     return 0
+
+
+def _command(argv):
+    return "python bench/bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -133,6 +133,8 @@ def _fedmpi_figures(cfg_map, n, stats_dir, whole, paced):
         "peak_rss_mb": [s["peak_rss_mb"] for s in ranks],
         "peak_pss_mb": [s.get("peak_pss_mb", float("nan")) for s in ranks],
         "peak_uss_mb": [s.get("peak_uss_mb", float("nan")) for s in ranks],
+        # the peak RSS less the other ranks' round-window slots this rank read (bench/_rank.py): what it holds
+        "peak_held_mb": [s["peak_rss_mb"] - s.get("others_slots_mb", float("nan")) for s in ranks],
         "cpu_s": sum(s["cpu_s"] for s in ranks),
         "server_cpu_s": ranks[0]["cpu_s"] if ranks and n > 1 else float("nan"),
         "fl_bytes": float(np.nansum(m["bytes_up"]) + np.nansum(m["bytes_down"])),

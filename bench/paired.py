@@ -161,13 +161,13 @@ def _fig(value, fmt):
     return "-" if isinstance(value, float) and math.isnan(value) else format(value, fmt)
 
 
-def format_row(workload, label, s, per_round, is_baseline=False):
+def format_row(workload, label, s, per_round, is_baseline=False, targets=TARGETS):
     """One table row of `summarize_row` / `summarize_baseline` figures. `x base` is the median of the pairs'
     ratios to the baseline (min-max beside it; for the baseline itself, its runs' spread about their median,
     the host's variation); `speed-up` is the baseline's seconds per round over the run's (clients per second
     over the baseline's)."""
     med, lo, hi = s["ratio"]
-    target = "" if is_baseline else target_status(workload, label, med)
+    target = "" if is_baseline else target_status(workload, label, med, targets)
     return (workload, label, str(s["runs"]), f"{s['s_round']:.4f}", f"{med:.3f}", f"{lo:.3f}-{hi:.3f}",
             f"{s['busy_ratio']:.3f}", _fig(s.get("eff", math.nan), ".2f"), f"{per_round / s['s_round']:.0f}",
             f"{1.0 / med:.2f}", f"{s['first_s']:.2f}", f"{s['whole_s']:.1f}", f"{s['cpu_s']:.1f}",

@@ -19,6 +19,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 MPI_TIMEOUT_S = 240
 
+
+def bench_module(name, prefix="test_bench"):
+    """bench/NAME.py as a module of its own (the benchmark's folder is a set of scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 # Every process a test starts (each mpiexec rank, each tool run as a script) imports fedmpi afresh. Where the
 # environment forbids bytecode files (PYTHONDONTWRITEBYTECODE), each of them compiled every fedmpi module from
 # source again: about 0.1-0.2 s of CPU per process, hundreds of processes per suite. Those children write and

@@ -2,27 +2,18 @@
 pfl-research's simple_cnn in the zoo (`model.name: pfl_cnn`), `server.weighting: uniform` against the
 benchmark's reference loop, and W5's CIFAR-10-shaped batches read by `data.name: cifar10`."""
 
-import importlib.util
 import math
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, small_config
+from conftest import ROOT, bench_module, small_config
 
 from fedmpi import config
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.models import build_model
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"test_bench_{name}", ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-paired = _load("paired")
+paired = bench_module("paired")
 
 
 # -- pairing and statistics ----------------------------------------------------------------------------
@@ -84,7 +75,7 @@ def test_paced_pair_ratio_is_the_median_of_round_by_round_ratios():
     assert row["ratios"] == [0.5, 0.6] and row["ratio"] == (0.55, 0.5, 0.6)
 
 
-pacing = _load("pacing")
+pacing = bench_module("pacing")
 
 # The turns end on events (the job's report of its round, or its exit: pacing.Turns.turn); these limits only
 # guard against a hang, so they are generous: a loaded machine once took more than 60 s for a turn that
@@ -231,7 +222,7 @@ def test_the_floors_turn_is_over_only_when_every_process_is():
         def __init__(self, code):
             self.proc = Proc(code)
 
-    floor = object.__new__(_load("bench").FloorJob)
+    floor = object.__new__(bench_module("bench").FloorJob)
     for codes, want in (((0, None), None), ((None, None), None), ((0, 0), 0), ((None, 3), 3), ((0, 1), 1)):
         floor.jobs = [Share(c) for c in codes]
         assert floor.poll() == want, codes
@@ -314,7 +305,7 @@ def test_uniform_weighting_equals_the_reference_loops_mean_of_deltas(tmp_path):
     own nn.Module / torch.optim.SGD implementation, weight 1 per client), and differs from weights n_i."""
     import fedmpi
 
-    bench = _load("bench")
+    bench = bench_module("bench")
     cfg = small_config(tmp_path / "u", rounds=2, server={"clients_per_round": 5, "weighting": "uniform"},
                        eval={"every": 2})
     result = fedmpi.simulate(cfg)
@@ -329,7 +320,7 @@ def test_uniform_weighting_equals_the_reference_loops_mean_of_deltas(tmp_path):
 def test_w5_batches_are_read_by_the_cifar10_loader(tmp_path):
     from fedmpi.data import load_dataset
 
-    w5 = _load("w5")
+    w5 = bench_module("w5")
     root = w5.write_cifar10_like(tmp_path, train=53, test=7)
     stamp = (root / "cifar-10-batches-py" / "data_batch_1").stat().st_mtime_ns
     assert w5.write_cifar10_like(tmp_path, train=53, test=7) == root       # kept: same sizes

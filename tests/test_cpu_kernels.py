@@ -206,3 +206,39 @@ def test_a_fused_step_is_plain_sgd_to_rounding_and_frozen_layers_keep_their_weig
     layer.weight.requires_grad_(False)                                          # e.g. a frozen body
     with ck.fused_sgd(layer, 0.1):
         assert layer.fused_lr is None
+
+
+@pytest.mark.parametrize("name, shape", [("pfl_cnn", (3, 16, 16)), ("cnn_mnist", (1, 28, 28))])
+def test_the_memory_only_paths_change_no_bit_of_training(name, shape, monkeypatch):
+    """The gradient handed back channels-last at the return to the default layout, and ReLU in place after a
+    convolution, only change where values lie and which buffer holds them: the same SGD steps, dropout draws
+    included, give the same vector bit for bit as without them (the fast kernels otherwise alike)."""
+    cfg = one_step_config(steps=4)
+    x, y = _rand(40, *shape, seed=3), torch.randint(0, 10, (40,), generator=torch.Generator().manual_seed(4))
+    vectors = {}
+    for memory_paths in (True, False):
+        if not memory_paths:
+            monkeypatch.setattr(ck, "_default_layout", lambda a: a.contiguous())
+            monkeypatch.setattr(ck, "_relu_in_place_after_convolutions", lambda module: None)
+        _, fast = flat_pair(name, shape, seed=1)
+        relus = [m for m in fast.module if isinstance(m, nn.ReLU)]
+        assert [m.inplace for m in relus][:2] == [memory_paths, memory_paths]    # the two after convolutions
+        assert not relus[-1].inplace                                            # after a dense layer: not
+        torch.manual_seed(7)                                                    # the dropout draws
+        LocalTrainer(fast, cfg.client, x, y).train(torch.arange(40), np.random.default_rng(5),
+                                                   schedule(cfg.client, 40))
+        vectors[memory_paths] = fast.vec.clone()
+    assert torch.equal(vectors[True], vectors[False])
+
+
+def test_the_gradient_reaches_max_pooling_channels_last():
+    # Max pooling's backward computes in its gradient's layout and copies into its input's when they differ.
+    _, fast = flat_pair("pfl_cnn", (3, 16, 16))
+    seen = {}
+
+    def watch(module, inputs, out):
+        out.register_hook(lambda g: seen.update(grad=g))
+
+    fast.module[4].register_forward_hook(watch)
+    F.cross_entropy(fast.module(_rand(4, 3, 16, 16)), torch.tensor([0, 1, 2, 3])).backward()
+    assert seen["grad"].is_contiguous(memory_format=torch.channels_last) and not seen["grad"].is_contiguous()

@@ -104,3 +104,33 @@ def test_step_inside_backward_equals_the_flat_step_bit_for_bit(momentum, wd, mak
             assert unchanged == (wd == 0)
     (fused, loss_a, seen_a), (flat_path, loss_b, seen_b) = results
     assert torch.equal(fused, flat_path) and loss_a == loss_b and seen_a == seen_b == 80
+
+
+def test_the_flat_gradient_is_made_on_first_use_with_what_autograd_made():
+    """No model-sized gradient until something needs the whole of it (a grad_hook's flat step): training
+    that steps inside the backward pass never makes it. Made after a plain backward, it holds that gradient
+    (as accumulating into zeros would have), and the parameters' .grad are its views from then on."""
+    flat = FlatModel(small_module())
+    x, y = torch.randn(6, 4, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 0, 1, 2])
+    cfg = ClientConfig(lr=0.1, batch_size=3, epochs=1)
+    LocalTrainer(flat, cfg, x, y).train(torch.arange(6), np.random.default_rng(0), schedule(cfg, 6))
+    assert flat._grad is None and all(p.grad is None for p in flat.trainable)
+    nn.functional.cross_entropy(flat.module(x), y).backward()
+    made = [p.grad.clone() for p in flat.trainable]
+    assert torch.equal(flat.grad, torch.cat([g.reshape(-1) for g in made])) and flat.check_grads_bound()
+    flat.zero_grad()
+    nn.functional.cross_entropy(flat.module(x), y).backward()
+    assert torch.equal(flat.grad, torch.cat([g.reshape(-1) for g in made]))     # accumulated into the views
+
+
+@pytest.mark.parametrize("n", [1, 7, 65_536, 65_537, 200_003])
+def test_add_update_is_the_float64_multiply_add_of_the_float32_difference(n):
+    from fedmpi.core.flat import add_update
+
+    g = torch.Generator().manual_seed(n)
+    for weight in (1.0, 80.0, 0.37, 1 / 3):
+        vec = torch.randn(n, generator=g) * 10.0 ** torch.randint(-5, 5, (n,), generator=g)
+        start = torch.randn(n, generator=g)
+        acc = torch.randn(n, generator=g, dtype=torch.float64)
+        want = acc.clone().add_(vec - start, alpha=weight)
+        assert torch.equal(add_update(acc, vec, start, weight, block=4096 if n > 1 else 1), want)

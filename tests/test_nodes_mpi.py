@@ -144,11 +144,13 @@ def test_two_nodes_choose_devices_threads_and_share_data_per_node(runs):
 
 def _round_path(seen, leaders):
     """The round buffers' reduction and broadcast through the node leaders: rank 0 gets the exact sums
-    (the tiny entries show every rank's term was added once) and every rank rank 0's broadcast prefix."""
+    (the tiny entries show every rank's term was added once) and every rank rank 0's broadcast prefix; a
+    rank on rank 0's node reads rank 0's broadcast slot itself (the whole of it), a rank on another node
+    its leader's slot, which received the prefix alone."""
     n = len(seen)
     assert seen[0]["sums"] == [n * (n + 1) / 2, sum(2.0 ** -(40 + r) for r in range(n)), float(n)]
     assert all(r["down"][:4] == [0.0, 1.0, 2.0, 3.0] for r in seen)
-    assert all(r["down"][4:] == [0.0, 0.0] for r in seen[1:])
+    assert all(r["down"][4:] == ([4.0, 5.0] if r["server_here"] else [0.0, 0.0]) for r in seen[1:])
     assert [r["leaders"] for r in seen] == leaders
 
 

@@ -16,8 +16,9 @@ import torch
 from conftest import read_global, read_metrics, small_config
 
 import fedmpi
+from fedmpi.algorithms.base import weighted_mean_update
 from fedmpi.config import ServerConfig
-from fedmpi.round.server_opt import OPTIMIZERS, build_optimizer
+from fedmpi.round.server_opt import OPTIMIZERS, build_optimizer, mean_sgd_step
 
 # --- hand-computed steps ----------------------------------------------------------------------------------
 
@@ -65,6 +66,42 @@ def test_sgd_with_lr_one_is_x_plus_the_update():
     x, u = torch.tensor(X_START), torch.tensor(UPDATES[1])
     expected = x + u.float()
     assert torch.equal(opt.step(x, u, 1.0), expected)
+
+
+@pytest.mark.parametrize("lr", [1.0, 0.7, 1 / 3])
+@pytest.mark.parametrize("n, block", [(1, 4), (1000, 64), (1000, 999), (70_001, 1 << 16)])
+def test_the_fused_mean_step_is_the_mean_then_sgd_bit_for_bit(n, block, lr):
+    """mean_sgd_step (FedAvg's mean and server SGD in one blocked pass) against weighted_mean_update and
+    Sgd.step, on sums of every sign and scale and weights that round (3 and 7 sixths do not divide evenly)."""
+    g = torch.Generator().manual_seed(n)
+    x0 = torch.randn(n, generator=g) * 10.0 ** torch.randint(-6, 6, (n,), generator=g)
+    sums = torch.randn(n, generator=g, dtype=torch.float64) * 10.0 ** torch.randint(-8, 4, (n,), generator=g)
+    for weight in (3.0, 7 / 6, 50.0):
+        want = build_optimizer(ServerConfig(optimizer="sgd", lr=lr), n, n).step(
+            x0.clone(), weighted_mean_update(sums, weight, n), lr)
+        got = mean_sgd_step(x0.clone(), sums, weight, lr, block=block)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("algorithm, server, fused", [
+    ({"name": "fedavg"}, {"lr": 0.7}, True), ({"name": "fedprox", "mu": 0.01}, {}, True),
+    ({"name": "scaffold"}, {}, False), ({"name": "fedavg"}, {"optimizer": "avgm", "momentum": 0.5}, False)])
+def test_fedavgs_server_step_takes_the_fused_pass_with_the_same_result(algorithm, server, fused, tmp_path,
+                                                                         monkeypatch):
+    """Server.mean_step where the algorithm keeps FedAvg's aggregate and server SGD (not SCAFFOLD, which
+    aggregates its own; not avgm); the model is the one the unfused step (aggregate, then Sgd.step) gives."""
+    import fedmpi.round.server as server_module
+
+    cfg = small_config(tmp_path, rounds=3, algorithm=algorithm, server={"clients_per_round": 5, **server},
+                       runtime={"threads": 1, "progress": "off"})
+    run = fedmpi.simulate(cfg)
+    assert run.experiment.server.mean_step == fused
+    if fused:
+        assert run.experiment.algo._mean is None    # the fused pass never made the model-sized mean
+        monkeypatch.setattr(server_module, "Sgd", type("NotSgd", (), {}))      # the condition fails: unfused
+        unfused = fedmpi.simulate(cfg)
+        assert not unfused.experiment.server.mean_step and unfused.experiment.algo._mean is not None
+        assert np.array_equal(run.model, unfused.model)
 
 
 def test_avgm_by_hand():

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce, weighted_mean_update
 from fedmpi.algorithms.catalog import register
+from fedmpi.core.flat import add_update
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class FedAvg(Reduce):
 
     def accumulate(self, run, down, model, acc):
         w = run.weight
-        acc[: self.dim].add_(model.vec - down[: self.dim], alpha=w)
+        add_update(acc[: self.dim], model.vec, down[: self.dim], w)      # acc += w (vec - down), in blocks
         return w
 
     def aggregate(self, x, up_sum, weight_sum, round_):

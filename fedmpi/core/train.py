@@ -83,7 +83,8 @@ class LocalTrainer:
         # The training criterion on (outputs, targets): cross-entropy unless a custom one is given
         # (`fedmpi.simulate(loss=...)`).
         self.criterion = loss or F.cross_entropy
-        self.momentum_buf = torch.zeros_like(flat.grad) if client_cfg.momentum > 0 else None
+        self.momentum_buf = (torch.zeros(flat.n_params, dtype=torch.float32, device=flat.device)
+                             if client_cfg.momentum > 0 else None)
         # The momentum buffer of each parameter, for the step taken in the backward pass (`_param_step`).
         sizes = [p.numel() for p in flat.trainable]
         self._momentum_views = ([b.view_as(p) for b, p in zip(self.momentum_buf.split(sizes), flat.trainable)]

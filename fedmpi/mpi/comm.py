@@ -142,9 +142,7 @@ class MpiComm(NodeCollectives):
             with self.timer.phase("bcast"):
                 self._round.bcast_leaders(buf)
             self._round.await_leader(self._sleep_wait)      # its sleep counts as `wait`, not `bcast`
-            with self.timer.phase("bcast"):
-                self._round.copy_down(buf, span)
-        return buf
+        return buf      # (on one node, the node's broadcast slot: every rank's buffer is rank 0's slot)
 
     def reduce_sum(self, buf):
         """Element-wise sum of every rank's `buf` into rank 0's `buf` (in place there)."""
@@ -175,9 +173,10 @@ class MpiComm(NodeCollectives):
     # -- the round's buffers in node-shared memory (fedmpi.mpi.node_buffers) ---------------------------
     @arrive_first
     def round_buffers(self, down_len, up_len, host_buffers=True):
-        """Collective: (down float32[down_len], up float64[up_len]), this rank's slots of its node's shared
-        window, through which `bcast` and `reduce_sum` of (slices of) them move: within a node by shared
-        memory, between nodes by one MPI collective among the node leaders (fedmpi.mpi.hierarchy), where
+        """Collective: (down float32[down_len], up float64[up_len]), the node's broadcast slot (its first rank's,
+        read-only on the others) and this rank's reduction slot of its node's shared window, through which
+        `bcast` and `reduce_sum` of (slices of) them move: within a node by shared memory, between nodes by
+        one MPI collective among the node leaders (fedmpi.mpi.hierarchy), where
         every rank passes `host_buffers` (it moves host memory, not device buffers) and FEDMPI_NODE_BUFFERS
         is not 0; else None (the caller allocates its own buffers and MPI moves them among all ranks)."""
         if self._round is not None:     # its slots back another experiment's buffers until `close`
@@ -190,7 +189,7 @@ class MpiComm(NodeCollectives):
             return None
         self._round = hierarchy.NodeRound(self.MPI, self.comm, node, down_len, up_len)
         mine = node.Get_rank()
-        return self._round.buffers.down[mine], self._round.buffers.up[mine]
+        return self._round.buffers.down, self._round.buffers.up[mine]
 
     @arrive_first
     def ticket_counter(self):

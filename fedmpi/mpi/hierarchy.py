@@ -8,9 +8,9 @@ root too. Then, once every rank has arrived (the caller's sleeping barrier and m
 
 - reduction: each leader adds its node's other slots into its own, in node-rank order (float64), and the
   leaders sum those node totals by one MPI Reduce into rank 0's slot;
-- broadcast: the leaders receive rank 0's slot by one MPI Bcast into their own slot; the node's other ranks
-  then copy it from their leader's slot (after a node barrier where the leader is not rank 0, whose slot
-  was filled before anyone arrived).
+- broadcast: the leaders receive rank 0's slot by one MPI Bcast into their own broadcast slot, which is the
+  broadcast buffer of every rank of their node (fedmpi.mpi.node_buffers); the node's other ranks read it
+  after a node barrier where the leader is not rank 0, whose slot was filled before anyone arrived.
 
 So one MPI collective per transfer among the leaders, where the flat path has one among all ranks; with one
 node the leaders' communicator is rank 0 alone and no MPI transfer happens at all (the one-node path of
@@ -19,7 +19,7 @@ nodes), exactly as -n 1 against -n 3 are: the float32 model is the same in every
 (docs/design.md, "How -n invariance and resume are kept"), not the same float64 bits by construction.
 
 Why the slots need no locks: as on one node (node_buffers), a leader writes its broadcast slot only inside
-a broadcast that every rank of its node has arrived at, i.e. after they copied the previous one; it sums
+a broadcast that every rank of its node has arrived at, i.e. after they last read the previous one; it sums
 into its own reduction slot only after every rank wrote its own, and no rank reads a reduction slot after
 the reduction (each clears its slot for the next round's tally).
 """
@@ -79,11 +79,6 @@ class NodeRound:
         wait(self.node.Ibarrier())
         if not self.leader:
             self.buffers.sync_memory()
-
-    def copy_down(self, buf, span):
-        """The node's other ranks: the leader's broadcast entries `span` into `buf`."""
-        if not self.leader:
-            self.buffers.copy_from_leader(buf, span)
 
     def free(self):
         """Collective: the window and the leaders' communicator go."""

@@ -26,6 +26,7 @@ from fedmpi.algorithms.state import ServerVectors
 from fedmpi.core import plugin_names
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.flat import UPDATE_BLOCK, in_blocks
 from fedmpi.core.lazy import torch
 
 OPTIMIZERS: dict = {}
@@ -90,6 +91,18 @@ class Sgd(ServerOptimizer):
             self._step = torch.empty_like(x)
         self._step.copy_(update if lr == 1.0 else update * lr)
         return x.add_(self._step)
+
+
+def mean_sgd_step(x, sums, weight, lr, block=UPDATE_BLOCK):
+    """FedAvg's server step in one pass: x += float32((sums / weight) * lr) in place, block by block, the very
+    operations of `weighted_mean_update` then `Sgd.step` on every entry (so the same bits), without their
+    model-sized mean and step vectors. `x` float32 and `sums` float64, on the CPU, of equal length."""
+    for i, j, (mean, step) in in_blocks(x.numel(), block, torch.float64, torch.float32):
+        m = torch.div(sums[i:j], weight, out=mean)
+        if lr != 1.0:
+            m.mul_(lr)
+        x[i:j].add_(step.copy_(m))
+    return x
 
 
 @register_optimizer

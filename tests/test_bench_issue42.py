@@ -1,0 +1,94 @@
+"""Issue 42's benchmark pieces, one process: the large model's accounting (bench/large_model.py: the bytes per
+parameter of each rank, the passes of a round outside training and their bound at the triad's bandwidth, the
+targets' status), the held memory that leaves out the other ranks' slots (bench/_rank.py's smaps reading) and
+issue 42's targets on both bases (bench/issue42.py), on hand-computed numbers."""
+
+
+import pytest
+from conftest import ROOT, bench_module
+
+large_model = bench_module("large_model", "test_bench42")
+paired = bench_module("paired", "test_bench42")
+issue42 = bench_module("issue42", "test_bench42")
+
+
+def test_round_bytes_count_the_passes_outside_training():
+    # -n 3: rank 0 reads 3 slots and writes the sums (32), the server step (16), the checks (12), the
+    # broadcast's copy into rank 0's slot (8, which the workers read in place) and a worker's cleared slot (8).
+    assert large_model.round_bytes(3) == 32 + 16 + 12 + 8 + 8 == 76
+    assert large_model.round_bytes(2) - large_model.round_bytes(3) == -8     # one slot fewer to read
+
+
+def test_memory_is_bytes_per_parameter_over_the_small_models_run():
+    d = 2**20                      # a MiB over a parameter count of 2^20: one byte per MiB of difference
+    small = {f"peak_{k}_mb": [100.0, 50.0] for k in ("rss", "pss", "uss", "held")}
+    big = {f"peak_{k}_mb": [124.0, 70.0] for k in ("rss", "pss", "uss", "held")}
+    assert large_model.memory_row(small, big, d)["held"] == [24.0, 20.0]
+
+
+@pytest.mark.parametrize("held, cost, met", [([24.0, 20.0, 19.5], 3.5, (True, True, True)),
+                                             ([24.5, 20.0, 20.1], 9.0, (False, False, False))])
+def test_the_targets_read_the_held_memory_and_the_cost_over_the_bound(held, cost, met):
+    row = {"n": 3, "params": 100e6, "ns_per_byte": cost, "memory": {k: held for k in ("rss", "pss", "uss", "held")}}
+    lines, status = large_model.report(row, bandwidth=19.0 / 2.0)   # 76 bytes / 4 per byte at 9.5 GB/s: 2 ns
+    assert status["bound_ns"] == pytest.approx(2.0) and status["cost_over_bound"] == pytest.approx(cost / 2.0)
+    assert status["worker_held"] == max(held[1:]) and status["server_held"] == held[0]
+    target = lines[5]
+    assert ("a worker holds <= 20: " in target and "rank 0 <= 24" in target)
+    assert target.count("NOT met") == (not met[0]) + (not met[1])
+    assert ("NOT met" in lines[6]) == (not met[2])
+
+
+def test_held_memory_leaves_out_the_other_ranks_slots(tmp_path, monkeypatch):
+    """bench/_rank.py's smaps reading: the resident kB of the mappings that overlap the window, less this rank's
+    own slots (a mapping outside the window does not count)."""
+    source = (ROOT / "bench" / "_rank.py").read_text()
+    helper = source[source.index("WINDOW = {}"):source.index("def _write_stats")]
+    scope = {"os": __import__("os")}
+    exec(helper, scope)                              # the two definitions alone: the script itself runs fedmpi
+    smaps = tmp_path / "smaps"
+    smaps.write_text("1000-2000 rw-s 00000000 00:1b 1 /dev/shm/mpich_shar_tmp\nSize: 4 kB\nRss:  40 kB\n"
+                     "3000-4000 rw-p 00000000 00:00 0\nRss:  1000 kB\n")
+    real_open = open
+    scope["open"] = lambda path, *a, **k: real_open(smaps if path == "/proc/self/smaps" else path, *a, **k)
+    scope["WINDOW"].update(start=0x1800, end=0x2800, own_kb=12)
+    assert scope["_others_slots_kb"]() == 28         # 40 resident in the window's mapping, 12 of them its own
+    scope["WINDOW"].clear()
+    assert scope["_others_slots_kb"]() == 0
+
+
+def test_issue42_targets_are_half_the_floor_on_both_workloads_and_ranks():
+    assert issue42.TARGETS == {(wl, f"-n {n}"): ("ratio", 0.50) for wl in ("W1", "W5") for n in (2, 3)}
+    assert paired.target_status("W5", "-n 3", 0.49, issue42.TARGETS) == "met (<= 0.5)"
+    assert paired.target_status("W5", "-n 3", 0.51, issue42.TARGETS) == "NOT met (<= 0.5)"
+    assert [pace for _, pace in issue42.BASES] == ["run", "round"]      # the peers' basis first
+    s = {"ratio": (0.49, 0.45, 0.52), "s_round": 3.0, "busy_ratio": 0.5, "eff": 1.0, "first_s": 1.0, "whole_s": 9.0,
+         "cpu_s": 9.0, "server_cpu_s": 1.0, "rss_ranks": [1.0], "mpi_mb": 1.0, "fl_mb": 1.0, "device": "cpu",
+         "acc": 0.5, "runs": 3}
+    assert paired.format_row("W5", "-n 2", s, 50, targets=issue42.TARGETS)[-1] == "met (<= 0.5)"
+    assert paired.format_row("W5", "-n 2", s, 50)[-1] == "met (<= 0.55)"      # issue 30's bound by default
+
+
+def test_where_rank_0_trains_its_fingerprint_joins_the_bound():
+    # -n 2 on two cores: rank 0 hashes the model (4 bytes a parameter: 1 per byte of it) on its own path.
+    memory = {k: [24.0, 16.0] for k in ("rss", "pss", "uss", "held")}
+    row = {"n": 2, "params": 1e6, "ns_per_byte": 6.0, "memory": memory}
+    memory_only = large_model.report(row, bandwidth=17.0)[1]["bound_ns"]          # 68 bytes / 4 at 17 GB/s: 1 ns
+    _, status = large_model.report({**row, "server_trains": True}, bandwidth=17.0, sha_speed=0.5)
+    assert memory_only == pytest.approx(1.0) and status["bound_ns"] == pytest.approx(1.0 + 2.0)
+    assert status["cost_over_bound"] == pytest.approx(2.0)
+
+
+def test_its_markdown_block_is_marked_in_the_performance_page_and_refused_elsewhere(tmp_path, capsys):
+    markdown = bench_module("markdown", "test_bench42")
+    docs = markdown.targets([str(ROOT / "docs" / "performance.md")], *issue42.MARKS)
+    assert list(docs) == [str(ROOT / "docs" / "performance.md")]
+    other = tmp_path / "notes.md"
+    other.write_text("no markers\n")
+    with pytest.raises(SystemExit) as stop:
+        markdown.targets([str(other)], *issue42.MARKS)
+    assert stop.value.code == 2 and "notes.md" in capsys.readouterr().err
+    target = tmp_path / "page.md"
+    target.write_text(f"a\n{issue42.MARKS[0]}\nold\n{issue42.MARKS[1]}\nb\n")
+    markdown.write(markdown.targets([str(target)], *issue42.MARKS), "new table", *issue42.MARKS)
+    assert target.read_text() == f"a\n{issue42.MARKS[0]}\nnew table\n{issue42.MARKS[1]}\nb\n"
