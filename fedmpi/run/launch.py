@@ -93,10 +93,11 @@ def set_up(cfg, comm, **parts) -> Experiment:
     raise Refused(worst)
 
 
-def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
+def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=None) -> int:
     """Runs on every rank; `resume` is the fedmpi.io.resume.ResumePoint that `plan_resume` chose (--resume),
-    `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint)."""
-    exp = set_up(cfg, comm)
+    `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint); `dataset`
+    the config's data set loaded already (a sweep's, shared by its experiments: fedmpi.sweep.data)."""
+    exp = set_up(cfg, comm, dataset=dataset)
     log = None
     tracking = Tracking()
     start = resume or fork
