@@ -9,13 +9,15 @@
     sets:                                 # explicit override sets: one more factor of the product
       - {name: fsl, algorithm.name: fsl, algorithm.gamma: 1.0}
       - {config: ../configs/other.yaml}   # a set may start from another config file
+    # or several lists of sets, each one more factor:  sets: {split: [{...}, ...], method: [{...}, ...]}
     seeds: [0, 1, 2]                      # one experiment per seed (default: the config's own seed)
     ranks: 2                              # ranks per experiment, or {clients_per_rank: 5, max: 4}
 
 Keys of `overrides`, `grid` and `sets` are dotted config keys, as in `fedmpi run` overrides (a mapping value
 replaces that whole mapping); `seed` and `out` are the sweep's (`seeds`, `out`). Experiments are the product
-sets x grid x seeds, the first set and the first grid key varying slowest, seeds fastest; each is named after
-what it changes (`fsl_partition.beta-0.1_seed-2`) and runs in OUT/NAME. Every problem of a spec is reported
+sets x grid x seeds (each list of sets a factor, in order), the first set and the first grid key varying
+slowest, seeds fastest; each is named after what it changes (`fsl_partition.beta-0.1_seed-2`: a set by its
+`name`, else by its config file or its keys) and runs in OUT/NAME. Every problem of a spec is reported
 at once, one line each naming the key (exit 2), before anything starts (docs/sweep.md).
 """
 
@@ -69,7 +71,7 @@ class SpecFile:
     base: str | None = None
     overrides: dict = field(default_factory=dict)
     grid: dict = field(default_factory=dict)
-    sets: tuple = ()
+    sets: tuple | dict = ()
     seeds: tuple[int, ...] | None = None
     ranks: int | dict = 1
 
@@ -119,15 +121,21 @@ def load(path) -> Spec:
     _check_written(written, errors)
     overrides = _overrides(written.overrides, "overrides", errors)
     grid = _grid(written.grid, errors)
-    sets = _sets(written.sets, folder, errors)
+    axes = ([_sets(items, f"sets.{axis}", folder, errors) for axis, items in written.sets.items()]
+            if isinstance(written.sets, dict) else [_sets(written.sets, "sets", folder, errors)] if written.sets
+            else [])
     ranks = _ranks(written.ranks, errors)
-    if written.base is None and (not sets or any(s["config"] is None for s in sets)):
-        errors.append("base: missing; give the config every experiment starts from (or a `config` in every set)")
-    _overlaps(overrides, grid, sets, errors)
+    with_config = [sets for sets in axes if any(s["config"] for s in sets)]
+    if len(with_config) > 1:
+        errors.append("sets: `config` is given in two lists of sets; give it in one")
+    if written.base is None and (not with_config or not all(s["config"] for s in with_config[0])):
+        errors.append("base: missing; give the config every experiment starts from (or a `config` in every set "
+                      "of one list)")
+    _overlaps(overrides, grid, axes, errors)
     if errors:
         raise ConfigError([f"{where}: {e}" for e in dict.fromkeys(errors)])
     base = None if written.base is None else os.path.join(folder, written.base)
-    experiments = expand(base, overrides, grid, sets, written.seeds)
+    experiments = expand(base, overrides, grid, axes, written.seeds)
     if len(experiments) > MAX_EXPERIMENTS:
         raise ConfigError(f"{where}: grid x sets x seeds gives {len(experiments)} experiments; at most "
                           f"{MAX_EXPERIMENTS}")
@@ -184,10 +192,14 @@ def _grid(mapping, errors):
     return grid
 
 
-def _sets(items, folder, errors):
+def _sets(items, axis, folder, errors):
+    """One list of override sets (`axis`: where it is in the spec, for the messages)."""
+    if not isinstance(items, (list, tuple)) or not items:
+        errors.append(f"{axis} = {_show(items)}: must be a non-empty list of override sets")
+        return []
     sets = []
     for i, item in enumerate(items):
-        where = f"sets[{i}]"
+        where = f"{axis}[{i}]"
         if not isinstance(item, dict):
             errors.append(f"{where} = {_show(item)}: must be a mapping of dotted config keys (and optionally "
                           f"name, config)")
@@ -214,34 +226,41 @@ def _ranks(value, errors):
     return rule
 
 
-def _overlaps(overrides, grid, sets, errors):
-    """A key given twice would be decided by the order of application, which nobody reads: refused."""
+def _overlaps(overrides, grid, axes, errors):
+    """A key given twice would be decided by the order of application, which nobody reads: refused (a set
+    may change a key of `overrides`: that is what a set is for)."""
     for key in grid:
         if key in overrides:
             errors.append(f"grid.{key}: also in overrides; give each key in one place")
-    for i, s in enumerate(sets):
-        for key in s["values"]:
+    seen = {}
+    for a, sets in enumerate(axes):
+        keys = {key for s in sets for key in s["values"]}
+        for key in sorted(keys):
             if key in grid:
-                errors.append(f"sets[{i}].{key}: also a grid key; give each key in one place")
+                errors.append(f"sets: {key} is also a grid key; give each key in one place")
+            elif seen.get(key, a) != a:
+                errors.append(f"sets: {key} is set by two lists of sets; give each key in one list")
+            seen.setdefault(key, a)
 
 
-def expand(base, overrides, grid, sets, seeds):
+def expand(base, overrides, grid, axes, seeds):
     """[Experiment] of the product sets x grid x seeds (see the module docstring)."""
-    sets = sets or [{"name": None, "config": None, "values": {}}]
     keys = list(grid)
     points = list(itertools.product(*(grid[k] for k in keys))) if keys else [()]
     out = []
-    for s in sets:
+    for chosen in itertools.product(*axes):
+        config = next((s["config"] for s in chosen if s["config"]), base)
+        from_sets = {k: v for s in chosen for k, v in s["values"].items()}
         for point in points:
             for seed in (seeds if seeds is not None else [None]):
-                values = {**overrides, **s["values"], **dict(zip(keys, point))}
-                parts = [_set_label(s)] if s["name"] or s["config"] or s["values"] else []
+                values = {**overrides, **from_sets, **dict(zip(keys, point))}
+                parts = [_set_label(s) for s in chosen]
                 parts += [f"{k}-{_label(v)}" for k, v in zip(keys, point)]
                 if seed is not None:
                     parts.append(f"seed-{seed}")
                     values["seed"] = seed
                 name = _safe("_".join(p for p in parts if p)) or "run"
-                out.append(Experiment(len(out), name, s["config"] or base, values))
+                out.append(Experiment(len(out), name, config, values))
     return out
 
 
