@@ -215,14 +215,19 @@ def install():
     signal.signal(signal.SIGINT, _interrupt)
 
 
-_sweeping = []          # `keep_handlers` was called: this process runs one experiment after another
+_sweeping = []          # inside `keep_handlers`: this process runs one experiment after another
 
 
+@contextlib.contextmanager
 def keep_handlers():
-    """A sweep (fedmpi.sweep) runs experiment after experiment in this process: from here on `ignore_all`,
+    """A sweep (fedmpi.sweep) runs experiment after experiment in this process: inside this block `ignore_all`,
     which each experiment calls when it ends, leaves the handlers in place, so that a SIGTERM between two
     experiments still stops the sweep (its work is not done)."""
     _sweeping.append(True)
+    try:
+        yield
+    finally:
+        _sweeping.pop()
 
 
 def ignore_all():

@@ -41,7 +41,13 @@ def sweep_command(spec_path, retry_failed=False) -> int:
     spec = spec_mod.load(spec_path)
     configs = configs_mod.build(spec)
     signals.install()
-    signals.keep_handlers()
+    with signals.keep_handlers():
+        code = _sweep(spec, configs, retry_failed)
+    signals.ignore_all()        # the launch's work is done (as at the end of `fedmpi run`)
+    return code
+
+
+def _sweep(spec, configs, retry_failed):
     from fedmpi.io.outdir import claim_here
     from fedmpi.io.rank0 import decide
     from fedmpi.mpi.comm import make_comm
@@ -62,6 +68,8 @@ def sweep_command(spec_path, retry_failed=False) -> int:
     except FedmpiError as e:
         if held is not None and e.exit_code == EXIT_USAGE:
             held.undo_if_untouched()        # a refused sweep leaves no folder or lock file of its own behind
+        if held is not None:
+            held.release()
         raise
     if comm.size == 1:
         code = _serial(spec, configs, datasets, plan, host)

@@ -219,11 +219,10 @@ def _sets(items, axis, folder, errors):
 def _ranks(value, errors):
     if isinstance(value, int):
         return value
-    before = len(errors)
-    rule = build_section(RanksRule, value, "ranks", errors)
-    if "clients_per_rank" not in value and len(errors) == before:
+    if "clients_per_rank" not in value:
         errors.append("ranks.clients_per_rank: missing; ranks is an integer or {clients_per_rank: N, max: M}")
-    return rule
+        value = {**value, "clients_per_rank": 1}      # the other keys are still judged
+    return build_section(RanksRule, value, "ranks", errors)
 
 
 def _overlaps(overrides, grid, axes, errors):
