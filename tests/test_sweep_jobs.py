@@ -3,13 +3,10 @@ tests/test_jobs.py (srun, scontrol, fedmpi record their arguments and exit with 
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from test_jobs import JOBS, bench, calls, run, slurm_env  # noqa: F401 - bench: test_jobs' fixture, used below
+from test_jobs import bench, calls, run, slurm_env, warned_while_running  # noqa: F401 - bench: a fixture
 
 SPEC = "jobs/sweeps/quickstart_grid.yaml"
 
@@ -56,16 +53,6 @@ def test_without_a_spec_it_explains_and_exits_2(stand_ins, tmp_path):
 
 def test_it_forwards_the_warning_signal_and_requeues(stand_ins, tmp_path):
     env, record = stand_ins
-    proc = subprocess.Popen(["bash", str(JOBS / "slurm_grid.sbatch"), SPEC], cwd=tmp_path,
-                            env={**env, **slurm_env(WAIT_FOR_USR1="1")}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    started = Path(f"{record}.started")
-    deadline = time.monotonic() + 120      # a guard against a hang only
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert started.exists(), "the stand-in srun never started"
-    proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    _, out = warned_while_running("slurm_grid.sbatch", SPEC, env, record, tmp_path)
     assert "SIGUSR1 received" in out and ["srun got USR1"] in calls(record)
     assert calls(record, "scontrol") == [["scontrol", "requeue", "4242"]]

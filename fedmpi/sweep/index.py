@@ -14,8 +14,9 @@ import csv
 import io
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
+
+from fedmpi.core.output_paths import replace_with
 
 INDEX_NAME = "index.csv"
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "refused", "preempted", "interrupted")
@@ -83,17 +84,11 @@ def text(rows) -> str:
 
 def write(sweep_out, rows):
     """Replaces OUT/index.csv by `rows` at once (see the module docstring)."""
-    data = text(rows).encode()
-    fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".tmp", dir=sweep_out)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path_of(sweep_out))
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    data = text(rows)
+
+    def fill(fh):
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+    replace_with(path_of(sweep_out), fill, newline="", encoding="utf-8")
