@@ -30,6 +30,8 @@ def _parser():
     swp.add_argument("spec", help="sweep spec (YAML: base, out, grid, sets, seeds, ranks, overrides; docs/sweep.md)")
     swp.add_argument("--retry-failed", action="store_true",
                      help="run the experiments an earlier launch left failed or diverged again")
+    swp.add_argument("--dry-run", action="store_true",
+                     help="check everything and list the experiments in the order they would start; run nothing")
     rep = sub.add_parser("report", help="table of runs from their run.h5 files")
     rep.add_argument("runs", nargs="+", help="run.h5 files, run folders, folders of runs (searched) or globs")
     rep.add_argument("--plot", metavar="FILE.png",
@@ -193,7 +195,7 @@ def _sweep(args):
     from fedmpi.sweep.command import sweep_command
 
     signals.test_pause("import")
-    return sweep_command(args.spec, retry_failed=args.retry_failed)
+    return sweep_command(args.spec, retry_failed=args.retry_failed, dry_run=args.dry_run)
 
 
 def _dry_run(cfg):

@@ -281,3 +281,13 @@ def test_a_config_the_data_or_model_refuses_stops_the_sweep_before_it_starts(tmp
     assert line.startswith("fedmpi: config error: experiment model.name-cnn_mnist: model.name = 'cnn_mnist': needs "
                            "image data")
     assert not (tmp_path / OUT).exists()          # no folder, lock or index left behind
+
+
+def test_a_dry_run_lists_the_experiments_in_their_order_and_touches_nothing(tmp_path, base, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = write_spec(tmp_path, {"base": BASE, "out": OUT, "ranks": {"clients_per_rank": 2},
+                                 "sets": [{"name": "few", "server.clients_per_round": 2},
+                                          {"name": "many", "server.clients_per_round": 6}]})
+    assert main(["sweep", str(path), "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["many: 4 rank(s), new", "few: 2 rank(s), new"]
+    assert not (tmp_path / OUT).exists()

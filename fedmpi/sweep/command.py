@@ -37,17 +37,17 @@ class Plan:
     modes: list
 
 
-def sweep_command(spec_path, retry_failed=False) -> int:
+def sweep_command(spec_path, retry_failed=False, dry_run=False) -> int:
     spec = spec_mod.load(spec_path)
     configs = configs_mod.build(spec)
     signals.install()
     with signals.keep_handlers():
-        code = _sweep(spec, configs, retry_failed)
+        code = _sweep(spec, configs, retry_failed, dry_run)
     signals.ignore_all()        # the launch's work is done (as at the end of `fedmpi run`)
     return code
 
 
-def _sweep(spec, configs, retry_failed):
+def _sweep(spec, configs, retry_failed, dry_run):
     from fedmpi.io.outdir import claim_here
     from fedmpi.io.rank0 import decide
     from fedmpi.mpi.comm import make_comm
@@ -61,17 +61,22 @@ def _sweep(spec, configs, retry_failed):
         host = HostShare(node.cores, node.local_size - int(node.server_here), node.local_rank)
     else:
         node, host = None, HostShare(usable_cores(), 1, 0)
-    held, _ = decide(comm, lambda: (claim_here(spec.out), 0))
+    held = None if dry_run else decide(comm, lambda: (claim_here(spec.out), 0))[0]
     try:
         datasets = data.load_all(configs, comm)
-        plan, _ = decide(comm, lambda: (_check(spec, configs, datasets, comm.size - 1, retry_failed), 0))
+        plan, _ = decide(comm, lambda: (_check(spec, configs, datasets, comm.size - 1, retry_failed,
+                                               write=not dry_run), 0))
     except FedmpiError as e:
         if held is not None and e.exit_code == EXIT_USAGE:
             held.undo_if_untouched()        # a refused sweep leaves no folder or lock file of its own behind
         if held is not None:
             held.release()
         raise
-    if comm.size == 1:
+    if dry_run:
+        if comm.rank == 0:
+            _dry_run(spec, configs, plan, datasets, comm.size)
+        code = 0
+    elif comm.size == 1:
         code = _serial(spec, configs, datasets, plan, host)
     else:
         code = _parallel(spec, configs, datasets, plan, host, comm, node)
@@ -81,9 +86,10 @@ def _sweep(spec, configs, retry_failed):
     return code
 
 
-def _check(spec, configs, datasets, workers, retry_failed) -> Plan:
-    """Rank 0, step 4 of the module docstring: every problem at once (ConfigError), else the Plan. `workers`:
-    the ranks that run experiments (0: one process runs them all, each at -n 1)."""
+def _check(spec, configs, datasets, workers, retry_failed, write=True) -> Plan:
+    """Rank 0, step 4 of the module docstring: every problem at once (ConfigError), else the Plan (and the index
+    written as found, with `write`). `workers`: the ranks that run experiments (0: one process runs them all,
+    each at -n 1)."""
     from fedmpi.sweep import state
 
     problems = configs_mod.too_many_ranks(spec, configs, workers) if workers else []
@@ -109,7 +115,8 @@ def _check(spec, configs, datasets, workers, retry_failed) -> Plan:
         modes.append(found.mode)
     if problems:
         raise ConfigError(problems)
-    index.write(spec.out, rows)
+    if write:
+        index.write(spec.out, rows)
     return Plan([row.ranks for row in rows], sizes, rows, modes)
 
 
@@ -120,6 +127,22 @@ def _announce(spec, plan, datasets, ranks_text):
     kept = len(plan.rows) - todo
     say(f"{len(plan.rows)} experiments in {spec.out} ({todo} to run, {kept} kept from earlier launches) "
         f"{ranks_text}; {len(datasets)} data set(s), {megabytes(datasets):.1f} MB per node")
+
+
+def _dry_run(spec, configs, plan, datasets, size):
+    """--dry-run: what the sweep would do, one line per experiment, in the order it would start them (with the
+    ranks the spec gives it under mpiexec; one process runs each at -n 1)."""
+    from fedmpi.sweep.schedule import Schedule
+
+    _announce(spec, plan, datasets, f"on {size - 1} ranks" if size > 1 else "in one process, each at -n 1")
+    ranks = [configs_mod.ranks(spec, cfg, size - 1 if size > 1 else 2 ** 31) for cfg in configs]
+    order = Schedule(spec.out, plan.rows, ranks, plan.sizes, plan.modes, 1, say).queue
+    how = {0: "new", 1: "continued from its checkpoint", 2: "begun again"}
+    for i in order:
+        print(f"{plan.rows[i].name}: {ranks[i]} rank(s), {how[plan.modes[i]]}", flush=True)
+    for row in plan.rows:
+        if row.status != "pending":
+            print(f"{row.name}: kept ({row.status})", flush=True)
 
 
 def _serial(spec, configs, datasets, plan, host) -> int:
