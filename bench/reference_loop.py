@@ -34,7 +34,7 @@ def reference(cfg_map, device="cpu", pace=None, share=None):
 
     cfg = config.from_dict(cfg_map)
     ds = load_dataset(cfg)
-    split = split_dataset(cfg, ds)
+    split = split_dataset(ds, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every)
     parts, server_idx = split.parts, split.server_idx
     rng.seed_torch(cfg.seed, rng.INIT)
     model = build_model(cfg.model, ds.input_shape, ds.num_classes).to(device)

@@ -94,7 +94,7 @@ def data_bytes(cfg_map):
     from fedmpi.data import sources
 
     cfg = config.from_dict(cfg_map)
-    specs = sources.STREAMED[cfg.data.name][0](cfg)
+    specs = sources.STREAMED[cfg.data.name](cfg.data, cfg.seed, cfg.partition).specs()
     return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for name, (shape, dtype) in specs.items()
                if name in ("x_train", "y_train", "x_test", "y_test"))
 

@@ -88,7 +88,7 @@ def test_mnist5k_parse_is_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     os.utime(root / "mnist_5k.csv.gz", ns=(1, 1))
     changed = sources._cached_parse(str(root / "mnist_5k.csv.gz"), sources._parse_mnist5k)
     assert len(calls) == 3 and not np.array_equal(changed, first)
-    ds = sources.mnist5k(config.from_dict({"data": {"name": "mnist5k", "root": str(root)}}))
+    ds = sources.mnist5k(config.DataConfig(name="mnist5k", root=str(root)))
     assert len(ds.y_train) + len(ds.y_test) == 50
     monkeypatch.setenv("FEDMPI_CACHE_DIR", "")         # caching off
     sources._cached_parse(str(root / "mnist_5k.csv.gz"), sources._parse_mnist5k)

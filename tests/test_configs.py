@@ -222,7 +222,7 @@ def test_big_config_splits_and_builds_on_its_full_size_data(path):
     cfg = config.load(path)
     assert cfg.data.name in FULL_SIZE or cfg.data.name in NATURAL
     ds = stand_in(cfg)
-    split = split_dataset(cfg, ds)
+    split = split_dataset(ds, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every)
     sizes = np.array([len(p) for p in split.parts])
     assert len(sizes) == cfg.partition.clients and sizes.min() >= 1
     if cfg.partition.samples_per_client:
@@ -248,13 +248,13 @@ LOCAL = [p for p in ALL if config.load(p).data.name in LOCAL_DATA]
 @pytest.fixture(scope="module")
 def mnist5k():
     cfg = config.from_dict({"data": {"name": "mnist5k"}})
-    return sources.mnist5k(cfg)
+    return sources.mnist5k(cfg.data)
 
 
 @pytest.mark.parametrize("path", LOCAL, ids=rel)
 def test_local_data_config_dry_runs(path, mnist5k, monkeypatch, capsys):
     # The mnist5k file is parsed once for all of them; everything after loading is the real dry run.
-    monkeypatch.setitem(sources.LOADERS, "mnist5k", lambda cfg: mnist5k)
+    monkeypatch.setitem(sources.LOADERS, "mnist5k", lambda data, seed, partition: mnist5k)
     assert fedmpi_main(["run", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     clients = config.load(path).partition.clients

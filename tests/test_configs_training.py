@@ -75,8 +75,8 @@ def learnable_stand_in(cfg, per_client):
     sequences whose label is their last token (Shakespeare); SYNTHETIC itself. Natural users: one per client."""
     clients = cfg.partition.clients
     if cfg.data.name == "synthetic":
-        return sources.synthetic(config.from_dict({**cfg.to_dict(), "partition": {
-            "clients": clients, "scheme": "natural", "samples_per_client": per_client}}))
+        natural = config.PartitionConfig(clients=clients, scheme="natural", samples_per_client=per_client)
+        return sources.synthetic(cfg.data, cfg.seed, natural)
     g = np.random.default_rng(0)
     n_train = clients * per_client + 2 * CHECK_SERVER_SET
     n_test = 200

@@ -19,7 +19,7 @@ def labelled(per_class, classes=10, seed=0):
 
 def split(ds, seed=0, **partition_keys):
     cfg = config.from_dict({"seed": seed, "partition": partition_keys, "server": {"clients_per_round": 1}})
-    return partition(ds, cfg)
+    return partition(ds, cfg.partition, cfg.seed)
 
 
 def assert_disjoint(parts, n_total=None):
@@ -145,6 +145,6 @@ def test_partition_of_a_pool_uses_only_the_pool():
     ds = labelled(50)
     cfg = config.from_dict({"partition": {"clients": 4, "scheme": "labels"}, "server": {"clients_per_round": 1}})
     pool = np.arange(100, 500)
-    parts = partition(ds, cfg, pool)
+    parts = partition(ds, cfg.partition, cfg.seed, pool)
     assert np.isin(np.concatenate(parts), pool).all()
     assert_disjoint(parts)

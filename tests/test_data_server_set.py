@@ -7,7 +7,8 @@ from fedmpi import config
 from fedmpi.analysis.report import Run, format_table, mean_client_emd, server_summary, summarize
 from fedmpi.core.errors import ConfigError
 from fedmpi.data.dataset import Dataset
-from fedmpi.data.server_set import draw_server_set, split_dataset
+from fedmpi.data.server_set import draw_server_set as draw_with_sections
+from fedmpi.data.server_set import split_dataset
 
 
 def labelled(per_class=100, classes=10):
@@ -21,9 +22,18 @@ def make_cfg(seed=0, partition=None, **server):
                              "server_data": server, "server": {"clients_per_round": 2}})
 
 
+def split_of(cfg, ds):
+    """The split of `cfg`'s sections (the data package takes sections, not the config)."""
+    return split_dataset(ds, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every)
+
+
+def draw_server_set(labels, cfg):
+    return draw_with_sections(labels, cfg.server_data, cfg.seed)
+
+
 def test_no_server_set_by_default():
     ds = labelled()
-    split = split_dataset(make_cfg(), ds)
+    split = split_of(make_cfg(), ds)
     assert split.server_idx.dtype == np.int64 and len(split.server_idx) == 0
     assert sum(len(p) for p in split.parts) == 1000
     server = split.groups["partition/server"]
@@ -65,7 +75,7 @@ def test_dirichlet_set_larger_than_a_class_still_fills():
 
 def test_overlap_clients_partition_everything():
     ds = labelled()
-    split = split_dataset(make_cfg(size=100, source="overlap"), ds)
+    split = split_of(make_cfg(size=100, source="overlap"), ds)
     assert len(np.concatenate(split.parts)) == 1000
     assert np.isin(split.server_idx, np.concatenate(split.parts)).all()
 
@@ -74,7 +84,7 @@ def test_holdout_removes_the_set_from_the_clients_pool():
     ds = labelled()
     cfg = make_cfg(size=100, scheme="classes", classes=2, source="holdout",
                    partition={"clients": 10, "scheme": "dirichlet", "beta": 0.5})
-    split = split_dataset(cfg, ds)
+    split = split_of(cfg, ds)
     joined = np.concatenate(split.parts)
     assert len(joined) == 900 and not np.isin(split.server_idx, joined).any()
     assert np.array_equal(np.sort(np.concatenate([joined, split.server_idx])), np.arange(1000))
@@ -92,8 +102,8 @@ def test_server_set_is_seeded_and_independent_of_the_partition_seed_stream():
     c = draw_server_set(ds.y_train, make_cfg(seed=6, size=50))
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     # The same seed's client partition does not change when a server set is drawn with overlap.
-    plain = split_dataset(make_cfg(seed=5), ds).parts
-    with_set = split_dataset(make_cfg(seed=5, size=50), ds).parts
+    plain = split_of(make_cfg(seed=5), ds).parts
+    with_set = split_of(make_cfg(seed=5, size=50), ds).parts
     assert all(np.array_equal(x, y) for x, y in zip(plain, with_set))
 
 

@@ -93,7 +93,7 @@ def test_natural_partition_uses_leaf_users(tmp_path):
     cfg = config.from_dict({"data": {"name": "femnist", "root": str(tmp_path)},
                             "partition": {"clients": 3, "scheme": "natural"}, "server": {"clients_per_round": 1}})
     ds = load_dataset(cfg)
-    parts = partition(ds, cfg)
+    parts = partition(ds, cfg.partition, cfg.seed)
     assert [p.tolist() for p in parts] == [u.tolist() for u in ds.users]
 
 

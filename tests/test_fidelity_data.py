@@ -13,7 +13,8 @@ import fedmpi
 from fedmpi import config
 from fedmpi.core.errors import ConfigError
 from fedmpi.data.partition import partition
-from fedmpi.data.server_set import resolved_size, split_dataset
+from fedmpi.data.server_set import resolved_size
+from fedmpi.data.server_set import split_dataset as split_with_sections
 
 # --- data sharing: warm-up to a target accuracy -------------------------------------------------------------
 
@@ -65,6 +66,11 @@ def zhao_cfg(fraction, holdout=400, scheme="classes", **more):
     return config.from_dict({"seed": 2, "partition": {"clients": 10, "scheme": "shards", "shards_per_client": 1},
                              "server_data": {"fraction": fraction, "holdout": holdout, "scheme": scheme,
                                              "source": "holdout", **more}})
+
+
+def split_dataset(cfg, ds):
+    """The split of `cfg`'s sections (the data package takes sections, not the config)."""
+    return split_with_sections(ds, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every)
 
 
 def test_resolved_size_by_hand():
@@ -129,7 +135,7 @@ def test_groups_partition_by_hand():
     cfg = config.from_dict({"seed": 1, "partition": {"clients": 5, "scheme": "groups", "groups": [
         {"clients": 3, "labels": [1, 2, 5]}, {"clients": 2, "labels": [2]}]}, "server": {"clients_per_round": 5}})
     ds = Labels()
-    parts = partition(ds, cfg)
+    parts = partition(ds, cfg.partition, cfg.seed)
     held = [set(ds.y_train[p].tolist()) for p in parts]
     assert held == [{1, 2, 5}] * 3 + [{2}] * 2
     # Label 2 (100 samples) is split among all 5 clients, labels 1 and 5 among the first 3.
@@ -144,7 +150,7 @@ def test_groups_partition_with_samples_per_client_by_hand():
                                                      "groups": [[2, [0, 1, 2, 3]], [2, [2]]]},
                             "server": {"clients_per_round": 4}})
     ds = Labels()
-    parts = partition(ds, cfg)
+    parts = partition(ds, cfg.partition, cfg.seed)
     assert [len(p) for p in parts] == [30] * 4
     # 30 over 4 labels: 8, 8, 7, 7 (the first labels take the remainder); the second group 30 of label 2.
     assert [np.bincount(ds.y_train[p], minlength=4).tolist() for p in parts] == [[8, 8, 7, 7]] * 2 + [[0, 0, 30, 0]] * 2
@@ -153,7 +159,7 @@ def test_groups_partition_with_samples_per_client_by_hand():
                                             "groups": [[2, [0, 1, 2, 3]], [2, [2]]]},
                               "server": {"clients_per_round": 4}})
     with pytest.raises(ConfigError, match="need 150 samples of label 2"):
-        partition(ds, short)
+        partition(ds, short.partition, short.seed)
 
 
 def test_groups_partition_is_validated():
@@ -162,6 +168,4 @@ def test_groups_partition_is_validated():
     with pytest.raises(ConfigError, match="partition.groups"):
         config.PartitionConfig(clients=4, scheme="groups", groups=[{"clients": 4, "labels": []}])
     with pytest.raises(ConfigError, match="label 12 is not in the training pool"):
-        partition(Labels(), config.from_dict({"partition": {"clients": 2, "scheme": "groups",
-                                                            "groups": [[2, [12]]]},
-                                              "server": {"clients_per_round": 2}}))
+        partition(Labels(), config.PartitionConfig(clients=2, scheme="groups", groups=[[2, [12]]]), 0)

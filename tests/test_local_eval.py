@@ -10,7 +10,7 @@ from fedmpi import config
 from fedmpi.core.errors import ConfigError
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.local_test import hold_out, local_test_split, stratified_counts
-from fedmpi.data.server_set import split_dataset
+from fedmpi.data.server_set import split_dataset as split_with_sections
 from fedmpi.round.local_eval import local_figures
 
 
@@ -45,6 +45,11 @@ def _cfg(partition, **sections):
     return config.from_dict({"partition": partition, "server": {"clients_per_round": 1}, **sections})
 
 
+def split_dataset(cfg, ds):
+    """The split of `cfg`'s sections (the data package takes sections, not the config)."""
+    return split_with_sections(ds, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every)
+
+
 def test_local_test_zero_changes_nothing_and_a_fraction_records_the_sizes():
     ds = _dataset()
     plain = split_dataset(_cfg({"clients": 4, "scheme": "iid"}), ds)
@@ -74,12 +79,11 @@ def test_leaf_users_keep_their_own_test_samples():
     test_users = [np.array([0, 2, 4]), np.array([1, 3])]
     ds = _dataset(users=users, test_users=test_users)
     cfg = _cfg({"clients": 2, "scheme": "natural"}, data={"name": "femnist"})
-    parts, local = local_test_split(cfg, ds, users)
+    parts, local = local_test_split(cfg.partition, cfg.seed, ds, users)
     assert local.source == "test" and [p.tolist() for p in local.parts] == [[0, 2, 4], [1, 3]]
     assert parts is users
-    with pytest.raises(ConfigError, match="partition.local_test = 0.1: data.name = 'femnist'"):
-        local_test_split(_cfg({"clients": 2, "scheme": "natural", "local_test": 0.1}, data={"name": "femnist"}),
-                         ds, users)
+    with pytest.raises(ConfigError, match="partition.local_test = 0.1: data.name = 'toy'"):
+        local_test_split(config.PartitionConfig(clients=2, scheme="natural", local_test=0.1), 0, ds, users)
 
 
 def test_leaf_test_users_matched_by_name():

@@ -19,7 +19,7 @@ from fedmpi import config
 from fedmpi.algorithms.state import ClientStateStore, ClientVectors, SpillFile
 from fedmpi.core.errors import ConfigError
 from fedmpi.data import load_dataset, sources
-from fedmpi.data import torchvision_sources as tv
+from fedmpi.data.dataset import from_arrays
 from fedmpi.io.store import CORE_METRICS, RunLog, client_row, client_table, read_clients
 from fedmpi.mpi.local import LocalComm
 from fedmpi.mpi.runtime import parse_bytes
@@ -251,16 +251,16 @@ def test_shared_arrays_start_on_page_boundaries_without_overlap():
 
 def test_every_part_of_a_streamed_source_writes_the_values_of_the_whole_loader(tmp_path):
     write_mnist_family(tmp_path, "EMNIST", n_train=100, n_test=30, classes=62, names=emnist_names("byclass"))
-    cases = [(synthetic_cfg(), sources.synthetic_specs, sources.synthetic_fill),
-             (config.from_dict({"data": {"name": "emnist", "root": str(tmp_path), "split": "byclass"},
-                                "partition": {"clients": 5, "scheme": "iid"}, "server": {"clients_per_round": 2}}),
-              tv.idx_specs, tv.idx_fill)]
-    for cfg, specs, fill in cases:
+    cases = [synthetic_cfg(),
+             config.from_dict({"data": {"name": "emnist", "root": str(tmp_path), "split": "byclass"},
+                               "partition": {"clients": 5, "scheme": "iid"}, "server": {"clients_per_round": 2}})]
+    for cfg in cases:
         whole = load_dataset(cfg)
-        arrays = {name: np.full(shape, -9, dtype=dtype) for name, (shape, dtype) in specs(cfg).items()}
+        stream = sources.STREAMED[cfg.data.name](cfg.data, cfg.seed, cfg.partition)
+        arrays = {name: np.full(shape, -9, dtype=dtype) for name, (shape, dtype) in stream.specs().items()}
         for part in range(3):
-            fill(cfg, arrays, part, 3)
-        parted = sources.from_arrays(cfg.data.name, arrays)
+            stream.fill(arrays, part, 3)
+        parted = from_arrays(cfg.data.name, arrays)
         for name in ("x_train", "y_train", "x_test", "y_test"):
             assert np.array_equal(getattr(whole, name), getattr(parted, name)), (cfg.data.name, name)
         assert parted.num_classes == whole.num_classes
@@ -269,8 +269,9 @@ def test_every_part_of_a_streamed_source_writes_the_values_of_the_whole_loader(t
 
 def test_a_part_touches_only_its_rows():
     cfg = synthetic_cfg()
-    arrays = {name: np.full(shape, -9, dtype=dtype) for name, (shape, dtype) in sources.synthetic_specs(cfg).items()}
-    sources.synthetic_fill(cfg, arrays, 1, 3)
+    specs = sources.synthetic_specs(cfg.seed, cfg.partition)
+    arrays = {name: np.full(shape, -9, dtype=dtype) for name, (shape, dtype) in specs.items()}
+    sources.synthetic_fill(cfg.data, cfg.seed, cfg.partition, arrays, 1, 3)
     for name in ("x_train", "y_train", "x_test", "y_test", "users_index"):
         lo, hi = share_of(len(arrays[name]), 1, 3)
         written = np.flatnonzero((arrays[name] != -9).reshape(len(arrays[name]), -1).any(axis=1))

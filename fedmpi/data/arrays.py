@@ -31,14 +31,14 @@ DEFAULT_COLUMNS = {"x": "x", "y": "y", "client": None}
 HDF5_SUFFIXES = (".h5", ".hdf5")
 
 
-def arrays(cfg) -> Dataset:
-    root = cfg.data.root
+def arrays(data) -> Dataset:
+    root = data.root
     if not root:
         raise InputError("data.root is not set: data.name = 'arrays' reads an .npz or HDF5 (.h5, .hdf5) file, or "
                          "a folder a Hugging Face data set was saved to (save_to_disk)")
     where = f"data.root = {show(root, 300)}"
     if os.path.isdir(root):
-        mapping = _hugging_face(root, cfg.data.columns, where)
+        mapping = _hugging_face(root, data.columns, where)
     elif not os.path.exists(root):
         raise InputError(f"{where}: no such file or folder")
     elif root.endswith(".npz"):

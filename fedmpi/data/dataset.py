@@ -1,4 +1,5 @@
-"""The in-memory form every source produces (`fedmpi.data.load` turns a config into one)."""
+"""The in-memory form every source produces (`fedmpi.data.load` turns a config into one), and its flat form
+(`to_arrays` / `from_arrays`: the arrays a node shares, fedmpi.data.shared)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,35 @@ def _renumbered(users, keep, n):
     new_index[keep] = np.arange(len(keep))
     return [new_index[u][new_index[u] >= 0] for u in users]
 
+
+def from_arrays(name, arrays) -> Dataset:
+    """A Dataset over `arrays` (no copy): x/y train and test, the natural users as `users_index` cut at
+    `users_offsets` (absent or empty offsets: no users), `num_classes` as a one-element array."""
+    return Dataset(name, arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"],
+                   int(arrays["num_classes"][0]), users=_cut(arrays, "users"), test_users=_cut(arrays, "test_users"))
+
+
+def _cut(arrays, key):
+    """The index arrays stored as `{key}_index` cut at `{key}_offsets` (None when absent or empty)."""
+    offsets = arrays.get(f"{key}_offsets")
+    if offsets is None or not len(offsets):
+        return None
+    index = arrays[f"{key}_index"]
+    return [index[offsets[k]:offsets[k + 1]] for k in range(len(offsets) - 1)]
+
+
+def to_arrays(ds) -> dict:
+    """`from_arrays`' arrays for a Dataset (users concatenated, with their offsets)."""
+    arrays = {"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
+              **_joined("users", ds.users), "num_classes": np.array([ds.num_classes], dtype=np.int64)}
+    if ds.test_users is not None:
+        arrays.update(_joined("test_users", ds.test_users))
+    return arrays
+
+
+def _joined(key, users):
+    """`{key}_index` (the users' index arrays concatenated) and `{key}_offsets` (empty when there are none)."""
+    users = users or []
+    offsets = np.concatenate([[0], np.cumsum([len(u) for u in users], dtype=np.int64)]).astype(np.int64)
+    return {f"{key}_index": (np.concatenate(users).astype(np.int64) if users else np.zeros(0, np.int64)),
+            f"{key}_offsets": offsets if users else np.zeros(0, np.int64)}

@@ -33,8 +33,8 @@ LEAF_HOW = {
 }
 
 
-def _json_files(cfg, part):
-    name, root = cfg.data.name, cfg.data.root
+def _json_files(data, part):
+    name, root = data.name, data.root
     if not root:
         raise InputError(f"data.root is not set: data.name = {name!r} reads LEAF JSON files from "
                          f"DATA_ROOT/train/*.json and DATA_ROOT/test/*.json; {LEAF_HOW[name]}")
@@ -86,11 +86,11 @@ def _first_boolean(rows):
     return None
 
 
-def _read_part(cfg, part, encode):
+def _read_part(data, part, encode):
     """(x, y, per-user index arrays, the users' names) of all files in `part`, users concatenated in order."""
     xs, ys, users, names, start = [], [], [], [], 0
-    for path in _json_files(cfg, part):
-        file_users, maybe_booleans = _read_users(path, cfg.data.name)
+    for path in _json_files(data, part):
+        file_users, maybe_booleans = _read_users(path, data.name)
         for user, x, y in file_users:
             if not x:
                 continue
@@ -107,7 +107,7 @@ def _read_part(cfg, part, encode):
             names.append(user)
             start += len(y)
     if not xs:
-        raise InputError(f"{os.path.join(cfg.data.root, part)}: the LEAF files hold no samples")
+        raise InputError(f"{os.path.join(data.root, part)}: the LEAF files hold no samples")
     return np.concatenate(xs), np.concatenate(ys), users, names
 
 
@@ -153,14 +153,14 @@ def _check_labels(y, classes, where):
     return y.astype(np.int64)
 
 
-def femnist(cfg) -> Dataset:
+def femnist(data) -> Dataset:
     """FEMNIST: 28x28 handwritten characters of 62 classes, one LEAF user per writer. LEAF stores pixels in
     [0, 1]; they are standardised with the training set's mean and standard deviation."""
-    x_tr, y_tr, users, names = _read_part(cfg, "train", _femnist_pixels)
-    x_te, y_te, test_users, test_names = _read_part(cfg, "test", _femnist_pixels)
+    x_tr, y_tr, users, names = _read_part(data, "train", _femnist_pixels)
+    x_te, y_te, test_users, test_names = _read_part(data, "test", _femnist_pixels)
     mean, std = float(x_tr.mean()), float(x_tr.std()) or 1.0
-    y_tr = _check_labels(y_tr, FEMNIST_CLASSES, os.path.join(cfg.data.root, "train"))
-    y_te = _check_labels(y_te, FEMNIST_CLASSES, os.path.join(cfg.data.root, "test"))
+    y_tr = _check_labels(y_tr, FEMNIST_CLASSES, os.path.join(data.root, "train"))
+    y_te = _check_labels(y_te, FEMNIST_CLASSES, os.path.join(data.root, "test"))
     return Dataset("femnist", (x_tr - mean) / std, y_tr, (x_te - mean) / std, y_te, FEMNIST_CLASSES, users=users,
                    test_users=_test_users(names, test_users, test_names))
 
@@ -204,11 +204,11 @@ def _first_surrogate(strings):
     return None
 
 
-def shakespeare(cfg) -> Dataset:
+def shakespeare(data) -> Dataset:
     """Shakespeare next-character prediction: 80 characters in, the next character out (80 classes), one LEAF
     user per speaking role. Inputs are int64 token ids."""
-    x_tr, y_tr, users, names = _read_part(cfg, "train", _shakespeare_tokens)
-    x_te, y_te, test_users, test_names = _read_part(cfg, "test", _shakespeare_tokens)
+    x_tr, y_tr, users, names = _read_part(data, "train", _shakespeare_tokens)
+    x_te, y_te, test_users, test_names = _read_part(data, "test", _shakespeare_tokens)
     y_tr, y_te = encode_chars(list(y_tr)), encode_chars(list(y_te))
     return Dataset("shakespeare", x_tr, y_tr, x_te, y_te, len(SHAKESPEARE_VOCAB), users=users,
                    test_users=_test_users(names, test_users, test_names))

@@ -22,25 +22,28 @@ def load_dataset(cfg) -> Dataset:
                           f"available: {', '.join(sources.LOADERS)}, or a plug-in 'package.module:function'")
     signals.test_pause("data")      # a test's Ctrl-C "while the data loads"
     if loader is None:              # a data set from outside fedmpi (checked as it is made)
-        loader = plugins.load_plugin
-    return check_loaded(cfg, loader(cfg))
+        dataset = plugins.load_plugin(cfg.data)
+    else:
+        dataset = loader(cfg.data, cfg.seed, cfg.partition)
+    return check_loaded(cfg.data, dataset)
 
 
-def check_loaded(cfg, dataset) -> Dataset:
-    """What every loaded data set goes through: the arrays' checks, `data.classes`, `data.augment`'s check."""
+def check_loaded(data, dataset) -> Dataset:
+    """What every loaded data set goes through: the arrays' checks, `data.classes`, `data.augment`'s check
+    (`data`: the data section)."""
     _check_arrays(dataset)
-    if cfg.data.classes is not None:
-        dataset = keep_first_classes(dataset, cfg.data.classes)
-    _check_not_empty(cfg, dataset)
-    make_transform(cfg.data, dataset.input_shape)    # data.augment on non-images fails here, on every rank
+    if data.classes is not None:
+        dataset = keep_first_classes(dataset, data.classes)
+    _check_not_empty(data, dataset)
+    make_transform(data, dataset.input_shape)    # data.augment on non-images fails here, on every rank
     return dataset
 
 
-def _check_not_empty(cfg, ds):
+def _check_not_empty(data, ds):
     """An empty training or test set is refused: the run would record a test accuracy and loss of 0 every
     round (issue 38: a figure that is not true), or train nothing."""
-    where = f" (data.root = {cfg.data.root!r})" if cfg.data.root else ""
-    classes = f" after data.classes = {cfg.data.classes}" if cfg.data.classes is not None else ""
+    where = f" (data.root = {data.root!r})" if data.root else ""
+    classes = f" after data.classes = {data.classes}" if data.classes is not None else ""
     for part, y in (("training", ds.y_train), ("test", ds.y_test)):
         if len(y) == 0:
             raise InputError(f"data.name = {ds.name!r}{where}: the {part} set is empty{classes}; every run needs "

@@ -65,18 +65,18 @@ def hold_out(seed, cid, idx, labels, fraction):
     return np.setdiff1d(idx, test).astype(np.int64), test
 
 
-def local_test_split(cfg, dataset, parts):
-    """(the clients' training parts, their LocalTest or None) for this config."""
-    fraction = cfg.partition.local_test
-    own = dataset.test_users if cfg.partition.scheme == "natural" else None
+def local_test_split(p, seed, dataset, parts):
+    """(the clients' training parts, their LocalTest or None) for the partition section `p`."""
+    fraction = p.local_test
+    own = dataset.test_users if p.scheme == "natural" else None
     if own is not None:
         if fraction:
-            raise ConfigError(f"partition.local_test = {fraction}: data.name = {cfg.data.name!r} under "
+            raise ConfigError(f"partition.local_test = {fraction}: data.name = {dataset.name!r} under "
                               f"partition.scheme = 'natural' keeps each user's own LEAF test samples as its test "
                               f"split; leave partition.local_test at 0")
         return parts, LocalTest("test", [np.asarray(p, dtype=np.int64) for p in own])
     if not fraction:
         return parts, None
-    split = [hold_out(cfg.seed, cid, np.asarray(p, dtype=np.int64), dataset.y_train, fraction)
+    split = [hold_out(seed, cid, np.asarray(p, dtype=np.int64), dataset.y_train, fraction)
              for cid, p in enumerate(parts)]
     return [train for train, _ in split], LocalTest("train", [test for _, test in split])

@@ -1,7 +1,7 @@
 """Partitions of a training set into clients (docs/algorithms.md "Partitions"), seeded.
 
-Each scheme maps (labels, config, generator) to a list of index arrays, one per client. New schemes
-register in SCHEMES.
+Each scheme maps (labels, the partition section, generator, pool) to a list of index arrays, one per
+client. New schemes register in SCHEMES.
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ from fedmpi.core.errors import ConfigError
 MAX_DIRICHLET_DRAWS = 1000
 
 
-def iid(labels, cfg, g, pool):
+def iid(labels, p, g, pool):
     """Random equal split (sizes differ by at most one)."""
-    return [np.sort(part) for part in np.array_split(g.permutation(pool), cfg.partition.clients)]
+    return [np.sort(part) for part in np.array_split(g.permutation(pool), p.clients)]
 
 
-def dirichlet(labels, cfg, g, pool):
+def dirichlet(labels, p, g, pool):
     """NIID-Bench "labeldir": per class, proportions ~ Dir(beta) over clients; clients already holding
     n/N samples get no more of the next class; redrawn until every client has `min_samples`."""
-    p = cfg.partition
     n_clients, pool_labels = p.clients, labels[pool]
     classes = np.unique(pool_labels)
     cap = len(pool) / n_clients
@@ -43,24 +42,24 @@ def dirichlet(labels, cfg, g, pool):
                       f"min_samples or use fewer clients ({n_clients} share {len(pool)} samples)")
 
 
-def natural(labels, cfg, g, pool, users=None):
-    """The source's own users as clients (SYNTHETIC users, LEAF writers)."""
+def natural(labels, p, g, pool, users=None, source=None):
+    """The source's own users as clients (SYNTHETIC users, LEAF writers); `source`: the data set's name."""
     if users is None:
-        raise ConfigError(f"partition.scheme = 'natural': data.name = {cfg.data.name!r} has no natural users; "
+        raise ConfigError(f"partition.scheme = 'natural': data.name = {source!r} has no natural users; "
                           f"use synthetic, femnist, shakespeare or your own data with client ids (client_train; "
                           f"docs/data.md), or another scheme")
-    if len(users) != cfg.partition.clients:
-        raise ConfigError(f"partition.clients = {cfg.partition.clients}: data.name = {cfg.data.name!r} has "
+    if len(users) != p.clients:
+        raise ConfigError(f"partition.clients = {p.clients}: data.name = {source!r} has "
                           f"{len(users)} natural users")
     in_pool = np.zeros(len(labels), dtype=bool)
     in_pool[pool] = True     # a held-out server set leaves each user only its remaining samples
     return [np.asarray(u, dtype=np.int64)[in_pool[np.asarray(u, dtype=np.int64)]] for u in users]
 
 
-def label_subsets(labels, cfg, g, pool):
+def label_subsets(labels, p, g, pool):
     """NIID-Bench "#C=k": client i holds class i mod K plus k-1 other random classes; each class is split
     evenly among the clients that hold it (K = the classes present in the pool)."""
-    k, n_clients, pool_labels = cfg.partition.labels_per_client, cfg.partition.clients, labels[pool]
+    k, n_clients, pool_labels = p.labels_per_client, p.clients, labels[pool]
     classes = np.unique(pool_labels)
     if k > len(classes):
         raise ConfigError(f"partition.labels_per_client = {k}: the training pool has only {len(classes)} classes")
@@ -80,10 +79,10 @@ def label_subsets(labels, cfg, g, pool):
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def shards(labels, cfg, g, pool):
+def shards(labels, p, g, pool):
     """McMahan et al. / Zhao et al.: sort by label, cut into clients * shards_per_client equal shards, deal
     each client shards_per_client random ones (1 shard per client = "1-class non-IID")."""
-    per, n_clients = cfg.partition.shards_per_client, cfg.partition.clients
+    per, n_clients = p.shards_per_client, p.clients
     n_shards = n_clients * per
     if n_shards > len(pool):
         raise ConfigError(f"partition.shards_per_client = {per}: {n_clients} clients x {per} shards exceed the "
@@ -95,12 +94,11 @@ def shards(labels, cfg, g, pool):
     return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
 
 
-def classes(labels, cfg, g, pool):
+def classes(labels, p, g, pool):
     """FSL: each client gets C = classes_per_client classes and n_i / C samples of each, drawn without
     replacement. Classes are dealt round-robin over a random class order, so every class is held by
     floor or ceil(N C / K) clients. n_i is samples_per_client, or else the largest size <= pool / N that
     the classes can supply."""
-    p = cfg.partition
     pool_labels = labels[pool]
     present, counts = np.unique(pool_labels, return_counts=True)
     c_per, n_clients = p.classes_per_client, p.clients
@@ -139,10 +137,9 @@ def _samples_per_class(p, pool_size, present, counts, demand):
     return per_class
 
 
-def quantity(labels, cfg, g, pool):
+def quantity(labels, p, g, pool):
     """NIID-Bench quantity skew: sizes ~ Dir(beta) over clients, samples drawn at random (labels mixed);
     redrawn until every client has min_samples."""
-    p = cfg.partition
     shuffled = g.permutation(pool)
     for _ in range(MAX_DIRICHLET_DRAWS):
         share = g.dirichlet(np.full(p.clients, p.beta))
@@ -153,7 +150,7 @@ def quantity(labels, cfg, g, pool):
                       f"fewer than partition.min_samples = {p.min_samples} samples; raise beta or lower min_samples")
 
 
-def groups(labels, cfg, g, pool):
+def groups(labels, p, g, pool):
     """Client groups with fixed label sets (`partition.groups`, the SAFL paper's clients holding digits
     {1,2,5,7,9} beside clients holding only {2}): client ids are dealt to the groups in order. With
     `samples_per_client` n every client gets n samples, as evenly as possible over its group's labels
@@ -161,9 +158,9 @@ def groups(labels, cfg, g, pool):
     split evenly at random among every client whose group holds it. Labels no group holds are left out."""
     pool_labels = labels[pool]
     present = set(np.unique(pool_labels).tolist())
-    n = cfg.partition.samples_per_client
+    n = p.samples_per_client
     wants, cid = {}, 0           # label -> [(client, samples wanted or None)]
-    for k, group_labels in cfg.partition.groups:
+    for k, group_labels in p.groups:
         missing = [x for x in group_labels if x not in present]
         if missing:
             raise ConfigError(f"partition.groups: label {missing[0]} is not in the training pool (labels present: "
@@ -172,7 +169,7 @@ def groups(labels, cfg, g, pool):
         for label, share in zip(group_labels, shares):
             wants.setdefault(label, []).extend((c, share) for c in range(cid, cid + k))
         cid += k
-    parts = [[] for _ in range(cfg.partition.clients)]
+    parts = [[] for _ in range(p.clients)]
     for label in sorted(wants):
         idx = g.permutation(pool[pool_labels == label])
         if n is None:
@@ -198,21 +195,22 @@ USES = {"iid": (), "dirichlet": ("beta", "min_samples"), "labels": ("labels_per_
         "natural": (), "groups": ("groups",)}
 
 
-def partition(dataset, cfg, pool=None):
-    """Splits `pool` (default: the whole training set) into `partition.clients` index arrays."""
-    scheme = cfg.partition.scheme
+def partition(dataset, p, seed, pool=None):
+    """Splits `pool` (default: the whole training set) into `p.clients` index arrays (`p`: the partition
+    section; the draws come from the stream (seed, PARTITION))."""
+    scheme = p.scheme
     if scheme not in SCHEMES:
         raise ConfigError(f"partition.scheme = {scheme!r}: not available in this version; "
                           f"available: {', '.join(SCHEMES)}")
     if pool is None:
         pool = np.arange(len(dataset.y_train))
-    g = rng.stream(cfg.seed, rng.PARTITION)
+    g = rng.stream(seed, rng.PARTITION)
     if scheme == "natural":
-        parts = natural(dataset.y_train, cfg, g, pool, dataset.users)
+        parts = natural(dataset.y_train, p, g, pool, dataset.users, dataset.name)
     else:
-        if len(pool) < cfg.partition.clients:
-            raise ConfigError(f"partition.clients = {cfg.partition.clients}: only {len(pool)} training samples")
-        parts = SCHEMES[scheme](dataset.y_train, cfg, g, pool)
+        if len(pool) < p.clients:
+            raise ConfigError(f"partition.clients = {p.clients}: only {len(pool)} training samples")
+        parts = SCHEMES[scheme](dataset.y_train, p, g, pool)
     empty = [i for i, part in enumerate(parts) if len(part) == 0]
     if empty:
         raise ConfigError(f"partition.scheme = {scheme!r} left {len(empty)} client(s) without samples "

@@ -33,16 +33,16 @@ def offered_keys(data) -> dict:
     return {**offered, **data.kwargs}
 
 
-def load_plugin(cfg) -> Dataset:
-    """The Dataset of the plug-in `cfg.data.name`, checked."""
-    name = cfg.data.name
+def load_plugin(data) -> Dataset:
+    """The Dataset of the plug-in `data.name`, checked."""
+    name = data.name
     fn = plugin_names.resolve(name, GROUP, "data.name")
     if not callable(fn):
         raise ConfigError(f"data.name = {show(name)}: names a {type(fn).__name__}, not a function; a data set "
                           f"plug-in is a function returning a mapping of numpy arrays")
     where = f"data.name = {show(name)}"
     try:
-        arrays = fn(**plugin_names.keyword_subset(fn, offered_keys(cfg.data)))
+        arrays = fn(**plugin_names.keyword_subset(fn, offered_keys(data)))
     except (KeyboardInterrupt, ConfigError):
         raise
     except SystemExit as e:

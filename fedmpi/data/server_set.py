@@ -62,18 +62,17 @@ def resolved_size(s, n_train) -> int:
     return int(round(s.fraction * clients))
 
 
-def draw_holdout(labels, cfg) -> np.ndarray:
+def draw_holdout(labels, s, seed) -> np.ndarray:
     """Sorted indices of the holdout H (`server_data.holdout` samples), or None without one. H is drawn evenly
     over the classes (each class gives holdout / K samples, the first classes one more for the remainder),
     so that the clients' part D keeps the training set's class balance: Zhao et al. split a balanced D into
-    1-class clients, each holding exactly one class."""
-    s = cfg.server_data
+    1-class clients, each holding exactly one class. `s`: the server_data section."""
     if not s.holdout:
         return None
     if s.holdout >= len(labels):
         raise ConfigError(f"server_data.holdout = {s.holdout}: the training set has only {len(labels)} samples "
                           f"and the clients need some")
-    g = rng.stream(cfg.seed, rng.SERVER, HOLDOUT_KEY)
+    g = rng.stream(seed, rng.SERVER, HOLDOUT_KEY)
     present, counts = np.unique(labels, return_counts=True)
     per_class = np.array([len(a) for a in np.array_split(np.arange(s.holdout), len(present))])
     short = np.flatnonzero(per_class >= counts)
@@ -85,10 +84,9 @@ def draw_holdout(labels, cfg) -> np.ndarray:
     return np.sort(np.concatenate(chosen)).astype(np.int64)
 
 
-def draw_server_set(labels, cfg, candidates=None) -> np.ndarray:
-    """Sorted int64 indices of the server's set, drawn from `candidates` (indices into `labels`; None: the
-    whole training set); empty when its size is 0."""
-    s = cfg.server_data
+def draw_server_set(labels, s, seed, candidates=None) -> np.ndarray:
+    """Sorted int64 indices of the server's set (`s`: the server_data section), drawn from `candidates`
+    (indices into `labels`; None: the whole training set); empty when its size is 0."""
     size = resolved_size(s, len(labels))
     if size == 0:
         return np.zeros(0, dtype=np.int64)
@@ -99,7 +97,7 @@ def draw_server_set(labels, cfg, candidates=None) -> np.ndarray:
             else f"server_data.fraction = {s.fraction} (a set of {size} samples)")
     if size > len(labels):
         raise ConfigError(f"{what}: {where} has only {len(labels)} samples")
-    g = rng.stream(cfg.seed, rng.SERVER, SERVER_SET_KEY)
+    g = rng.stream(seed, rng.SERVER, SERVER_SET_KEY)
     if s.scheme == "iid":
         chosen = g.choice(len(labels), size=size, replace=False)
     else:
@@ -145,24 +143,27 @@ def _dirichlet_counts(s, size, counts, g, what):
     raise ConfigError(f"server_data.beta = {s.beta}: could not fill {size} samples ({what}); lower the set's size")
 
 
-def split_dataset(cfg, dataset, parts=None) -> Split:
+def split_dataset(dataset, partition_keys, server_data, seed, local_every=None, parts=None) -> Split:
     """The server's set, then the clients' partition of the remaining pool, with both sets' statistics.
-    `parts` (index arrays into the training set) replaces the configured partition (`fedmpi.simulate`)."""
+    `partition_keys` and `server_data` are those config sections; `local_every` is `eval.local_every` (a
+    local evaluation needs local test splits). `parts` (index arrays into the training set) replaces the
+    configured partition (`fedmpi.simulate`)."""
     labels = dataset.y_train
     if labels.dtype.kind not in "iu":     # regression targets (a custom data set): no label statistics
-        return Split(list(parts) if parts is not None else partition(dataset, cfg), np.zeros(0, np.int64), {})
-    holdout = draw_holdout(labels, cfg)
-    server_idx = draw_server_set(labels, cfg, holdout)
+        parts = list(parts) if parts is not None else partition(dataset, partition_keys, seed)
+        return Split(parts, np.zeros(0, np.int64), {})
+    holdout = draw_holdout(labels, server_data, seed)
+    server_idx = draw_server_set(labels, server_data, seed, holdout)
     if parts is None:
         pool = np.arange(len(labels), dtype=np.int64)
         removed = holdout if holdout is not None else server_idx
-        if cfg.server_data.source == "holdout" and len(removed):
+        if server_data.source == "holdout" and len(removed):
             pool = np.setdiff1d(pool, removed)
-        parts = partition(dataset, cfg, pool)
+        parts = partition(dataset, partition_keys, seed, pool)
     parts = [np.asarray(p, dtype=np.int64) for p in parts]
-    parts, local = local_test_split(cfg, dataset, parts)
-    if cfg.eval.local_every is not None and local is None:
-        raise ConfigError(f"eval.local_every = {cfg.eval.local_every}: the clients have no local test splits; set "
+    parts, local = local_test_split(partition_keys, seed, dataset, parts)
+    if local_every is not None and local is None:
+        raise ConfigError(f"eval.local_every = {local_every}: the clients have no local test splits; set "
                           f"partition.local_test to a fraction > 0 (or use a LEAF source under "
                           f"partition.scheme: natural), or leave eval.local_every null")
     server_stats = partition_stats(labels, [server_idx], dataset.num_classes)

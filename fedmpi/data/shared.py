@@ -14,6 +14,7 @@ API, the arrays are the plain private ones of `load_dataset`.
 from __future__ import annotations
 
 from fedmpi.data import sources
+from fedmpi.data.dataset import from_arrays, to_arrays
 from fedmpi.data.load import check_loaded, load_dataset
 
 
@@ -21,39 +22,37 @@ def load_shared(cfg, comm):
     """The Dataset of `cfg`, its arrays shared by the ranks of this rank's node (collective over the node)."""
     if comm.size == 1 or not cfg.runtime.shared_data:
         return load_dataset(cfg)
-    streamed = sources.STREAMED.get(cfg.data.name) if cfg.data.classes is None else None
-    if streamed is not None and not streamed[2](cfg):
-        streamed = None
-    if streamed is not None:
-        specs, fill, _ = streamed
-        arrays = comm.share_arrays(_specs_or_error(specs, cfg, comm),
-                                   lambda out, part, parts: fill(cfg, out, part, parts))
+    stream = None
+    if cfg.data.classes is None and cfg.data.name in sources.STREAMED:
+        stream = sources.STREAMED[cfg.data.name](cfg.data, cfg.seed, cfg.partition)
+    if stream is not None:
+        arrays = comm.share_arrays(_specs_or_error(stream.specs, comm), stream.fill)
     else:
-        arrays = comm.share_arrays(*_loaded_by_first_rank(cfg, comm))
-    dataset = sources.from_arrays(cfg.data.name, arrays)
-    if streamed is not None:
-        check_loaded(cfg, dataset)
+        arrays = comm.share_arrays(*_loaded_by_first_rank(lambda: load_dataset(cfg), comm))
+    dataset = from_arrays(cfg.data.name, arrays)
+    if stream is not None:
+        check_loaded(cfg.data, dataset)
     return dataset
 
 
-def _specs_or_error(specs, cfg, comm):
-    """The node's first rank's specs, or its error (a missing or damaged file), which `share_arrays` raises on
-    every rank of the node alike."""
+def _specs_or_error(specs, comm):
+    """The node's first rank's `specs()`, or its error (a missing or damaged file), which `share_arrays` raises
+    on every rank of the node alike."""
     if not comm.node_leader:
         return None
     try:
-        return specs(cfg)
+        return specs()
     except Exception as e:  # noqa: BLE001 - the node's other ranks wait for the specs whatever went wrong
         return e
 
 
-def _loaded_by_first_rank(cfg, comm):
-    """(specs, fill) for `share_arrays` where the node's first rank loads the data set privately and copies
-    it in; its failure (a missing file...) travels in place of the specs, so the whole node fails alike."""
+def _loaded_by_first_rank(load, comm):
+    """(specs, fill) for `share_arrays` where the node's first rank loads the data set privately (`load()`) and
+    copies it in; its failure (a missing file...) travels in place of the specs, so the whole node fails alike."""
     private = {}
     if comm.node_leader:
         try:
-            private = sources.to_arrays(load_dataset(cfg))
+            private = to_arrays(load())
         except Exception as e:  # noqa: BLE001 - the node's other ranks wait for the specs whatever went wrong
             return e, None
 

