@@ -291,3 +291,33 @@ def test_a_dry_run_lists_the_experiments_in_their_order_and_touches_nothing(tmp_
     assert main(["sweep", str(path), "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines() == ["many: 4 rank(s), new", "few: 2 rank(s), new"]
     assert not (tmp_path / OUT).exists()
+
+
+def test_run_batch_keeps_the_stop_signals_for_every_run(tmp_path, monkeypatch):
+    """Each run ends by ignoring signals (fedmpi.run.launch); a batch keeps the handlers for its later runs, as a
+    sweep does (signals.keep_handlers), so that a SIGTERM in its second run still checkpoints it."""
+    import importlib.util
+    import signal
+
+    import fedmpi.run.launch as launch
+    from fedmpi.mpi import signals
+
+    seen = []
+
+    def fake_run(cfg, comm, **kwargs):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        signals.ignore_all()            # what every run does when it ends
+        return 0
+
+    monkeypatch.setattr(launch, "run_experiment", fake_run)
+    spec = importlib.util.spec_from_file_location("run_batch_tool", ROOT / "tools" / "run_batch.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    paths = [str(write_config(tmp_path / f"c{i}.yaml", TINY)) for i in range(2)]
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    try:
+        assert tool.main([*paths, "--out-root", str(tmp_path / "runs")]) == 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert seen == [signals._handler, signals._handler]

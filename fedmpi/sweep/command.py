@@ -1,4 +1,4 @@
-"""`fedmpi sweep SPEC.yaml [--retry-failed]`, on every rank of the launch (docs/sweep.md).
+"""`fedmpi sweep SPEC.yaml [--retry-failed] [--dry-run]`, on every rank of the launch (docs/sweep.md).
 
 1. Every rank reads the spec and builds every experiment's config (fedmpi.sweep.spec, .configs): a problem
    anywhere refuses the sweep with every problem at once, exit 2, before MPI starts (as `fedmpi run`).
@@ -8,7 +8,8 @@
    ranks each experiment needs and what each experiment's folder holds (fedmpi.sweep.state); any problem
    refuses the sweep, all at once, exit 2, before the first experiment starts.
 5. Rank 0 dispatches, the other ranks run experiments in groups (fedmpi.sweep.dispatch, .group); one process
-   alone (no mpiexec, or -n 1) runs them one after another, each at -n 1.
+   alone (no mpiexec, or -n 1) runs them one after another, each at -n 1. (--dry-run: rank 0 lists them in
+   the order they would start instead, and nothing is claimed or written.)
 Exit: 0 when every experiment finished, 1 when the sweep ended with some failed (the index says which), 75
 when it stopped on SIGTERM/SIGUSR1 (start the same spec again to continue), 130 on Ctrl-C, 2 refused.
 """
