@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-from conftest import ROOT, run_steps, small_config, write_config
+from conftest import ROOT, read_global, run_steps, small_config, write_config
 
 R, HALF = 6, 3
 EVERY = 2          # checkpoint cadence: the half run stops at round 3, between two checkpoints of the whole run
@@ -238,7 +238,9 @@ RUNS["entry_point"] = {**RUNS["external"], "algorithm": {"name": ENTRY_POINT, "b
 RUNS["context"] = {**RUNS["external"], "algorithm": {"name": "extpkg.context:Coverage", "repeat_bonus": 0.5}}
 RUNS["nesterov"] = {"server": {"clients_per_round": 5, "optimizer": "examples.nesterov:Nesterov", "momentum": 0.9,
                                "lr": 0.5}}
-RESUMED = ("adam", "external", "context", "nesterov")
+RUNS["norm_clip"] = {"uploads": {"stages": ["examples.norm_clip_stage:NormClip"], "keys": {"max_norm": 0.05}}}
+RUNS["cyclic"] = {"participation": {"name": "examples.cyclic_participation:Cyclic", "keys": {"groups": 3}}}
+RESUMED = ("adam", "external", "context", "nesterov", "norm_clip", "cyclic")
 
 
 def config_of(name, out):
@@ -276,3 +278,16 @@ def shared(tmp_path_factory):
     if "runs" not in _RUNS:
         _RUNS["runs"] = launch(tmp_path_factory.mktemp("extension-runs"))
     return _RUNS["runs"]
+
+
+def assert_n3_is_in_process_and_resumes(name, tmp_path_factory):
+    """Run `name` of the shared launch: at -n 3 the model of the same config in-process (-n 1), and the run
+    stopped at HALF and continued with --resume bit-identical to the whole one."""
+    import numpy as np
+
+    import fedmpi
+
+    runs = shared(tmp_path_factory)
+    whole = read_global(runs[name])
+    assert np.array_equal(whole, read_global(runs[f"{name}-resumed"]))
+    assert np.array_equal(whole, fedmpi.simulate(config_of(name, tmp_path_factory.mktemp("alone"))).model)

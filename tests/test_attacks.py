@@ -14,7 +14,6 @@ from conftest import VecModel, small_config, write_config
 
 import fedmpi
 from fedmpi import config
-from fedmpi.algorithms.base import ClientRun
 from fedmpi.attacks import malicious_clients
 from fedmpi.attacks import model as attack_model
 from fedmpi.attacks.data import (
@@ -30,6 +29,7 @@ from fedmpi.attacks.keys import AttackConfig
 from fedmpi.attacks.stage import AttackStage
 from fedmpi.cli import main
 from fedmpi.core import rng
+from fedmpi.uploads.base import ClientUpdate, StageView
 
 
 def attacked(out="unused", rounds=1, **attack):
@@ -144,8 +144,9 @@ def test_attack_stage_replaces_only_a_malicious_clients_update(name, expected):
     honest, malicious = VecModel(3), VecModel(3)
     honest.vec.copy_(torch.tensor([1.5, -1.5, 1.0]))
     malicious.vec.copy_(torch.tensor([1.5, -1.5, 1.0]))      # update (0.5, -1.5, 0)
-    stage.client(ClientRun(3, 0, 10), down, honest)
-    stage.client(ClientRun(4, 0, 10), down, malicious)
+    for cid, model in ((3, honest), (4, malicious)):
+        update = stage.client(ClientUpdate(cid, 0, model.vec, down[:3], 10.0), StageView(None))
+        assert update.vector is model.vec and update.weight == 10.0     # the malicious client keeps its weight
     assert honest.vec.tolist() == [1.5, -1.5, 1.0]
     assert malicious.vec.tolist() == expected
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import regression_problem as rp
 import torch
+import transport_support as ts
 from conftest import VecModel, server_update
 
 import fedmpi
@@ -20,25 +21,34 @@ from fedmpi import config
 from fedmpi.algorithms import ClientRun, build_algorithm, lookup
 from fedmpi.algorithms.fednova import normalizer
 from fedmpi.core.errors import ConfigError
-from fedmpi.round.engine import upload_client
+from fedmpi.round.observers import ClientDrift
+from fedmpi.round.protocols import Reduce
 
 # --- the hooks alone, on hand-computed cases ------------------------------------------------------------
 
 
 def upload(algo, x, clients, t=0):
-    """Clients given as (cid, n_samples, steps, y): start, 'train' to y, the engine's upload into the sums
-    (fedmpi.round.engine.upload_client) and server update (Server.apply); returns (the new x, the broadcast)."""
+    """Clients given as (cid, n_samples, steps, y): start, 'train' to y, the REDUCE transport's local part and
+    combination (fedmpi.round.protocols.Reduce, on LocalComm) and server update (Server.apply); returns (the new
+    x, the broadcast)."""
     down = torch.zeros(algo.down_vectors * algo.dim)
     algo.down_payload(x, down)
-    acc = torch.zeros(algo.up_vectors * algo.dim + algo.up_scalars, dtype=torch.float64)
-    model, weight = VecModel(algo.dim), 0.0
-    for cid, n, steps, y in clients:
-        run = ClientRun(cid, t, n, lr=algo.context.client.lr, steps=steps)
+    model = VecModel(algo.dim)
+    sizes = [0] * (max(c for c, *_ in clients) + 1)
+    for cid, n, *_ in clients:
+        sizes[cid] = n
+    wire = ts.buffers(algo, len(sizes))
+    transport = Reduce(algo, ts.host(model, sizes), wire, ts.path(algo=algo), ClientDrift(len(sizes), False))
+    round_ = ts.round_input(t, [c for c, *_ in clients], down)
+    wire.start_round(round_.plan.selected)
+
+    def start(run):
         algo.client_start(run, down, model)
         assert torch.equal(model.vec, x)
-        model.vec.copy_(torch.tensor(y))
-        weight += upload_client(algo, (), run, down, model, acc)
-    return server_update(algo, x, acc, weight, t), down
+
+    local = transport.local(round_, ts.trained(model, down, t, clients, lr=algo.context.client.lr, start=start))
+    combined = transport.combine(wire.comm, round_, local)
+    return server_update(algo, x, combined.sums, combined.weight, t), down
 
 
 def hand_cfg(name, server=None, **keys):

@@ -29,6 +29,7 @@ from fedmpi.deploy.buffered import BufferedParticipation
 from fedmpi.deploy.participation import DeployParticipation
 from fedmpi.deploy.stage import CompressionStage
 from fedmpi.plans.base import Participation
+from fedmpi.uploads.base import ClientUpdate, StageSetting, StageView
 
 ROUNDS = 4
 # A clock without any effect on who counts: the deployment provider runs, inert (every update counts).
@@ -182,31 +183,31 @@ def test_topk_of_everything_is_the_uncompressed_run():
     assert np.all(full.metrics["bytes_up"] == full.metrics["uploads"] * (4 * d + math.ceil(d / 8)))
 
 
-class Cfg:
-    def __init__(self, **compress):
-        self.seed = 3
-        self.client = type("C", (), {"compress": config.from_dict({"client": {"compress": compress}}).client.compress})
-        self.server = config.from_dict({}).server
+def _compression(**compress):
+    """The stage as a run builds it, from the `client`, `server` sections and the seed alone."""
+    sections = config.from_dict({"client": {"compress": compress}})
+    algo = type("A", (), {"up_vectors": 1, "dim": 4})
+    return CompressionStage.build(StageSetting(algo, 4), client=sections.client, server=sections.server, seed=3)
 
 
 def test_compression_stage_uploads_x_plus_the_decoded_update_and_keeps_the_residual():
-    algo = type("A", (), {"up_vectors": 1, "dim": 4})
-    stage = CompressionStage(Cfg(name="topk", fraction=0.5, error_feedback=True), algo, 4)
+    assert _compression(name="none") is None
+    stage = _compression(name="topk", fraction=0.5, error_feedback=True)
     assert stage.keeps_client_state
     x = torch.tensor([1.0, 2.0, 3.0, 4.0])
     down, model = torch.cat([x, torch.zeros(4)]), VecModel(4)
-    run = fedmpi.algorithms.ClientRun(cid=7, round=0, n_samples=10)
     model.vec.copy_(x + torch.tensor([0.5, -3.0, 0.25, 2.0]))
-    stage.client(run, down, model)
+    update = stage.client(ClientUpdate(7, 0, model.vec, down[:4], 10.0), StageView(None))
     # top 2 of |delta|: -3 and 2; residual (0.5, 0, 0.25, 0); payload 2 values + min(2 indices, 1 mask byte)
-    assert torch.equal(model.vec - x, torch.tensor([0.0, -3.0, 0.0, 2.0])) and run.payload_bytes == 8 + 1
+    assert torch.equal(model.vec - x, torch.tensor([0.0, -3.0, 0.0, 2.0])) and update.bytes == 8 + 1
+    assert update.weight == 10.0 and update.vector is model.vec
     assert stage.client_state(7)["compress_residual"].tolist() == [0.5, 0.0, 0.25, 0.0]
     model.vec.copy_(x + torch.tensor([0.5, 0.0, 0.0, 0.0]))
-    stage.client(fedmpi.algorithms.ClientRun(cid=7, round=1, n_samples=10), down, model)
+    stage.client(ClientUpdate(7, 1, model.vec, down[:4], 10.0), StageView(None))
     # round 2: delta + e = (1, 0, 0.25, 0): top 2 are 1 and 0.25
     assert torch.equal(model.vec - x, torch.tensor([1.0, 0.0, 0.25, 0.0]))
     assert stage.client_state(7)["compress_residual"].tolist() == [0.0, 0.0, 0.0, 0.0]
-    other = CompressionStage(Cfg(name="topk", fraction=0.5, error_feedback=True), algo, 4)
+    other = _compression(name="topk", fraction=0.5, error_feedback=True)
     other.load_client_state(7, {"compress_residual": np.array([1.0, 0, 0, 0], dtype=np.float32)})
     assert other.client_state(7)["compress_residual"].tolist() == [1.0, 0.0, 0.0, 0.0]
     assert cp.kept_count(0.5, 4) == 2

@@ -96,7 +96,7 @@ def test_divergence_is_zero_when_the_federation_is_centralized_sgd():
     div = result.metrics["weight_divergence"]
     assert div.shape == (4,) and np.all(div < 1e-6), div
     assert result.metrics["weight_divergence_layers"].shape == (4, 1)
-    assert result.experiment.shadow.layers == ["w"]
+    assert result.experiment.metric_attrs["weight_divergence_layers"] == {"layers": ["w"]}
 
 
 def test_divergence_of_fedavg_grows_with_label_skew():

@@ -299,9 +299,10 @@ def test_reduce_algorithms_and_server_optimizers_run_with_clipped_uniform_upload
 
     original = PrivacyStage.client
 
-    def spy(self, run, down, model):
-        original(self, run, down, model)
-        seen.append((run.weight, float(torch.linalg.vector_norm(model.vec - down[: self.dim]))))
+    def spy(self, update, view):
+        out = original(self, update, view)
+        seen.append((out.weight, float(torch.linalg.vector_norm(out.vector - out.start))))
+        return out
 
     monkeypatch.setattr(PrivacyStage, "client", spy)
     result = fedmpi.simulate(cfg)

@@ -20,7 +20,8 @@ from fedmpi.algorithms.fedbuff import staleness_weight
 from fedmpi.core.errors import StopRequested
 from fedmpi.mpi.local import LocalComm
 from fedmpi.round.engine import RoundOutcome, run_round
-from fedmpi.round.protocols import BUFFER, GATHER, REDUCE, ROUTE
+from fedmpi.round.protocols import Buffer, Gather, Reduce
+from fedmpi.round.route import Route
 from fedmpi.run.setup import experiment as set_up_experiment
 
 THETA0 = rp.X0.astype(np.float32).astype(np.float64)   # the initial (w1, w2, b) as the float32 model holds them
@@ -55,7 +56,7 @@ def params(x):
 def test_reduce_gives_the_fedavg_average_of_the_selected_clients():
     exp = experiment("fedavg")
     parts = exp.round_parts
-    assert parts.protocol is REDUCE
+    assert type(parts.transport) is Reduce
     outcome = run_round(parts, 0)
     selected = rp.selected(0)
     expected = weighted_step(THETA0, [trained(THETA0, 0, c) for c in selected], rp.weights(selected))
@@ -71,7 +72,7 @@ def test_gather_fuses_only_the_gated_in_uploads_in_client_id_order(monkeypatch):
     # All three clients train; the gate (replaced here: a fixed decision) lets clients 0 and 2 upload.
     exp = experiment("safl", server={"clients_per_round": 3}, gating=True, eps=1.0)
     parts = exp.round_parts
-    assert parts.protocol is GATHER
+    assert type(parts.transport) is Gather
     gated_in = {0, 2}
     seen = []
 
@@ -92,7 +93,7 @@ def test_gather_fuses_only_the_gated_in_uploads_in_client_id_order(monkeypatch):
 def test_route_moves_slots_between_clients_and_aggregates_only_at_aggregation_rounds():
     exp = experiment("fedskip", delta=2)
     parts, algo = exp.round_parts, exp.algo
-    assert parts.protocol is ROUTE
+    assert type(parts.transport) is Route
     first = run_round(parts, 0)
     # Inside the period: no server step, no evaluation; each slot holds its round-0 client's model.
     rp.assert_model(first.record.model, THETA0)
@@ -101,7 +102,7 @@ def test_route_moves_slots_between_clients_and_aggregates_only_at_aggregation_ro
     slots = [trained(THETA0, 0, c) for c in order0]
     for slot, end in enumerate(slots):
         rp.assert_model(algo.slots[slot], end)
-    assert parts.state.previous.round == 0          # the previous plan, kept for the next round's moves
+    assert parts.transport.previous.round == 0          # the previous plan, kept for the next round's moves
     second = run_round(parts, 1)
     # Round 1 ends the period: slot j continued from its round-0 model on the j-th client of round 1's order,
     # and the slots are averaged with their accumulated sample counts.
@@ -117,7 +118,7 @@ def test_buffer_releases_held_updates_in_the_round_they_arrive(tmp_path):
     exp = experiment("fedbuff", server={"clients_per_round": 2}, buffer_size=1, concurrency=2,
                      clients={"speed": {"kind": "trace", "trace": str(trace)}})
     parts, algo = exp.round_parts, exp.algo
-    assert parts.protocol is BUFFER
+    assert type(parts.transport) is Buffer
     models = [THETA0]               # the global model of each version
     late = 0
     for t in range(4):
@@ -175,8 +176,6 @@ def test_route_sends_each_slot_from_its_previous_clients_rank_to_its_next_ones()
     Slot 0 goes from client 0 to client 1 (sent to rank 2), slot 1 from client 1 to client 2 (received)."""
     from types import SimpleNamespace
 
-    from fedmpi.round.protocols import _move_slots
-
     held = {0: torch.tensor([1.0, 2.0])}
     routed = []
 
@@ -187,9 +186,9 @@ def test_route_sends_each_slot_from_its_previous_clients_rank_to_its_next_ones()
             buf[:] = [5.0, 6.0]
 
     algo = SimpleNamespace(take_slot=held.pop, put_slot=held.__setitem__)
-    parts = SimpleNamespace(algo=algo, comm=SimpleNamespace(rank=1, route=route),
-                            clients=SimpleNamespace(host=np.array([1, 2, 1])),
-                            flat=SimpleNamespace(dim=2, device=torch.device("cpu")))
-    _move_slots(parts, previous=[0, 1], order=[1, 2])
+    clients = SimpleNamespace(host=np.array([1, 2, 1]), flat=SimpleNamespace(dim=2, device=torch.device("cpu")))
+    transport = Route(algo, clients, wire=None, path=None, participation=None,
+                      comm=SimpleNamespace(rank=1, route=route))
+    transport.move_slots(previous=[0, 1], order=[1, 2])
     assert routed == [([(2, 0, [1.0, 2.0])], [(2, 1)])]
     assert list(held) == [1] and torch.equal(held[1], torch.tensor([5.0, 6.0]))

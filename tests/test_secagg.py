@@ -12,15 +12,16 @@ import torch
 from conftest import VecModel, small_config, write_config
 
 from fedmpi import config as fconfig
-from fedmpi.algorithms.base import ClientRun
 from fedmpi.algorithms.registry import lookup
 from fedmpi.core import rng
 from fedmpi.mpi.local import LocalComm
 from fedmpi.plans.base import RoundPlan
+from fedmpi.round.providers import SecureAggregation
 from fedmpi.secagg import agreement, checks, masks, shamir
 from fedmpi.secagg.graph import default_neighbours, harary, is_regular
 from fedmpi.secagg.protocol import deal, masked_upload, setup, unmask
 from fedmpi.secagg.stage import SecAggStage
+from fedmpi.uploads.base import ClientUpdate, StageSetting, StageView
 
 # -- Shamir ------------------------------------------------------------------------------------------------
 
@@ -189,39 +190,50 @@ def _cfg(tmp_path, **secagg):
     return fconfig.from_dict(small_config(tmp_path, server=server, secagg=secagg, **extra))
 
 
+def _stage(cfg, dim):
+    """The stage as a run builds it, from its sections alone (rank 0: told the accountant's curve)."""
+    setting = StageSetting(types.SimpleNamespace(up_vectors=1, dim=dim), dim, on_server=True)
+    return SecureAggregation.build(setting, secagg=cfg.secagg, server=cfg.server, client=cfg.client,
+                                   partition=cfg.partition, rounds=cfg.rounds, seed=cfg.seed)
+
+
+def _server(stage, plan, sums, weight, dim):
+    """Rank 0 after the reductions: the stage's server hook with its two scalar sums as its view."""
+    return stage.server(sums, weight, StageView(plan, (), sums[dim: dim + stage.up_scalars]))
+
+
 @pytest.mark.parametrize("mode", ["secagg", "secagg_plus"])
 def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bit(tmp_path, mode):
     cfg = _cfg(tmp_path, mode=mode, bits=24, clip=0.5, scale=1000.0, threshold=3)
     dim = 40
-    algo = types.SimpleNamespace(up_vectors=1, dim=dim)
-    stage = SecAggStage(cfg, algo, dim)
-    stage.up_offset = dim
+    stage = _stage(cfg, dim)
     selected = np.array([0, 2, 3, 5, 7, 9])
     counted = np.array([True, False, True, True, False, True])
     plan = RoundPlan(4, selected, selected, counted)
-    stage.round_plan(plan)
+    stage.begin(plan, StageView(plan))
     down = torch.randn(dim, generator=torch.Generator().manual_seed(99)) * 0.1
     expected = np.zeros(dim, dtype=np.int64)
     acc = torch.zeros(dim + 2, dtype=torch.float64)
+    total = stage.zeros()
     for cid in selected[counted]:
         model = VecModel(dim)
         model.vec = down + torch.randn(dim, generator=torch.Generator().manual_seed(int(cid))) * 0.3
         delta = (model.vec - down).double().numpy()
         q, _ = masks.quantize(delta, 0.5, 1000.0, rng.stream(cfg.seed, rng.SECAGG, 4, cid, agreement.ROUNDING))
         expected += q
-        run = ClientRun(int(cid), 4, 10)
-        stage.client(run, down, model)
-        assert run.weight == 1.0 and run.payload_bytes > 3 * dim
+        update = stage.client(ClientUpdate(int(cid), 4, model.vec, down, 10.0), StageView(plan))
+        assert update.weight == 1.0 and update.bytes > 3 * dim
         assert torch.allclose(model.vec, down + torch.from_numpy(q / 1000.0).float())
         acc[:dim] += (model.vec - down).double()
-        acc[dim:] += torch.tensor(stage.scalars(run), dtype=torch.float64)
-    stage.collective(LocalComm(), plan, acc)
+        acc[dim:] += torch.tensor(update.scalars["secagg"], dtype=torch.float64)
+        np.add(total, update.encoded, out=total)        # what the transport sums (SecureReduce)
+    LocalComm().reduce_sum_mod(total, stage.bits)
     assert stage.own_vector_transport       # the float reduction leaves acc[:dim] out (measured below)
     sums = acc.clone()
-    weight = stage.server(4, sums, 4.0)
+    weight, figures = stage.decode(plan, total, sums, 4.0)
     assert weight == 4.0
     assert torch.equal(sums[:dim], torch.from_numpy(expected / 1000.0))
-    figures = stage.round_metrics(4)
+    figures.update(_server(stage, plan, sums, weight, dim)[2])
     assert figures["secagg_failed"] == 0 and figures["secagg_survivors"] == 4 and figures["secagg_dropped"] == 2
     assert figures["secagg_messages"] == 4 * 6 + 3 * 4
     assert figures["secagg_clipped_fraction"] == 1.0        # norms ~ 0.3 sqrt(40) > clip 0.5
@@ -230,19 +242,21 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
 def test_the_stage_fails_the_round_below_the_threshold(tmp_path):
     cfg = _cfg(tmp_path, threshold=5)
     dim = 8
-    stage = SecAggStage(cfg, types.SimpleNamespace(up_vectors=1, dim=dim), dim)
-    stage.up_offset = dim
+    stage = _stage(cfg, dim)
     selected = np.arange(6)
     plan = RoundPlan(0, selected, selected, np.array([True, True, True, True, False, False]))
-    stage.round_plan(plan)
+    stage.begin(plan, StageView(plan))
+    total = stage.zeros()
     for cid in range(4):
         model = VecModel(dim)
         model.vec = torch.ones(dim)
-        stage.client(ClientRun(cid, 0, 5), torch.zeros(dim), model)
-    sums = torch.zeros(dim + 2, dtype=torch.float64)
-    stage.collective(LocalComm(), plan, sums)
-    assert stage.server(0, sums, 4.0) == 0.0 and not sums[:dim].any()
-    assert stage.round_metrics(0)["secagg_failed"] == 1.0
+        update = stage.client(ClientUpdate(cid, 0, model.vec, torch.zeros(dim), 5.0), StageView(plan))
+        np.add(total, update.encoded, out=total)
+    sums = torch.ones(dim + 2, dtype=torch.float64)
+    LocalComm().reduce_sum_mod(total, stage.bits)
+    weight, figures = stage.decode(plan, total, sums, 4.0)
+    assert weight == 0.0 and not sums[:dim].any()
+    assert figures["secagg_failed"] == 1.0
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------

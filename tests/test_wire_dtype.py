@@ -14,6 +14,7 @@ from fedmpi.cli import main
 from fedmpi.mpi.local import LocalComm
 from fedmpi.round.wire import CMD_RUN, RoundBuffers
 from fedmpi.uploads import precision
+from fedmpi.uploads.base import ClientUpdate, StageView
 
 
 def _rounded(values, dtype):
@@ -38,7 +39,8 @@ def test_float16_rounds_on_11_significant_bits_and_overflows_past_65504():
 def test_the_upload_stage_rounds_the_update_not_the_model():
     start = torch.tensor([100.0, 1.0, -2.0, 5.0])
     model = SimpleNamespace(vec=start + torch.tensor([2**-8, 3 * 2**-12, 0.1, 0.0]), dim=4)
-    precision.WirePrecision("bfloat16", 4).client(None, start, model)
+    update = precision.WirePrecision("bfloat16", 4).client(ClientUpdate(0, 0, model.vec, start, 1.0), StageView(None))
+    assert update.vector is model.vec
     # The update's entries rounded each to bfloat16 (3 * 2^-12 is exact; 0.1 -> 0.10009765625); the model
     # is the start plus them (float32).
     want = start + torch.tensor([2**-8, 3 * 2**-12, 0.10009765625, 0.0])

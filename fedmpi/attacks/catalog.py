@@ -59,10 +59,8 @@ def is_plugin(name) -> bool:
 
 def attack_class(name):
     """The ModelAttack class `attack.name = name` stands for (ConfigError naming the key otherwise)."""
-    cls = plugin_names.resolve(name, GROUP, KEY)
+    cls = plugin_names.load_subclass(name, GROUP, KEY, ModelAttack)
     where = f"{KEY} = {name!r}"
-    if not (isinstance(cls, type) and issubclass(cls, ModelAttack)):
-        raise ConfigError(f"{where}: {cls!r} is not a subclass of fedmpi.attacks.catalog.ModelAttack")
     if not isinstance(cls.name, str) or not cls.name:
         raise ConfigError(f"{where}: the class {cls.__name__} declares no name")
     if not (isinstance(cls.uses, tuple) and set(cls.uses) <= ATTACK_KEYS - set(WHO)):

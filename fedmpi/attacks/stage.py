@@ -1,7 +1,7 @@
 """The model attacks in the round loop: an upload stage that replaces each malicious client's update with
 the poisoned one (fedmpi.attacks.model) before anything else on the upload path sees it.
 
-Order on the upload path (fedmpi.round.providers.build_stages): attack, then update compression, then
+Its place on the upload path is first (`order`, fedmpi.uploads.base): attack, then update compression, then
 differential privacy. The attacker is the client: it crafts its update first and then runs the protocol's
 client-side code on it like any client, so compression sees (and distorts) the malicious update, and DP's
 clipping bounds it as it bounds an honest one (a malicious client that skipped clipping would be no
@@ -17,23 +17,30 @@ from fedmpi.attacks import catalog
 from fedmpi.attacks import model as attacks_model
 from fedmpi.attacks.keys import CLIENT_MODEL_ATTACKS
 from fedmpi.core import rng
-from fedmpi.uploads.base import UploadStage
+from fedmpi.uploads.base import ORDER_ATTACK, UploadStage
 
 
 class AttackStage(UploadStage):
-    name = "attack"
+    name, order = "attack", ORDER_ATTACK
+    reads = ("attack", "seed")
+
+    @classmethod
+    def build(cls, setting, *, attack, seed):
+        """The stage where the attack changes uploads and some client is malicious; None otherwise."""
+        if not (needs_stage(attack) and len(setting.malicious)):
+            return None
+        return cls(attack, setting.malicious, seed, setting.dim)
 
     def __init__(self, attack, malicious, seed, dim):
         self.attack, self.seed, self.dim = attack, seed, dim
         self.malicious = frozenset(int(c) for c in malicious)
         self.plugin = catalog.attack_class(attack.name)(attack) if catalog.is_plugin(attack.name) else None
 
-    def client(self, run, down, model):
-        if run.cid not in self.malicious:
-            return
-        start = down[: self.dim]
-        update = model.vec - start
-        model.vec.copy_(start + self._poisoned(update, run.round, run.cid))
+    def client(self, update, view):
+        if update.cid not in self.malicious:
+            return update
+        update.vector.copy_(update.start + self._poisoned(update.delta(), update.round, update.cid))
+        return update
 
     def _poisoned(self, update, t, cid):
         if self.plugin is None:

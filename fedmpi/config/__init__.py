@@ -43,8 +43,10 @@ from fedmpi.core.config_checks import dotted as _dotted
 from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
 from fedmpi.deploy.keys import ClientsConfig
+from fedmpi.plans.keys import ParticipationConfig
 from fedmpi.privacy.keys import PrivacyConfig
 from fedmpi.secagg.keys import SecAggConfig
+from fedmpi.uploads.keys import UploadsConfig
 
 MAX_CONFIG_BYTES = 1 << 20      # a config file is a few kB
 
@@ -68,6 +70,8 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)     # malicious clients (fedmpi.attacks)
     secagg: SecAggConfig = field(default_factory=SecAggConfig)     # secure aggregation (fedmpi.secagg)
+    uploads: UploadsConfig = field(default_factory=UploadsConfig)   # plug-in upload stages (fedmpi.uploads)
+    participation: ParticipationConfig = field(default_factory=ParticipationConfig)   # a plug-in provider
 
     RANGES: typing.ClassVar[dict] = {"rounds": _count(0)}
 
@@ -127,7 +131,7 @@ HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.
                  "eval.finetune_steps",
                  "server.aggregator", "server.robust",
                  "server.secure_aggregation", "secagg", "data.kwargs", "data.columns", "model.kwargs",
-                 "server.weighting")
+                 "server.weighting", "uploads", "participation")
 
 
 @functools.cache

@@ -27,7 +27,7 @@ class EvalConfig:
     # 1,000-image test set ten units to spread, and stays large enough for the kernels to be efficient.
     batch_size: int = 100
     divergence: bool = False            # weight divergence from a centralized-SGD shadow (fedmpi.round.shadow)
-    client_drift: bool = False          # per-client update norms and cosines with the aggregate (fedmpi.round.drift)
+    client_drift: bool = False          # per-client update norms, cosines with the aggregate (fedmpi.round.observers)
     # Local evaluation (fedmpi.round.local_eval): every `local_every` rounds (null = off; not forced at the last
     # round, so that a resumed run logs what an uninterrupted one does) each evaluated client
     # is evaluated on its own test split (partition.local_test) on its host, after `finetune_steps` local

@@ -108,3 +108,19 @@ def named_parameters(fn):
     except (TypeError, ValueError):
         return set()
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def load_subclass(name, group, key, base):
+    """The class `name` stands for (`resolve`), which must subclass `base`; ConfigError naming `key` otherwise."""
+    cls = resolve(name, group, key)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{key} = {name!r}: {cls!r} is not a subclass of {base.__module__}.{base.__qualname__}")
+    return cls
+
+
+def check_names(cls, attr, where, allowed=None, what="key names"):
+    """A class's declaration `attr` must be a tuple of strings (each in `allowed`, where given)."""
+    declared = getattr(cls, attr, ())
+    if not (isinstance(declared, tuple) and all(isinstance(k, str) for k in declared)
+            and (allowed is None or set(declared) <= set(allowed))):
+        raise ConfigError(f"{where}: {cls.__name__}.{attr} must be a tuple of {what}; it is {declared!r}")

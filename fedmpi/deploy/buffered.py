@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedmpi.algorithms.base import BUFFER
 from fedmpi.core import rng
 from fedmpi.core.train import schedule
 from fedmpi.deploy import availability as av
@@ -71,17 +72,29 @@ class BufferedPlan(RoundPlan):
 
 
 class BufferedParticipation(Participation):
-    def __init__(self, cfg, algo, part_sizes):
-        self.cfg = cfg
-        super().__init__(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
-                         clients_per_round=cfg.server.clients_per_round)
-        keys, clients = cfg.algorithm, cfg.clients
+    reads = ("seed", "partition", "server", "clients", "client")
+
+    @classmethod
+    def build(cls, setting, *, seed, partition, server, clients, client):
+        """FedBuff's provider for an algorithm of the BUFFER family (its keys: buffer_size, concurrency); None
+        for any other."""
+        algo = setting.algo
+        if algo.protocol != BUFFER:
+            return None
+        return cls(algo, setting.part_sizes, seed=seed, partition=partition, server=server, clients=clients,
+                   client=client, keys=algo.keys)
+
+    def __init__(self, algo, part_sizes, *, seed, partition, server, clients, client, keys):
+        """From the run's `seed`, the `partition`, `server`, `clients` and `client` sections and FedBuff's
+        algorithm `keys` (buffer_size, concurrency)."""
+        super().__init__(algo, seed=seed, num_clients=partition.clients, clients_per_round=server.clients_per_round)
+        self.clients = clients
         self.buffer, self.concurrency = keys.buffer_size, keys.concurrency
         self.num_clients = len(part_sizes)
-        self.clock = Clock.from_config(clients, cfg.seed, self.num_clients)
+        self.clock = Clock.from_config(clients, seed, self.num_clients)
         self.trace = (AvailabilityTrace.load(clients.trace, clients.trace_period, self.num_clients)
                       if clients.availability == "trace" else None)
-        self.steps = [schedule(cfg.client, n).steps for n in part_sizes]
+        self.steps = [schedule(client, n).steps for n in part_sizes]
         self.bytes_down = algo.down_vectors * algo.dim * 4
         self.bytes_up = algo.up_vectors * algo.dim * 4
         self.digests = trace_digests(clients)
@@ -95,7 +108,7 @@ class BufferedParticipation(Participation):
 
     def _top_up(self, flight, events, time, version, started):
         """Starts clients at `time` from `version` until `concurrency` are in flight or none can start."""
-        seed, dropout = self.cfg.seed, self.cfg.clients.dropout
+        seed, dropout = self.seed, self.clients.dropout
         while len(flight) < self.concurrency:
             free = self._available(time)
             free[flight.cid] = False
@@ -119,7 +132,7 @@ class BufferedParticipation(Participation):
         arrivals = []
         while len(arrivals) < self.buffer:
             if not len(flight):
-                wake = av.next_available_time(self.cfg.clients, time, self.num_clients, self.trace)
+                wake = av.next_available_time(self.clients, time, self.num_clients, self.trace)
                 if not np.isfinite(wake) or wake == time:
                     break       # nobody can start from this version: the round ends with what arrived
                 time = wake
@@ -176,4 +189,4 @@ class BufferedParticipation(Participation):
             cast = {"cid": int, "version": int, "start": float, "finish": float, "returns": bool}
             self.in_flight = InFlight(*([cast[name](v) for v in np.asarray(state[f"in_flight_{name}"]).reshape(-1)]
                                         for name in FIELDS))
-        check_digests(self.cfg.clients, state)
+        check_digests(self.clients, state)

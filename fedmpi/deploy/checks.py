@@ -20,11 +20,11 @@ _WHY = {
 }
 
 
-def configured(cfg) -> bool:
-    """Whether any deployment key differs from its default (else the round loop is today's, untouched)."""
-    s = cfg.server
-    return (cfg.clients != ClientsConfig() or s.deadline is not None or bool(s.over_select)
-            or cfg.client.compress.name != "none")
+def configured(clients, server, client) -> bool:
+    """Whether any deployment key of the `clients`, `server` and `client` sections differs from its default
+    (else the round loop is today's, untouched)."""
+    return (clients != ClientsConfig() or server.deadline is not None or bool(server.over_select)
+            or client.compress.name != "none")
 
 
 def _changed(section, default):

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedmpi.algorithms.base import BUFFER, GATHER
+from fedmpi.algorithms.base import GATHER
 from fedmpi.core.train import schedule
-from fedmpi.deploy.buffered import BufferedParticipation
-from fedmpi.deploy.checks import check, configured
+from fedmpi.deploy.checks import configured
 from fedmpi.deploy.digests import check_digests, trace_digests
 from fedmpi.deploy.plan import Deployment
 from fedmpi.deploy.stage import upload_bytes
@@ -34,17 +33,26 @@ class DeployedPlan(RoundPlan):
 class DeployParticipation(Participation):
     """Plans by `fedmpi.deploy.plan.Deployment`; the simulated clock is its state."""
 
-    def __init__(self, cfg, algo, part_sizes):
-        self.cfg = cfg
-        super().__init__(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
-                         clients_per_round=cfg.server.clients_per_round)
-        self.deployment = Deployment(cfg.clients, cfg.server.straggler_policy(), cfg.seed, len(part_sizes),
-                                     cfg.server.clients_per_round)
-        self.steps = np.array([schedule(cfg.client, n).steps for n in part_sizes], dtype=np.float64)
+    reads = ("seed", "partition", "server", "clients", "client", "secagg")
+
+    @classmethod
+    def build(cls, setting, *, seed, partition, server, clients, client, secagg):
+        """The provider where a deployment key is set (`configured`); None otherwise (today's plans, untouched)."""
+        if not configured(clients, server, client):
+            return None
+        return cls(setting.algo, setting.part_sizes, seed=seed, partition=partition, server=server, clients=clients,
+                   client=client, secagg=secagg)
+
+    def __init__(self, algo, part_sizes, *, seed, partition, server, clients, client, secagg):
+        super().__init__(algo, seed=seed, num_clients=partition.clients, clients_per_round=server.clients_per_round)
+        self.clients = clients
+        self.deployment = Deployment(clients, server.straggler_policy(), seed, len(part_sizes),
+                                     server.clients_per_round)
+        self.steps = np.array([schedule(client, n).steps for n in part_sizes], dtype=np.float64)
         self.bytes_down = algo.down_vectors * algo.dim * 4
-        self.bytes_up = upload_bytes(cfg, algo)
+        self.bytes_up = upload_bytes(client, server, secagg, algo)
         self.gated = algo.protocol == GATHER
-        self.digests = trace_digests(cfg.clients)
+        self.digests = trace_digests(clients)
         self.sim_time = 0.0
         self._kept = {}                 # round -> the clients whose updates counted (`counted`)
 
@@ -93,15 +101,4 @@ class DeployParticipation(Participation):
     def load_state(self, state: dict):
         if "sim_time_s" in state:
             self.sim_time = float(np.asarray(state["sim_time_s"]).reshape(-1)[0])
-        check_digests(self.cfg.clients, state)
-
-
-def participation_for(cfg, algo, part_sizes):
-    """The deployment's provider for this config, or None where every deployment key is at its default
-    (today's plans, untouched). Refuses what `algo` cannot run first (ConfigError)."""
-    check(cfg, algo, len(part_sizes))
-    if algo.protocol == BUFFER:
-        return BufferedParticipation(cfg, algo, part_sizes)
-    if configured(cfg):
-        return DeployParticipation(cfg, algo, part_sizes)
-    return None
+        check_digests(self.clients, state)

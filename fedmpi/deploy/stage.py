@@ -15,39 +15,46 @@ from __future__ import annotations
 import math
 
 from fedmpi.deploy.compress import UpdateCompression, kept_count
-from fedmpi.uploads.base import UploadStage
+from fedmpi.uploads.base import ORDER_COMPRESS, UploadStage
 
 
-def upload_bytes(cfg, algo) -> int:
-    """Bytes one client's upload costs: the compressed first vector plus the others dense; under secure
-    aggregation the masked vector, b bits per uploaded entry (fedmpi.secagg; its key and share messages,
-    a few hundred bytes, are not timed on the simulated clock)."""
-    dim, compress = algo.dim, UpdateCompression(cfg.client.compress)
-    if cfg.server.secure_aggregation != "none":
-        c = cfg.client.compress
+def upload_bytes(client, server, secagg, algo) -> int:
+    """Bytes one client's upload costs (from the `client`, `server` and `secagg` sections): the compressed first
+    vector plus the others dense; under secure aggregation the masked vector, b bits per uploaded entry
+    (fedmpi.secagg; its key and share messages, a few hundred bytes, are not timed on the simulated clock)."""
+    dim, compress = algo.dim, UpdateCompression(client.compress)
+    if server.secure_aggregation != "none":
+        c = client.compress
         kept = kept_count(c.fraction, dim) if c.name == "randk" else dim
-        return math.ceil(kept * cfg.secagg.bits / 8)
+        return math.ceil(kept * secagg.bits / 8)
     return compress.payload_bytes(dim) + (algo.up_vectors - 1) * 4 * dim
 
 
 class CompressionStage(UploadStage):
-    name = "compress"
+    name, order = "compress", ORDER_COMPRESS
+    reads = ("client", "server", "seed")
 
-    def __init__(self, cfg, algo, dim):
+    @classmethod
+    def build(cls, setting, *, client, server, seed):
+        """The stage where `client.compress.name` is not none; None otherwise."""
+        if client.compress.name == "none":
+            return None
         # Under secure aggregation rand-k's indices are the round's, shared by its clients (fedmpi.secagg).
-        shared = cfg.server.secure_aggregation != "none"
-        self.compression = UpdateCompression(cfg.client.compress, shared)
-        self.seed, self.dim = cfg.seed, dim
-        self.dense_rest = (algo.up_vectors - 1) * 4 * dim
+        return cls(client.compress, setting.algo.up_vectors, setting.dim, seed,
+                   shared=server.secure_aggregation != "none")
+
+    def __init__(self, compress, up_vectors, dim, seed, shared=False):
+        self.compression = UpdateCompression(compress, shared)
+        self.seed, self.dim = seed, dim
+        self.dense_rest = (up_vectors - 1) * 4 * dim
         # Residuals live with their client: its updates must always be made on its host rank.
         self.keeps_client_state = self.compression.feedback
 
-    def client(self, run, down, model):
-        x = down[: self.dim]
-        compressed = self.compression.compress(model.vec - x, self.seed, run.round, run.cid)
-        model.vec.copy_(x + compressed.vector)
-        self.compression.commit(run.cid, compressed)
-        run.payload_bytes = compressed.nbytes + self.dense_rest
+    def client(self, update, view):
+        compressed = self.compression.compress(update.delta(), self.seed, update.round, update.cid)
+        update.vector.copy_(update.start + compressed.vector)
+        self.compression.commit(update.cid, compressed)     # the residual, the client's own state
+        return update.replace(bytes=compressed.nbytes + self.dense_rest)
 
     def client_state(self, cid) -> dict:
         return self.compression.state(cid)
@@ -57,8 +64,3 @@ class CompressionStage(UploadStage):
 
     def load_client_state(self, cid, state: dict):
         self.compression.load(cid, state)
-
-
-def stages_for(cfg, algo, dim) -> list:
-    """The deployment's upload stages: compression when `client.compress.name` is not none."""
-    return [CompressionStage(cfg, algo, dim)] if cfg.client.compress.name != "none" else []

@@ -35,10 +35,35 @@ class RoundPlan:
         return np.ones(len(self.selected), dtype=bool) if self.counted is None else np.asarray(self.counted, bool)
 
 
+@dataclass(frozen=True)
+class ProviderSetting:
+    """What the build of a provider knows beside its config sections: the algorithm (its declarations and
+    `select`) and the sample counts of the clients it trains."""
+
+    algo: object
+    part_sizes: tuple
+
+
 class Participation:
     """Provider of round plans. `state`/`load_state` carry what a resumed run needs (e.g. simulated time).
     Built from the run's `seed`, `num_clients` (partition.clients) and `clients_per_round`
-    (server.clients_per_round), which the standard draw reads."""
+    (server.clients_per_round), which the standard draw reads.
+
+    A provider class declares `reads` (the config's sections and top-level values its `build` takes by name)
+    and `build(setting, **sections)`: the provider those sections ask for, or None. The round's assembler
+    asks the providers in turn (fedmpi.round.providers) and takes the first one built."""
+
+    reads: tuple = ("seed", "partition", "server")
+    # A plug-in's declarations (fedmpi.plans.catalog): the participation.keys it reads, the algorithm families
+    # it plans for, whether privacy's accountant may count its cohorts.
+    uses: tuple = ()
+    protocols: tuple = ("reduce",)
+    works_with_dp = False
+
+    @classmethod
+    def build(cls, setting: ProviderSetting, *, seed, partition, server):
+        """The standard draw: always."""
+        return cls(setting.algo, seed=seed, num_clients=partition.clients, clients_per_round=server.clients_per_round)
 
     def __init__(self, algo, *, seed, num_clients, clients_per_round):
         self.algo = algo

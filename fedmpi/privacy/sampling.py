@@ -24,12 +24,18 @@ class PoissonSampling(Participation):
             raise ConfigError(f"server.sampling = 'poisson' with algorithm.name = {name!r}: {why}; use "
                               f"server.sampling: fixed")
 
-    def __init__(self, cfg, algo):
-        self.cfg = cfg
-        super().__init__(algo, seed=cfg.seed, num_clients=cfg.partition.clients,
-                         clients_per_round=cfg.server.clients_per_round)
-        self.rate = poisson_rate(cfg.server.clients_per_round, cfg.partition.clients)
+    reads = ("seed", "partition", "server")
+
+    @classmethod
+    def build(cls, setting, *, seed, partition, server):
+        """The provider under `server.sampling: poisson`; None otherwise."""
+        if server.sampling != "poisson":
+            return None
+        return cls(setting.algo, seed=seed, num_clients=partition.clients, clients_per_round=server.clients_per_round)
+
+    def __init__(self, algo, *, seed, num_clients, clients_per_round):
+        super().__init__(algo, seed=seed, num_clients=num_clients, clients_per_round=clients_per_round)
+        self.rate = poisson_rate(clients_per_round, num_clients)
 
     def standard(self, t):
-        cfg = self.cfg
-        return poisson_select(cfg.seed, t, cfg.partition.clients, self.rate)
+        return poisson_select(self.seed, t, self.partition_clients, self.rate)

@@ -20,36 +20,46 @@ import numpy as np
 
 from fedmpi.core.errors import InputError
 from fedmpi.privacy import plan
+from fedmpi.privacy.accounting import Sampling
 from fedmpi.privacy.mechanism import add_noise_, clip_update_
-from fedmpi.uploads.base import UploadStage
+from fedmpi.uploads.base import ORDER_PRIVACY, UploadStage
 from fedmpi.uploads.forked import ForkAccounting, parent_value
 
 CLIPPED, COUNT = 0, 1      # the stage's sums in the reduction: updates clipped, updates counted
 
 
 class PrivacyStage(UploadStage):
-    name = "privacy"
+    name, order = "privacy", ORDER_PRIVACY
+    reads = ("privacy", "server", "partition", "rounds", "seed")
+    up_scalars = 2
 
     # Its conditions (fedmpi.privacy.plan.stage_problems, the accountant's library) are fedmpi.run.resolve's.
 
-    def __init__(self, cfg, algo, dim):
-        self.cfg, self.privacy, self.seed, self.dim = cfg, cfg.privacy, cfg.seed, dim
-        self.noise_len = algo.up_vectors * dim
-        self.sampling = plan.sampling_of(cfg)
-        self.clip = float(self.privacy.clip)   # this round's C on this rank (adaptive: from the header)
-        self.header_size = 1 if self.privacy.adaptive_clip else 0
-        self.up_scalars = 2
-        self.plan = self.estimator = self.curve = None     # rank 0 (`on_server`)
-        self._clipped = 0.0
-        self._figures = {}
+    @classmethod
+    def build(cls, setting, *, privacy, server, partition, rounds, seed):
+        """The stage under `privacy.mechanism: gaussian`; None otherwise."""
+        if not privacy.enabled:
+            return None
+        sampling = Sampling(server.sampling, partition.clients, server.clients_per_round)
+        return cls(privacy, sampling, rounds, seed, setting.algo.up_vectors * setting.dim, setting.dim,
+                   on_server=setting.on_server)
+
+    def __init__(self, privacy, sampling, rounds, seed, noise_len, dim, on_server=False):
+        """`noise_len`: the entries of the summed upload the noise covers (every uploaded vector); rank 0
+        (`on_server`) resolves the noise multiplier and the epsilon curve."""
+        self.privacy, self.sampling, self.rounds, self.seed, self.dim = privacy, sampling, rounds, seed, dim
+        self.noise_len = noise_len
+        self.header_size = 1 if privacy.adaptive_clip else 0
+        self.plan = self.estimator = self.curve = None     # rank 0
         self.fork = ForkAccounting()
+        if on_server:
+            self._resolve()
+            self.estimator = plan.make_adaptive_clip(privacy, self.plan)
 
     # -- rank 0 at set-up and on resume -----------------------------------------------------------------
-    def on_server(self, noise_multiplier=None):
-        self.plan = plan.resolve(self.privacy, self.sampling, self.cfg.rounds, noise_multiplier)
+    def _resolve(self, noise_multiplier=None):
+        self.plan = plan.resolve(self.privacy, self.sampling, self.rounds, noise_multiplier)
         self.curve = self.plan.epsilon_curve()
-        if self.estimator is None:
-            self.estimator = plan.make_adaptive_clip(self.privacy, self.plan)
 
     def state(self) -> dict:
         state = {"noise_multiplier": np.array([self.plan.noise_multiplier], dtype=np.float64)}
@@ -66,7 +76,7 @@ class PrivacyStage(UploadStage):
                 raise InputError(f"checkpoint stage_privacy/noise_multiplier = {z!r}: expected one finite "
                                  f"number >= 0")
             if float(z[0]) != self.plan.noise_multiplier:
-                self.on_server(float(z[0]))
+                self._resolve(float(z[0]))
         if self.estimator is not None and "clip" in state:
             self.estimator.load_state(state)
 
@@ -82,38 +92,35 @@ class PrivacyStage(UploadStage):
                 "privacy_accountant": p.accountant}
 
     # -- every rank, each round --------------------------------------------------------------------------
-    def header(self) -> list:
+    def header(self, t) -> list:
         return [self.estimator.clip]
 
-    def receive(self, values):
-        self.clip = float(values[0])
+    def _clip(self, view):
+        """This round's C on this rank: rank 0's adaptive clip as every rank received it, or the fixed one."""
+        return float(view.header[0]) if self.header_size else float(self.privacy.clip)
 
     # -- worker, per counted client ----------------------------------------------------------------------
-    def client(self, run, down, model):
-        start = down[: self.dim]
-        delta = model.vec - start
-        norm = clip_update_(delta, self.clip)
-        self._clipped = 0.0 if norm <= self.clip else 1.0     # a NaN norm counts as clipped (it was zeroed)
-        if self._clipped:
-            model.vec.copy_(start + delta)
-        run.weight = 1.0        # DP-FedAvg's uniform weights: n_i would let one client exceed the bound
-
-    def scalars(self, run) -> list:
-        return [self._clipped, 1.0]
+    def client(self, update, view):
+        clip = self._clip(view)
+        delta = update.delta()
+        norm = clip_update_(delta, clip)
+        clipped = 0.0 if norm <= clip else 1.0      # a NaN norm counts as clipped (it was zeroed)
+        if clipped:
+            update.vector.copy_(update.start + delta)
+        # DP-FedAvg's uniform weights: n_i would let one client exceed the bound
+        return update.adding(weight=1.0, scalars={self.name: (clipped, 1.0)})
 
     # -- rank 0, after the reduction -------------------------------------------------------------------
-    def server(self, t, sums, weight) -> float:
-        p = self.plan
-        add_noise_(sums[: self.noise_len], p.update_noise_multiplier * self.clip, self.seed, t)
-        clipped, count = float(sums[self.up_offset + CLIPPED]), float(sums[self.up_offset + COUNT])
-        self._figures = {"dp_clip": self.clip, "dp_clipped_fraction": clipped / count if count else math.nan}
+    def server(self, sums, weight, view) -> tuple:
+        p, t, clip = self.plan, view.plan.round, self._clip(view)
+        add_noise_(sums[: self.noise_len], p.update_noise_multiplier * clip, self.seed, t)
+        clipped, count = float(view.scalars[CLIPPED]), float(view.scalars[COUNT])
+        figures = {"epsilon": self.fork.at(self.curve, t), "dp_clip": clip,
+                   "dp_clipped_fraction": clipped / count if count else math.nan}
         if self.estimator is not None:
             # Each client's report b_i - 1/2 is 1/2 unclipped, -1/2 clipped: their sum is count/2 - clipped.
-            self._figures["dp_unclipped_estimate"] = self.estimator.step(count / 2 - clipped, self.seed, t)
-        return p.sampling.expected_size
-
-    def round_metrics(self, t) -> dict:
-        return {"epsilon": self.fork.at(self.curve, t), **self._figures}
+            figures["dp_unclipped_estimate"] = self.estimator.step(count / 2 - clipped, self.seed, t)
+        return sums, p.sampling.expected_size, figures
 
 
 def dry_run_lines(cfg, algo_cls) -> list:

@@ -2,23 +2,22 @@
 
 A round happens in this order, and `run_round` is the only place that says so:
   plan       round t's RoundPlan (who trains, whose update counts), the same on every rank
-  broadcast  the server's payload (header only unless the protocol needs the model); a stop ends every rank here
-  training   this rank's clients, one per-client loop for every protocol (batched groups where vectorizable)
-  uploads    the upload stages' per-client transform and sums, inside the protocol's handling of a trained client
-  combine    reduction / gather / routing / release of held updates, as the protocol says
-  server     the server step (unless the protocol skips it this round)
+  broadcast  the server's payload (header only unless the transport needs the model); a stop ends every rank here
+  training   this rank's clients, one per-client loop for every transport (batched groups where vectorizable),
+             each trained client handed on as a ClientUpdate value as it finishes
+  local      the transport's part of this rank: the upload stages' transform and the algorithm's upload of
+             each counted client, or its gate, hold or slot
+  combine    the transport's collectives: reduction / gather / routing / release of held updates
+  server     the upload stages' server step and the server's update (unless the transport skips it this round)
   evaluate   when due, every rank evaluates its share of the test set; local evaluation on the clients' hosts
   record     the server's row of /metrics, /clients and /timing, and what of it is non-finite
 
-How uploads travel is the algorithm's `protocol` declaration; each family is a value in fedmpi.round.protocols
-(REDUCE, GATHER, ROUTE, BUFFER) that supplies only what differs: which clients this rank trains and from
-what start, what happens to a trained client, and how the uploads are combined; the helpers they share
-(`from_broadcast`, `upload_client`, `reduce`, `Training`, `Closing`) are here.
-
-What a protocol keeps from round to round (ROUTE's period start and previous plan, REDUCE's drift scratch)
-is in `parts.state`, made by the family. Control goes in as arguments (`stopping`, `after_broadcast`) and
-comes out in the RoundOutcome (the record, the stop votes, the non-finite finding): nothing on the parts
-is set from outside to steer a round.
+How uploads travel is the algorithm's `protocol` declaration; each family is a transport
+(fedmpi.round.protocols: REDUCE, GATHER and BUFFER there, ROUTE in fedmpi.round.route, the chunked robust
+gather in fedmpi.round.robust_gather) that exchanges values with the round: `local(round_, updates)` ->
+LocalPart and `combine(comm, round_, local)` -> Combined. Control goes in as arguments (`stopping`,
+`after_broadcast`) and comes out in the RoundOutcome (the record, the stop votes, the non-finite finding):
+nothing on the parts is set from outside to steer a round.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,40 +39,36 @@ from fedmpi.mpi import signals
 from fedmpi.mpi.base import Comm
 from fedmpi.plans.base import Participation
 from fedmpi.round.clients import ClientHost
-from fedmpi.round.drift import ClientDrift
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
+from fedmpi.round.observers import Observed
+from fedmpi.round.protocols import RoundInput, Transport
 from fedmpi.round.server import Server
-from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import CMD_RUN, CMD_STOP, HEADER, RoundBuffers
+from fedmpi.uploads.base import ClientUpdate, UploadPath
 
 
 @dataclass(frozen=True)
 class RoundParts:
-    """What a round works with on one rank, assembled once by `Experiment`. `server` and `shadow` are None
-    off rank 0 (the shadow also without eval.divergence); `state` is the protocol's own state across rounds."""
+    """What a round works with on one rank, assembled once by `Experiment`. `server` is None off rank 0;
+    `observers` are the figures' observers this rank calls (fedmpi.round.observers)."""
 
     algo: Algorithm
     clients: ClientHost
     wire: RoundBuffers
     server: Server | None       # rank 0 only
     participation: Participation
-    stages: tuple               # the upload stages (fedmpi.uploads.base.UploadStage), in upload order
+    stages: UploadPath          # the upload stages (fedmpi.uploads.base.UploadStage), in their order
     evaluation: SplitEvaluation
-    shadow: Shadow | None       # rank 0 with eval.divergence only
     client_store: ClientStateStore
     comm: Comm                  # MpiComm or LocalComm
     timer: Timer                # the communicator's
     flat: FlatModel
-    test_set: Callable          # () -> (x_test, y_test) on the device, for the shadow's accuracy
-    protocol: Family             # fedmpi.round.protocols: how uploads travel: REDUCE, GATHER, ROUTE or BUFFER
-    state: object               # what `protocol.new_state` made
+    transport: Transport        # how uploads travel (fedmpi.round.protocols): REDUCE, GATHER, ROUTE, BUFFER...
     rounds: int                 # cfg.rounds
     eval_every: int             # cfg.eval.every
-    eval_batch: int             # cfg.eval.batch_size
-    client_drift: bool          # cfg.eval.client_drift
     local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)
-    backdoor: SplitEvaluation | None = None     # attack.name = backdoor: the triggered test set (backdoor_acc)
+    observers: tuple = ()       # the figures' observers (fedmpi.round.observers), in the order they report
 
     @property
     def num_clients(self):
@@ -104,69 +99,6 @@ class RoundOutcome:
     nonfinite: str = ""
 
 
-@dataclass(frozen=True)
-class Training:
-    """Which clients this rank trains this round, in order, and from what start: `start(run)` loads a
-    client's start point into the model; `down` is the broadcast payload (None where it is not the start)."""
-
-    cids: list
-    start: Callable | None = None
-    down: torch.Tensor | None = None
-    slots: dict = field(default_factory=dict)     # ROUTE: client id -> its model slot this round
-
-
-@dataclass(frozen=True)
-class Closing:
-    """What the protocol's combination says about the rest of its round: whether the server steps, whether
-    to evaluate (None: when due), the drift measurements for the clients' cosines (eval.client_drift) or None."""
-
-    update: bool = True
-    evaluate: bool | None = None
-    drift: ClientDrift | None = None
-
-
-class Family:
-    """A protocol family (its values are in fedmpi.round.protocols): what differs between the ways uploads
-    travel. Instances hold no state: what a family keeps across rounds lives in the object `new_state` makes
-    (RoundParts.state)."""
-
-    name = ""
-    drift_figures = False    # the reduced sums are the clients' weighted updates (gradient diversity applies)
-    # Dealt clients may go to whichever worker is free (ClientHost.round_clients): no rank needs to know who
-    # trained which client, only each rank's sums.
-    deals_as_free = False
-
-    def new_state(self, num_clients, client_drift):
-        return None
-
-    def full_broadcast(self, parts, state, t):
-        """Whether round t's broadcast carries the payload (else the header only)."""
-        return True
-
-    def training(self, parts, state, plan) -> Training:
-        """This rank's clients of the round, from the broadcast (hosted clients, in plan order)."""
-        if not parts.clients.mine:
-            return Training([])
-        down, start = from_broadcast(parts, plan.round)
-        return Training(parts.clients.hosted(plan.selected), start, down)
-
-    def trained(self, parts, plan, run, training, tally):
-        """A client has trained (its model in `parts.clients.flat`): its upload, gate, hold or slot."""
-
-    def combine(self, parts, state, plan, tally, kept) -> Closing:
-        """After training: the uploads to the server."""
-        reduce(parts, tally)
-        return Closing()
-
-    def figures(self, state) -> tuple:
-        """Server: the family's own figures of the round just combined, ({metric: value}, {name: [N] row})
-        (e.g. the chunked gather's robust weights); none by default."""
-        return {}, {}
-
-    def __repr__(self):
-        return f"<protocol {self.name}>"
-
-
 def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: Callable | None = None
               ) -> RoundOutcome:
     """Round t on this rank. `stopping` (server): the ranks that asked to stop in the previous round (its
@@ -175,37 +107,33 @@ def run_round(parts: RoundParts, t: int, *, stopping: int = 0, after_broadcast: 
     while the workers train (the run loop's deferred log row)."""
     parts.comm.enter_round(t)
     _inject_fault(parts.comm.rank, t)
-    protocol, state = parts.protocol, parts.state
+    transport = parts.transport
     plan = parts.participation.plan(t)      # who trains, whose update counts: the same on every rank
-    _broadcast(parts, plan, protocol.full_broadcast(parts, state, t), stopping, after_broadcast)
-    for stage in parts.stages:
-        stage.round_plan(plan)
-    tally = parts.wire.new_tally()
-    training = protocol.training(parts, state, plan)        # this rank's clients and their start
-    kept = train_clients(parts, plan, training, tally, protocol.trained)    # local training, then uploads
-    for stage in parts.stages:          # a stage's own collective (secure aggregation's integer sum)
-        stage.collective(parts.comm, plan, tally.acc)
-    closing = protocol.combine(parts, state, plan, tally, kept)     # reduction / gather / routing
+    header = _broadcast(parts, plan, transport.full_broadcast(t), stopping, after_broadcast)
+    round_ = RoundInput(plan, transport.training(plan), parts.stages.begin(plan, header))
+    local = transport.local(round_, client_updates(parts, round_))     # local training, then this rank's part
+    combined = transport.combine(parts.comm, round_, local)     # reduction / gather / routing
     parts.participation.done(plan)          # the provider hears of the round (e.g. advances its clock)
     parts.client_store.end_round()          # the round's client vectors back to host memory (or the spill file)
-    stats, sums = _server_step(parts, plan, closing.update)
-    evaluated, local = _evaluate(parts, plan, closing.evaluate)
-    cosines = closing.drift.cosines(parts, sums, stats) if closing.drift is not None else None
-    return _outcome(parts, plan, stats, sums, evaluated, cosines, local)
+    stage_metrics = _server_step(parts, round_, combined)
+    due, evaluated, local_figures, x = _evaluate(parts, plan, combined.evaluate)
+    observed = Observed(plan, due, combined.sums, combined.weight, combined.stats)
+    figures = _observe(parts, t, parts.server.x if parts.server else x, observed)   # every rank: collectives
+    return _outcome(parts, plan, combined, evaluated, figures, local_figures, stage_metrics)
 
 
 # -- the steps ---------------------------------------------------------------------------------------------
 
 def _broadcast(parts, plan, full, stopping, after_broadcast):
     """The round's broadcast (header only unless `full`); every rank leaves here on a stop. Rank 0 then
-    writes the deferred row and trains the divergence shadow while the workers train their clients."""
+    writes the deferred row, and the observers start the round (while the workers train their clients)."""
     t, wire, server = plan.round, parts.wire, parts.server
     signals.test_pause("broadcast")     # (the first round's: a test's Ctrl-C at the end of set-up)
     command = CMD_STOP if stopping else CMD_RUN
     wire.start_round(plan.selected)
     parts.clients.open_deal()       # before the broadcast: no ticket of this round is taken before it
     fill = server.fill_down if server else None
-    extra = _header_extra(parts.stages) if server and wire.header_len > HEADER else ()
+    extra = parts.stages.header(t) if server and wire.header_len > HEADER else ()
     received, round_ = wire.broadcast(t, command, fill, full, extra)
     if received == CMD_RUN and round_ != t:
         raise RuntimeError(f"rank {parts.comm.rank} expected round {t}, server broadcast round {round_}: "
@@ -215,148 +143,95 @@ def _broadcast(parts, plan, full, stopping, after_broadcast):
     if server and after_broadcast is not None:
         with parts.timer.phase("server"):
             after_broadcast()
-    if wire.header_len > HEADER:
-        values = wire.header_values()
-        for stage in parts.stages:
-            stage.receive(values[stage.header_offset: stage.header_offset + stage.header_size])
-    if parts.shadow is not None:
+    if parts.observers:
         with parts.timer.phase("train"):
-            parts.shadow.train_round(t, plan.selected)
+            for observer in parts.observers:
+                observer.round_start(t, plan)
+    return wire.header_values() if wire.header_len > HEADER else ()
 
 
-def _header_extra(stages):
-    """Server: the upload stages' header values for the round's broadcast."""
-    return [float(v) for stage in stages for v in stage.header()]
-
-
-def train_clients(parts, plan, training, tally, trained):
-    """The one per-client loop of every protocol: trains `training.cids` (batched groups first where
-    `client.vectorize` allows), hands each trained client to `trained(parts, plan, run, training, tally)`
-    (the protocol's part: accumulate, gate, hold, keep the slot) and adds its loss and figures to the tally;
-    returns what `trained` returned, per client."""
-    kept = []
+def client_updates(parts, round_):
+    """The one per-client loop of every transport: trains `round_.training.cids` (batched groups first where
+    `client.vectorize` allows) and yields each trained client as a ClientUpdate (its vector a view of the
+    rank's flat model, valid until the next one is asked for: the transport consumes it as it comes)."""
+    plan, training, flat = round_.plan, round_.training, parts.clients.flat
     if not training.cids:
-        return kept
+        return
+    start = training.down[: flat.dim] if training.down is not None else None
     with parts.timer.phase("train"):
         for run in parts.clients.train(plan.round, training.cids, plan.standard, training.down, training.start):
-            kept.append(trained(parts, plan, run, training, tally))
-            tally.record(run)
-    return kept
+            yield ClientUpdate(run.cid, run.round, flat.vec, start, run.weight, run=run)
 
 
-def from_broadcast(parts, t):
-    """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`);
-    the algorithm's `round_start` hook sees the payload first."""
-    algo, flat = parts.algo, parts.clients.flat
-    down = parts.wire.down()
-    if algo.round_start is not None:
-        algo.round_start(t, down)
-
-    def start(run):
-        algo.client_start(run, down, flat)
-        algo.load_personal(run.cid, flat)       # personal entries: the client's own (no-op without a split)
-
-    return down, start
-
-
-def upload_client(algo, stages, run, down, model, acc):
-    """A counted client's upload into the accumulator `acc`: the upload stages' transform of the trained
-    model (e.g. clipping and compression), the algorithm's `accumulate`, then the stages' per-client sums;
-    returns the upload's weight."""
-    for stage in stages:
-        stage.client(run, down, model)
-    weight = algo.accumulate(run, down, model, acc)
-    for stage in stages:
-        for i, value in enumerate(stage.scalars(run)):
-            acc[stage.up_offset + i] += value
-    return weight
-
-
-def reduce(parts, tally, sums=True):
-    """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only), with
-    this rank's stop request. Where an upload stage carries the model update itself (secure aggregation),
-    the reduction leaves the model vector out: no float model vector travels."""
-    own = sums and any(stage.own_vector_transport for stage in parts.stages)
-    parts.wire.reduce(tally, signals.requested(), sums, skip=parts.wire.dim if own else 0)
-
-
-def _server_step(parts, plan, update):
-    """Server: the reduced statistics and sums, and (where `update`) the upload stages' and the server's
-    step from them; (None, None) elsewhere."""
+def _server_step(parts, round_, combined):
+    """Server, where the transport says the server steps: the upload stages' server step from the combined
+    sums and weight, then the server's update; the stages' figures ({} elsewhere)."""
     server = parts.server
-    if not server:
-        return None, None
+    if not (server and combined.update):
+        return {}
     with parts.timer.phase("server"):
-        stats = parts.wire.stats()
-        sums, weight = parts.wire.sums(), stats.weight
-        if update:
-            for stage in parts.stages:
-                weight = stage.server(plan.round, sums, weight)
-            server.apply(plan.round, sums, weight)
-    return stats, sums
+        sums, weight, metrics = parts.stages.server(combined.sums, combined.weight, round_.stages)
+        server.apply(round_.plan.round, sums, weight)
+    return metrics
 
 
 def _evaluate(parts, plan, evaluate):
     """Collective when due (`evaluate`, None: every eval.every rounds and the last): every rank evaluates its
     share of the test set on the global model; then, when eval.local_every says so (and `evaluate` is not
-    False), the local evaluation of its hosted clients. (global figures, local (figures, columns)) on the
-    server, each None elsewhere or when not due."""
-    due = parts.eval_due(plan.round) if evaluate is None else evaluate
+    False), the local evaluation of its hosted clients. (whether the global model was evaluated, global
+    figures, local (figures, columns), the global model): the figures on the server, None elsewhere or when
+    not due; the model where anything was evaluated (a view of the broadcast buffer off rank 0), else None."""
+    due = bool(parts.eval_due(plan.round) if evaluate is None else evaluate)
     local = parts.local_eval is not None and evaluate is not False and parts.local_eval.due(plan.round)
-    if not (due or local):
-        return None, None
     server = parts.server
+    if not (due or local):
+        return False, None, None, None
     with parts.timer.phase("eval"):
         x = parts.wire.share(server.x if server else None)
         evaluated = parts.evaluation.run(x) if due else None
-        if due and parts.backdoor is not None:
-            # The attack success rate: the share of triggered non-target test samples classified as the target.
-            backdoor = parts.backdoor.run(x)
-            if evaluated is not None and backdoor is not None:
-                evaluated = (*evaluated, backdoor[0])
-        return evaluated, (parts.local_eval.run(plan, x) if local else None)
+        return due, evaluated, (parts.local_eval.run(plan, x) if local else None), x
 
 
-def _outcome(parts, plan, stats, sums, evaluated, cosines, local=None):
+def _observe(parts, t, x, observed):
+    """Every rank: the observers' figures of the round (rank 0's row), each in its turn."""
+    metrics, columns = {}, {}
+    if parts.observers:
+        with parts.timer.phase("eval"):
+            for observer in parts.observers:
+                more, rows = observer.round_figures(t, x, observed)
+                metrics.update(more)
+                columns.update(rows)
+    return metrics, columns
+
+
+def _outcome(parts, plan, combined, evaluated, observed, local, stage_metrics):
     """The server's RoundOutcome: the round's record, the stop votes and what is non-finite."""
     server, timer = parts.server, parts.timer
     if not server:
         return RoundOutcome()
     with timer.phase("server"):
-        record = _record(parts, plan, stats, sums, evaluated, cosines, local)
+        record = _record(parts, plan, combined, evaluated, observed, local, stage_metrics)
     record.timing[0] += timer.take()     # the server's own time after the reduction
+    stats = combined.stats
     return RoundOutcome(record, stats.stop_votes, nonfinite(record.metrics, stats, server.x))
 
 
-def _record(parts, plan, stats, sums, evaluated, cosines, local=None):
+def _record(parts, plan, combined, evaluated, observed, local, stage_metrics):
     """The round's row of /metrics, /clients and /timing."""
-    t, server, shadow = plan.round, parts.server, parts.shadow
+    t, server, stats = plan.round, parts.server, combined.stats
     metrics, clients = server.figures(t, plan.selected, stats, parts.wire.client_figures(), parts.num_clients)
-    if stats.weight > 0 and parts.protocol.drift_figures:
-        head = sums[: parts.flat.dim]
-        metrics["update_sq_norm"] = stats.update_sq / stats.weight
-        metrics["aggregate_sq_norm"] = float(torch.dot(head, head)) / stats.weight ** 2
-        metrics["gradient_diversity"] = metrics["update_sq_norm"] / max(metrics["aggregate_sq_norm"], 1e-300)
     if evaluated is not None:
-        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated[:3]
-        if len(evaluated) > 3:
-            metrics["backdoor_acc"] = evaluated[3]
-    if cosines is not None:
-        clients["update_cosine"][plan.selected] = cosines[plan.selected]
+        metrics["test_acc"], metrics["test_loss"], metrics["class_acc"] = evaluated
+    metrics.update(observed[0])
+    clients.update(observed[1])
     if local is not None:
         metrics.update(local[0])
         clients.update(local[1])
-    if shadow is not None:
-        metrics["weight_divergence"], metrics["weight_divergence_layers"] = shadow.divergence(server.x)
-        if evaluated is not None:
-            metrics["shadow_acc"] = shadow.accuracy(*parts.test_set(), parts.eval_batch)
-    extra_metrics, extra_clients = parts.protocol.figures(parts.state)
-    metrics.update(extra_metrics)
-    clients.update(extra_clients)
+    metrics.update(combined.metrics)
+    clients.update(combined.columns)
     metrics.update(parts.algo.round_metrics())
     metrics.update(plan.metrics)
-    for stage in parts.stages:
-        metrics.update(stage.round_metrics(t))
+    metrics.update(stage_metrics)
     clients.update(plan.columns)
     return RoundRecord(metrics, clients, parts.wire.timing(), server.x)
 

@@ -1,48 +1,49 @@
-"""One FL experiment on one rank: the parts assembled, and their state for checkpoints (docs/design.md §5).
+"""One FL experiment on one rank: its parts built in a straight line from the RunPlan (docs/design.md §5), and
+what the run loop and checkpoints read of them.
 
-Every rank runs the same code; what a rank does in a round depends on its role. Parts, one job each:
-  clients   ClientHost: placement, the clients' data on this rank's device, local training
-  wire      RoundBuffers: the broadcast and reduction buffers and their device staging
-  server    Server (rank 0): the global model, the server optimizer, evaluation, the round's figures
-  protocol  how uploads travel (fedmpi.round.protocols: reduce, gather, route, buffer), chosen by the algorithm's family
-The round itself is fedmpi.round.engine.run_round over `round_parts`.
-No random choice is communicated: every rank derives the round's clients and each client's batches from
-the seed. Set-up measures, resolves and then builds (fedmpi.run.setup): by the time an Experiment is built,
-fedmpi.run.resolve has accepted the config on this data set and model, so construction checks nothing.
+Set-up measures, resolves and then builds (fedmpi.run.setup): by the time `build` runs, fedmpi.run.resolve
+has accepted the config on this data set and model, so nothing here checks anything. This module is the one
+place in fedmpi.round that reads the whole config: every part is handed its own sections and values (the
+upload stages and participation providers the sections they declare they read, `_given`). The round itself
+is fedmpi.round.engine.run_round over the RoundParts `build` returns. No random choice is communicated:
+every rank derives the round's clients and each client's batches from the seed.
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
-
 import numpy as np
-import torch
 
 from fedmpi.algorithms import algorithm_context
-from fedmpi.algorithms.base import REDUCE, PlanHistory, SetupContext
+from fedmpi.algorithms.base import PlanHistory, SetupContext
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.attacks import record
 from fedmpi.attacks.data import DataPoison, backdoor_test_set
 from fedmpi.core import console
 from fedmpi.core.personal import split_of
-from fedmpi.core.train import ServerTrainer
 from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
+from fedmpi.plans.base import ProviderSetting
 from fedmpi.robust.catalog import rule_class
+from fedmpi.round.assembly import build_observers, build_transport, server_trainer
 from fedmpi.round.clients import ClientHost
+from fedmpi.round.device_data import DeviceData
 from fedmpi.round.engine import RoundParts
 from fedmpi.round.evaluation import SplitEvaluation
 from fedmpi.round.local_eval import LocalEvaluation
-from fedmpi.round.protocols import PROTOCOLS
-from fedmpi.round.providers import build_participation, build_stages
-from fedmpi.round.robust_checks import robust_active
-from fedmpi.round.robust_setup import robust_protocol, robust_stage
+from fedmpi.round.providers import PROVIDERS, STAGES, build_participation, build_stages
+from fedmpi.round.robust_setup import gather_settings
 from fedmpi.round.server import Server
 from fedmpi.round.shadow import Shadow
 from fedmpi.round.wire import RoundBuffers
-from fedmpi.uploads.base import layout
-from fedmpi.uploads.precision import WirePrecision
+from fedmpi.uploads.base import StageSetting, UploadPath
+
+__all__ = ["DeviceData", "Experiment", "build", "build_partition"]
+
+
+def _given(cfg, classes) -> dict:
+    """{class: the sections (and top-level values) of `cfg` it declares it reads, by name}: what each stage or
+    provider is built from (fedmpi.round.providers), and all of the config it sees."""
+    return {cls: {name: getattr(cfg, name) for name in cls.reads} for cls in classes}
 
 
 def build_partition(cfg, dataset, parts=None):
@@ -51,134 +52,86 @@ def build_partition(cfg, dataset, parts=None):
     return split_dataset(dataset, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every, parts)
 
 
-class DeviceData:
-    """The data set's tensors on this rank's device, made only when a part first needs them. On the CPU they
-    are views of the (node-shared, read-only) arrays: nothing is copied, and a rank's memory holds only the
-    pages it reads. On a GPU the training set is copied to each rank's device whole (any client may train
-    there); the test set only for the server's shadow model, the evaluation takes its own batches."""
-
-    def __init__(self, dataset, device):
-        self.dataset, self.device = dataset, device
-
-    def tensor(self, array):
-        """`array` (a numpy array or a slice of one) as a tensor on this rank's device."""
-        with warnings.catch_warnings():
-            # The node's shared arrays are read-only; fedmpi only ever reads the tensors made from them.
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return torch.from_numpy(array).to(self.device)
-
-    @functools.cached_property
-    def train(self):
-        return self.tensor(self.dataset.x_train), self.tensor(self.dataset.y_train)
-
-    @functools.cached_property
-    def test(self):
-        return self.tensor(self.dataset.x_test), self.tensor(self.dataset.y_test)
+def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> RoundParts:
+    """This rank's parts of `plan` (fedmpi.run.resolve's RunPlan) on the measured `placement`, `dataset`, `split`
+    (build_partition's), `flat` (the initial model) and `data` (its DeviceData); `loss` replaces the model's
+    criterion. Each part is made once, from parts already made and its own sections."""
+    cfg, server_rank, n = plan.cfg, comm.is_server, flat.dim
+    personal = split_of(flat.entries, n, plan.personal) if plan.personal else None
+    # Who trained in round t is the participation provider's plan, which asks the algorithm whom it selects:
+    # the algorithm's history is bound to the provider once both exist (below).
+    history = PlanHistory()
+    algo = plan.algorithm.create(cfg.algorithm, algorithm_context(cfg, n, flat.n_params, history, personal))
+    x0, rate = flat.vec.detach().to("cpu", copy=True), algo.context.client_rate
+    parts = algo.clients(split.parts, split.server_idx)
+    if algo.shares_data:
+        split.groups["partition/shared"] = partition_stats(dataset.y_train, parts, dataset.num_classes)
+    if plan.attack_note and server_rank:
+        console.say(f"fedmpi: warning: {plan.attack_note}")
+    malicious = np.asarray(plan.malicious, dtype=np.int64)      # drawn from the seed alone by resolve
+    poison = DataPoison(cfg.attack, malicious, cfg.seed, dataset.num_classes, dataset.x_train)
+    stages = build_stages(StageSetting(algo, n, plan.malicious, server_rank), _given(cfg, STAGES + plan.plugin_stages))
+    path = UploadPath(stages, algo.up_vectors * n + algo.up_scalars)
+    # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
+    store = ClientStateStore(cfg.runtime.client_state_bytes)
+    bind_client_state(store, algo, *stages)
+    clients = ClientHost(comm, placement.workers, algo, flat, parts, data, seed=cfg.seed, client=cfg.client,
+                         client_rate=rate, data=cfg.data, server=cfg.server, client_dealing=cfg.runtime.client_dealing,
+                         eval_batch=cfg.eval.batch_size, loss=loss, poison=poison if poison.active else None,
+                         keeps_state=algo.split is not None or path.keeps_client_state)
+    columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
+    columns += tuple(name for stage in stages for name in stage.columns)
+    wire = RoundBuffers(comm, algo, n, len(parts), placement.device, cfg.runtime.cuda_aware_mpi, path.layout.header_len,
+                        path.layout.up_extra, extra_columns=columns, wire_dtype=cfg.runtime.wire_dtype)
+    evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test, cfg.eval.batch_size, dataset.num_classes,
+                                 data.tensor, loss=loss)
+    local_eval = (LocalEvaluation(cfg.eval, cfg.client, cfg.seed, comm, clients, algo, flat, data, split.local_test,
+                                  store, loss=loss) if cfg.eval.local_every is not None else None)
+    algo.setup(SetupContext([len(p) for p in split.parts], split.server_idx, x0,
+                            clients.probe_accuracy if clients.mine else None, model=flat))
+    algo.verify_declarations()
+    server = shadow = fltrust = None
+    if server_rank:
+        server = Server(algo, flat, x0, server=cfg.server, rounds=cfg.rounds, client_rate=rate,
+                        wire_dtype=cfg.runtime.wire_dtype)
+        server.start(server_trainer(flat, data, split.server_idx if algo.uses_server_set else None,
+                                    client=cfg.client, seed=cfg.seed, loss=loss, evaluated=cfg.eval.batch_size))
+        if cfg.eval.divergence:
+            shadow = Shadow(flat, server.x, *data.train, parts, client=cfg.client, seed=cfg.seed, client_rate=rate,
+                            test_set=lambda: data.test, eval_batch=cfg.eval.batch_size, loss=loss)
+        if plan.robust and rule_class(cfg.server.aggregator).needs_server_update:
+            fltrust = server_trainer(flat, data, split.server_idx, client=cfg.client, seed=cfg.seed, loss=loss)
+    participation = build_participation(ProviderSetting(algo, tuple(len(p) for p in parts)), _given(
+        cfg, ((plan.plugin_provider,) if plan.plugin_provider else ()) + PROVIDERS))
+    history.bind(participation.plan)
+    gather = gather_settings(len(parts), fltrust, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
+                             gather_bytes=cfg.runtime.gather_bytes, client=cfg.client, client_rate=rate)
+    transport = build_transport(algo, clients, wire, path, participation=participation, comm=comm, server=server,
+                                gather=gather, client_drift=cfg.eval.client_drift)
+    # The backdoor's success rate: the triggered test set without the target class, split like the test set.
+    triggered = None
+    if cfg.attack.name == "backdoor":
+        x_bd, y_bd = backdoor_test_set(dataset.x_test, dataset.y_test, cfg.attack, poison.trigger)
+        triggered = SplitEvaluation(comm, flat, x_bd, y_bd, cfg.eval.batch_size, dataset.num_classes, data.tensor,
+                                    loss=loss)
+    return RoundParts(algo=algo, clients=clients, wire=wire, server=server, participation=participation, stages=path,
+                      evaluation=evaluation, client_store=store, comm=comm, timer=comm.timer, flat=flat,
+                      transport=transport, rounds=cfg.rounds, eval_every=cfg.eval.every, local_eval=local_eval,
+                      observers=build_observers(transport, n, shadow, triggered))
 
 
 class Experiment:
     def __init__(self, plan, comm, placement, dataset, split, flat, *, loss=None):
-        """Builds this rank's parts from `plan` (fedmpi.run.resolve's RunPlan, checked) on the measured
-        `placement` (fedmpi.run.setup), `dataset`, `split` (build_partition's) and `flat` (the initial model):
-        straight-line assembly, no checks. `loss` (a criterion on outputs and targets) replaces the model's."""
-        cfg = plan.cfg
-        self.cfg, self.comm, self.plan = cfg, comm, plan
-        self.node, self.workers, self.threads, self.device = (placement.node, placement.workers,
-                                                              placement.threads, placement.device)
-        self.dataset, self.split, self.flat = dataset, split, flat
-        algo_cls = plan.algorithm
-        split_entries = split_of(flat.entries, flat.dim, plan.personal) if plan.personal else None
-        # The algorithm's context; who trained in round t is the participation provider's plan (bound below,
-        # once the provider exists: it asks the algorithm which clients it selects).
-        history = PlanHistory()
-        self.algo = algo = algo_cls.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, history,
-                                                                            split_entries))
-        x0 = flat.vec.detach().to("cpu", copy=True)
-        sizes = [len(p) for p in split.parts]
-        parts = algo.clients(split.parts, split.server_idx)
-        if algo.shares_data:
-            split.groups["partition/shared"] = partition_stats(dataset.y_train, parts, dataset.num_classes)
-        data = DeviceData(dataset, self.device)
-        # The attack (issue 25): the malicious set was drawn from the seed alone by resolve, the same on every rank.
-        self.malicious = np.asarray(plan.malicious, dtype=np.int64)
-        self.attack_note = plan.attack_note
-        if self.attack_note and comm.is_server:
-            console.say(f"fedmpi: warning: {self.attack_note}")
-        poison = DataPoison(cfg.attack, self.malicious, cfg.seed, dataset.num_classes, dataset.x_train)
-        self.stages = build_stages(cfg, algo, flat.dim, self.malicious)
-        clip = robust_stage(cfg.server, cfg.attack.name, flat.dim)   # norm_bound under the plain reduction
-        if clip is not None:
-            self.stages.append(clip)
-        if cfg.runtime.wire_dtype != "float32" and algo_cls.protocol == REDUCE:
-            self.stages.append(WirePrecision(cfg.runtime.wire_dtype, flat.dim))    # last: what leaves
-        # Per-client vectors (the algorithm's and the upload stages') in one store per rank, bounded in memory.
-        self.client_store = ClientStateStore(cfg.runtime.client_state_bytes)
-        bind_client_state(self.client_store, algo, *self.stages)
-        self.clients = ClientHost(comm, self.workers, algo, flat, parts, data, seed=cfg.seed, client=cfg.client,
-                                  client_rate=algo.context.client_rate, data=cfg.data, server=cfg.server,
-                                  client_dealing=cfg.runtime.client_dealing, eval_batch=cfg.eval.batch_size, loss=loss,
-                                  keeps_state=(algo.split is not None
-                                               or any(stage.keeps_client_state for stage in self.stages)),
-                                  poison=poison if poison.active else None)
-        header_extra, up_extra = layout(self.stages, algo.up_vectors * flat.dim + algo.up_scalars)
-        drift_columns = ("update_norm", "update_cosine") if cfg.eval.client_drift else ()
-        drift_columns += ("robust_weight",) if clip is not None else ()
-        self.wire = RoundBuffers(comm, algo, flat.dim, len(parts), self.device, cfg.runtime.cuda_aware_mpi,
-                                 header_extra, up_extra, extra_columns=drift_columns,
-                                 wire_dtype=cfg.runtime.wire_dtype)
-        self.evaluation = SplitEvaluation(comm, flat, dataset.x_test, dataset.y_test,
-                                          cfg.eval.batch_size, dataset.num_classes, data.tensor, loss=loss)
-        # The backdoor's success rate: the triggered test set without the target class, split like the test set.
-        self.backdoor = None
-        if cfg.attack.name == "backdoor":
-            x_bd, y_bd = backdoor_test_set(dataset.x_test, dataset.y_test, cfg.attack, poison.trigger)
-            self.backdoor = SplitEvaluation(comm, flat, x_bd, y_bd, cfg.eval.batch_size,
-                                            dataset.num_classes, data.tensor, loss=loss)
-        self.data = data
-        self.local_eval = (LocalEvaluation(cfg.eval, cfg.client, cfg.seed, comm, self.clients, algo, self.flat, data,
-                                           self.split.local_test, self.client_store, loss=loss)
-                           if cfg.eval.local_every is not None else None)
-        probe = self.clients.probe_accuracy if self.clients.mine else None
-        algo.setup(SetupContext(sizes, self.split.server_idx, x0, probe, model=self.flat))
-        algo.verify_declarations()
-        self.server = self.shadow = None
-        if comm.is_server:
-            self.server = Server(algo, self.flat, x0, server=cfg.server, rounds=cfg.rounds,
-                                 client_rate=algo.context.client_rate, wire_dtype=cfg.runtime.wire_dtype)
-            self.server.start(self._server_trainer(data, loss))
-            if cfg.eval.divergence:
-                self.shadow = Shadow(cfg, self.flat, self.server.x, *data.train, parts, loss=loss)
-            for stage in self.stages:
-                stage.on_server()
-        self.participation = build_participation(cfg, algo, [len(p) for p in parts])
-        history.bind(self.participation.plan)
-        trainer = (self._fltrust_trainer(data, loss)
-                   if comm.is_server and robust_active(cfg.server.aggregator, cfg.attack.name)
-                   and rule_class(cfg.server.aggregator).needs_server_update else None)
-        protocol = robust_protocol(len(parts), trainer, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
-                                   gather_bytes=cfg.runtime.gather_bytes, client=cfg.client,
-                                   client_rate=algo.context.client_rate) or PROTOCOLS[algo.protocol]
-        # What a round works with (fedmpi.round.engine.run_round): the parts above, the protocol and its state.
-        self.round_parts = RoundParts(
-            algo=algo, clients=self.clients, wire=self.wire, server=self.server, participation=self.participation,
-            stages=tuple(self.stages), evaluation=self.evaluation, shadow=self.shadow,
-            client_store=self.client_store, comm=comm, timer=comm.timer, flat=self.flat,
-            test_set=lambda: data.test, protocol=protocol,
-            state=protocol.new_state(len(parts), cfg.eval.client_drift), rounds=cfg.rounds,
-            eval_every=cfg.eval.every, eval_batch=cfg.eval.batch_size, client_drift=cfg.eval.client_drift,
-            local_eval=self.local_eval, backdoor=self.backdoor)
-
-    def _server_trainer(self, data, loss):
-        if not (self.algo.uses_server_set and len(self.split.server_idx)):
-            return None
-        idx = torch.from_numpy(self.split.server_idx).to(self.device)
-        return ServerTrainer(self.flat, self.cfg.client, *data.train, idx, self.cfg.seed, loss=loss, test=data.test,
-                             eval_batch=self.cfg.eval.batch_size)
-
-    def _fltrust_trainer(self, data, loss):
-        """FLTrust's server update trains on the server's set (check_robust made sure there is one)."""
-        idx = torch.from_numpy(self.split.server_idx).to(self.device)
-        return ServerTrainer(self.flat, self.cfg.client, *data.train, idx, self.cfg.seed, loss=loss)
+        """This rank's experiment of `plan` (`build`'s arguments; `loss` replaces the model's criterion)."""
+        self.cfg, self.plan, self.comm, self.dataset, self.split, self.flat = plan.cfg, plan, comm, dataset, split, flat
+        self.node, self.workers, self.threads, self.device = (placement.node, placement.workers, placement.threads,
+                                                              placement.device)
+        self.data = DeviceData(dataset, placement.device)
+        self.round_parts = p = build(plan, comm, placement, dataset, split, flat, self.data, loss)
+        self.algo, self.clients, self.server, self.participation = p.algo, p.clients, p.server, p.participation
+        self.wire, self.evaluation, self.client_store = p.wire, p.evaluation, p.client_store
+        self.stages, self.observers = list(p.stages), p.observers
+        self.malicious, self.attack_note = np.asarray(plan.malicious, dtype=np.int64), plan.attack_note
 
     # -- what the run loop and checkpoints see ---------------------------------------------------------
     @property
@@ -196,10 +149,10 @@ class Experiment:
 
     @property
     def metric_attrs(self):
-        """Attributes of /metrics datasets: per-class test counts, the divergence's layer names."""
+        """Attributes of /metrics datasets: per-class test counts, the observers' (the divergence's layers)."""
         attrs = {"class_acc": {"class_counts": self.evaluation.class_counts}}
-        if self.shadow is not None:
-            attrs["weight_divergence_layers"] = {"layers": self.shadow.layers}
+        for observer in self.observers:
+            attrs.update(observer.metric_attrs())
         return attrs
 
     def global_model(self):
@@ -239,4 +192,3 @@ class Experiment:
         self.algo.load_client_state(cid, state)
         for stage in self.stages:
             stage.load_client_state(cid, state)
-

@@ -1,216 +1,327 @@
-"""The protocol families: how one round's uploads travel (the `protocol` an algorithm's family declares).
+"""Transports: how one round's uploads travel from the clients' ranks to the server, as values in and out, and
+the protocol families that are transports (the `protocol` an algorithm's family declares).
 
-How uploads travel is the algorithm's `protocol` declaration; each family is a value here (REDUCE, GATHER,
-ROUTE, BUFFER) that supplies only what differs: which clients this rank trains and from what start, what
-happens to a trained client, and how the uploads are combined.
+A transport is built once per run with the collaborators it works with (the algorithm, the rank's client
+host and flat model, the round's buffers, the upload path), and each round:
 
+  training(plan) -> Training                      which clients this rank trains, from what start
+  local(round_, updates) -> LocalPart             this rank's part, from the stream of its trained clients'
+                                                  `ClientUpdate`s, consumed as each client finishes
+  combine(comm, round_, local) -> Combined        the collective(s) that bring the parts to rank 0: its
+                                                  sums, their total weight, the transport's figures
+
+`round_` is a `RoundInput`: the round's plan, the Training and the upload stages' views. No transport reads
+another part of the round or writes into the server's buffers behind a call: what it gives the server is
+the Combined it returns. The algorithm's own hooks (`accumulate`, `gate`, `hold`/`release`, the slots)
+stay the algorithm's contract; a transport calls them. What a transport keeps across rounds (ROUTE's
+period start and previous plan) is its own.
+
+The families:
 - REDUCE (FedAvg and most algorithms): the selected clients' weighted uploads into one accumulator, one
-  Reduce to the server.
+  Reduce to the server. Under secure aggregation (`SecureReduce`) the update travels as masked integers
+  summed modulo 2^b, and the float Reduce carries only the statistics.
 - GATHER (SAFL with upload gating): clients decide after training whether to upload; the server first
   gathers the mask of who uploads, then only the uploaders' vectors (`masked_gather`, Gatherv).
-- ROUTE (FedSkip): model slots persist between aggregations; inside a period they move between the ranks
-  hosting consecutive clients with point-to-point transfers, and only the round's statistics are reduced;
-  at aggregation rounds the slots are reduced like FedAvg's uploads.
+- ROUTE (FedSkip, fedmpi.round.route): model slots persist between aggregations; inside a period they move
+  between the ranks hosting consecutive clients with point-to-point transfers, and only the round's
+  statistics are reduced; at aggregation rounds the slots are reduced like FedAvg's uploads.
 - BUFFER (FedBuff): clients train in the round of the model version they start from and hold their
   updates until the round of their simulated arrival; the arrivals are reduced like FedAvg's uploads.
+- the chunked robust gather (fedmpi.round.robust_gather): every counted update to rank 0 chunk by chunk.
 
 A client whose update does not count this round (the plan says so: dropped out, past the deadline) leaves
 its state as it was: REDUCE skips its accumulate, GATHER its gate (its figures are NaN), ROUTE keeps the
 slot's parameters from before the round and its weight does not grow, BUFFER never holds its update.
-
-A family holds no state; what it keeps from round to round (ROUTE's period start and previous plan,
-REDUCE's drift measurements) lives in the object its `new_state` makes, held in RoundParts.state. The order
-of a round's steps is fedmpi.round.engine.run_round's; a family is called at its fixed points.
+The order of a round's steps is fedmpi.round.engine.run_round's; a transport is called at its fixed points.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from fedmpi.algorithms import base
-from fedmpi.round.drift import ClientDrift
-from fedmpi.round.engine import Closing, Family, Training, from_broadcast, reduce, upload_client
+from fedmpi.mpi import signals
 from fedmpi.uploads.precision import round_to
 
 
+@dataclass(frozen=True)
+class Training:
+    """Which clients this rank trains this round, in order, and from what start: `start(run)` loads a
+    client's start point into the model; `down` is the broadcast payload (None where it is not the start)."""
+
+    cids: list
+    start: Callable | None = None
+    down: torch.Tensor | None = None
+    slots: dict = field(default_factory=dict)     # ROUTE: client id -> its model slot this round
+
+
+@dataclass(frozen=True)
+class RoundInput:
+    """What a transport knows of the round: the plan (the same on every rank), this rank's Training and the
+    upload stages' views (fedmpi.uploads.base.RoundStages)."""
+
+    plan: object
+    training: Training
+    stages: object = None
+
+
 @dataclass
-class ReduceState:
-    drift: ClientDrift      # the round's drift measurements (and, with eval.client_drift, updates kept)
+class LocalPart:
+    """One rank's part of a round: `tally`, its running totals and per-client figures (fedmpi.round.wire), whose
+    accumulator holds its weighted sums; `kept`, what the family keeps per client for its combination (GATHER's
+    vectors, the gather's rows); `total`, secure aggregation's masked integer sum."""
+
+    tally: object
+    kept: list = field(default_factory=list)
+    total: object = None
 
 
-class Reduce(Family):
+@dataclass(frozen=True)
+class Combined:
+    """What the combination gives the round: on rank 0 the sums the server steps from (`sums`, `weight`), the
+    reduced statistics, the transport's own figures ({metric: value}, {name: [N] row}); everywhere whether
+    the server steps (`update`), whether to evaluate (None: when due) and the drift measurements (REDUCE with
+    eval.client_drift)."""
+
+    sums: torch.Tensor | None = None
+    weight: float = 0.0
+    stats: object = None
+    metrics: dict = field(default_factory=dict)
+    columns: dict = field(default_factory=dict)
+    update: bool = True
+    evaluate: bool | None = None
+    drift: object = None
+
+
+class Transport:
+    name = ""
+    drift_figures = False    # the reduced sums are the clients' weighted updates (gradient diversity applies)
+    # Dealt clients may go to whichever worker is free (ClientHost.round_clients): no rank needs to know who
+    # trained which client, only each rank's sums.
+    deals_as_free = False
+
+    def __init__(self, algo, clients, wire, path):
+        """`algo`: the algorithm; `clients`: the rank's ClientHost (placement, the flat model); `wire`: the
+        round's RoundBuffers; `path`: the upload path (fedmpi.uploads.base.UploadPath)."""
+        self.algo, self.clients, self.wire, self.path = algo, clients, wire, path
+        self.flat = clients.flat
+
+    def full_broadcast(self, t) -> bool:
+        """Whether round t's broadcast carries the payload (else the header only)."""
+        return True
+
+    def training(self, plan) -> Training:
+        """This rank's clients of the round, from the broadcast (hosted clients, in plan order)."""
+        if not self.clients.mine:
+            return Training([])
+        down, start = self.from_broadcast(plan.round)
+        return Training(self.clients.hosted(plan.selected), start, down)
+
+    def local(self, round_: RoundInput, updates) -> LocalPart:
+        raise NotImplementedError
+
+    def combine(self, comm, round_: RoundInput, local: LocalPart) -> Combined:
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"<transport {self.name}>"
+
+    # -- what the families share ---------------------------------------------------------------------
+    def from_broadcast(self, t):
+        """(the round's broadcast payload on this rank, the client start that loads it: `algo.client_start`);
+        the algorithm's `round_start` hook sees the payload first."""
+        algo, flat = self.algo, self.flat
+        down = self.wire.down()
+        if algo.round_start is not None:
+            algo.round_start(t, down)
+
+        def start(run):
+            algo.client_start(run, down, flat)
+            algo.load_personal(run.cid, flat)       # personal entries: the client's own (no-op without a split)
+
+        return down, start
+
+    def upload(self, update, round_: RoundInput, acc):
+        """A counted client's upload into `acc`: the upload path's transform of `update`, the algorithm's
+        `accumulate` of what it passed on, then the stages' scalars; (the upload's weight, the update)."""
+        if len(self.path):
+            update = self.path.client(update, round_.stages)
+        run = update.run if update.weight == update.run.weight else dataclasses.replace(update.run,
+                                                                                          weight=update.weight)
+        weight = self.algo.accumulate(run, round_.training.down, self.flat, acc)
+        if len(self.path):
+            self.path.add_scalars(update, acc)
+        return weight, update
+
+    @staticmethod
+    def record(tally, update):
+        """A trained client's loss and per-client figures (its training's, then those the upload path added)."""
+        tally.record(update.run)
+        for name, value in update.figures.items():
+            tally.columns[name][update.cid] = value
+
+    def reduce(self, tally, sums=True, skip=0):
+        """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only, `skip`:
+        leaves the first sums out), with this rank's stop request; on rank 0 (sums, stats)."""
+        self.wire.reduce(tally, signals.requested(), sums, skip=skip)
+        if not self.wire.comm.is_server:
+            return None, None
+        return self.wire.sums(), self.wire.stats()
+
+
+class Reduce(Transport):
     name = base.REDUCE
     drift_figures = True
     deals_as_free = True        # runtime.client_dealing auto may deal the round's clients to whoever is free
 
-    def new_state(self, num_clients, client_drift):
-        return ReduceState(ClientDrift(num_clients, client_drift))
+    def __init__(self, algo, clients, wire, path, drift):
+        """`drift`: the round's drift measurements (fedmpi.round.observers.ClientDrift)."""
+        super().__init__(algo, clients, wire, path)
+        self.drift = drift
 
-    def training(self, parts, state, plan):
-        clients = parts.clients
+    def training(self, plan):
+        clients = self.clients
         if not clients.trains:
             return Training([])
-        down, start = from_broadcast(parts, plan.round)
+        down, start = self.from_broadcast(plan.round)
         # Only each rank's sums leave it: which worker trains which client may follow who is free first.
         return Training(clients.round_clients(plan.selected, as_free=self.deals_as_free), start, down)
 
-    def trained(self, parts, plan, run, training, tally):
-        if not plan.counts(run.cid):    # dropped or too late: its update and its state are lost
-            return
-        flat, down = parts.clients.flat, training.down
-        # Personal entries to the client's state; the upload then carries the broadcast's (no change) there.
-        parts.algo.keep_personal(run.cid, flat, down)
-        weight = upload_client(parts.algo, parts.stages, run, down, flat, tally.acc)
-        parts.state.drift.measure(run, flat.vec - down[: flat.dim], weight, tally)
-        tally.weight += weight
-        tally.upload(run)
+    def local(self, round_, updates):
+        part = LocalPart(self.wire.new_tally(), total=self.new_total())
+        tally, plan, down, flat = part.tally, round_.plan, round_.training.down, self.flat
+        for update in updates:
+            if plan.counts(update.cid):     # else dropped or too late: its update and its state are lost
+                # Personal entries to the client's state; the upload then carries the broadcast's (no change) there.
+                self.algo.keep_personal(update.cid, flat, down)
+                weight, update = self.upload(update, round_, tally.acc)
+                self.take(update, part)
+                self.drift.measure(update.run, update.delta(), weight, tally)
+                tally.weight += weight
+                tally.upload(update.bytes)
+            self.record(tally, update)
+        return part
 
-    def combine(self, parts, state, plan, tally, kept):
-        reduce(parts, tally)
-        return Closing(drift=state.drift if parts.client_drift else None)
+    def new_total(self):
+        return None
+
+    def take(self, update, part):
+        """A counted update's encoded payload into the rank's part (secure aggregation's; none here)."""
+
+    def combine(self, comm, round_, local):
+        sums, stats = self.reduce(local.tally)
+        return Combined(sums, stats.weight if stats else 0.0, stats, drift=self._drift())
+
+    def _drift(self):
+        return self.drift if self.drift.keep else None
 
 
-class Gather(Family):
+class SecureReduce(Reduce):
+    """REDUCE under secure aggregation: each counted client's update leaves its rank only as the masked integer
+    vector the secure-aggregation stage made of it (`ClientUpdate.encoded`); the rank sums them modulo 2^64
+    (`LocalPart.total`), one integer reduction sums the ranks' modulo 2^b (`Comm.reduce_sum_mod`), and rank 0
+    unmasks and decodes the total into the place of the model's sums. The float Reduce leaves the model vector
+    out: it carries the statistics, the stages' scalars and the per-client figures only."""
+
+    def __init__(self, algo, clients, wire, path, drift, secure):
+        """`secure`: the secure-aggregation stage (fedmpi.secagg.stage.SecAggStage) of `path`."""
+        super().__init__(algo, clients, wire, path, drift)
+        self.secure = secure
+
+    def new_total(self):
+        return self.secure.zeros()
+
+    def take(self, update, part):
+        np.add(part.total, update.encoded, out=part.total)     # uint64: wraps modulo 2^64
+
+    def combine(self, comm, round_, local):
+        comm.reduce_sum_mod(local.total, self.secure.keys.bits)
+        sums, stats = self.reduce(local.tally, skip=self.wire.dim)
+        if sums is None:
+            return Combined(drift=self._drift())
+        weight, metrics = self.secure.decode(round_.plan, local.total, sums, stats.weight)
+        return Combined(sums, weight, stats, metrics, drift=self._drift())
+
+
+class Gather(Transport):
     name = base.GATHER
 
-    def trained(self, parts, plan, run, training, tally):
-        """(whether the client uploads, its vector on the CPU or None)."""
-        algo, flat = parts.algo, parts.clients.flat
-        # A client whose update does not count (dropped, too late) neither gates nor keeps its model.
-        counts = plan.counts(run.cid)
-        uploaded = counts and algo.gate(run, training.down, flat)
-        if not counts:
-            run.figures.update(dict.fromkeys(algo.client_columns, np.nan))
-        vector = None
-        if uploaded:
-            vector = flat.vec.detach().to("cpu", torch.float32).numpy().copy()
-            round_to(torch.from_numpy(vector), parts.wire.wire_dtype)      # the model travels at the wire dtype
-            tally.upload(run)
-        return uploaded, vector
+    def __init__(self, algo, clients, wire, path, participation, server=None):
+        """`participation`: the provider, told who uploaded (`settle`); `server` (rank 0): the Server whose
+        global model the fusion weighs against."""
+        super().__init__(algo, clients, wire, path)
+        self.participation, self.server = participation, server
 
-    def combine(self, parts, state, plan, tally, kept):
-        clients, comm = parts.clients, parts.comm
-        reduce(parts, tally, sums=False)     # statistics and figures: the vectors travel by masked_gather
-        mask = np.array([uploaded for uploaded, _ in kept], dtype=np.int8)
-        vectors = [vector for uploaded, vector in kept if uploaded]
+    def local(self, round_, updates):
+        """Keeps (whether the client uploads, its vector on the CPU or None) per trained client."""
+        tally, kept = self.wire.new_tally(), []
+        algo, flat, plan, down = self.algo, self.flat, round_.plan, round_.training.down
+        for update in updates:
+            # A client whose update does not count (dropped, too late) neither gates nor keeps its model.
+            counts = plan.counts(update.cid)
+            uploaded = counts and algo.gate(update.run, down, flat)
+            if not counts:
+                update.run.figures.update(dict.fromkeys(algo.client_columns, np.nan))
+            vector = None
+            if uploaded:
+                vector = flat.vec.detach().to("cpu", torch.float32).numpy().copy()
+                round_to(torch.from_numpy(vector), self.wire.wire_dtype)      # the model travels at the wire dtype
+                tally.upload()
+            kept.append((uploaded, vector))
+            self.record(tally, update)
+        return LocalPart(tally, kept)
+
+    def combine(self, comm, round_, local):
+        clients, plan = self.clients, round_.plan
+        _, stats = self.reduce(local.tally, sums=False)    # statistics and figures: the vectors by masked_gather
+        mask = np.array([uploaded for uploaded, _ in local.kept], dtype=np.int8)
+        vectors = [vector for uploaded, vector in local.kept if uploaded]
         by_rank = {r: [int(c) for c in plan.selected if clients.host[c] == r] for r in clients.workers}
-        gathered = comm.masked_gather(mask, vectors, by_rank, clients.flat.dim)
-        parts.participation.settle(plan, comm, gathered)     # e.g. gated-out clients finish earlier
-        if comm.is_server:
-            _fuse(parts, gathered)
-        return Closing()
+        gathered = comm.masked_gather(mask, vectors, by_rank, self.flat.dim)
+        self.participation.settle(plan, comm, gathered)     # e.g. gated-out clients finish earlier
+        if not comm.is_server:
+            return Combined()
+        sums, weight = self._fuse(gathered, self.server.x)
+        return Combined(sums, weight, stats)
+
+    def _fuse(self, gathered, x):
+        """Server: the uploaders' vectors, in client-id order (so the sum does not depend on -n), as the sums
+        the ordinary server update reads, and their total weight."""
+        x64 = x.double()
+        acc = torch.zeros(self.wire.up_len, dtype=torch.float64, device=x.device)
+        weight = 0.0
+        for cid, vec in sorted(gathered.items()):
+            z = torch.from_numpy(vec).to(x.device)
+            w = self.algo.fusion_weight(len(self.clients.parts[cid]), z, x)
+            acc[: self.flat.dim].add_(z.double() - x64, alpha=w)
+            weight += w
+        return acc, weight
 
 
-def _fuse(parts, gathered):
-    """Server: the uploaders' vectors, in client-id order (so the sum does not depend on -n), into the sums
-    that the ordinary server update reads."""
-    x = parts.server.x
-    x64 = x.double()
-    acc = torch.zeros(parts.wire.up_len, dtype=torch.float64, device=x.device)
-    weight = 0.0
-    for cid, vec in sorted(gathered.items()):
-        z = torch.from_numpy(vec).to(x.device)
-        w = parts.algo.fusion_weight(len(parts.clients.parts[cid]), z, x)
-        acc[: parts.flat.dim].add_(z.double() - x64, alpha=w)
-        weight += w
-    parts.wire.set_sums(acc, weight)
-
-
-@dataclass
-class RouteState:
-    period_start: torch.Tensor | None = None    # the current period's broadcast global model, where slots train
-    previous: object = None     # the previous round's RoundPlan (None before this process's first round)
-
-
-class Route(Family):
-    name = base.ROUTE
-
-    def new_state(self, num_clients, client_drift):
-        return RouteState()
-
-    def full_broadcast(self, parts, state, t):
-        # The model travels at period starts, and at this process's first round (a resumed run's slots
-        # train from the broadcast too).
-        return parts.algo.is_period_start(t) or state.previous is None
-
-    def training(self, parts, state, plan):
-        algo, clients, t = parts.algo, parts.clients, plan.round
-        if self.full_broadcast(parts, state, t) and clients.mine:
-            state.period_start = parts.wire.down()[: clients.flat.dim].clone()
-        order = [int(c) for c in algo.order(t, plan.selected)]
-        if not algo.is_period_start(t):
-            previous = state.previous if state.previous is not None else parts.participation.plan(t - 1)
-            _move_slots(parts, algo.order(t - 1, previous.selected), order)
-        slots = {cid: slot for slot, cid in enumerate(order)}
-
-        def start(run):
-            algo.start_slot(run, slots[run.cid], state.period_start, clients.flat)
-
-        return Training([cid for cid in order if cid in clients.mine], start, None, slots)
-
-    def trained(self, parts, plan, run, training, tally):
-        if plan.counts(run.cid):
-            tally.upload(run)
-        else:       # dropped or too late: the slot keeps its parameters from before the round
-            training.start(run)
-        parts.algo.finish_slot(run, training.slots[run.cid], parts.clients.flat)
-
-    def combine(self, parts, state, plan, tally, kept):
-        algo, clients, t = parts.algo, parts.clients, plan.round
-        aggregate = algo.is_aggregation(t)
-        if aggregate and clients.mine:
-            counted = parts.participation.counted
-            weights = algo.slot_weights(t, lambda s, c: len(clients.parts[c]) if counted(s, c) else 0)
-            tally.weight += algo.accumulate_slots(state.period_start, weights, tally.acc)
-        # Inside a period only the statistics travel; the model moves with the slots.
-        reduce(parts, tally, sums=aggregate)
-        state.previous = plan
-        # Evaluated at aggregation rounds only: x does not change in between, and a run's length must not
-        # change its log (a resumed run would otherwise carry an extra evaluation at the first run's end).
-        return Closing(update=aggregate, evaluate=aggregate)
-
-
-def _move_slots(parts, previous, order):
-    """Sends each slot from the rank of its previous client to the rank of its next one."""
-    algo, comm = parts.algo, parts.comm
-    host, dim = parts.clients.host, parts.flat.dim
-    sends, receives = [], {}
-    for slot, (src_c, dst_c) in enumerate(zip(previous, order)):
-        src, dst = int(host[src_c]), int(host[dst_c])
-        if src == dst:
-            continue
-        if comm.rank == src:
-            sends.append((dst, slot, algo.take_slot(slot).to("cpu", torch.float32).numpy()))
-        elif comm.rank == dst:
-            receives[slot] = (src, np.empty(dim, dtype=np.float32))
-    comm.route(sends, [(src, slot, buf) for slot, (src, buf) in receives.items()])
-    for slot, (_, buf) in receives.items():
-        algo.put_slot(slot, torch.from_numpy(buf).to(parts.flat.device))
-
-
-class Buffer(Family):
+class Buffer(Transport):
     """FedBuff's round: one server update. The round's starters train from the broadcast x_t (their model
     version t) and hold their updates; then the round's arrivals (`plan.arrivals`, planned on the simulated
     clock by fedmpi.deploy.buffered) release theirs into the accumulator, and one Reduce sums them."""
 
     name = base.BUFFER
 
-    def trained(self, parts, plan, run, training, tally):
-        if plan.counts(run.cid):        # a client that drops out never delivers its update
-            parts.algo.hold(run, training.down, parts.clients.flat)
-
-    def combine(self, parts, state, plan, tally, kept):
-        clients = parts.clients
+    def local(self, round_, updates):
+        tally, plan = self.wire.new_tally(), round_.plan
+        for update in updates:
+            if plan.counts(update.cid):        # a client that drops out never delivers its update
+                self.algo.hold(update.run, round_.training.down, self.flat)
+            self.record(tally, update)
         for cid, version in plan.arrivals:      # after training: a fast starter may arrive this round
-            if cid in clients.mine:
-                tally.weight += parts.algo.release(cid, version, plan.round, tally.acc)
-                tally.upload(clients.new_run(plan.round, cid))
-        reduce(parts, tally)
-        return Closing()
+            if cid in self.clients.mine:
+                tally.weight += self.algo.release(cid, version, plan.round, tally.acc)
+                tally.upload()
+        return LocalPart(tally)
 
-
-REDUCE, GATHER, ROUTE, BUFFER = Reduce(), Gather(), Route(), Buffer()
-PROTOCOLS = {p.name: p for p in (REDUCE, GATHER, ROUTE, BUFFER)}
+    def combine(self, comm, round_, local):
+        sums, stats = self.reduce(local.tally)
+        return Combined(sums, stats.weight if stats else 0.0, stats)

@@ -21,7 +21,7 @@ well the exclusions matched the malicious set (/metrics/detect_precision, detect
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,8 +31,7 @@ from fedmpi.core.train import schedule
 from fedmpi.mpi.runtime import place_clients
 from fedmpi.robust.chunks import BLOCK, chunk_bounds, chunk_width
 from fedmpi.robust.driver import aggregate_chunks, total_passes
-from fedmpi.round.engine import Closing, Family, reduce, upload_client
-from fedmpi.round.protocols import Reduce
+from fedmpi.round.protocols import Combined, LocalPart, Reduce, Transport
 
 DETECTION = ("detect_precision", "detect_recall", "honest_excluded")
 
@@ -51,45 +50,40 @@ class GatherSettings:
     block: int = BLOCK
 
 
-@dataclass
-class GatherState:
-    metrics: dict = field(default_factory=dict)     # the round's figures (rank 0), read by the round's record
-    clients: dict = field(default_factory=dict)
-
-
-class ChunkedGather(Family):
+class ChunkedGather(Reduce):
     name = "chunked_gather"
-
-    def __init__(self, settings: GatherSettings):
-        self.settings = settings
-
-    def new_state(self, num_clients, client_drift):
-        return GatherState()
-
-    # Clients train as under REDUCE: a round's clients are dealt to the workers from the broadcast, in the fixed
-    # shares of `round_hosts` (the rows' senders must be known to every rank).
-    training = Reduce.training
+    drift_figures = False
+    # Clients train as under REDUCE, but a round's clients are dealt to the workers from the broadcast in the
+    # fixed shares of `round_hosts` (the rows' senders must be known to every rank).
     deals_as_free = False
 
-    def trained(self, parts, plan, run, training, tally):
-        """(client id, its update as a float32 numpy row) for a counted client, None otherwise."""
-        if not plan.counts(run.cid):
-            return None
-        flat, down = parts.clients.flat, training.down
-        weight = upload_client(parts.algo, parts.stages, run, down, flat, tally.acc)
-        if weight != len(parts.clients.parts[run.cid]):
-            raise RuntimeError(f"client {run.cid}: upload weight {weight} is not its sample count; robust "
-                               f"aggregation weighs clients by their sample counts")
-        tally.weight += weight
-        tally.upload(run)
-        return run.cid, (flat.vec - down[: flat.dim]).detach().to("cpu", torch.float32).numpy()
+    def __init__(self, algo, clients, wire, path, settings: GatherSettings, server=None):
+        """`settings`: the rule and what it is configured with; `server` (rank 0): the Server whose global
+        model FLTrust's server update starts from."""
+        Transport.__init__(self, algo, clients, wire, path)
+        self.settings, self.server = settings, server
 
-    def combine(self, parts, state, plan, tally, kept):
-        reduce(parts, tally, sums=False)      # statistics and figures; the rows travel chunk by chunk below
-        clients, comm, s = parts.clients, parts.comm, self.settings
-        host, dim = round_hosts(clients, plan.selected), parts.flat.dim
+    def local(self, round_, updates):
+        """Keeps (client id, its update as a float32 numpy row) per counted client."""
+        tally, kept, plan, down, flat = self.wire.new_tally(), [], round_.plan, round_.training.down, self.flat
+        for update in updates:
+            if plan.counts(update.cid):
+                weight, update = self.upload(update, round_, tally.acc)
+                if weight != len(self.clients.parts[update.cid]):
+                    raise RuntimeError(f"client {update.cid}: upload weight {weight} is not its sample count; "
+                                       f"robust aggregation weighs clients by their sample counts")
+                tally.weight += weight
+                tally.upload(update.bytes)
+                kept.append((update.cid, (flat.vec - down[: flat.dim]).detach().to("cpu", torch.float32).numpy()))
+            self.record(tally, update)
+        return LocalPart(tally, kept)
+
+    def combine(self, comm, round_, local):
+        _, stats = self.reduce(local.tally, sums=False)   # statistics and figures; the rows go chunk by chunk
+        clients, s, plan = self.clients, self.settings, round_.plan
+        host, dim = round_hosts(clients, plan.selected), self.flat.dim
         counted = sorted(int(c) for c in plan.selected if plan.counts(c))
-        mine = sorted((k for k in kept if k is not None), key=lambda k: k[0])
+        mine = sorted(local.kept, key=lambda k: k[0])
         if [c for c, _ in mine] != [c for c in counted if host[c] == comm.rank]:
             raise RuntimeError(f"rank {comm.rank}: trained counted clients {[c for c, _ in mine]} differ from the "
                                f"plan's hosted counted clients")
@@ -108,7 +102,7 @@ class ChunkedGather(Family):
             for _ in range(total_passes(s.rule, attack) if n else 0):
                 for lo, hi in chunk_bounds(dim, width):
                     send(lo, hi)
-            return Closing()
+            return Combined()
         update, weights = None, np.zeros(0)
         if n:
             in_rank_order = [c for r in range(comm.size) for c in counted if host[c] == r]
@@ -118,19 +112,18 @@ class ChunkedGather(Family):
                 return send(lo, hi)[order]
 
             w = np.array([len(clients.parts[c]) for c in counted], dtype=np.float64)
-            g0 = self._server_update(parts, plan.round) if s.rule.needs_server_update else None
+            g0 = self._server_update(plan.round) if s.rule.needs_server_update else None
             outcome = aggregate_chunks(s.rule, source, w, dim, width, block=s.block, attack=attack,
                                        server_update=g0)
             update, weights = outcome.update, outcome.weights
-        acc = torch.zeros(parts.wire.up_len, dtype=torch.float64)
+        # The rule's update takes the place of the weighted mean: (update, weight 1), which the algorithm's
+        # aggregate (a weighted mean, as its `robust_aggregation` declares) returns unchanged.
+        sums = torch.zeros(self.wire.up_len, dtype=torch.float64)
         if update is not None:
-            acc[:dim] = torch.from_numpy(update)
-        parts.wire.set_sums(acc, 1.0 if update is not None else 0.0)
-        state.metrics, state.clients = self._figures(parts, counted, weights, is_malicious)
-        return Closing()
-
-    def figures(self, state):
-        return state.metrics, state.clients
+            sums[:dim] = torch.from_numpy(update)
+        sums = sums.to(self.flat.device)
+        metrics, columns = self._figures(counted, weights, is_malicious)
+        return Combined(sums, 1.0 if update is not None else 0.0, stats, metrics, columns)
 
     def _width(self, comm, n, dim):
         """The round's chunk width: rank 0's, from its budget, sent to every rank (one number)."""
@@ -140,17 +133,17 @@ class ChunkedGather(Family):
         comm.bcast(buf)
         return int(buf[0])
 
-    def _server_update(self, parts, t):
+    def _server_update(self, t):
         """FLTrust's g0: the clients' local training repeated on the server's set from x_t, minus x_t."""
-        s, x = self.settings, parts.server.x
+        s, x = self.settings, self.server.x
         trainer, client = s.server_trainer, s.client_cfg
         steps = schedule(client, trainer.n).steps       # as many local steps as a client of the server set's size
         vec, _ = trainer.train(x, t, steps, client.batch_size, s.client_lr(t))
         return (vec.double() - x.double()).cpu().numpy()
 
-    def _figures(self, parts, counted, weights, is_malicious):
+    def _figures(self, counted, weights, is_malicious):
         """The round's /clients/robust_weight and, for rules that exclude, its detection figures."""
-        num = parts.num_clients
+        num = len(self.clients.parts)
         column = np.full(num, np.nan, dtype=np.float32)
         column[counted] = weights
         metrics = {}

@@ -1,5 +1,6 @@
 """Set-up of robust aggregation (server.aggregator) and the omniscient attacks: what a config may combine,
-and the protocol family or upload stage that runs it (fedmpi.round.robust_gather, robust_stage).
+and the chunked gather's settings (fedmpi.round.robust_gather; norm_bound under the plain reduction is
+the upload stage fedmpi.round.robust_stage).
 
 Refused at set-up, exit 2, before any file is written: a robust aggregator or an omniscient attack with an
 algorithm that does not declare `robust_aggregation` (its upload is not one vector averaged by weight),
@@ -15,32 +16,23 @@ from fedmpi.attacks.keys import OMNISCIENT_ATTACKS
 from fedmpi.robust.catalog import build_rule
 from fedmpi.robust.chunks import BYTES_PER_ENTRY, chunk_bounds, chunk_width, default_budget
 from fedmpi.round.robust_checks import uses_gather
-from fedmpi.round.robust_gather import ChunkedGather, GatherSettings
-from fedmpi.round.robust_stage import NormBoundStage
+from fedmpi.round.robust_gather import GatherSettings
 
 
-def robust_stage(server, attack_name, dim):
-    """norm_bound under the plain reduction: the upload stage that clips each update; else None."""
-    if server.aggregator == "norm_bound" and not uses_gather(server.aggregator, attack_name):
-        return NormBoundStage(server.robust, dim)
-    return None
-
-
-def robust_protocol(num_clients, server_trainer=None, *, server, attack, seed, gather_bytes, client, client_rate):
-    """The chunked gather family configured for this run, or None where the plain reduction serves. From the
-    `server`, `attack` and `client` sections, the run's seed, runtime.gather_memory (`gather_bytes`, None: the
-    machine's share) and eta_l under client.lr_schedule (`client_rate`, what FLTrust's server update uses)."""
+def gather_settings(num_clients, server_trainer=None, *, server, attack, seed, gather_bytes, client, client_rate):
+    """What the chunked gather is configured with for this run, or None where the plain reduction serves. From
+    the `server`, `attack` and `client` sections, the run's seed, runtime.gather_memory (`gather_bytes`, None:
+    the machine's share) and eta_l under client.lr_schedule (`client_rate`, what FLTrust's server update uses)."""
     if not uses_gather(server.aggregator, attack.name):
         return None
     omniscient = attack.name in OMNISCIENT_ATTACKS
-    settings = GatherSettings(
+    return GatherSettings(
         rule=build_rule(server.aggregator, server.robust),
         budget=default_budget() if gather_bytes is None else gather_bytes,
         malicious=malicious_clients(attack, num_clients, seed),
         attack=attack if omniscient else None,
         server_trainer=server_trainer, client_cfg=client,
         client_lr=client_rate.at)
-    return ChunkedGather(settings)
 
 
 def dry_run_line(server, attack_name, gather_bytes, dim) -> str:

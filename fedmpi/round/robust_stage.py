@@ -7,22 +7,29 @@ from __future__ import annotations
 
 from fedmpi.core.lazy import torch
 from fedmpi.robust.aggregators import clip_factors
-from fedmpi.uploads.base import UploadStage
+from fedmpi.round.robust_checks import uses_gather
+from fedmpi.uploads.base import ORDER_BOUND, UploadStage
 
 
 class NormBoundStage(UploadStage):
-    name = "norm_bound"
+    name, order = "norm_bound", ORDER_BOUND
+    reads = ("server", "attack")
+    columns = ("robust_weight",)
+
+    @classmethod
+    def build(cls, setting, *, server, attack):
+        """The stage of server.aggregator = norm_bound where the plain reduction serves; None otherwise."""
+        if server.aggregator != "norm_bound" or uses_gather(server.aggregator, attack.name):
+            return None
+        return cls(server.robust, setting.dim)
 
     def __init__(self, keys, dim):
         self.bound, self.weighted, self.dim = float(keys.bound), bool(keys.weighted), dim
 
-    def client(self, run, down, model):
-        start = down[: self.dim]
-        delta = model.vec - start
+    def client(self, update, view):
+        delta = update.delta()
         norm = float(torch.linalg.vector_norm(delta.double()))
         factor = float(clip_factors([norm], self.bound)[0])
         if factor < 1.0:
-            model.vec.copy_(start + delta * factor)
-        run.figures["robust_weight"] = factor
-        if not self.weighted:
-            run.weight = 1.0
+            update.vector.copy_(update.start + delta * factor)
+        return update.adding(figures={"robust_weight": factor}, **({} if self.weighted else {"weight": 1.0}))

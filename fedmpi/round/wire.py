@@ -56,10 +56,10 @@ class RoundTally:
     bytes_up: int = 0
     update_sq: float = 0.0
 
-    def upload(self, run):
-        """Counts one upload and its bytes (`run.payload_bytes`, e.g. compressed, or the dense default)."""
+    def upload(self, payload_bytes=None):
+        """Counts one upload and its bytes (`payload_bytes`, e.g. compressed, or None: the dense default)."""
         self.uploads += 1
-        self.bytes_up += self.upload_bytes if run.payload_bytes is None else int(run.payload_bytes)
+        self.bytes_up += self.upload_bytes if payload_bytes is None else int(payload_bytes)
 
     def record(self, run):
         """Adds a trained client's loss and per-client figures."""
@@ -241,12 +241,6 @@ class RoundBuffers:
             return self.up_host[: self.up_len]
         self.up_dev[: self.up_len].copy_(self.up_host[: self.up_len], non_blocking=True)
         return self.up_dev[: self.up_len]
-
-    def set_sums(self, acc, weight):
-        """Server: sums that arrived other than by the reduction (gated uploads), and their total weight."""
-        self.up_host[: self.up_len].copy_(acc)
-        self.up_np[self.up_len + WEIGHT] = weight
-        self.sums_on_device = False
 
     def stats(self) -> RoundStats:
         s = self.up_np[self.up_len: self.up_len + N_STATS].astype(np.float64)

@@ -24,12 +24,16 @@ from fedmpi.core.errors import ConfigError
 from fedmpi.core.model_shape import ModelShape, takes_problems
 from fedmpi.data.data_shape import DataShape
 from fedmpi.deploy.checks import check as deploy_check
+from fedmpi.deploy.keys import ClientsConfig
+from fedmpi.plans import catalog as provider_catalog
 from fedmpi.privacy import accounting
 from fedmpi.privacy.plan import stage_problems as privacy_problems
 from fedmpi.privacy.sampling import PoissonSampling
 from fedmpi.round.robust_checks import check_robust, robust_active
 from fedmpi.round.server_opt import check_optimizer
 from fedmpi.secagg.checks import problems as secagg_problems
+from fedmpi.uploads import catalog as stage_catalog
+from fedmpi.uploads.catalog import section_names
 from fedmpi.uploads.precision import problems as wire_problems
 
 
@@ -48,6 +52,8 @@ class RunPlan:
     attack_note: str | None    # the warning of an attack with no malicious client, recorded in the run file
     robust: bool               # server.aggregator or an omniscient attack: the robust path is set up
     custom_loss: bool = False  # the in-process API's own criterion (clients then train one by one)
+    plugin_stages: tuple = ()  # the upload stage classes uploads.stages names, loaded and checked
+    plugin_provider: type | None = None     # the provider class participation.name names, loaded and checked
 
 
 def resolve(cfg, data: DataShape, model: ModelShape, *, custom_loss=False) -> RunPlan:
@@ -90,12 +96,23 @@ def _resolve(cfg, data, model, custom_loss):
     if cfg.privacy.enabled:
         found += privacy_problems(cfg, algo)
         _asked(found, accounting.library)       # not installed: the pip command
+    sections = section_names(type(cfg))
+    stage_problems = stage_catalog.problems(cfg.uploads, sections, protocol=algo.protocol, privacy=cfg.privacy,
+                                            secure_aggregation=cfg.server.secure_aggregation)
+    deployment = (cfg.clients != ClientsConfig() or cfg.server.deadline is not None or bool(cfg.server.over_select))
+    provider_problems = provider_catalog.problems(cfg.participation, sections, protocol=algo.protocol,
+                                                  privacy=cfg.privacy, sampling=cfg.server.sampling,
+                                                  deployment=deployment)
+    found += stage_problems + provider_problems
     malicious = () if attack_problems else tuple(int(i) for i in malicious_clients(cfg.attack, num_clients,
                                                                                     cfg.seed))
     plan = RunPlan(cfg=cfg, data=data, model=model, algorithm=algo, personal=tuple(personal),
                    num_clients=num_clients, malicious=malicious,
                    attack_note=no_malicious_note(cfg.attack, malicious, num_clients),
-                   robust=robust_active(cfg.server.aggregator, cfg.attack.name), custom_loss=custom_loss)
+                   robust=robust_active(cfg.server.aggregator, cfg.attack.name), custom_loss=custom_loss,
+                   plugin_stages=() if stage_problems else stage_catalog.plugin_stages(cfg.uploads, sections),
+                   plugin_provider=(None if provider_problems or cfg.participation.name is None
+                                    else provider_catalog.provider_class(cfg.participation.name, sections)))
     return found, plan
 
 

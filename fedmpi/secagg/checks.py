@@ -34,7 +34,11 @@ class Plan:
 
 
 def cohort_size(cfg) -> int:
-    return cfg.server.straggler_policy().selected(cfg.server.clients_per_round, cfg.partition.clients)
+    return _cohort(cfg.server, cfg.partition)
+
+
+def _cohort(server, partition) -> int:
+    return server.straggler_policy().selected(server.clients_per_round, partition.clients)
 
 
 def noise_stddev(keys: SecAggConfig) -> float:
@@ -43,7 +47,12 @@ def noise_stddev(keys: SecAggConfig) -> float:
 
 
 def plan_of(cfg) -> Plan:
-    keys, mode, s = cfg.secagg, cfg.server.secure_aggregation, cohort_size(cfg)
+    return plan_for(cfg.secagg, cfg.server, cfg.partition)
+
+
+def plan_for(keys, server, partition) -> Plan:
+    """The protocol's numbers from the `secagg`, `server` and `partition` sections."""
+    mode, s = server.secure_aggregation, _cohort(server, partition)
     k = s - 1 if mode == "secagg" else (keys.neighbours if keys.neighbours is not None else default_neighbours(s))
     holders = k + 1
     t = keys.threshold if keys.threshold is not None else holders // 2 + 1

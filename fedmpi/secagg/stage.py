@@ -1,14 +1,15 @@
 """Secure aggregation as the last upload stage (fedmpi.uploads.base): every counted client's update becomes a
-masked vector of integers in Z_{2^b}; the rank sums its clients' masked vectors, one integer reduction
-(`Comm.reduce_sum_mod`) sums the ranks', and rank 0 unmasks the total and writes the decoded sum where the
-algorithm's float sum would be. The float reduction carries no update at all: it leaves the model vector
-out (`own_vector_transport`), and only the statistics, scalars and per-client figures travel as floats.
+masked vector of integers in Z_{2^b} (the update's `encoded` payload); the round's transport
+(fedmpi.round.protocols.SecureReduce) sums each rank's masked vectors, one integer reduction
+(`Comm.reduce_sum_mod`) sums the ranks', and rank 0 unmasks the total and decodes it where the algorithm's
+float sum would be (`decode`). The float reduction carries no update at all: it leaves the model vector out
+(`own_vector_transport`), and only the statistics, scalars and per-client figures travel as floats.
 
 Where each part runs:
   every rank, round start   the round's set-up (cohort = the plan's selected clients, graph, public keys)
   worker, per counted client  clip, scale, stochastic rounding (its stream), distributed-DP noise, masks;
                             the model becomes x_t + q_i / scale (what the server's sum holds of it), weight 1
-  every rank, before the reduction   the integer reduction of the masked vectors (collective)
+  the transport             the rank's sum of the masked vectors, the integer reduction (collective)
   rank 0, after it          the unmasking (Shamir reconstruction, mask removal), decoding, the figures
 The upload is averaged with uniform weights, as in DP-FedAvg: weights n_i would need the clients' sample
 counts, and under distributed DP a weight would scale one client's sensitivity.
@@ -28,37 +29,32 @@ from fedmpi.secagg.checks import noise_stddev, plan_of, problems, warnings
 from fedmpi.secagg.graph import degrees
 from fedmpi.secagg.masks import NOISE_SAMPLERS, from_ring, quantize, to_ring
 from fedmpi.secagg.protocol import masked_upload, setup, unmask
-from fedmpi.uploads.base import UploadStage
+from fedmpi.uploads.base import ORDER_SECAGG, UploadStage
 from fedmpi.uploads.forked import ForkAccounting, parent_value
 
 MASK_SECONDS, CLIPPED = 0, 1    # the stage's sums in the reduction: the clients' masking seconds, updates clipped
 
 
 class SecAggStage(UploadStage):
-    name = "secagg"
+    name, order = "secagg", ORDER_SECAGG
     up_scalars = 2
     own_vector_transport = True
 
     problems = staticmethod(problems)
 
-    def __init__(self, cfg, algo, dim, kept_indices=None, epsilon_curve=None):
-        """`kept_indices(round)`: the coordinates every client of the round uploads (shared rand-k), None
-        for all; `epsilon_curve()`: the accountant's epsilon per round for the distributed noise (rank 0),
-        both supplied by fedmpi.round.providers, which sees the compression and the accountant."""
-        self.keys, self.mode, self.seed, self.dim = cfg.secagg, cfg.server.secure_aggregation, cfg.seed, dim
-        self.plan = plan_of(cfg)
-        self.kept_indices, self.epsilon_curve = kept_indices, epsilon_curve
+    def __init__(self, keys, plan, seed, dim, kept_indices=None, curve=None):
+        """`plan`: the protocol's numbers (fedmpi.secagg.checks.plan_for); `kept_indices(round)`: the coordinates
+        every client of the round uploads (shared rand-k), None for all; `curve`: the accountant's epsilon per
+        round for the distributed noise (rank 0, None without noise). Both come from packages this one does
+        not import (deploy's rand-k, privacy's accountant): fedmpi.round.providers builds the stage."""
+        self.keys, self.mode, self.seed, self.dim = keys, plan.mode, seed, dim
+        self.plan = plan
+        self.kept_indices, self.curve = kept_indices, curve
         self.length = dim if kept_indices is None else len(kept_indices(0))
         self.masked_bytes = costs.masked_bytes(self.length, self.keys.bits)
-        self.curve = None
-        self.setup = self.plan_t = self.total = self.kept = None
-        self._mask_s = self._clipped = 0.0
-        self._figures = {}
+        self.bits = keys.bits
+        self.setup = self.kept = None       # the round's (`begin`): its key graph and shares, rand-k's coordinates
         self.fork = ForkAccounting()
-
-    def on_server(self):
-        if self.keys.noise != "none":
-            self.curve = self.epsilon_curve()
 
     def attrs(self) -> dict:
         p = self.plan
@@ -74,24 +70,22 @@ class SecAggStage(UploadStage):
                          and parent_value(parent_cfg, "secagg.noise", "none") != "none")
 
     # -- every rank ------------------------------------------------------------------------------------
-    def round_plan(self, plan):
-        self.plan_t = plan
+    def begin(self, plan, view):
         self.setup = setup(self.mode, plan.selected, self.plan.neighbours, self.plan.threshold, self.keys.bits,
                            self.length, self.seed, plan.round)
         self.kept = None if self.kept_indices is None else self.kept_indices(plan.round)
-        self.total = np.zeros(self.length, dtype=np.uint64)
 
-    def collective(self, comm, plan, acc):
-        # The rank's float sum of the updates never leaves it: the float reduction skips it
-        # (own_vector_transport) and rank 0 overwrites its own with the decoded sum (`server`).
-        comm.reduce_sum_mod(self.total, self.keys.bits)
+    def zeros(self):
+        """A rank's empty masked sum of the round (what fedmpi.round.protocols.SecureReduce adds the
+        `encoded` uploads into, modulo 2^64, before the integer reduction)."""
+        return np.zeros(self.length, dtype=np.uint64)
 
     # -- worker, per counted client ----------------------------------------------------------------------
-    def client(self, run, down, model):
+    def client(self, update, view):
         began = time.perf_counter()
-        keys, cid, t = self.keys, run.cid, run.round
-        x = down[: self.dim]
-        delta = (model.vec - x).detach().to("cpu", torch.float64).numpy()
+        keys, cid, t = self.keys, update.cid, update.round
+        x = update.start
+        delta = update.delta().detach().to("cpu", torch.float64).numpy()
         if self.kept is not None:
             delta = delta[self.kept]
         q, norm = quantize(delta, keys.clip, keys.scale, rng.stream(self.seed, rng.SECAGG, t, cid, agreement.ROUNDING))
@@ -102,44 +96,49 @@ class SecAggStage(UploadStage):
                                                rng.stream(self.seed, rng.SECAGG, t, cid, agreement.NOISE))
             sent = q + noise
         y, _ = masked_upload(self.setup, cid, to_ring(sent, keys.bits))
-        np.add(self.total, y, out=self.total)       # uint64: wraps modulo 2^64
         # The trained model as the server's sum holds it (noise aside): x_t + q_i / scale.
-        update = np.zeros(self.dim) if self.kept is not None else None
-        if update is not None:
-            update[self.kept] = q / keys.scale
+        decoded = np.zeros(self.dim) if self.kept is not None else None
+        if decoded is not None:
+            decoded[self.kept] = q / keys.scale
         else:
-            update = q / keys.scale
-        model.vec.copy_(x + torch.from_numpy(update).to(model.vec.device, model.vec.dtype))
-        run.weight = 1.0
+            decoded = q / keys.scale
+        update.vector.copy_(x + torch.from_numpy(decoded).to(update.vector.device, update.vector.dtype))
         degree = len(self.setup.graph[cid])
-        run.payload_bytes = self.masked_bytes + costs.client_cost(degree, 0, True).up
-        self._clipped = 0.0 if norm <= keys.clip else 1.0      # a NaN norm counts as clipped (it was zeroed)
-        self._mask_s = time.perf_counter() - began
-
-    def scalars(self, run) -> list:
-        return [self._mask_s, self._clipped]
+        clipped = 0.0 if norm <= keys.clip else 1.0      # a NaN norm counts as clipped (it was zeroed)
+        return update.adding(weight=1.0, bytes=self.masked_bytes + costs.client_cost(degree, 0, True).up,
+                             encoded=y, scalars={self.name: (time.perf_counter() - began, clipped)})
 
     # -- rank 0, after the reductions -------------------------------------------------------------------
-    def server(self, t, sums, weight) -> float:
-        plan, s = self.plan_t, self.setup
+    def decode(self, plan, total, sums, weight) -> tuple:
+        """The combination's last step (fedmpi.round.protocols.SecureReduce): the reduced masked `total`
+        unmasked over the round's survivors and decoded into the model's place in `sums` (in place; the
+        float reduction left rank 0's own there); (the weight to divide by, 0 where the round fails: no
+        update, the model stays as it was; the protocol's figures)."""
         survivors = [int(c) for c in np.asarray(plan.selected)[plan.counts_mask()]]
-        result = unmask(s, self.total, survivors)
-        mask_s = float(sums[self.up_offset + MASK_SECONDS])
-        clipped = float(sums[self.up_offset + CLIPPED])
-        self._figures = self._costs(survivors, result, mask_s)
-        self._figures["secagg_clipped_fraction"] = clipped / len(survivors) if survivors else math.nan
+        result = unmask(self.setup, total, survivors)
+        figures = self._costs(survivors, result)
         sums[: self.dim].zero_()
         if result.total is None:
-            return 0.0      # the round fails: no update, the model stays as it was
+            return 0.0, figures
         decoded = torch.from_numpy(from_ring(result.total, self.keys.bits).astype(np.float64) / self.keys.scale)
         decoded = decoded.to(sums.device, sums.dtype)
         if self.kept is None:
             sums[: self.dim] = decoded
         else:
             sums[torch.from_numpy(self.kept).to(sums.device)] = decoded
-        return weight
+        return weight, figures
 
-    def _costs(self, survivors, result, mask_s) -> dict:
+    def server(self, sums, weight, view) -> tuple:
+        """The clients' figures from the stage's reduced scalars, and the distributed noise's epsilon."""
+        survivors = int(view.plan.counts_mask().sum())
+        mask_s, clipped = float(view.scalars[MASK_SECONDS]), float(view.scalars[CLIPPED])
+        figures = {"secagg_client_mask_s": mask_s / survivors if survivors else math.nan,
+                   "secagg_clipped_fraction": clipped / survivors if survivors else math.nan}
+        if self.curve is not None:
+            figures["epsilon"] = self.fork.at(self.curve, view.plan.round)
+        return sums, weight, figures
+
+    def _costs(self, survivors, result) -> dict:
         s, alive = self.setup, set(survivors)
         deg = {u: len(vs) for u, vs in s.graph.items()}
         per = [costs.client_cost(deg[u], len(survivors), u in alive) for u in s.cohort]
@@ -155,19 +154,12 @@ class SecAggStage(UploadStage):
             "secagg_server_prg": result.expansions,
             "secagg_unmask_s": result.seconds,
             "secagg_client_prg": float(degrees(s.graph).mean() + 1) if s.cohort else 0.0,
-            "secagg_client_mask_s": mask_s / len(survivors) if survivors else math.nan,
         }
         if self.keys.noise != "none":
             # The noise actually in the sum: the survivors' shares only (S' of S).
             frac = len(survivors) / len(s.cohort) if s.cohort else 0.0
             figures["secagg_noise_multiplier"] = self.keys.noise_multiplier * math.sqrt(frac)
         return figures
-
-    def round_metrics(self, t) -> dict:
-        out = dict(self._figures)
-        if self.curve is not None:
-            out["epsilon"] = self.fork.at(self.curve, t)
-        return out
 
 
 def dry_run_lines(cfg, algo_cls) -> list:

@@ -25,8 +25,9 @@ fp16's range ends at 65504: a larger entry becomes inf and the run stops as dive
 
 from __future__ import annotations
 
+from fedmpi.algorithms.hooks import REDUCE
 from fedmpi.core.lazy import torch
-from fedmpi.uploads.base import UploadStage
+from fedmpi.uploads.base import ORDER_WIRE, UploadStage
 
 
 def torch_dtype(wire_dtype):
@@ -71,12 +72,21 @@ def problems(wire_dtype, protocol, *, algorithm_name, compress, secure_aggregati
 class WirePrecision(UploadStage):
     """The last upload stage: the client's update rounded to the wire dtype (module docstring)."""
 
-    name = "wire"
+    name, order = "wire", ORDER_WIRE
+    reads = ("runtime",)
+
+    @classmethod
+    def build(cls, setting, *, runtime):
+        """The stage where runtime.wire_dtype is not float32 and the algorithm uploads by REDUCE (GATHER's
+        vector is rounded where it is gathered); None otherwise."""
+        if runtime.wire_dtype == "float32" or setting.algo.protocol != REDUCE:
+            return None
+        return cls(runtime.wire_dtype, setting.dim)
 
     def __init__(self, wire_dtype, dim):
         self.wire_dtype, self.dim = wire_dtype, dim
 
-    def client(self, run, down, model):
-        vec, start = model.vec[: self.dim], down[: self.dim]
-        update = round_to(vec - start, self.wire_dtype)
-        vec.copy_(start + update)
+    def client(self, update, view):
+        rounded = round_to(update.delta(), self.wire_dtype)
+        update.vector.copy_(update.start + rounded)
+        return update
