@@ -71,6 +71,7 @@ BAD = [
      "sets: client.lr is set by two lists of sets"),
     ({"base": BASE, "out": OUT, "sets": [{"name": "a", "client.lr": 0.1}, {"name": "a", "client.lr": 0.2}]},
      "experiments share the folder name 'a'"),
+    ({"base": BASE, "out": OUT, "sets": [{"name": "index.csv", "client.lr": 0.1}]}, "the sweep's index"),
     ("- 1\n- 2\n", "top level must be a mapping of keys"),
     ("out: a\nout: b\n", "'out'"),
 ]

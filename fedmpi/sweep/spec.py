@@ -146,6 +146,9 @@ def load(path) -> Spec:
     if twins:
         raise ConfigError(f"{where}: experiments share the folder name {_show(twins[0])}; give the sets "
                           f"distinct `name`s")
+    if "index.csv" in names:
+        raise ConfigError(f"{where}: an experiment's folder would be named 'index.csv', the sweep's index; give "
+                          f"its set another `name`")
     return Spec(str(path), written.out, ranks, tuple(experiments))
 
 
