@@ -1,5 +1,6 @@
-"""Command line: `fedmpi run CONFIG [key=value ...]`, `fedmpi report RUN.h5 ...`, `fedmpi verify RUN_A RUN_B`,
-`fedmpi export RUN.h5 ...` and `fedmpi data shakespeare --out DIR ...` (docs/design.md §1)."""
+"""Command line: `fedmpi run CONFIG [key=value ...]`, `fedmpi sweep SPEC.yaml`, `fedmpi report RUN.h5 ...`,
+`fedmpi verify RUN_A RUN_B`, `fedmpi export RUN.h5 ...` and `fedmpi data shakespeare --out DIR ...`
+(docs/design.md §1)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def _parser(argv=None):
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in out")
     run.add_argument("--fork-from", metavar="OLD_OUT@ROUND",
                      help="start from OLD_OUT's checkpoint after ROUND rounds, with the keys given here changed")
+    swp = sub.add_parser("sweep", help="a grid of experiments in one launch (mpiexec -n P), in groups of ranks")
+    swp.add_argument("spec", help="sweep spec (YAML: base, out, grid, sets, seeds, ranks, overrides; docs/sweep.md)")
+    swp.add_argument("--retry-failed", action="store_true",
+                     help="run the experiments an earlier launch left failed or diverged again")
+    swp.add_argument("--dry-run", action="store_true",
+                     help="check everything and list the experiments in the order they would start; run nothing")
     rep = sub.add_parser("report", help="table of runs from their run.h5 files", epilog=_report_epilog(argv),
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          description="One row per run (or per group with --by) of the figures below, then a section "
@@ -153,7 +160,8 @@ def _main(argv):
     try:
         if args.command == "run":
             return _run(args)
-        return {"report": _report, "verify": _verify, "export": _export, "data": _data}[args.command](args)
+        return {"report": _report, "verify": _verify, "export": _export, "data": _data,
+                "sweep": _sweep}[args.command](args)
     except FedmpiError as e:
         # Raised identically on every rank (config, input), or on rank 0 alone with the others raising a
         # silent Refused: under mpiexec the launcher's rank 0 prints, so the message appears once.
@@ -202,6 +210,13 @@ def _claimed_run(cfg, comm, args):
     from fedmpi.run.launch import run_experiment
 
     return run_experiment(cfg, comm, overwrite=args.overwrite, resume=resume, fork=fork)
+
+
+def _sweep(args):
+    from fedmpi.sweep.command import sweep_command
+
+    signals.test_pause("import")
+    return sweep_command(args.spec, retry_failed=args.retry_failed, dry_run=args.dry_run)
 
 
 def _dry_run(cfg):

@@ -12,7 +12,8 @@ and its tests take `session_runs.result(request, my_runs)` (through a module fix
 registered plan's steps have run. The steps of every plan whose file has a selected test run together, one
 launch per -n, at -n 3 first, then 2, then 1 (so that a plan may resume at -n 1 a copy of what it ran at
 -n 3). A step is what `DRIVER` takes: ["run", ARGS...] runs `fedmpi run ARGS` (fedmpi.cli.main, exactly as
-the command line does), ["copy", SRC, DST] and ["truncate", FILE] are file steps on rank 0; a step may start
+the command line does), ["sweep", CODE, ARGS...] `fedmpi sweep ARGS`, which must exit CODE (the launch is its
+world: rank 0 dispatches), ["copy", SRC, DST] and ["truncate", FILE] are file steps on rank 0; a step may start
 with a dict of environment variables ({name: value, or None to unset}) that apply to it alone (a PYTHONPATH
 there also goes in front of the driver's sys.path for that step, so it imports plug-ins from there). Each run has
 its own `out`, so runs cannot see each other's files; a failing step fails every plan of the launch, with
@@ -57,6 +58,11 @@ for step in json.loads(sys.argv[1]):
         if code:
             print(f"session_runs: fedmpi run {' '.join(rest)} exited {code}", file=sys.stderr)
             sys.exit(code)
+    elif kind == "sweep":
+        code = main(["sweep", *rest[1:]])
+        if code != int(rest[0]):
+            print(f"session_runs: fedmpi sweep {' '.join(rest[1:])} exited {code}, not {rest[0]}", file=sys.stderr)
+            sys.exit(code or 1)
     elif kind == "script":
         import runpy
         sys.argv = list(rest)
@@ -135,7 +141,7 @@ def launch(n, steps, timeout=None):
     launch; asserts exit 0. `timeout`: by default TIMEOUT_PER_RUN_S per `run` step, at least 300 s."""
     steps = [_step(s) for s in steps]
     if timeout is None:
-        timeout = max(300, TIMEOUT_PER_RUN_S * sum(1 for s in steps if "run" in s[:2]))
+        timeout = max(300, TIMEOUT_PER_RUN_S * sum(1 for s in steps if "run" in s[:2] or "sweep" in s[:2]))
     shape, env = _nodes_of(n), {}
     if shape:
         found = node_launch(*shape)

@@ -317,9 +317,10 @@ def test_preemptible_does_not_requeue_a_failure(bench, tmp_path):
     assert proc.returncode == 1 and calls(record, "scontrol") == []
 
 
-def test_preemptible_forwards_the_warning_signal_and_requeues(bench, tmp_path):
-    env, record = bench
-    proc = subprocess.Popen(["bash", str(JOBS / "slurm_preemptible.sbatch"), CONFIG], cwd=tmp_path,
+def warned_while_running(script, argument, env, record, cwd):
+    """(exit status, stdout) of `script ARGUMENT` sent SIGUSR1 once its stand-in srun is running, as
+    `--signal=B:USR1@120` delivers it to the batch shell."""
+    proc = subprocess.Popen(["bash", str(JOBS / script), argument], cwd=cwd,
                             env={**env, **slurm_env(WAIT_FOR_USR1="1")}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     started = Path(f"{record}.started")
@@ -327,9 +328,15 @@ def test_preemptible_forwards_the_warning_signal_and_requeues(bench, tmp_path):
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert started.exists(), "the stand-in srun never started"
-    proc.send_signal(signal.SIGUSR1)          # what --signal=B:USR1@120 delivers to the batch shell
+    proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
+    return proc.returncode, out
+
+
+def test_preemptible_forwards_the_warning_signal_and_requeues(bench, tmp_path):
+    env, record = bench
+    _, out = warned_while_running("slurm_preemptible.sbatch", CONFIG, env, record, tmp_path)
     assert "SIGUSR1 received" in out
     assert ["srun got USR1"] in calls(record)
     assert calls(record, "scontrol") == [["scontrol", "requeue", "4242"]]

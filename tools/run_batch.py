@@ -86,21 +86,24 @@ def main(argv=None) -> int:
     from fedmpi.mpi.comm import make_comm
     from fedmpi.run.launch import run_experiment
 
-    for i, (name, cfg) in enumerate(runs, 1):
-        comm = make_comm()
-        try:
-            held = claim(cfg, comm, overwrite=True)     # another job on this out: exit 2 before anything
-        except FedmpiError as e:
-            if str(e):                                  # rank 0 says why; the other ranks are told to stop
-                print(f"run_batch: {e}", file=sys.stderr)
-            return e.exit_code
-        if comm.is_server:
-            print(f"run_batch: {i}/{len(runs)} {name} -> {cfg.out}", flush=True)
-        code = run_experiment(cfg, comm, overwrite=True)
-        if held:
-            held.release()
-        if code:
-            return code
+    # Each run ignores signals once it has ended (signals.ignore_all): kept for the whole batch instead, so that a
+    # SIGTERM during the second run still checkpoints it.
+    with signals.keep_handlers():
+        for i, (name, cfg) in enumerate(runs, 1):
+            comm = make_comm()
+            try:
+                held = claim(cfg, comm, overwrite=True)     # another job on this out: exit 2 before anything
+            except FedmpiError as e:
+                if str(e):                                  # rank 0 says why; the other ranks are told to stop
+                    print(f"run_batch: {e}", file=sys.stderr)
+                return e.exit_code
+            if comm.is_server:
+                print(f"run_batch: {i}/{len(runs)} {name} -> {cfg.out}", flush=True)
+            code = run_experiment(cfg, comm, overwrite=True)
+            if held:
+                held.release()
+            if code:
+                return code
     return 0
 
 

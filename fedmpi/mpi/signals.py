@@ -215,10 +215,27 @@ def install():
     signal.signal(signal.SIGINT, _interrupt)
 
 
+_sweeping = []          # inside `keep_handlers`: this process runs one experiment after another
+
+
+@contextlib.contextmanager
+def keep_handlers():
+    """A sweep (fedmpi.sweep) runs experiment after experiment in this process: inside this block `ignore_all`,
+    which each experiment calls when it ends, leaves the handlers in place, so that a SIGTERM between two
+    experiments still stops the sweep (its work is not done)."""
+    _sweeping.append(True)
+    try:
+        yield
+    finally:
+        _sweeping.pop()
+
+
 def ignore_all():
     """The job's work is done: further signals change nothing. (Python resets the handlers it installed to
     the default at exit, before MPI finalizes; an ignored signal stays ignored, so a late SIGTERM cannot kill
-    a finished rank with status 15.)"""
+    a finished rank with status 15.) Not inside a sweep (`keep_handlers`)."""
+    if _sweeping:
+        return
     for sig in STOP_SIGNALS + (signal.SIGINT,):
         signal.signal(sig, signal.SIG_IGN)
 

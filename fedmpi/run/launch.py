@@ -8,7 +8,9 @@ before run.h5 exists and before --overwrite removes anything.
 Failure contract (docs/design.md §5): an exception on any rank during the rounds ends the whole job at once with one
 message naming the rank and the error, and `run.h5` says `failed` with that message. A worker sends its
 error text to rank 0 (which records it and aborts the job); if rank 0 does not respond in time the worker
-aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted` and exit 130.
+aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted` and exit 130. Inside a sweep
+(fedmpi.sweep) the communicator's `abort` ends the experiment's group of ranks only, and the SystemExit that
+ends `_fail` is the experiment's exit code, which the sweep records (fedmpi.mpi.group_comm).
 
 A rank that runs out of memory where Python or torch can tell (a MemoryError, torch's OutOfMemoryError) fails
 like any other, with a message that says so, its peak memory and the node's (`fedmpi.run.memory`). A rank killed
@@ -96,10 +98,11 @@ def set_up(cfg, comm, **parts) -> Experiment:
     raise Refused(worst)
 
 
-def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None) -> int:
+def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=None) -> int:
     """Runs on every rank; `resume` is the fedmpi.io.resume.ResumePoint that `plan_resume` chose (--resume),
-    `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint)."""
-    exp = set_up(cfg, comm)
+    `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint); `dataset`
+    the config's data set loaded already (a sweep's, shared by its experiments: fedmpi.sweep.data)."""
+    exp = set_up(cfg, comm, dataset=dataset)
     log = None
     tracking = Tracking()
     start = resume or fork
