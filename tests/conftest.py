@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,6 +61,21 @@ NODE_PROBE = ("from mpi4py import MPI\n"
               "seen = c.gather([n.Get_rank(), n.Get_size(), MPI.Get_processor_name()])\n"
               "print(__import__('json').dumps(seen)) if c.rank == 0 else None\n")
 _NODE_LAUNCHES = {}
+
+
+# A run in this process ends by ignoring SIGTERM, SIGUSR1 and SIGINT (fedmpi.mpi.signals.ignore_all), and an
+# ignored signal is inherited through exec: a batch script that a later test of the same pytest worker starts
+# could then not trap the warning signal at all (bash cannot trap a signal ignored on entry). Such runs happen
+# in tests and in module-scoped fixtures, so every test starts with the dispositions the worker started with.
+_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+_STARTING_DISPOSITIONS = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_restored():
+    for sig, handler in _STARTING_DISPOSITIONS.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,10 @@ def test_overwrite_replaces_only_a_build_of_its_own_and_never_a_foreign_file(pla
     os.symlink("foreign", "link")
     assert data(plays, "link", "--overwrite") == 2 and "symbolic link" in capsys.readouterr().err
     assert data(plays, "nested/deeper/shakespeare") == 0     # parents made as mkdir -p would
-    assert sorted(listing(here / "nested" / "deeper" / "shakespeare")) == [
+    built = sorted(listing(here / "nested" / "deeper" / "shakespeare"))
+    assert [f for f in built if not f.startswith("binary/")] == [
         "build.json", "test/shakespeare_test.json", "train/shakespeare_train.json"]
+    assert "binary/index.json" in built       # and the arrays it indexes (docs/data.md, "The binary form")
 
 
 def test_bad_data_arguments_are_one_line_and_exit_2(plays, here, capsys):

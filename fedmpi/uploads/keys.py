@@ -33,7 +33,8 @@ class UploadsConfig:
         for name in self.stages:
             c.require(isinstance(name, str) and (well_formed(name) or name.isidentifier()), "stages", name,
                       "each must be a plug-in stage: 'package.module:Class' or an installed entry point's name")
-        c.require(len(set(self.stages)) == len(self.stages), "stages", list(self.stages), "names a stage twice")
+        names = [name for name in self.stages if isinstance(name, str)]     # the others are refused above
+        c.require(len(set(names)) == len(names), "stages", list(self.stages), "names a stage twice")
         for key in self.keys:
             c.require(isinstance(key, str) and key.isidentifier(), "keys", key, "each key must be a name")
         c.require(not self.keys or self.stages, "keys", self.keys, "is read by plug-in stages only; none is set")
