@@ -128,6 +128,9 @@ def test_robustness_with_no_run_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{n} of {n} experiments have no finished run" in err and "nothing written" in err
     assert not (tmp_path / "docs").exists()
+    assert tool.main(["--spec", str(tmp_path / "nowhere.yaml"), "--docs", str(tmp_path / "docs")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "nowhere.yaml" in line and "not found" in line and not (tmp_path / "docs").exists()
 
 
 def test_personalization_maps_every_experiment_to_one_filled_cell(tmp_path, capsys):

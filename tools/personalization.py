@@ -34,7 +34,6 @@ import sys
 
 import numpy as np
 
-from fedmpi.core.errors import ConfigError
 from fedmpi.sweep import results as sweep_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -267,17 +266,13 @@ def main(argv=None):
     if args.runs_from:
         rows = table_from(args.runs_from)
     else:
-        try:
-            _, results = sweep_results.read(args.spec, args.runs, args.seeds, root=ROOT)   # the sweep runs from ROOT
-        except ConfigError as e:
-            print(f"personalization.py: {e}", file=sys.stderr)
+        found = sweep_results.read_for("personalization.py", args.spec, args.runs, args.seeds, ROOT)  # run from ROOT
+        if found is None:
             return 2
+        results, missing = found
         rows = sweep_table(results)
         setting = setting_of(sweep_results.finished(results), sorted({r.seed for r in results}, key=str))
         wall = sweep_results.training_s(results)
-        missing = sweep_results.missing_line(results, os.path.relpath(args.spec, ROOT))
-        if missing:
-            print(f"personalization.py: {missing}", file=sys.stderr)
     if not rows:
         print("personalization.py: no finished run to report; nothing written", file=sys.stderr)
         return 2

@@ -32,7 +32,6 @@ import sys
 import numpy as np
 
 from fedmpi.analysis import figures
-from fedmpi.core.errors import ConfigError
 from fedmpi.sweep import results as sweep_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -268,17 +267,13 @@ def main(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
     p.add_argument("--docs", default=os.path.join(ROOT, "docs"))
     args = p.parse_args(argv)
-    try:
-        _, results = sweep_results.read(args.spec, args.runs, args.seeds, root=ROOT)   # the sweep runs from ROOT
-    except ConfigError as e:
-        print(f"robustness.py: {e}", file=sys.stderr)
+    found = sweep_results.read_for("robustness.py", args.spec, args.runs, args.seeds, ROOT)   # the sweep runs from ROOT
+    if found is None:
         return 2
+    results, missing = found
     cells = read_cells(results)
     for (partition, attack, aggregator) in cells:
         print(f"{partition:9s} {attack:13s} {aggregator:13s} {cell_text(cells, partition, attack, aggregator)}")
-    missing = sweep_results.missing_line(results, os.path.relpath(args.spec, ROOT))
-    if missing:
-        print(f"robustness.py: {missing}", file=sys.stderr)
     if not any(r.status == sweep_results.READY for r in results):
         print("robustness.py: no finished run to report; nothing written", file=sys.stderr)
         return 2

@@ -11,11 +11,13 @@ taken: its status says so. Reading runs nothing and writes nothing.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedmpi.analysis import report
+from fedmpi.core.errors import ConfigError
 from fedmpi.sweep import index, spec
 
 READY = "finished"
@@ -113,3 +115,18 @@ def missing_line(results, spec_shown):
     more = f" and {len(absent) - 6} more" if len(absent) > 6 else ""
     return (f"{len(absent)} of {len(results)} experiments have no finished run: {names}{more}; run "
             f"`mpiexec -n 3 fedmpi sweep {spec_shown}` (it keeps the finished ones)")
+
+
+def read_for(script, spec_path, out=None, seeds=None, root=".", err=None):
+    """`read` for a tool's command line: (its results, the missing line or None), the missing line said on `err`
+    (default stderr) after SCRIPT's name; None, with the reason said, where the spec cannot be read."""
+    err = err or sys.stderr
+    try:
+        _, results = read(spec_path, out, seeds, root)
+    except ConfigError as e:
+        print(f"{script}: {e}", file=err)
+        return None
+    missing = missing_line(results, os.path.relpath(spec_path, root))
+    if missing:
+        print(f"{script}: {missing}", file=err)
+    return results, missing
