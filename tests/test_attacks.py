@@ -299,7 +299,7 @@ def test_robustness_claims_are_judged_on_the_cells():
     cells[("Dir(0.1)", "no attack", "Krum")] = {"acc": [0.70, 0.72], "backdoor": [np.nan] * 2}   # 10 below FedAvg
     cells[("IID", "backdoor", "median")] = {"acc": [0.8, 0.8], "backdoor": [0.9, 0.7]}
     cells[("Dir(0.1)", "backdoor", "median")] = {"acc": [0.8, 0.8], "backdoor": [0.6, 0.6]}
-    cells[("IID", "ALIE", "Krum")] = {"refused": "not run"}
+    cells[("IID", "ALIE", "Krum")] = {"acc": [], "backdoor": [], "absent": [("x", "refused", "folder in use")]}
     for partition in tool.PARTITIONS:
         cells[(partition, "backdoor", "Krum")] = {"acc": [0.8, 0.8], "backdoor": [0.1, 0.2]}
     judged = {claim: holds for holds, claim, _ in tool.verdicts(cells)}

@@ -114,6 +114,7 @@ def test_the_product_of_sets_grid_and_seeds_in_order_with_names(tmp_path, base):
     e = s.experiments[4]
     assert e.overrides == {"rounds": 3, "algorithm.name": "fedprox", "algorithm.mu": 0.1,
                            "server.clients_per_round": 2, "client.lr": 0.1, "seed": 3}
+    assert e.labels == {"m": "algorithm.name-fedprox_algorithm.mu-0.1", "s": "small"}    # each axis's set
     built = configs.build(s)[4]
     expected = config.load(base, ["rounds=3", "algorithm.name=fedprox", "algorithm.mu=0.1",
                                   "server.clients_per_round=2", "client.lr=0.1", "seed=3",
@@ -322,48 +323,3 @@ def test_run_batch_keeps_the_stop_signals_for_every_run(tmp_path, monkeypatch):
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert seen == [signals._handler, signals._handler]
-
-
-def _tool(name):
-    import importlib.util
-    import sys
-
-    spec_ = importlib.util.spec_from_file_location(f"sweep_test_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec_)
-    sys.modules[spec_.name] = module         # (its dataclasses need it)
-    spec_.loader.exec_module(module)
-    return module
-
-
-def _grid(path):
-    s = spec.load(ROOT / "jobs" / "sweeps" / path)
-    return dict(zip((e.name for e in s.experiments), configs.build(s)))
-
-
-def test_the_paper_grid_specs_are_the_tools_grids():
-    """jobs/sweeps' specs give exactly the configs the tools ran (up to `out`), every cell and seed."""
-    rob, grid = _tool("robustness"), _grid("robustness.yaml")
-    names = [dict(zip(labels, sets)) for labels, sets in (
-        (rob.PARTITIONS, ("iid", "dir0.1")),
-        (rob.ATTACKS, ("none", "label_flip", "sign_flip", "sign_flip_x4", "alie", "alie_z1", "backdoor")),
-        (rob.AGGREGATORS, ("fedavg", "median", "trimmed_mean", "krum", "fltrust")))]
-    cells = [(p, a, g, s) for p in rob.PARTITIONS for a in rob.ATTACKS for g in rob.AGGREGATORS for s in (0, 1, 2)]
-    assert len(grid) == len(cells)
-    for p, a, g, s in cells:
-        got = grid[f"{names[0][p]}_{names[1][a]}_{names[2][g]}_seed-{s}"]
-        assert got.to_dict() == {**config.from_dict(rob.config_for(p, a, g, s, 20)).to_dict(), "out": got.out}
-    per, grid = _tool("personalization"), _grid("personalization.yaml")
-    assert len(grid) == len(per.SPLITS) * len(per.METHODS) * 3
-    for split in per.SPLITS:
-        for method in per.METHODS:
-            for s in (0, 1, 2):
-                got = grid[f"{split}_{method}_seed-{s}"]
-                want = config.from_dict({**per.config(split, method, "x"), "seed": s})
-                assert got.to_dict() == {**want.to_dict(), "out": got.out}
-    rep = _tool("reproduce")
-    for key, paper in rep.PAPERS.items():
-        grid = _grid(f"repro_{key}.yaml")
-        assert set(grid) == {f"{st.config}_seed-{s}" for st in paper.settings for s in (0, 1, 2)}, key
-        for st in paper.settings:
-            alone = config.load(rep.config_path(key, st.config), ["seed=1"])
-            assert grid[f"{st.config}_seed-1"].to_dict() == {**alone.to_dict(), "out": grid[f"{st.config}_seed-1"].out}

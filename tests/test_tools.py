@@ -290,35 +290,6 @@ def test_run_batch_plans_every_config_and_seed_and_protects_existing_runs(tmp_pa
     assert batch.main([configs[0], "seed=-1"]) == 2
 
 
-@pytest.mark.mpi
-def test_reproduce_one_paper_writes_its_section_figure_and_csv(tmp_path):
-    """tools/reproduce.py --paper safl end to end at 2 rounds and one seed: its section of reproduction.md
-    (table, claims checked, figure), the other papers' sections kept as they were."""
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "reproduction.md").write_text("# old\n<!-- paper:zhao -->\nZHAO KEPT\n<!-- /paper:zhao -->\n")
-    proc = subprocess.run([sys.executable, "tools/reproduce.py", "--paper", "safl", "--rounds", "2", "--seeds", "0",
-                           "--threads", "1", "--runs", str(tmp_path / "runs"), "--docs", str(docs)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=MPI_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = (docs / "reproduction.md").read_text()
-    assert "ZHAO KEPT" in text and "Not run yet: `python tools/reproduce.py --paper fsl`" in text
-    safl = text[text.index("<!-- paper:safl -->"):text.index("<!-- /paper:safl -->")]
-    assert "`python tools/reproduce.py --paper safl --rounds 2 --seeds 0`" in safl
-    table = [line for line in safl.splitlines() if line.startswith("| ")]
-    assert len(table) == 2 + 6 and "paper's number or claim" in table[0]
-    assert sum(line.startswith(("- **holds**", "- **does not hold**", "- **measured**"))
-               for line in safl.splitlines()) == 5
-    rows = list(csv.DictReader(open(docs / "reproduction_safl.csv")))
-    assert len(rows) == 6 and all(r["runs"] == "1" for r in rows)
-    assert png_shape(docs / "reproduction_safl.png")[0] > 0
-    assert sorted(os.listdir(tmp_path / "runs" / "safl")) == sorted([f"{n}-seed0" for n in (
-        "fedavg_group_a", "fedavg", "safl", "safl_gated", "safl_gated_half", "safl_gated_half_eor")]
-        + ["launch_wall_s.txt"])
-    wall = float((tmp_path / "runs" / "safl" / "launch_wall_s.txt").read_text())
-    assert f"6 runs took {wall / 60:.1f} minutes of wall time" in safl
-
-
 def test_reproduce_knows_every_paper_config():
     """Every config of jobs/configs/repro/<paper>/ is a row of that paper's section, and back."""
     repro = load_tool("reproduce")

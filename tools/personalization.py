@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
 """The personalization reproduction (issue 24, item 6): local-test accuracy of personalized methods on mnist5k.
 
-    python tools/personalization.py --run [--np 3] [--seeds 0 1 2] [--out runs/personalization]
-    python tools/personalization.py                # table from finished runs only
+    mpiexec -n 3 fedmpi sweep jobs/sweeps/personalization.yaml   # the grid's runs (continues where it stopped)
+    python tools/personalization.py [--runs runs/personalization] [--seeds 0 1 2] [--write-doc]
     python tools/personalization.py --from RUNS... --csv table.csv   # the same table from your own runs
 
-Grid: two label-skewed splits of mnist5k's 4,000 training samples over CLIENTS clients, each client holding
-out LOCAL_TEST of its samples as its own test split (partition.local_test):
+Grid (jobs/sweeps/personalization.yaml, its common setting jobs/configs/grids/personalization.yaml): two
+label-skewed splits of mnist5k's 4,000 training samples over 20 clients, each client holding out 20% of its
+samples as its own test split (partition.local_test):
   shards2     the pathological split (McMahan et al.): 2 label-sorted shards per client, ~2 classes each
   dir0.1      Dirichlet(0.1) label proportions
 and the methods in METHODS (local, FedAvg, FedAvg+FT, FedPer, FedRep, Ditto, APFL, IFCA), each over the seeds.
-Every method trains the same 2NN (mlp, HIDDEN units per hidden layer) with the same client settings; the local
-evaluation covers all clients at the last round (eval.local_clients: all), after eval.finetune_steps for
-FedAvg+FT.
+Every method trains the same 2NN (mlp) with the same client settings; the local evaluation covers all clients
+at the last round (eval.local_clients: all), after eval.finetune_steps for FedAvg+FT.
 Reported per (split, method): the mean over seeds (± std) of the sample-weighted mean local accuracy
 (/metrics/local_acc_mean) and of the mean of the worst 10% of clients (local_acc_worst10), at the last round,
 and FedAvg's global model on the global test set for reference.
 
---run launches every missing run in ONE mpiexec (tools/run_batch.py --skip-finished). The table goes to
-stdout and to docs/reproduction_personalization.csv; the claims of the papers are judged from these numbers
-by `claims` (docs/reproduction.md, "Personalized FL").
+This script runs nothing. It reads the sweep's finished runs (fedmpi.sweep.results: each run's split and
+method are the names of its sets in the spec, its recorded config checked against them) through
+fedmpi.analysis; with --from, any runs, grouped by their recorded split and method label. A (split, method)
+without a finished run is "—" in the table, and a line names what to run. The table goes to stdout and to
+docs/reproduction_personalization.csv; the claims of the papers are judged from these numbers by `claims`
+(docs/reproduction.md, "Personalized FL").
 """
 
 from __future__ import annotations
@@ -27,87 +30,30 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import subprocess
 import sys
-import time
 
 import numpy as np
-import yaml
+
+from fedmpi.sweep import results as sweep_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = os.path.join("jobs", "sweeps", "personalization.yaml")
 CSV = os.path.join(ROOT, "docs", "reproduction_personalization.csv")
-CLIENTS, ROUNDS, PER_ROUND, LOCAL_TEST = 20, 30, 10, 0.2
-SEEDS = (0, 1, 2)
-HIDDEN = 100            # the 2NN's width (McMahan et al.'s is 200; halved to fit the time budget)
+# The grid's setting as the section describes it (jobs/configs/grids/personalization.yaml); a run read
+# replaces each by what it recorded (setting_of).
+SETTING = {"clients": 20, "rounds": 30, "per_round": 10, "local_test": 0.2, "hidden": 100, "seeds": (0, 1, 2)}
 
+# The partition keys of each split of the spec (sets.split), to name the split of a run read with --from.
 SPLITS = {
     "shards2": {"scheme": "shards", "shards_per_client": 2},
     "dir0.1": {"scheme": "dirichlet", "beta": 0.1},
 }
-# name -> (label in the table, algorithm section, extra top-level overrides)
-METHODS = {
-    "local": ("local", {"name": "local"}, {}),
-    "fedavg": ("FedAvg", {"name": "fedavg"}, {}),
-    "fedavg_ft": ("FedAvg+FT", {"name": "fedavg"}, {"eval": {"finetune_steps": 10}}),
-    "fedper": ("FedPer", {"name": "fedper"}, {}),
-    "fedrep": ("FedRep", {"name": "fedrep", "head_epochs": 2}, {}),
-    "ditto": ("Ditto", {"name": "ditto", "lam": 0.1}, {}),
-    "apfl": ("APFL", {"name": "apfl", "alpha": 0.5}, {}),
-    "ifca": ("IFCA", {"name": "ifca", "k": 2}, {}),
-}
-
-
-def config(split, method, out):
-    _, algorithm, extra = METHODS[method]
-    cfg = {
-        "seed": 0, "rounds": ROUNDS, "out": out,
-        "data": {"name": "mnist5k"},
-        "partition": {"clients": CLIENTS, "local_test": LOCAL_TEST, **SPLITS[split]},
-        "model": {"name": "mlp", "hidden": HIDDEN},
-        "client": {"lr": 0.05, "batch_size": 20, "epochs": 1},
-        "server": {"clients_per_round": PER_ROUND},
-        "algorithm": algorithm,
-        "eval": {"every": ROUNDS, "local_every": ROUNDS, "local_clients": "all"},
-        "runtime": {"threads": 1, "progress": "off"},
-    }
-    for section, values in extra.items():
-        cfg[section] = {**cfg.get(section, {}), **values}
-    return cfg
-
-
-def write_configs(out):
-    folder = os.path.join(out, "configs")
-    os.makedirs(folder, exist_ok=True)
-    paths = []
-    for split in SPLITS:
-        for method in METHODS:
-            name = f"{split}-{method}"
-            path = os.path.join(folder, f"{name}.yaml")
-            with open(path, "w") as f:
-                yaml.safe_dump(config(split, method, os.path.join(out, "runs", name)), f, sort_keys=False)
-            paths.append(path)
-    return paths
-
-
-def run_all(paths, args):
-    mpiexec = os.environ.get("MPIEXEC", "mpiexec")
-    cmd = [mpiexec, "-n", str(args.np), sys.executable, os.path.join(ROOT, "tools", "run_batch.py"), *paths,
-           "--seeds", *map(str, args.seeds), "--out-root", os.path.join(args.out, "runs"), "--skip-finished"]
-    start = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
-    wall = time.time() - start
-    with open(os.path.join(args.out, "wall_s.txt"), "a") as f:     # one line per launch: the grid's cost
-        f.write(f"{wall:.0f} {len(paths)} configs x {len(args.seeds)} seeds at -n {args.np}\n")
-    return wall
-
-
-def recorded_wall(out):
-    """Seconds of every launch recorded under `out` (None when none is)."""
-    path = os.path.join(out, "wall_s.txt")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return sum(float(line.split()[0]) for line in f if line.strip())
+# The table's name of each method of the spec (sets.method), and of the method label (fedmpi.analysis.labels)
+# of its runs, for runs read with --from.
+METHODS = {"local": "local", "fedavg": "FedAvg", "fedavg_ft": "FedAvg+FT", "fedper": "FedPer", "fedrep": "FedRep",
+           "ditto": "Ditto", "apfl": "APFL", "ifca": "IFCA"}
+LABELS = {"local": "local", "fedavg": "FedAvg", "fedavg+ft10": "FedAvg+FT", "fedper": "FedPer", "fedrep": "FedRep",
+          "ditto": "Ditto", "apfl": "APFL", "ifca": "IFCA"}
 
 
 def split_of(row):
@@ -121,16 +67,11 @@ def split_of(row):
                      "labels": f"{partition.get('labels_per_client')}"}.get(scheme, "")
 
 
-def _labels():
-    """fedmpi's method label of each grid method -> the table's name for it (FedAvg+FT for fedavg+ft10)."""
-    from fedmpi.analysis.labels import method_label
-
-    return {method_label(config(next(iter(SPLITS)), m, "unused")): label for m, (label, _, _) in METHODS.items()}
-
-
-def table_from(paths):
-    """The table's rows from any finished runs in `paths` (files, run folders, folders of runs, globs), read
-    through fedmpi.analysis: one row per (split, method), each figure's mean and std over the runs (seeds)."""
+def table_from(paths, cells=None):
+    """The table's rows from finished runs, read through fedmpi.analysis: one row per (split, method), each
+    figure's mean and std over the runs (seeds). `paths`: files, run folders, folders of runs, globs, or Run
+    objects; `cells`: {run path: (split, method)} where the sweep's spec names them, else each run's split and
+    method come from its recorded config (split_of, LABELS)."""
     from fedmpi import analysis
 
     df = analysis.runs(paths)
@@ -139,9 +80,12 @@ def table_from(paths):
     df = df[df["status"] == "finished"].copy()
     if not len(df):
         return []
-    df["split"] = [split_of(row) for row in df.to_dict("records")]
-    names = _labels()
-    df["label"] = [names.get(m, m) for m in df["method"]]
+    if cells is None:
+        df["split"] = [split_of(row) for row in df.to_dict("records")]
+        df["label"] = [LABELS.get(m, m) for m in df["method"]]
+    else:
+        df["split"] = [cells[p][0] for p in df["path"]]
+        df["label"] = [cells[p][1] for p in df["path"]]
     figures = {"local_acc_mean": "local_acc", "local_acc_worst10": "worst10", "final_acc": "global_test_acc"}
     summary = analysis.summary(df, by=["split", "label"], figures=list(figures), warn=False)
     rows = []
@@ -153,13 +97,26 @@ def table_from(paths):
     return rows
 
 
-def table(args):
-    """The grid's rows: its finished runs under OUT/runs (or the runs named by --from)."""
-    if getattr(args, "runs_from", None):
-        return table_from(args.runs_from)
-    paths = [os.path.join(args.out, "runs", f"{split}-{method}-seed{s}") for split in SPLITS for method in METHODS
-             for s in args.seeds]
-    return table_from([p for p in paths if os.path.exists(os.path.join(p, "run.h5"))])
+def cell_of(result):
+    """(split, method) of a sweep experiment in the table's names."""
+    labels = result.experiment.labels
+    return labels["split"], METHODS.get(labels["method"], labels["method"])
+
+
+def sweep_table(results):
+    """The table's rows from the sweep's finished runs (fedmpi.sweep.results.read)."""
+    done = [r for r in results if r.status == sweep_results.READY]
+    return table_from([r.run for r in done], {r.run.path: cell_of(r) for r in done}) if done else []
+
+
+def setting_of(runs, seeds):
+    """SETTING as the runs recorded it (the first run's config; SETTING where there is none)."""
+    if not runs:
+        return dict(SETTING)
+    cfg = runs[0].config
+    return {"clients": cfg["partition"]["clients"], "rounds": cfg["rounds"],
+            "per_round": cfg["server"]["clients_per_round"], "local_test": cfg["partition"]["local_test"],
+            "hidden": cfg["model"].get("hidden", "?"), "seeds": tuple(seeds)}
 
 
 def lookup(rows, split, label, key="local_acc_mean"):
@@ -220,13 +177,15 @@ def pct(mean, std):
     return "—" if not np.isfinite(mean) else f"{100 * mean:.1f} ± {100 * std:.1f}"
 
 
-def markdown(rows, wall=None):
-    """The personalization section of docs/reproduction.md, from the measured rows."""
+def markdown(rows, wall=None, setting=None, missing=None):
+    """The personalization section of docs/reproduction.md, from the measured rows (`setting`: setting_of the
+    runs; `wall`: their training seconds summed; `missing`: the line naming the runs not there)."""
+    st = {**SETTING, **(setting or {})}
     lines = [START, "## Personalized FL (issue 24): local-test accuracy on mnist5k", "",
-             f"Setting: mnist5k, {CLIENTS} clients, each holding out {LOCAL_TEST:.0%} of its samples as its own "
-             f"test split (`partition.local_test`, stratified); {ROUNDS} rounds, {PER_ROUND} clients per round; "
-             f"the 2NN (`mlp`, {HIDDEN} hidden units), client SGD lr 0.05, batch 20, 1 epoch; seeds "
-             f"{', '.join(map(str, SEEDS))}; `mpiexec -n 3`. Splits: `shards2`, the pathological split (2 label-"
+             f"Setting: mnist5k, {st['clients']} clients, each holding out {st['local_test']:.0%} of its samples as "
+             f"its own test split (`partition.local_test`, stratified); {st['rounds']} rounds, {st['per_round']} "
+             f"clients per round; the 2NN (`mlp`, {st['hidden']} hidden units), client SGD lr 0.05, batch 20, 1 "
+             f"epoch; seeds {', '.join(map(str, st['seeds']))}. Splits: `shards2`, the pathological split (2 label-"
              "sorted shards per client, about 2 classes each), and `dir0.1`, Dirichlet(0.1) label proportions. "
              "Methods: `local`; `fedavg` (its global model on each client's split); FedAvg+FT "
              "(`eval.finetune_steps: 10`, discarded after the evaluation); `fedper` (the last linear layer "
@@ -236,14 +195,15 @@ def markdown(rows, wall=None):
              "Columns: local acc = `/metrics/local_acc_mean` (sample-weighted mean over the clients' test "
              "splits), worst 10% = `local_acc_worst10` (mean of the 2 lowest of 20 clients), global test = the "
              "algorithm's global model on the global test set (`local` has none: x_0); mean ± sample standard "
-             "deviation over the seeds, in %. Run and regenerate: `python tools/personalization.py --run "
-             "--write-doc` (CSV: `docs/reproduction_personalization.csv`)."
-             + (f" Wall time of the whole grid (all launches) on a 2-core machine shared with other jobs: "
-                f"{wall / 60:.0f} min." if wall else ""),
+             "deviation over the seeds, in %. Run and regenerate: `mpiexec -n 3 fedmpi sweep "
+             "jobs/sweeps/personalization.yaml`, then `python tools/personalization.py --write-doc` (CSV: "
+             "`docs/reproduction_personalization.csv`)."
+             + (f" Training time of all the runs, summed from their run files: {wall / 60:.0f} min." if wall else "")
+             + (f" Missing: {missing}." if missing else ""),
              ""]
     head = "| method |" + "".join(f" {s} local acc | {s} worst 10% |" for s in SPLITS) + " global test (dir0.1) |"
     lines += [head, "|" + " --- |" * (2 + 2 * len(SPLITS))]
-    for label, _, _ in METHODS.values():
+    for label in METHODS.values():
         cells = "".join(f" {pct(lookup(rows, s, label), lookup(rows, s, label, 'local_acc_std'))} |"
                         f" {pct(lookup(rows, s, label, 'worst10_mean'), lookup(rows, s, label, 'worst10_std'))} |"
                         for s in SPLITS)
@@ -291,26 +251,31 @@ def write_doc(section, path=DOC):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", action="store_true", help="run the missing runs first (one mpiexec)")
-    p.add_argument("--np", type=int, default=3, help="MPI ranks")
-    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
-    p.add_argument("--out", default=os.path.join(ROOT, "runs", "personalization"))
-    p.add_argument("--methods", nargs="+", choices=list(METHODS), help="only these methods (default: all)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Run the grid first: mpiexec -n 3 fedmpi sweep jobs/sweeps/personalization.yaml")
+    p.add_argument("--runs", help="the sweep's folder (default: the spec's out, runs/personalization)")
+    p.add_argument("--spec", default=os.path.join(ROOT, SPEC), help=f"the sweep spec (default {SPEC})")
+    p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
     p.add_argument("--csv", default=CSV)
     p.add_argument("--from", dest="runs_from", nargs="+", metavar="RUNS",
                    help="the table from these runs instead (any folder of runs with local evaluation, read through "
                         "fedmpi.analysis: grouped by split and method label); with --csv/--write-doc as usual")
     p.add_argument("--write-doc", action="store_true", help="replace the section in docs/reproduction.md")
     args = p.parse_args(argv)
-    paths = write_configs(args.out) if not args.runs_from else []
-    if args.methods:
-        paths = [q for q in paths if os.path.basename(q)[:-5].split("-", 1)[1] in args.methods]
-    wall = None
-    if args.run:
-        wall = run_all(paths, args)
-        print(f"ran {len(paths)} configs x {len(args.seeds)} seeds at -n {args.np} in {wall:.0f} s", flush=True)
-    rows = table(args)
+    wall, setting, missing = None, None, None
+    if args.runs_from:
+        rows = table_from(args.runs_from)
+    else:
+        found = sweep_results.read_for("personalization.py", args.spec, args.runs, args.seeds, ROOT)  # run from ROOT
+        if found is None:
+            return 2
+        results, missing = found
+        rows = sweep_table(results)
+        setting = setting_of(sweep_results.finished(results), sorted({r.seed for r in results}, key=str))
+        wall = sweep_results.training_s(results)
+    if not rows:
+        print("personalization.py: no finished run to report; nothing written", file=sys.stderr)
+        return 2
     keys = ["split", "method", "seeds", "local_acc_mean", "local_acc_std", "worst10_mean", "worst10_std",
             "global_test_acc_mean", "global_test_acc_std"]
     with open(args.csv, "w", newline="") as f:
@@ -326,7 +291,7 @@ def main(argv=None):
     for split, method, claim, holds, evidence in claims(rows):
         print(f"[{holds}] {split}: {method}: {claim}: {evidence}")
     if args.write_doc:
-        write_doc(markdown(rows, recorded_wall(args.out)))
+        write_doc(markdown(rows, wall, setting, missing))
         print(f"wrote the personalization section of {DOC}")
     return 0
 

