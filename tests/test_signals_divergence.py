@@ -103,8 +103,8 @@ def test_a_diverging_run_stops_with_status_diverged_and_keeps_the_last_finite_ch
     with h5py.File(out / "run.h5", "r", locking=False) as f:
         assert f.attrs["status"] == "diverged" and "diverged in round" in f.attrs["error"]
         logged = f["metrics/round"].shape[0]
-    diverged_round = int(lines[0].split("round ")[1].split(":")[0])
-    assert logged == diverged_round + 1       # the round that diverged is logged, nothing after it
+    diverged_round = int(lines[0].split("round ")[1].split(":")[0])      # 1-based, as the console's
+    assert logged == diverged_round       # the round that diverged is logged, nothing after it
     for path in glob.glob(str(out / "ckpt" / "ckpt-*.h5")):
         with h5py.File(path, "r") as f:
             assert np.isfinite(f["global"][()]).all(), path        # no checkpoint holds the non-finite model
