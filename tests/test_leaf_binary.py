@@ -204,23 +204,25 @@ def test_the_set_up_benchmark_runs_at_a_small_fraction_through_bench_py(tmp_path
         assert row[-1] == "uint8"
 
 
-def test_the_fedskip_tool_evaluates_on_a_fixed_subsample_of_the_test_windows(builds, tmp_path):
-    """tools/fedskip_shakespeare_full.py's evaluation set: the build's arrays with a seeded subsample of its
-    test windows, loadable and checked like any build, each role keeping exactly its drawn windows."""
+def test_the_fedskip_tool_runs_the_paper_config_on_the_full_build_with_a_fixed_test_subsample(monkeypatch, tmp_path):
+    """tools/fedskip_shakespeare_full.py runs jobs/configs/fedskip/shakespeare_full.yaml on the full build, each
+    method with the same `eval.max_samples` (a subsample drawn from the run's seed), and its overrides make a
+    valid config."""
     import importlib.util
+    import subprocess
+    import sys
 
     from conftest import ROOT
 
     spec = importlib.util.spec_from_file_location("fedskip_full", ROOT / "tools" / "fedskip_shakespeare_full.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    _, built = builds["small"]
-    root = copy_of(built, tmp_path / "data")
-    view = tool.eval_view(root, 500)
-    full, small = load_dataset(shakespeare(root)), load_dataset(shakespeare(view))
-    keep = np.sort(np.random.default_rng(tool.SUBSAMPLE_SEED).choice(len(full.y_test), 500, replace=False))
-    assert np.array_equal(small.x_test, full.x_test[keep]) and np.array_equal(small.y_test, full.y_test[keep])
-    assert np.array_equal(small.x_train, full.x_train) and len(small.test_users) == len(full.test_users)
-    for mine, whole in zip(small.test_users, full.test_users):
-        assert np.array_equal(keep[mine], np.intersect1d(whole, keep))
-    assert tool.eval_view(root, 500) == view         # made once, reused
+    commands = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, check: commands.append(cmd))
+    for method in tool.METHODS:
+        tool.run(method, 6, 5, 1, tmp_path / "full", 500, tmp_path / method)
+    for method, cmd in zip(tool.METHODS, commands):
+        assert cmd[:5] == [sys.executable, "-m", "fedmpi", "run", str(tool.CONFIG)] and cmd[-1] == "--overwrite"
+        cfg = config.load(str(tool.CONFIG), cmd[5:-1])
+        assert (cfg.eval.max_samples, cfg.eval.every, cfg.rounds, cfg.client.steps) == (500, 3, 6, 5)
+        assert cfg.data.root == str(tmp_path / "full") and cfg.algorithm.name == method

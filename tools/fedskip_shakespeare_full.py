@@ -8,10 +8,10 @@ a CSV and a PNG for docs/reproduction.md, and the seconds per round with the rou
            [--csv docs/reproduction_fedskip_shakespeare_full.csv] [--png docs/reproduction_fedskip_shakespeare_full.png]
 
 The full build is made in --data where missing (`fedmpi data shakespeare`, the extra `shakespeare`). The
-evaluation reads a fixed subsample of its test windows: --eval-samples of them drawn once with a fixed seed
-into a second folder beside it (the build's binary form with the smaller test set; every role keeps its test
-windows that were drawn), the same for both methods. `--steps K` caps each client's local work at K steps
-(`client.steps`) instead of the paper's 10 epochs, which take about half an hour a round on two cores.
+evaluation reads a fixed subsample of its test windows: `eval.max_samples` (--eval-samples) drawn once from
+the run's seed, the same for both methods (recorded in run.h5 as /eval/test_indices). `--steps K` caps each
+client's local work at K steps (`client.steps`) instead of the paper's 10 epochs, which take about half an
+hour a round on two cores.
 Each method is one `mpiexec -n RANKS fedmpi run` of the config; the table printed at the end gives each
 method's median seconds per round (rounds 2 onwards, from run.h5's wall clock) and the rounds that fit in
 an hour at that pace, with the evaluation's share.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import shutil
 import statistics
 import subprocess
@@ -34,7 +33,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "jobs" / "configs" / "fedskip" / "shakespeare_full.yaml"
 METHODS = {"fedskip": [], "fedavg": ["algorithm={name: fedavg}"]}
-SUBSAMPLE_SEED = 42
 
 
 def full_build(data):
@@ -43,35 +41,9 @@ def full_build(data):
     return Path(data)
 
 
-def eval_view(data, samples):
-    """A folder with the build's arrays and `samples` of its test windows (drawn without replacement with a
-    fixed seed, kept in order); each role keeps its drawn windows as its own test split."""
-    from fedmpi.data import leaf_binary
-
-    view = Path(f"{data}_eval{samples}")
-    if (view / leaf_binary.FOLDER / leaf_binary.INDEX).is_file():
-        return view
-    arrays = leaf_binary.read(str(data))
-    n_test = len(arrays["y_test"])
-    keep = np.sort(np.random.default_rng(SUBSAMPLE_SEED).choice(n_test, size=min(samples, n_test), replace=False))
-    renumber = np.full(n_test, -1, dtype=np.int64)
-    renumber[keep] = np.arange(len(keep))
-    index, offsets = arrays["test_users_index"], arrays["test_users_offsets"]
-    users = [renumber[index[offsets[k]:offsets[k + 1]]] for k in range(len(offsets) - 1)]
-    users = [u[u >= 0] for u in users]
-    small = dict(arrays, x_test=arrays["x_test"][keep], y_test=arrays["y_test"][keep],
-                 test_users_index=np.concatenate(users),
-                 test_users_offsets=np.concatenate([[0], np.cumsum([len(u) for u in users])]))
-    staging = Path(f"{view}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    leaf_binary.write(str(staging), small)
-    os.replace(staging, view)
-    return view
-
-
-def run(method, rounds, steps, ranks, data, out):
-    overrides = [f"rounds={rounds}", f"data.root={data}", f"out={out}", *METHODS[method]]
+def run(method, rounds, steps, ranks, data, eval_samples, out):
+    overrides = [f"rounds={rounds}", f"data.root={data}", f"eval.max_samples={eval_samples}", f"out={out}",
+                 *METHODS[method]]
     if steps:
         overrides += [f"client.steps={steps}"]
     cmd = [sys.executable, "-m", "fedmpi", "run", str(CONFIG), *overrides, "--overwrite"]
@@ -83,11 +55,10 @@ def run(method, rounds, steps, ranks, data, out):
 
 
 def figures(out):
-    import h5py
+    from fedmpi.analysis import report
 
-    with h5py.File(Path(out) / "run.h5", "r", locking=False) as f:
-        m = {k: f["metrics"][k][()] for k in ("round", "test_acc", "test_loss", "wall_s") if k in f["metrics"]}
-    return m
+    m = report.read_run(str(Path(out) / "run.h5")).metrics
+    return {k: np.asarray(m[k], dtype=np.float64) for k in ("round", "test_acc", "test_loss", "wall_s") if k in m}
 
 
 def per_round(m):
@@ -142,11 +113,11 @@ def main(argv=None):
     p.add_argument("--csv", default=str(ROOT / "docs" / "reproduction_fedskip_shakespeare_full.csv"))
     p.add_argument("--png", default=str(ROOT / "docs" / "reproduction_fedskip_shakespeare_full.png"))
     args = p.parse_args(argv)
-    data = eval_view(full_build(args.data), args.eval_samples)
+    data = full_build(args.data)
     rows, took = {}, {}
     for method in METHODS:
         out = Path(args.out) / method
-        took[method] = run(method, args.rounds, args.steps, args.ranks, data, out)
+        took[method] = run(method, args.rounds, args.steps, args.ranks, data, args.eval_samples, out)
         rows[method] = figures(out)
     write_csv(args.csv, rows)
     local = f"{args.steps} local steps" if args.steps else "10 local epochs"
