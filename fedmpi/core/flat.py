@@ -41,7 +41,9 @@ def add_update(acc, vec, start, weight, block=UPDATE_BLOCK):
     through a float64 copy of the block. The one-line form makes the float32 difference and then, as torch
     promotes a float32 operand of a float64 sum on the CPU, a float64 copy of all of it: 12 bytes per parameter
     for a moment and two more passes over memory (W5's 1.6 M entries: 3-4 ms a client)."""
-    if acc.device.type != "cpu":
+    if acc.device.type != "cpu" or acc.numel() <= block:
+        # one block: the one-line form's temporaries are cache-sized anyway, and the blocked loop's set-up (two
+        # scratch vectors and a generator per client) cost W2's 610-entry clients about 30 us each (+20% a round)
         return acc.add_(vec - start, alpha=weight)
     for i, j, (diff, wide) in in_blocks(acc.numel(), block, torch.float32, torch.float64):
         torch.sub(vec[i:j], start[i:j], out=diff)
