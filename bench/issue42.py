@@ -18,7 +18,7 @@ from __future__ import annotations
 PLAN = {"W1": ((2, 3), 8), "W5": ((2, 3), 5)}
 # Issue 42: at most 0.50 of the floor loop's seconds per round (pfl-research with 2 workers: W1 0.62, W5 0.58).
 TARGETS = {(wl, f"-n {n}"): ("ratio", 0.50) for wl, (ranks, _) in PLAN.items() for n in ranks}
-BASES = (("peers' basis: whole runs interleaved with the floor loop's (--pace run)", "run"),
+BASES = (("the peers' basis: whole runs interleaved with the floor loop's (--pace run)", "run"),
          ("the bench's own: paced round by round against the floor loop (--pace round)", "round"))
 LARGE_RANKS = (2, 3)
 MARKS = ("<!-- bench:issue42:begin -->", "<!-- bench:issue42:end -->")     # --markdown's block
@@ -41,7 +41,7 @@ def run(parts, base, pairs, rounds=None, hidden=9970, large=True):
                            f"{100 * variation:.1f}%")
         print(f"\n{title}")
         parts.print_table(rows)
-        blocks += [f"On the {title}:", "", parts.markdown(rows), ""]
+        blocks += [f"On {title}:", "", parts.markdown(rows), ""]
     if large:
         record["large"] = _large(parts, base / "large", hidden, summary)
     print("\nIssue 42's targets, measured in this run:")
