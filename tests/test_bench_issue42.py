@@ -92,3 +92,35 @@ def test_its_markdown_block_is_marked_in_the_performance_page_and_refused_elsewh
     target.write_text(f"a\n{issue42.MARKS[0]}\nold\n{issue42.MARKS[1]}\nb\n")
     markdown.write(markdown.targets([str(target)], *issue42.MARKS), "new table", *issue42.MARKS)
     assert target.read_text() == f"a\n{issue42.MARKS[0]}\nnew table\n{issue42.MARKS[1]}\nb\n"
+
+
+def test_issue42_measures_the_two_process_floor_beside_fedmpi_in_the_same_pairs(tmp_path):
+    """Each workload's rows include "ref x2" (two plain floor processes side by side), and the targets'
+    summary names its figure beside fedmpi's, on both bases."""
+    asked = []
+
+    class Parts:
+        @staticmethod
+        def plan_rows(wl, ranks, loop_ranks, vectorize, floor=False):
+            asked.append(floor)
+            return [("ref x2", "floor", "auto")] * floor + [(f"-n {n}", n, vectorize) for n in ranks]
+
+        @staticmethod
+        def measure(wl, rows, pairs, base, rounds, pace, targets):
+            ratio = {"ref x2": "0.560", "-n 2": "0.520", "-n 3": "0.530"}
+            table = [(wl, label, "3", "1.0", ratio[label], "0.5-0.6", *[""] * 13,
+                      "" if label == "ref x2" else "NOT met (<= 0.5)") for label, *_ in rows]
+            return table, {}, 0.1
+
+        print_table = staticmethod(lambda rows: None)
+        markdown = staticmethod(lambda rows: "")
+        when = staticmethod(lambda: "now")
+
+    record = issue42.run(Parts, tmp_path, pairs=3, large=False)
+    assert asked == [True] * 4                                        # W1 and W5, on both bases
+    lines = record["markdown"].splitlines()
+    for wl in ("W1", "W5"):
+        for basis in ("peers", "paced"):
+            floor = f"- {wl} ref x2 ({basis}): 0.560 of the floor (0.5-0.6), two plain floor processes side by side"
+            assert floor in lines
+            assert f"- {wl} -n 3 ({basis}): 0.530 of the floor (0.5-0.6), NOT met (<= 0.5)" in lines

@@ -134,3 +134,17 @@ def test_add_update_is_the_float64_multiply_add_of_the_float32_difference(n):
         acc = torch.randn(n, generator=g, dtype=torch.float64)
         want = acc.clone().add_(vec - start, alpha=weight)
         assert torch.equal(add_update(acc, vec, start, weight, block=4096 if n > 4096 else max(1, n // 2)), want)
+
+
+@pytest.mark.parametrize("n", [1, 7, 65_536, 200_003])
+def test_sq_distance_sums_the_float32_difference_squared_in_float64(n):
+    from fedmpi.core.flat import sq_distance
+
+    g = torch.Generator().manual_seed(n)
+    vec = torch.randn(n, generator=g) * 10.0 ** torch.randint(-3, 3, (n,), generator=g)
+    start = torch.randn(n, generator=g)
+    diff = (vec - start).double()               # the update's own float32 rounding, then exact squares
+    want = float(diff.dot(diff))
+    for block in (max(1, n // 3), 4096, n + 1):     # blocked, and the one-pass form
+        assert sq_distance(vec, start, block=block) == pytest.approx(want, rel=1e-12)
+    assert sq_distance(torch.tensor([3.0, 1.0]), torch.tensor([0.0, 5.0])) == 25.0     # 3^2 + 4^2

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedmpi.core.flat import sq_distance
+
 
 @dataclass(frozen=True)
 class Observed:
@@ -88,13 +90,14 @@ class ClientDrift(Observer):
         self.comm, self.share = comm, share
         self.updates = {}
 
-    def measure(self, run, delta, weight, tally):
-        """Adds client `run.cid`'s update `delta` to the round's drift statistics."""
-        sq = float(torch.dot(delta, delta))
+    def measure(self, update, weight, tally):
+        """Adds counted client `update`'s vector - start to the round's drift statistics (its squared norm in
+        float64; the difference itself is only made where `keep_updates` keeps it)."""
+        sq = sq_distance(update.vector, update.start)
         tally.update_sq += weight * sq
         if self.keep:
-            tally.columns["update_norm"][run.cid] = sq ** 0.5
-            self.updates[run.cid] = delta.clone()
+            tally.columns["update_norm"][update.cid] = sq ** 0.5
+            self.updates[update.cid] = update.delta()
 
     def round_figures(self, t, x, round_):
         """Collective: every rank's clients' cosines with the aggregate; the column on rank 0."""

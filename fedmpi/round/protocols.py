@@ -206,7 +206,7 @@ class Reduce(Transport):
                 weight, update = self.upload(update, round_, tally.acc)
                 if part.total is not None:
                     self.take(update, part)
-                self.drift.measure(update.run, update.delta(), weight, tally)
+                self.drift.measure(update, weight, tally)
                 tally.weight += weight
                 tally.upload(update.bytes)
             self.record(tally, update)
