@@ -85,22 +85,24 @@ def test_the_fused_mean_step_is_the_mean_then_sgd_bit_for_bit(n, block, lr):
 
 @pytest.mark.parametrize("algorithm, server, fused", [
     ({"name": "fedavg"}, {"lr": 0.7}, True), ({"name": "fedprox", "mu": 0.01}, {}, True),
-    ({"name": "scaffold"}, {}, False), ({"name": "fedavg"}, {"optimizer": "avgm", "momentum": 0.5}, False)])
-def test_fedavgs_server_step_takes_the_fused_pass_with_the_same_result(algorithm, server, fused, tmp_path,
-                                                                         monkeypatch):
-    """Server.mean_step where the algorithm keeps FedAvg's aggregate and server SGD (not SCAFFOLD, which
-    aggregates its own; not avgm); the model is the one the unfused step (aggregate, then Sgd.step) gives."""
-    import fedmpi.round.server as server_module
+    ({"name": "scaffold"}, {}, False), ({"name": "fedavg"}, {"optimizer": "avgm", "momentum": 0.5}, True),
+    ({"name": "fedper"}, {}, False)])
+def test_fedavgs_server_step_takes_the_mean_in_the_optimizer_with_the_same_result(algorithm, server, fused, tmp_path,
+                                                                                    monkeypatch):
+    """ServerOptimizer.step_on_mean where the algorithm keeps FedAvg's aggregate and server step (not SCAFFOLD,
+    which aggregates its own; not FedPer, whose personal entries stay); the model is the one that aggregate
+    then step give, bit for bit, under SGD's fused pass and under another rule's default."""
+    from fedmpi.algorithms.fedavg import FedAvg
 
     cfg = small_config(tmp_path, rounds=3, algorithm=algorithm, server={"clients_per_round": 5, **server},
-                       runtime={"threads": 1, "progress": "off"})
+                       runtime={"threads": 1, "progress": "off"}, model={"name": "mlp"})
     run = fedmpi.simulate(cfg)
-    assert run.experiment.server.mean_step == fused
+    assert run.experiment.algo.update_is_the_mean == fused
     if fused:
-        assert run.experiment.algo._mean is None    # the fused pass never made the model-sized mean
-        monkeypatch.setattr(server_module, "Sgd", type("NotSgd", (), {}))      # the condition fails: unfused
+        assert run.experiment.algo._mean is None    # aggregate was never called: the optimizer took the mean
+        monkeypatch.setattr(FedAvg, "update_is_the_mean", False)     # aggregate, then the optimizer's step
         unfused = fedmpi.simulate(cfg)
-        assert not unfused.experiment.server.mean_step and unfused.experiment.algo._mean is not None
+        assert unfused.experiment.algo._mean is not None
         assert np.array_equal(run.model, unfused.model)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce, weighted_mean_update
 from fedmpi.algorithms.catalog import register
+from fedmpi.algorithms.hooks import Algorithm
 from fedmpi.core.flat import add_update
 
 
@@ -37,3 +38,13 @@ class FedAvg(Reduce):
     def aggregate(self, x, up_sum, weight_sum, round_):
         self._mean = weighted_mean_update(up_sum, weight_sum, self.dim, out=self._mean)
         return self._mean
+
+    @property
+    def update_is_the_mean(self):
+        """True where this algorithm keeps FedAvg's aggregate and server step: a subclass with an aggregate or an
+        `after_step` of its own, personal entries (which the server never changes) or no server optimizer is
+        not the plain mean. Inferred, unlike robust_aggregation, because it only chooses how the same
+        arithmetic is done."""
+        cls = type(self)
+        return (cls.aggregate is FedAvg.aggregate and cls.after_step is Algorithm.after_step
+                and self.split is None and self.uses_server_optimizer)

@@ -75,6 +75,10 @@ class Algorithm(abc.ABC):
     # aggregation (server.secure_aggregation, fedmpi.secagg) may sum it masked. Declared, not inferred: a
     # subclass whose accumulate uploads anything else declares False.
     uploads_model_delta: ClassVar[bool] = False
+    # The round's update is the weighted mean of the reduced sums (sums / weight, FedAvg's aggregate), applied by
+    # the server optimizer with nothing after it: the server may then fuse the mean into the optimizer's step
+    # (ServerOptimizer.step_on_mean). FedAvg works it out for itself and its subclasses.
+    update_is_the_mean: ClassVar[bool] = False
     grad_hook = None     # optional callable(params, grad): a correction added to the flat gradient
     step_hook = None     # optional callable(params): a change to the parameters after each optimizer step
     round_start = None   # optional callable(round, down): on hosting ranks after each round's broadcast

@@ -12,10 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedmpi.algorithms.fedavg import FedAvg
-from fedmpi.algorithms.hooks import Algorithm
 from fedmpi.core.schedules import LearningRate
-from fedmpi.round.server_opt import Sgd, build_optimizer, mean_sgd_step
+from fedmpi.round.server_opt import build_optimizer
 from fedmpi.uploads.precision import itemsize
 
 
@@ -30,14 +28,6 @@ class Server:
         self.wire_dtype = wire_dtype
         self.x = x0.to(flat.device, copy=True)     # its own memory: the server optimizer may update it in place
         self.optimizer = build_optimizer(server, flat.dim, flat.n_params)
-        # FedAvg's weighted mean under server SGD on the CPU (FedAvg and the algorithms that keep its aggregate
-        # and server step): x += float32(lr * sums / weight) in one pass over the sums, a block at a time,
-        # instead of the mean (float64), the scaled step (float32) and the addition as three passes through
-        # two model-sized scratch vectors (12 bytes per parameter on rank 0). The same operations on every
-        # entry: bit-identical (tests/test_server_opt.py).
-        self.mean_step = (type(algo).aggregate is FedAvg.aggregate and algo.split is None
-                          and algo.uses_server_optimizer and type(self.optimizer) is Sgd
-                          and type(algo).after_step is Algorithm.after_step and self.x.device.type == "cpu")
 
     def start(self, server_trainer):
         """x_0: the algorithm's pretraining or warm-up on the server's set where it has one."""
@@ -49,9 +39,12 @@ class Server:
 
     def apply(self, t, sums, weight):
         """The server update of round t from the reduced upload sums and their total weight."""
-        if self.mean_step:
+        if self.algo.update_is_the_mean:
+            # The optimizer takes the mean itself (server SGD on the CPU: x += float32(lr * sums / weight) in one
+            # blocked pass, without the model-sized mean and step, 12 bytes per parameter on rank 0); the same
+            # operations on every entry as aggregate then step, so the same bits (tests/test_server_opt.py).
             if weight > 0:      # (nobody uploaded: FedAvg's aggregate is None, x stays)
-                mean_sgd_step(self.x, sums[: self.flat.dim], weight, self.server_rate.at(t))
+                self.x = self.optimizer.step_on_mean(self.x, sums[: self.flat.dim], weight, self.server_rate.at(t))
             return
         update = self.algo.aggregate(self.x, sums, weight, t)
         if update is not None and self.algo.split is not None:

@@ -49,11 +49,17 @@ class ServerOptimizer(abc.ABC):
     def __init__(self, server_cfg, dim, n_params):
         self.cfg, self.dim, self.n_params = server_cfg, dim, n_params
         self.moments = ServerVectors(dtype=torch.float64)
+        self._mean = None       # step_on_mean's float64 mean, reused every round
 
     @abc.abstractmethod
     def step(self, x: torch.Tensor, update: torch.Tensor, lr: float) -> torch.Tensor:
         """The next global model (float32) from x and the float64 update; x may be updated in place (the
         server holds x in memory of its own)."""
+
+    def step_on_mean(self, x: torch.Tensor, sums: torch.Tensor, weight: float, lr: float) -> torch.Tensor:
+        """`step` with FedAvg's update, the weighted mean sums / weight (weight > 0); a rule may fuse the two."""
+        self._mean = torch.div(sums, weight, out=self._mean if _fits(self._mean, sums) else None)
+        return self.step(x, self._mean, lr)
 
     def state(self) -> dict:
         return self.moments.state()
@@ -84,6 +90,12 @@ class Sgd(ServerOptimizer):
         super().__init__(server_cfg, dim, n_params)
         self._step = None       # float32 scratch: the step, rounded as `x + (update * lr).to(x.dtype)` would
 
+    def step_on_mean(self, x, sums, weight, lr):
+        # On the CPU the mean and the step in one blocked pass (mean_sgd_step): no model-sized mean.
+        if x.device.type != "cpu":
+            return super().step_on_mean(x, sums, weight, lr)
+        return mean_sgd_step(x, sums, weight, lr)
+
     def step(self, x, update, lr):
         # x + float32(update * lr), in place: no model-sized temporaries on rank 0 between the reduction and
         # the next broadcast, where every worker waits (fresh large allocations cost page faults each time).
@@ -91,6 +103,10 @@ class Sgd(ServerOptimizer):
             self._step = torch.empty_like(x)
         self._step.copy_(update if lr == 1.0 else update * lr)
         return x.add_(self._step)
+
+
+def _fits(out, like):
+    return out is not None and out.shape == like.shape and out.device == like.device and out.dtype == like.dtype
 
 
 def mean_sgd_step(x, sums, weight, lr, block=UPDATE_BLOCK):
