@@ -165,9 +165,8 @@ class Transport:
     def record(tally, update):
         """A trained client's loss and per-client figures (its training's, then those the upload path added)."""
         tally.record(update.run)
-        if update.figures:
-            for name, value in update.figures.items():
-                tally.columns[name][update.cid] = value
+        for name, value in update.figures.items():
+            tally.columns[name][update.cid] = value
 
     def reduce(self, tally, sums=True, skip=0):
         """The round's one reduction to rank 0 (`sums=False`: statistics and per-client figures only, `skip`:
