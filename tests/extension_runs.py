@@ -1,8 +1,9 @@
 """The -n 3 launch shared by the tests of the core's extension points (issue 11): server optimizers,
 out-of-tree algorithms, the examples under examples/ and learning-rate schedules.
 
-Launches are the cost under mpiexec (each pays the torch import on every rank), so one launch runs every
-command below in sequence (`conftest.run_steps`), once per test session:
+Launches are the cost under mpiexec (each pays the torch import on every rank), so every command below runs
+in sequence in the -n 3 launch shared with other test files (tests/session_runs.py: this module's plan is
+wanted wherever a selected test file imports it), once per test session:
   adam       fedavg + server.optimizer adam: the whole run, and a run stopped after HALF rounds then
              continued with --resume (moments must survive the checkpoint)
   scratch    examples/fedadam_scratch.py: FedAdam written as an algorithm (must equal `adam`)
@@ -24,7 +25,8 @@ from __future__ import annotations
 import os
 import textwrap
 
-from conftest import ROOT, read_global, run_steps, small_config, write_config
+import session_runs
+from conftest import ROOT, read_global, small_config, write_config
 
 R, HALF = 6, 3
 EVERY = 2          # checkpoint cadence: the half run stops at round 3, between two checkpoints of the whole run
@@ -247,22 +249,23 @@ def config_of(name, out):
     return small_config(out, rounds=R, checkpoint={"every": EVERY, "keep": 10}, **RUNS[name])
 
 
+@session_runs.plan
 def launch(base):
-    """Writes the package and the configs under `base`, runs everything in one -n 3 launch; returns
-    {name: run folder} with 'NAME-resumed' for the runs continued with --resume, plus 'site' (the
-    package's folder) and 'configs' ({name: config path})."""
+    """Writes the package and the configs under `base`; the steps of the -n 3 launch that runs them, and
+    {name: run folder} with 'NAME-resumed' for the runs continued with --resume, plus 'site' (the package's
+    folder) and 'configs' ({name: config path})."""
     site = write_external_package(base / "site")
+    env = {"PYTHONPATH": pythonpath(site)}
     steps, out, configs = [], {}, {}
     for name in RUNS:
         out[name] = base / name
         configs[name] = write_config(base / f"{name}.yaml", config_of(name, out[name]))
-        steps.append([configs[name]])
+        steps.append([env, "run", configs[name]])
         if name in RESUMED:
             out[f"{name}-resumed"] = half = base / f"{name}-resumed"
-            steps += [[configs[name], f"out={half}", f"rounds={HALF}"],
-                      [configs[name], f"out={half}", "--resume", f"rounds={R}"]]
-    run_steps(3, steps, env={"PYTHONPATH": pythonpath(site)}, timeout=420)
-    return {**out, "site": site, "configs": configs}
+            steps += [[env, "run", configs[name], f"out={half}", f"rounds={HALF}"],
+                      [env, "run", configs[name], f"out={half}", "--resume", f"rounds={R}"]]
+    return {3: steps}, {**out, "site": site, "configs": configs}
 
 
 def pythonpath(site):
@@ -270,24 +273,20 @@ def pythonpath(site):
     return os.pathsep.join([str(site), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-_RUNS = {}
+def shared(request):
+    """The launch's results (`request`: a test's or fixture's), run once per test session with the other
+    selected files' plans, whichever test module asks first."""
+    return session_runs.result(request, launch)
 
 
-def shared(tmp_path_factory):
-    """The launch's results, run once per test session whichever test module asks first."""
-    if "runs" not in _RUNS:
-        _RUNS["runs"] = launch(tmp_path_factory.mktemp("extension-runs"))
-    return _RUNS["runs"]
-
-
-def assert_n3_is_in_process_and_resumes(name, tmp_path_factory):
+def assert_n3_is_in_process_and_resumes(name, request, tmp_path_factory):
     """Run `name` of the shared launch: at -n 3 the model of the same config in-process (-n 1), and the run
     stopped at HALF and continued with --resume bit-identical to the whole one."""
     import numpy as np
 
     import fedmpi
 
-    runs = shared(tmp_path_factory)
+    runs = shared(request)
     whole = read_global(runs[name])
     assert np.array_equal(whole, read_global(runs[f"{name}-resumed"]))
     assert np.array_equal(whole, fedmpi.simulate(config_of(name, tmp_path_factory.mktemp("alone"))).model)

@@ -21,6 +21,9 @@ the launch's stderr. ["script", PATH, ARGS...] runs a Python file in the launch'
 sys.argv = [PATH, ARGS...] and its folder first on sys.path, as `python PATH` runs it), for checks below
 `fedmpi run` (what each rank sees of its node).
 
+A plan may also live in a helper module shared by several test files (tests/extension_runs.py): it counts as
+wanted wherever a selected test file imports that module (`import extension_runs as ext`).
+
 A plan's key may also be `nodes(K, R)`, a launch of K nodes of R ranks each: MPI's own several nodes where
 this machine allows (conftest.node_launch), else fedmpi's pretend nodes. Those launches run first.
 """
@@ -162,7 +165,8 @@ def result(request, fn):
     key = _key(fn)
     if key not in _RESULTS:
         factory = request.getfixturevalue("tmp_path_factory")
-        wanted = {item.module.__name__ for item in request.session.items if getattr(item, "module", None)}
+        wanted = set().union(*(_reached(item.module) for item in request.session.items
+                               if getattr(item, "module", None)))
         todo = {k: f for k, (module, f) in _PLANS.items() if (module in wanted or k == key) and k not in _RESULTS}
         try:
             steps, values = {}, {}
@@ -189,8 +193,15 @@ def allow_for_the_launches(items):
     modules = {module for module, _ in _PLANS.values()}
     for item in items:
         module = getattr(item, "module", None)
-        if module is not None and module.__name__ in modules and item.get_closest_marker("mpi"):
+        if module is not None and modules & _reached(module) and item.get_closest_marker("mpi"):
             item.add_marker(pytest.mark.timeout(SHARED_SETUP_TIMEOUT_S))
+
+
+def _reached(module):
+    """The names of a test module and of the modules it imports as modules (a helper with a plan of its own)."""
+    import types
+
+    return {module.__name__} | {v.__name__ for v in vars(module).values() if isinstance(v, types.ModuleType)}
 
 
 class _Failed:

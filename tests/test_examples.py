@@ -25,8 +25,8 @@ ADAM_KEYS = {"lr": 0.05, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return ext.shared(tmp_path_factory)
+def runs(request):
+    return ext.shared(request)
 
 
 @pytest.fixture

@@ -30,8 +30,8 @@ CONTEXT = "extpkg.context:Coverage"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return ext.shared(tmp_path_factory)
+def runs(request):
+    return ext.shared(request)
 
 
 @pytest.fixture

@@ -26,23 +26,30 @@ def test_second_job_on_the_same_out_exits_2_naming_the_first(tmp_path):
     out = tmp_path / "run"
     rounds = 4
     cfg = write_config(tmp_path / "c.yaml", small_config(out, rounds=rounds, checkpoint={"every": 1, "keep": 2}))
-    # Alive for ~32 s of rounds once run.h5 exists: the second job must reach its claim meanwhile, and under a
-    # load of 8 on 2 cores its start (three ranks importing torch) took ~20 s; 8 s of rounds were missed.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FEDMPI_ROUND_DELAY_S": "8"}
-    first = subprocess.Popen(fedmpi_cmd(3, "run", cfg), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env, cwd=ROOT)
+    # The first job holds at the end of its set-up (every rank paused before the first round's broadcast, its
+    # claim on `out` taken) until the second job has ended and the test writes `go`: no guess of how long the
+    # second job's start takes (three ranks importing torch, ~20 s under a load of 8 on 2 cores). The pause's
+    # seconds are a guard against a hang only.
+    go, log = tmp_path / "go", tmp_path / "first.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FEDMPI_TEST_SLEEP_AT": "broadcast",
+           "FEDMPI_TEST_SLEEP_S": str(MPI_TIMEOUT_S), "FEDMPI_TEST_SLEEP_UNTIL": str(go)}
+    with open(log, "w") as fh:
+        first = subprocess.Popen(fedmpi_cmd(3, "run", cfg), stdout=subprocess.DEVNULL, stderr=fh, text=True,
+                                 env=env, cwd=ROOT)
     try:
         deadline = time.monotonic() + MPI_TIMEOUT_S
-        while not (out / "run.h5").exists():         # written once the first job has its data, i.e. is running
-            assert first.poll() is None, first.communicate()
-            assert time.monotonic() < deadline
+        while log.read_text().count("fedmpi-test: paused at broadcast") < 3:     # every rank is running
+            assert first.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         second = run_fedmpi(3, "run", cfg, "--overwrite", check=False)
         named = re.search(r"in use by another fedmpi job \(host (\S+) pid (\d+) ", second.stderr)
         # The pid named is the first job's rank 0, alive and running this config.
         alive = named and cmdline_of(int(named.group(2)))
     finally:
-        _, first_err = first.communicate(timeout=MPI_TIMEOUT_S)
+        go.write_text("")
+        first.wait(timeout=MPI_TIMEOUT_S)
+    first_err = log.read_text()
     assert second.returncode == EXIT_USAGE, second.stderr
     assert named and named.group(1) == socket.gethostname(), second.stderr
     assert alive and str(cfg) in alive and "fedmpi" in alive

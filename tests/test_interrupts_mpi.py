@@ -139,6 +139,20 @@ def test_a_pause_is_its_ranks_alone_and_comes_once(monkeypatch, capfd):
     assert capfd.readouterr().err == "fedmpi-test: paused at claim\n"
 
 
+def test_a_pause_ends_once_the_file_it_waits_for_exists(monkeypatch, capfd, tmp_path):
+    # FEDMPI_TEST_SLEEP_UNTIL: a pause of 600 s that returns here at once (were the file ignored, the test's
+    # timeout would end it); test_hardening_mpi holds a job at a pause this way while another one starts.
+    go = tmp_path / "go"
+    go.write_text("")
+    monkeypatch.setattr(signals, "_paused", set())
+    for name, value in (("FEDMPI_TEST_SLEEP_AT", "claim"), ("FEDMPI_TEST_SLEEP_S", "600"),
+                        ("FEDMPI_TEST_SLEEP_UNTIL", str(go))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("FEDMPI_TEST_SLEEP_RANK", raising=False)
+    signals.test_pause("claim")
+    assert capfd.readouterr().err == "fedmpi-test: paused at claim\n"
+
+
 def test_a_rank_of_several_ignores_later_ctrl_cs_before_the_runs_handlers(monkeypatch):
     # mpiexec forwards the terminal's Ctrl-C to ranks the terminal reached already: the second one used to
     # end the rank at once, before MPI_Init if it came early, and the ranks inside theirs waited forever.

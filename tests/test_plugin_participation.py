@@ -89,5 +89,5 @@ def test_the_doc_shows_the_example_file_as_it_is():
 
 
 @pytest.mark.mpi
-def test_mpiexec_n3_gives_the_in_process_model_and_resumes_bit_identically(importable, tmp_path_factory):
-    ext.assert_n3_is_in_process_and_resumes("cyclic", tmp_path_factory)
+def test_mpiexec_n3_gives_the_in_process_model_and_resumes_bit_identically(importable, request, tmp_path_factory):
+    ext.assert_n3_is_in_process_and_resumes("cyclic", request, tmp_path_factory)

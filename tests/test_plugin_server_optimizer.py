@@ -73,8 +73,8 @@ def test_the_plug_in_is_held_to_its_declarations(importable, tmp_path, monkeypat
 
 
 @pytest.mark.mpi
-def test_its_moments_survive_a_resume_at_n3(tmp_path_factory):
-    runs = ext.shared(tmp_path_factory)
+def test_its_moments_survive_a_resume_at_n3(request):
+    runs = ext.shared(request)
     whole, attrs = read_metrics(runs["nesterov"])
     resumed, _ = read_metrics(runs["nesterov-resumed"])
     assert attrs["status"] == "finished" and whole["test_acc"][-1] > 0.5

@@ -115,8 +115,8 @@ def test_exponential_decay_changes_scaffold_training_as_the_reference_says():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return ext.shared(tmp_path_factory)
+def runs(request):
+    return ext.shared(request)
 
 
 @pytest.mark.mpi

@@ -229,8 +229,8 @@ def test_adam_runs_with(name, tmp_path):
 # --- moments through a checkpoint under mpiexec -n 3 -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return ext.shared(tmp_path_factory)
+def runs(request):
+    return ext.shared(request)
 
 
 @pytest.mark.mpi

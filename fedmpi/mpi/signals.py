@@ -168,7 +168,8 @@ def test_pause(where):
     by, for FEDMPI_TEST_SLEEP_S seconds (default 5) after writing `fedmpi-test: paused at WHERE` to stderr, so
     that a test can send a signal at that moment instead of guessing when it comes. FEDMPI_TEST_SLEEP_RANK=R
     pauses only the rank its launcher numbered R; the others write `fedmpi-test: passed WHERE` and run on,
-    into whatever waits for rank R.
+    into whatever waits for rank R. FEDMPI_TEST_SLEEP_UNTIL=PATH ends the pause as soon as PATH exists (the
+    seconds then only bound it), so that a test can hold a run at that point for exactly as long as it needs.
     `model_write` sleeps inside a weakref callback, where the interpreter swallows exceptions, as it does
     inside h5py's object registry."""
     if where not in PAUSE_POINTS:
@@ -185,8 +186,8 @@ def test_pause(where):
     if where != "model_write":
         # In slices: a signal the kernel hands to one of torch's or MPI's threads does not cut a long sleep of
         # the main thread short, and Python runs the handler only once the main thread is back in bytecode.
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
+        end, until = time.monotonic() + seconds, os.environ.get("FEDMPI_TEST_SLEEP_UNTIL")
+        while time.monotonic() < end and not (until and os.path.exists(until)):
             time.sleep(min(0.05, max(0.0, end - time.monotonic())))
         return
     import weakref
