@@ -43,13 +43,20 @@ def targets(paths, begin=None, end=None):
 
 def write(docs, block, begin=None, end=None):
     """Prints `block` and writes it between each document's markers (through a temporary file: a document is
-    either rewritten whole or left as it was)."""
+    either rewritten whole or left as it was). Each document is read again here, not taken from `docs`: a long
+    run's document may have been edited outside its block meanwhile, and those edits stay; one whose markers
+    went missing meanwhile is left as it is, said on stderr."""
     paired = _paired()
     begin, end = begin or paired.BEGIN, end or paired.END
     print("\n" + block)
-    for path, doc in docs.items():
+    for path in docs:
+        try:
+            text = paired.replace_marked(Path(path).read_text(), block, begin, end)
+        except (OSError, ValueError) as e:
+            print(f"bench: {path} not rewritten ({e}); the table is printed above", file=sys.stderr)
+            continue
         tmp = Path(f"{path}.bench-tmp")
-        tmp.write_text(paired.replace_marked(doc, block, begin, end))
+        tmp.write_text(text)
         os.replace(tmp, path)
         print(f"bench: table written into {path}")
 

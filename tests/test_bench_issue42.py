@@ -90,8 +90,13 @@ def test_its_markdown_block_is_marked_in_the_performance_page_and_refused_elsewh
     assert stop.value.code == 2 and "notes.md" in capsys.readouterr().err
     target = tmp_path / "page.md"
     target.write_text(f"a\n{issue42.MARKS[0]}\nold\n{issue42.MARKS[1]}\nb\n")
-    markdown.write(markdown.targets([str(target)], *issue42.MARKS), "new table", *issue42.MARKS)
-    assert target.read_text() == f"a\n{issue42.MARKS[0]}\nnew table\n{issue42.MARKS[1]}\nb\n"
+    docs = markdown.targets([str(target)], *issue42.MARKS)
+    target.write_text(target.read_text() + "edited during the run\n")      # kept: the block alone is rewritten
+    markdown.write(docs, "new table", *issue42.MARKS)
+    assert target.read_text() == f"a\n{issue42.MARKS[0]}\nnew table\n{issue42.MARKS[1]}\nb\nedited during the run\n"
+    target.write_text("markers gone\n")
+    markdown.write(docs, "newer table", *issue42.MARKS)
+    assert target.read_text() == "markers gone\n" and "not rewritten" in capsys.readouterr().err
 
 
 def test_issue42_measures_the_two_process_floor_beside_fedmpi_in_the_same_pairs(tmp_path):

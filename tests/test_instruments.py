@@ -84,6 +84,36 @@ def test_drift_scalars_and_cosines_equal_a_hand_computation():
     np.testing.assert_allclose(result.model, W0 + aggregate, rtol=1e-6)
 
 
+def test_drift_sum_over_clients_is_the_same_bits_in_every_grouping_and_order():
+    # The -n promise at its smallest: update_sq is summed per rank in float64, then reduced over ranks; the
+    # terms (float32 norms times sample counts) must add exactly, whatever the ranks and their client order.
+    from types import SimpleNamespace
+
+    from fedmpi.round.observers import ClientDrift
+
+    rng = np.random.default_rng(7)
+    drift = ClientDrift(num_clients=24, keep_updates=False)
+    updates = [SimpleNamespace(cid=c, start=torch.from_numpy(rng.standard_normal(300, dtype=np.float32)),
+                               vector=torch.from_numpy(rng.standard_normal(300, dtype=np.float32)
+                                                       * np.float32(10.0 ** rng.integers(-3, 3))))
+               for c in range(24)]
+    weights = rng.integers(1, 5000, 24).astype(float)
+
+    def summed(groups):
+        total = 0.0
+        for group in groups:
+            tally = SimpleNamespace(update_sq=0.0)
+            for c in group:
+                drift.measure(updates[c], weights[c], tally)
+            total += tally.update_sq
+        return total
+
+    one = summed([range(24)])
+    for seed in range(5):
+        order = np.random.default_rng(seed).permutation(24)
+        assert summed(np.array_split(order, 1 + seed % 4)) == one
+
+
 # -- weight divergence ------------------------------------------------------------------------------------
 
 def test_divergence_is_zero_when_the_federation_is_centralized_sgd():
