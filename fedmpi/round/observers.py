@@ -96,7 +96,8 @@ class ClientDrift(Observer):
         The rounding keeps the -n promise: a float32 norm times a sample-count weight has few enough significant
         bits that the float64 sum of a rank's terms, and the reduction over ranks, is exact in any grouping; a
         full 53-bit norm made update_sq and gradient_diversity differ in the last bit between -n 1 and -n 3."""
-        sq = float(np.float32(sq_distance(update.vector, update.start)))
+        with np.errstate(over="ignore"):     # a diverged update's norm is inf, as its float32 dot was
+            sq = float(np.float32(sq_distance(update.vector, update.start)))
         tally.update_sq += weight * sq
         if self.keep:
             tally.columns["update_norm"][update.cid] = sq ** 0.5
