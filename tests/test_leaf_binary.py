@@ -226,3 +226,23 @@ def test_the_fedskip_tool_runs_the_paper_config_on_the_full_build_with_a_fixed_t
         cfg = config.load(str(tool.CONFIG), cmd[5:-1])
         assert (cfg.eval.max_samples, cfg.eval.every, cfg.rounds, cfg.client.steps) == (500, 3, 6, 5)
         assert cfg.data.root == str(tmp_path / "full") and cfg.algorithm.name == method
+
+
+def test_the_fedskip_tool_finds_mpiexec_beside_python_or_exits_2_with_one_line(monkeypatch, tmp_path, capsys):
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("fedskip_full", ROOT / "tools" / "fedskip_shakespeare_full.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    with pytest.raises(SystemExit) as stop:
+        tool.mpiexec()
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no mpiexec" in err and "--ranks 1" in err
+    (tmp_path / "mpiexec").write_text("#!/bin/sh\n")
+    assert tool.mpiexec() == str(tmp_path / "mpiexec")

@@ -41,6 +41,17 @@ def full_build(data):
     return Path(data)
 
 
+def mpiexec():
+    """The launcher beside this Python (a venv's, as `make` installs it with MPICH), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    found = str(beside) if beside.is_file() else shutil.which("mpiexec")
+    if found is None:
+        print(f"fedskip_shakespeare_full: no mpiexec beside {sys.executable} or on PATH; install an MPI "
+              "(pip install mpich) or pass --ranks 1", file=sys.stderr)
+        sys.exit(2)
+    return found
+
+
 def run(method, rounds, steps, ranks, data, eval_samples, out):
     overrides = [f"rounds={rounds}", f"data.root={data}", f"eval.max_samples={eval_samples}", f"out={out}",
                  *METHODS[method]]
@@ -48,7 +59,7 @@ def run(method, rounds, steps, ranks, data, eval_samples, out):
         overrides += [f"client.steps={steps}"]
     cmd = [sys.executable, "-m", "fedmpi", "run", str(CONFIG), *overrides, "--overwrite"]
     if ranks > 1:
-        cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks), *cmd]
+        cmd = [mpiexec(), "-n", str(ranks), *cmd]
     start = time.monotonic()
     subprocess.run(cmd, check=True)
     return time.monotonic() - start
