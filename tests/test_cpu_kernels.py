@@ -1,6 +1,6 @@
-"""runtime.kernels (fedmpi.core.cpu_kernels): channels-last activations and small batches as W x^T change the
-layout and the order of sums only, never what is computed; dropout draws the same elements; auto applies to
-the declared zoo models on the CPU only."""
+"""runtime.kernels (fedmpi.core.cpu_kernels): channels-last activations and the big dense layers' SGD step in
+their backward change the layout and the order of sums only, never what is computed; dropout draws the same
+elements; auto applies to the declared zoo models on the CPU only."""
 
 from __future__ import annotations
 
@@ -150,22 +150,24 @@ def test_a_model_of_layers_the_hooks_do_not_know_keeps_working():
     assert relative(fast.module(x), plain.module(x)) < 1e-5
 
 
-def test_big_dense_layers_take_small_batches_as_w_times_x_transposed():
+def test_big_dense_layers_compute_what_nn_linear_computes_bit_for_bit():
     plain, fast = flat_pair("cnn_mnist", (1, 28, 28))
     fc1, fc2 = fast.module[7], fast.module[9]
-    assert type(fc1) is ck.SmallBatchLinear and type(fc2) is nn.Linear       # 3136 x 512 swapped, 512 x 10 not
+    assert type(fc1) is ck.FusedSgdLinear and type(fc2) is nn.Linear       # 3136 x 512 takes the class, 512 x 10 not
     assert fast.vec.data_ptr() <= fc1.weight.data_ptr() < fast.vec.data_ptr() + 4 * fast.dim   # still a view
-    for rows in (3, 10, ck.SWAP_MAX_BATCH, ck.SWAP_MAX_BATCH + 1):     # both sides of the batch rule
+    for rows in (1, 10, 100):
         x = _rand(rows, 3136, seed=rows)
-        got, want = fc1(x), F.linear(x, fc1.weight, fc1.bias)
-        assert got.shape == want.shape and relative(got, want) < 1e-5
-        assert got.is_contiguous() == (rows > ck.SWAP_MAX_BATCH)       # W x^T's result is a transposed view
+        for lr in (None, 0.1):       # outside and inside fused_sgd: the forward is F.linear's either way
+            fc1.fused_lr = lr
+            got = fc1(x.requires_grad_(lr is not None))
+            assert torch.equal(got, F.linear(x, fc1.weight, fc1.bias)) and got.is_contiguous()
+        fc1.fused_lr = None
     seen = {}
     fc2.register_forward_pre_hook(lambda m, args: seen.update(fc2_in=args[0]))
     fast.module(_rand(4, 1, 28, 28))
-    assert seen["fc2_in"].is_contiguous()      # the small layer after it gets the default layout back
+    assert seen["fc2_in"].is_contiguous()      # the small layer after it gets the default layout
     copied = copy.deepcopy(fast.module)        # a copy (MOON's previous model, a shadow) keeps the class
-    assert type(copied[7]) is ck.SmallBatchLinear
+    assert type(copied[7]) is ck.FusedSgdLinear
 
 
 def one_step_config(**client):
@@ -194,7 +196,7 @@ def test_big_dense_layers_step_themselves_only_under_plain_sgd_on_the_plain_loss
 def test_a_fused_step_is_plain_sgd_to_rounding_and_frozen_layers_keep_their_weights():
     torch.manual_seed(2)
     x, g = torch.rand(10, 300), torch.rand(10, 400)
-    layer = ck.SmallBatchLinear(300, 400)
+    layer = ck.FusedSgdLinear(300, 400)
     w0, b0 = layer.weight.detach().clone(), layer.bias.detach().clone()
     x.requires_grad_(True)
     with ck.fused_sgd(layer, 0.1):

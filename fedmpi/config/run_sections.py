@@ -104,8 +104,8 @@ class RuntimeConfig:
     tracking_project: str | None = None  # MLflow experiment / W&B project; null: the run folder's name
     # What the broadcast model and each client's upload are rounded to on the wire (sums stay float64 on rank 0).
     wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # fedmpi.core.cpu_kernels: auto = channels-last activations and small batches through big dense layers as
-    # W x^T, for the zoo's CNNs that declare them, on the CPU; plain = PyTorch's defaults. Same results to rounding.
+    # fedmpi.core.cpu_kernels: auto = channels-last activations and big dense layers' SGD step inside their
+    # backward, for the zoo's CNNs that declare them, on the CPU; plain = PyTorch's defaults. Same results to rounding.
     kernels: Literal["auto", "plain"] = "auto"
     # Clients dealt afresh each round (stateless, under the plain reduction): auto = to the workers as they
     # become free, on one node, where clients train one by one (fedmpi.mpi.tickets); static = fixed shares

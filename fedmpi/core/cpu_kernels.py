@@ -1,12 +1,11 @@
 """Faster CPU kernels for the zoo's CNNs (`runtime.kernels: auto`), the same arithmetic to float rounding.
 
-Three things a plain PyTorch loop leaves on the table on the CPU at federated batch sizes (one thread, batches
+Two things a plain PyTorch loop leaves on the table on the CPU at federated batch sizes (one thread, batches
 of 10; docs/performance.md has the measurements, bench/kernels.py measures them again):
 - **Channels-last activations.** oneDNN's convolutions and PyTorch's max pooling are much faster on NHWC
   than on NCHW tensors: a cnn_mnist step took ~20% less time.
-- **Small batches through big dense layers as W xᵀ.** MKL's sgemm computes `x Wᵀ` for 10 rows of 3136
-  inputs and 512 outputs in ~1.1 ms and `(W xᵀ)ᵀ` in ~0.5 ms: the same products, summed in another order.
-- **Those layers' SGD step inside their own backward** (`fused_sgd`), so their weight gradient is never made.
+- **Big dense layers' SGD step inside their own backward** (`fused_sgd`), so their weight gradient is never
+  made.
 
 None changes an operation, only the order of elements in memory and of the terms in a sum, so results agree
 with PyTorch's defaults to float rounding; every rank takes the same paths, so `-n` invariance and resume
@@ -17,9 +16,9 @@ What it takes, for an `nn.Sequential`-style model whose layers are its own leaf 
 - a 4-D weight whose two layouts are the same memory (one input channel, or a 1x1 kernel) is given
   channels-last strides over its view into the flat vector, at no cost: its convolution then writes NHWC
   even where the input's layout is ambiguous (one-channel images);
-- every `nn.Linear` of at least SWAP_MIN_WEIGHTS weights becomes a `SmallBatchLinear` (the class swapped,
-  the parameters kept), which computes `(W xᵀ)ᵀ` for batches of at most SWAP_MAX_BATCH rows (where it was
-  measured faster) and `x Wᵀ` otherwise: a rule on shapes, never on timings, so every rank decides alike;
+- every `nn.Linear` of at least FUSED_MIN_WEIGHTS weights becomes a `FusedSgdLinear` (the class swapped,
+  the parameters kept), which computes what nn.Linear computes and can step itself (`fused_sgd`): a rule on
+  shapes, never on timings, so every rank decides alike;
 - every other leaf module outside `KEEPS_LAYOUT` (dropout, flatten, small linear layers, ...) gets its
   inputs back in the default contiguous layout first, so that what it does, and which elements its random
   draws hit, is what it does under PyTorch's defaults: pfl_cnn's dropouts drop the same elements.
@@ -33,11 +32,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 CHANNELS_LAST = torch.channels_last
-SWAP_MIN_WEIGHTS = 1 << 16     # dense layers smaller than this were measured slower as W xᵀ (5 vs 7.6 us)
-SWAP_MAX_BATCH = 64            # 0.47 of the time at 10 rows, 0.79 at 64, about even at 100 (3136 x 512)
+FUSED_MIN_WEIGHTS = 1 << 16    # a smaller dense layer's gradient costs too little to be worth a class of its own
 
 # Leaf modules that take and give activations in either layout with the same result (to float rounding).
 KEEPS_LAYOUT = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.ReLU)
@@ -51,30 +50,24 @@ def wanted(setting, model_name, device) -> bool:
     return setting == "auto" and model_name in FAST_CPU_KERNELS and torch.device(device).type == "cpu"
 
 
-class SmallBatchLinear(nn.Linear):
-    """nn.Linear that computes a small batch as (W xᵀ)ᵀ (see the module docstring); its output is then the
-    transpose of a contiguous tensor, which the next layer outside KEEPS_LAYOUT gets contiguous. Inside
-    `fused_sgd` it also takes its own plain SGD step in the backward pass (`_FusedSGD`)."""
+class FusedSgdLinear(nn.Linear):
+    """nn.Linear that, inside `fused_sgd`, takes its own plain SGD step in the backward pass (`_FusedSGD`).
+
+    It computes `x Wᵀ` as nn.Linear does. An earlier version computed small batches as `(W xᵀ)ᵀ`, measured
+    2x faster on an earlier host; on this one (AMD EPYC, Zen 4, MKL 2024.2, one thread) `x Wᵀ` is the faster
+    at every batch size from 1 to 32 rows (10 x 3136 -> 512: 0.54 against 1.08 ms), and a whole cnn_mnist
+    step 0.92 of the swapped one's (docs/performance.md, "Faster CPU kernels")."""
 
     fused_lr = None         # set by `fused_sgd` for the duration of a client's local steps
 
     def forward(self, x):
-        if x.dim() != 2 or x.shape[0] > SWAP_MAX_BATCH:
-            return super().forward(x)
-        if self.fused_lr is not None and torch.is_grad_enabled():
+        if self.fused_lr is not None and x.dim() == 2 and torch.is_grad_enabled():
             return _FusedSGD.apply(x, self.weight, self.bias, self.fused_lr)
-        return _swapped(x, self.weight, self.bias)
-
-
-def _swapped(x, weight, bias):
-    """(W xᵀ)ᵀ + b: F.linear's result with the GEMM the other way round."""
-    if bias is None:
-        return (weight @ x.t()).t()
-    return torch.addmm(bias.unsqueeze(1), weight, x.t()).t()
+        return super().forward(x)
 
 
 class _FusedSGD(torch.autograd.Function):
-    """(W xᵀ)ᵀ + b whose backward, after the input's gradient (from W as it was), steps W -= lr gᵀ x and
+    """x Wᵀ + b whose backward, after the input's gradient (from W as it was), steps W -= lr gᵀ x and
     b -= lr Σ g in place, as one GEMM with beta 1: the weight's gradient is never made. For 3136 x 512 that
     saves allocating, writing and reading back 6.4 MB a step (a fresh tensor each time: the kernel's page
     faults included). Returns no gradient for W and b (the flat path's hooks then have nothing to step)."""
@@ -83,7 +76,7 @@ class _FusedSGD(torch.autograd.Function):
     def forward(ctx, x, weight, bias, lr):
         ctx.save_for_backward(x, weight)
         ctx.lr, ctx.bias = lr, bias
-        return _swapped(x, weight, bias)
+        return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -98,11 +91,11 @@ class _FusedSGD(torch.autograd.Function):
 
 @contextlib.contextmanager
 def fused_sgd(module, lr):
-    """While open, `module`'s SmallBatchLinear layers whose parameters all train step themselves in the
+    """While open, `module`'s FusedSgdLinear layers whose parameters all train step themselves in the
     backward pass with plain SGD at `lr` (no momentum, no weight decay: the caller's to check), the step
     `LocalTrainer` would take; every other parameter steps as before. Only for a loss that runs `module`
     once per step (a second forward would find its weight changed under it)."""
-    layers = [m for m in module.modules() if isinstance(m, SmallBatchLinear)
+    layers = [m for m in module.modules() if isinstance(m, FusedSgdLinear)
               and all(p.requires_grad for p in m.parameters())]
     for layer in layers:
         layer.fused_lr = lr
@@ -123,8 +116,8 @@ def use_fast_kernels(flat):
     module.register_forward_pre_hook(_to_channels_last)
     _relu_in_place_after_convolutions(module)
     for leaf in module.modules():
-        if type(leaf) is nn.Linear and leaf.weight.numel() >= SWAP_MIN_WEIGHTS:
-            leaf.__class__ = SmallBatchLinear
+        if type(leaf) is nn.Linear and leaf.weight.numel() >= FUSED_MIN_WEIGHTS:
+            leaf.__class__ = FusedSgdLinear
         if leaf is not module and not list(leaf.children()) and not isinstance(leaf, KEEPS_LAYOUT):
             leaf.register_forward_pre_hook(_to_default_layout)
     return flat
