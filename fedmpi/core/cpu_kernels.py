@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from torch import nn
 
 CHANNELS_LAST = torch.channels_last
-FUSED_MIN_WEIGHTS = 1 << 16    # a smaller dense layer's gradient costs too little to be worth a class of its own
+FUSED_MIN_WEIGHTS = 1 << 16    # the size rule of the withdrawn (W xᵀ)ᵀ path, kept: a smaller layer's gradient is
+                               # at most 256 KB, not measured worth fusing (cnn_mnist's fc2: 20 KB)
 
 # Leaf modules that take and give activations in either layout with the same result (to float rounding).
 KEEPS_LAYOUT = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.ReLU)
@@ -54,9 +55,9 @@ class FusedSgdLinear(nn.Linear):
     """nn.Linear that, inside `fused_sgd`, takes its own plain SGD step in the backward pass (`_FusedSGD`).
 
     It computes `x Wᵀ` as nn.Linear does. An earlier version computed small batches as `(W xᵀ)ᵀ`, measured
-    2x faster on an earlier host; on this one (AMD EPYC, Zen 4, MKL 2024.2, one thread) `x Wᵀ` is the faster
-    at every batch size from 1 to 32 rows (10 x 3136 -> 512: 0.54 against 1.08 ms), and a whole cnn_mnist
-    step 0.92 of the swapped one's (docs/performance.md, "Faster CPU kernels")."""
+    2x faster on an earlier host; on the host of 2026-12-04 (AMD EPYC, Zen 4, MKL 2024.2, one thread) `x Wᵀ`
+    is the faster at every batch size from 1 to 32 rows (10 x 3136 -> 512: 0.54 against 1.08 ms), and a whole
+    cnn_mnist step 0.92 of the swapped one's (docs/performance.md, "Faster CPU kernels")."""
 
     fused_lr = None         # set by `fused_sgd` for the duration of a client's local steps
 
