@@ -13,19 +13,30 @@ k gives a_i = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho).
 Upload: sum_i n_i (y_i - x_t) / a_i, then the scalar sum_i n_i a_i. Buffers (batch-norm statistics) are
 not SGD iterates, so their part of the vector is averaged as FedAvg does.
 
-Under client-level DP (privacy.mechanism: gaussian, which requires client.steps) every client runs the same
-steps with the same momentum, so every a_i is one public number a and the update is
-a * sum_i p_i (Delta_i / a) = sum_i p_i Delta_i: a cancels. It is then taken as 1, so that the noise on the
-sum of clipped Delta_i keeps the scale the accountant charges (dividing by a first would multiply the
-noise in the update by a), and tau_eff does not come from the reduced sum of a_i, which would reveal the
-realized cohort size (docs/privacy.md).
+The sums do not depend on how the clients are grouped on ranks (the -n promise), as FedAvg's do not: there
+each client's n_i Delta_i is a sample count times a float32 difference from x_t, a multiple of x_t's float32
+spacing, so that the float64 sums over a rank's clients and over the ranks are exact. Dividing by a_i leaves
+that grid (55 samples over 6 steps: the float64 n_i / a_i rounded each product in its own last bit, and -n 1
+and -n 3 gave different models). So a_i is rounded to float32 (n_i a_i is then exact), and d_i is put back
+on a grid: the float32 quotient (x_t - y_i) / a_i is added to x_t 2^-GRID_BITS and taken from it again in
+float32, which rounds it to 2^-GRID_BITS of x_t's spacing, as y_i - x_t is rounded to that spacing itself.
+That moves x_{t+1} by at most tau_eff 2^-(GRID_BITS+1) of x_t's spacing (below one float32 step for
+tau_eff up to 2^GRID_BITS), and takes about GRID_BITS - log2(a_i) bits of the float64 sums' margin. Where
+an entry of x_t is 0 there is no grid, for FedAvg as here: the sums are exact where the clients' values
+there are of like size.
 """
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
+
+# d_i is rounded to 2^-GRID_BITS of x_t's float32 spacing (see the module's docstring).
+GRID_BITS = 8
+GRID_STEP = 2.0 ** -GRID_BITS
 
 
 def normalizer(steps, momentum=0.0):
@@ -63,11 +74,13 @@ class FedNova(FedAvg):
     def accumulate(self, run, down, model, acc):
         dim, n = self.dim, self.n_params
         w = run.weight
-        a_i = 1.0 if self.equal_steps else normalizer(run.steps, self.context.client.momentum)
+        a_i = 1.0 if self.equal_steps else float(np.float32(normalizer(run.steps, self.context.client.momentum)))
         delta = model.vec - down[:dim]
-        acc[:n].add_(delta[:n], alpha=w / a_i)     # -n_i d_i
-        acc[n:dim].add_(delta[n:], alpha=w)
-        acc[dim:dim + 1].add_(w * a_i)
+        if a_i != 1.0:      # (else d_i is Delta_i, on x_t's grid already: FedAvg's terms exactly)
+            on_grid = down[:n] * GRID_STEP              # x_t 2^-GRID_BITS: exact in float32
+            delta[:n].div_(a_i).add_(on_grid).sub_(on_grid)     # -d_i, on x_t's grid refined GRID_BITS bits
+        acc[:dim].add_(delta, alpha=w)      # -n_i d_i (n_i Delta_i for the buffers): exact in float64
+        acc[dim:dim + 1].add_(w * a_i)      # a float32 times a sample count: exact too
         return w
 
     def aggregate(self, x, up_sum, weight_sum, round_):
