@@ -27,7 +27,7 @@ from fedmpi.attacks import keys as attack_keys
 from fedmpi.config.run_sections import RuntimeConfig
 from fedmpi.config.sections import ServerConfig
 from fedmpi.core.models import BUILDERS
-from fedmpi.core.vectorized import MIN_GROUP
+from fedmpi.core.vectorized import alike_enough
 from fedmpi.deploy.keys import COMPRESSORS
 from fedmpi.privacy.keys import PrivacyConfig
 from fedmpi.robust.rules import RULES
@@ -35,7 +35,9 @@ from fedmpi.robust.rules import RULES
 pytestmark = pytest.mark.mpi
 
 NS = (1, 2, 3)
-COHORT = max(8, MIN_GROUP)      # clients a round: the fewest that client.vectorize: auto batches (base_config)
+# The base job's clients, clients a round, local steps and MNIST training samples (base_config says why these).
+CLIENTS, COHORT, STEPS, MNIST_TRAIN = 12, 11, 3, 273
+SERVER_HOLDOUT = 30
 HALF, FULL = 2, 4        # the resume check: a run stopped after HALF rounds, resumed to FULL
 
 
@@ -59,7 +61,7 @@ ATTACKS = attack_keys.DATA_ATTACKS + attack_keys.CLIENT_MODEL_ATTACKS + attack_k
 
 # What the registries cannot tell: keys a component needs beside its name to be a valid job (each found with
 # `fedmpi run --dry-run`), and the data a model family takes (the base data are 28x28 grey images).
-SERVER_SET = {"server_data": {"size": 30, "source": "holdout", "holdout": 30}}
+SERVER_SET = {"server_data": {"size": SERVER_HOLDOUT, "source": "holdout", "holdout": SERVER_HOLDOUT}}
 CIFAR, TEXT = {"data": {"name": "cifar10"}}, {"data": {"name": "shakespeare"}, "partition": {"scheme": "natural"}}
 EXTRA = {
     ("algorithm", "fsl"): SERVER_SET,
@@ -101,16 +103,28 @@ def stateful(cls):
 
 
 def base_config():
-    """The small job every case starts from: 2 rounds of COHORT (8) of 10 clients, 2 local steps; every `auto`
-    key is left out, so at its default auto. MIN_GROUP alike clients a round is what client.vectorize: auto
-    batches (fedmpi.core.vectorized), and -n 2 and 3 split them 4+4 and 3+3+2: with fewer, auto never
-    batches and the contract would not see the vectorized path (with 4 a round it passed on the code before
-    the fix of `auto`, which gave different bits at -n 1 and 3)."""
+    """The small job every case starts from: 2 rounds of COHORT (11) of CLIENTS (12) clients, STEPS (3) local
+    steps; every `auto` key is left out, so at its default auto. Each of these reaches a path that depends on
+    how many clients a rank holds, and which (test_the_base_reaches_every_path_that_depends_on_a_ranks_clients):
+    - MNIST_TRAIN samples split iid give unequal sizes (9 clients of 23, 3 of 22; beside a server set of
+      SERVER_HOLDOUT, 3 of 21 and 9 of 20), so the weights n_i differ and n_i / STEPS is not a short binary
+      fraction: a sum whose float64 roundings follow the grouping of the clients on ranks shows (FedNova's did,
+      at 10 clients a round of iid sizes, while the earlier base of 8 of 10 clients of 24 samples over 2 steps
+      kept every n_i / a_i exact);
+    - still at least MIN_GROUP (8) clients of one batch pattern a round on average, which is what
+      client.vectorize: auto batches (fedmpi.core.vectorized): with fewer, auto never batches and the contract
+      would not see the vectorized path (with 4 a round it passed on the code before the fix of `auto`, which
+      gave different bits at -n 1 and 3);
+    - an odd cohort drawn from more clients: -n 3's two workers hold 6 and 5 (or whatever dealing gives), and
+      which clients a rank holds changes from round to round;
+    - the mlp at its default width (200): a last-bit difference of a float64 sum reaches the float32 model only
+      now and then, and with the 12,730 parameters of a width of 16 FedNova's did not in 6 rounds (with
+      159,010 from the second round on)."""
     return {
         "seed": 3, "rounds": HALF, "data": {"name": "mnist"},
-        "partition": {"clients": COHORT + 2, "scheme": "iid"},
-        "model": {"name": "mlp", "hidden": 16},
-        "client": {"lr": 0.05, "batch_size": 8, "steps": 2},
+        "partition": {"clients": CLIENTS, "scheme": "iid"},
+        "model": {"name": "mlp"},
+        "client": {"lr": 0.05, "batch_size": 8, "steps": STEPS},
         "server": {"clients_per_round": COHORT},
         "eval": {"every": 1, "batch_size": 100},
         "runtime": {"threads": 1, "progress": "off"},
@@ -148,10 +162,10 @@ STATEFUL = [name for name in builtin_names() if stateful(REGISTRY[name])]
 
 
 def write_data(root):
-    write_mnist_family(root / "mnist", "MNIST", n_train=240, n_test=40)
+    write_mnist_family(root / "mnist", "MNIST", n_train=MNIST_TRAIN, n_test=40)
     write_cifar(root / "cifar", "cifar10", n_train=80, n_test=16)
-    write_leaf(root / "shakespeare", "shakespeare", users_train=(12, 9, 10, 8, 11, 7, 9, 10, 8, 12),
-               users_test=(3,) * 10)
+    write_leaf(root / "shakespeare", "shakespeare", users_train=(12, 9, 10, 8, 11, 7, 9, 10, 8, 12, 13, 9),
+               users_test=(3,) * CLIENTS)
 
 
 @session_runs.plan
@@ -194,6 +208,30 @@ def test_every_registered_component_has_a_case(tmp_path):
     stale = sorted(f"{kind}-{name}" for kind, name in EXTRA if f"{kind}-{name}" not in built)
     assert not stale, f"EXTRA names components that are not registered: {stale}"
     assert STATEFUL, "no algorithm declares state: the resume check below would check nothing"
+
+
+def test_the_base_reaches_every_path_that_depends_on_a_ranks_clients():
+    # H16: the base of 8 of 10 clients of 24 samples over 2 steps gave every client n_i / a_i = 12, so FedNova's
+    # sums were exact in any grouping and its -n 1 / -n 3 difference (iid sizes, 10 a round) went unseen.
+    from fractions import Fraction
+    from types import SimpleNamespace
+
+    from fedmpi import config
+    from fedmpi.algorithms.fednova import normalizer
+    from fedmpi.data.partition import iid
+
+    cfg = config.from_dict(base_config())
+    assert cfg.partition.scheme == "iid" and cfg.client.steps == STEPS
+    workers = NS[-1] - 1            # -n 3: rank 0 serves, two ranks hold clients
+    assert COHORT < CLIENTS and COHORT % workers, "every rank would hold the same count of the same clients"
+    for pool in (MNIST_TRAIN, MNIST_TRAIN - SERVER_HOLDOUT):      # the base's clients; the server-set cases'
+        sizes = [len(part) for part in iid(None, SimpleNamespace(clients=CLIENTS), np.random.default_rng(0),
+                                           np.arange(pool))]
+        assert len(set(sizes)) > 1, f"{pool} samples: equal client sizes, equal weights"
+        assert alike_enough(sizes, cfg.client, COHORT), f"{pool} samples: client.vectorize auto never batches"
+        dyadic = [Fraction(n) / Fraction(normalizer(STEPS)) for n in sizes]
+        assert sum(q.denominator & (q.denominator - 1) != 0 for q in dyadic) > len(sizes) // 2, \
+            f"{pool} samples: n_i / a_i is a short binary fraction for most clients"
 
 
 # Cases that break the contract in code this file's owner may not edit: {case (or resume-ALGORITHM): reason},
