@@ -18,9 +18,10 @@ each client's n_i Delta_i is a sample count times a float32 difference from x_t,
 spacing, so that the float64 sums over a rank's clients and over the ranks are exact. Dividing by a_i leaves
 that grid (55 samples over 6 steps: the float64 n_i / a_i rounded each product in its own last bit, and -n 1
 and -n 3 gave different models). So a_i is rounded to float32 (n_i a_i is then exact), and d_i is put back
-on a grid: the float32 quotient (x_t - y_i) / a_i is added to x_t 2^-GRID_BITS and taken from it again in
+on a grid: the float32 quotient (y_i - x_t) / a_i is added to x_t 2^-GRID_BITS and taken from it again in
 float32, which rounds it to 2^-GRID_BITS of x_t's spacing, as y_i - x_t is rounded to that spacing itself.
-That moves x_{t+1} by at most tau_eff 2^-(GRID_BITS+1) of x_t's spacing (below one float32 step for
+That changes d_i by at most half the larger of 2^-GRID_BITS of x_t's spacing and d_i's own float32 spacing,
+and x_{t+1} by tau_eff times that (where d_i is small beside x_t, less than one float32 step of x_t for
 tau_eff up to 2^GRID_BITS), and takes about GRID_BITS - log2(a_i) bits of the float64 sums' margin. Where
 an entry of x_t is 0 there is no grid, for FedAvg as here: the sums are exact where the clients' values
 there are of like size.
@@ -77,8 +78,8 @@ class FedNova(FedAvg):
         a_i = 1.0 if self.equal_steps else float(np.float32(normalizer(run.steps, self.context.client.momentum)))
         delta = model.vec - down[:dim]
         if a_i != 1.0:      # (else d_i is Delta_i, on x_t's grid already: FedAvg's terms exactly)
-            on_grid = down[:n] * GRID_STEP              # x_t 2^-GRID_BITS: exact in float32
-            delta[:n].div_(a_i).add_(on_grid).sub_(on_grid)     # -d_i, on x_t's grid refined GRID_BITS bits
+            anchor = down[:n] * GRID_STEP       # x_t 2^-GRID_BITS (exact): its float32 spacing is the grid
+            delta[:n].div_(a_i).add_(anchor).sub_(anchor)       # -d_i, rounded to that grid
         acc[:dim].add_(delta, alpha=w)      # -n_i d_i (n_i Delta_i for the buffers): exact in float64
         acc[dim:dim + 1].add_(w * a_i)      # a float32 times a sample count: exact too
         return w
