@@ -83,3 +83,68 @@ def test_h10_an_out_of_the_wrong_type_is_told_once(tmp_path, base, capsys, out):
     """H10: `out: 5` got a second line about '', a value the user did not write."""
     lines = refused_lines(capsys, tmp_path, {"base": "base.yaml", "out": out})
     assert len(lines) == 1 and "out = " in lines[0] and "must be a string" in lines[0], lines
+
+
+# --- numbers and weights in a run config ------------------------------------------------------------------------
+
+def _run(tmp_path, flag, *overrides):
+    """`fedmpi run` of the tiny config with `overrides` (in this process, bounded): its Outcome."""
+    from fuzz_support import cli
+
+    path = write_config(tmp_path / "run.yaml", {**TINY, "out": str(tmp_path / "run-out")})
+    return cli("run", path, flag, *overrides)
+
+
+def _one_error_line(outcome):
+    lines = [line for line in outcome.err.splitlines() if line.strip()]
+    assert outcome.code == 2 and not outcome.crash and len(lines) == 1, (outcome.code, outcome.err, outcome.crash)
+    return lines[0]
+
+
+@pytest.mark.parametrize("flag", ["--dry-run", "--overwrite"])
+def test_h07_server_tau_far_beyond_its_range_is_refused_before_the_run(tmp_path, flag):
+    """H07: server.tau=1e300 with adam ended "fedmpi: OverflowError", exit 1, while --dry-run passed it;
+    server.tau=1e7 was accepted."""
+    for tau in ("1e300", "1e7"):
+        line = _one_error_line(_run(tmp_path, flag, "server.optimizer=adam", f"server.tau={tau}"))
+        assert f"server.tau = {float(tau)!r}: must be a number in (0, 1000]" in line, line
+    assert not (tmp_path / "run-out").exists()
+
+
+@pytest.mark.parametrize("aggregator, key, value", [
+    ("centered_clip", "iterations", 10 ** 12), ("geomed", "iterations", 10 ** 11),
+    ("centered_clip", "tau", 1e300), ("norm_bound", "bound", 1e300), ("geomed", "nu", 1e300)])
+def test_h06_h07_robust_keys_are_bounded(tmp_path, aggregator, key, value):
+    """H06: geomed at 10^11 iterations or centered_clip at 10^12 never ended its first round (and a stop
+    request, heard at round boundaries, never came); H07: server.robust.tau, .bound and .nu at 1e300 were
+    accepted. Refused before anything runs (the cli call is bounded at 60 s: the old code hung there)."""
+    line = _one_error_line(_run(tmp_path, "--overwrite", f"server.aggregator={aggregator}",
+                                f"server.robust.{key}={value}"))
+    assert line.split("error: ")[-1].startswith(f"server.robust.{key} = ") and "must be " in line \
+        and (" in [" in line or " in (" in line), line
+    assert not (tmp_path / "run-out").exists()
+
+
+def test_h06_the_largest_robust_iterations_end_a_round(tmp_path):
+    """At the bound, a round of geomed and of centered_clip ends (bounded work per round)."""
+    from fedmpi.robust.keys import MAX_ITERATIONS
+
+    for aggregator in ("geomed", "centered_clip"):
+        outcome = _run(tmp_path, "--overwrite", f"server.aggregator={aggregator}",
+                       f"server.robust.iterations={MAX_ITERATIONS}")
+        assert outcome.code == 0 and not outcome.crash, (aggregator, outcome.err[-2000:], outcome.crash)
+
+
+def test_conflicting_weighting_keys_are_refused_naming_both(tmp_path):
+    """`server.weighting: uniform` beside `secagg.weighting: samples` was accepted without saying which applies
+    (under secure aggregation secagg.weighting decides each client's weight)."""
+    conflict = ("server.secure_aggregation=secagg", "server.weighting=uniform", "secagg.weighting=samples")
+    for flag in ("--dry-run", "--overwrite"):
+        line = _one_error_line(_run(tmp_path, flag, *conflict))
+        assert "server.weighting = 'uniform'" in line and "secagg.weighting = 'samples'" in line, line
+    assert not (tmp_path / "run-out").exists()
+    # The combinations that agree still run.
+    for server, secagg in (("uniform", "uniform"), ("samples", "samples"), ("samples", "uniform")):
+        outcome = _run(tmp_path, "--dry-run", "server.secure_aggregation=secagg", f"server.weighting={server}",
+                       f"secagg.weighting={secagg}")
+        assert outcome.code == 0, (server, secagg, outcome.err[-2000:])
