@@ -56,6 +56,12 @@ H10 = [
     ('base: base.yaml\nout: out\nsets: [{name: "a\\x1b[31m", client.lr: 0.1}]\n',
      "sets[0].name = 'a\\x1b[31m': must not hold control characters"),
     ('base: base.yaml\nout: out\nsets: [{name: "a\\x85", client.lr: 0.1}]\n', "must not hold control characters"),
+    ({"sets": [{"name": "..", "client.lr": 0.1}]}, "sets[0].name = '..': gives no folder name"),
+    ({"sets": [{"name": "///", "client.lr": 0.1}]}, "sets[0].name = '///': gives no folder name"),
+    ('base: base.yaml\nout: out\nsets: {"a\\x01": [{client.lr: 0.1}]}\n', "sets: list name 'a\\x01' must be"),
+    ({"sets": {"": [{"client.lr": 0.1}]}}, "sets: list name '' must be a non-empty string"),
+    ('base: "b\\x01.yaml"\nout: out\n', "base = 'b\\x01.yaml': holds the control character"),
+    ('base: base.yaml\nout: "o\\x01"\n', "out = 'o\\x01': holds the control character"),
     ({"seeds": [2 ** 64]}, "seeds = [18446744073709551616]: must be a non-empty list of distinct integers in [0, "
                            "2^63)"),
     ({"seeds": [-1]}, "seeds = [-1]: must be a non-empty list of distinct integers in [0, 2^63)"),

@@ -109,7 +109,7 @@ def _check_written(written, mapping, errors):
     c = Checks("")
     if "out" not in mapping:
         errors.append("out: missing; give the sweep's folder, e.g. out: runs/my-sweep")
-    elif isinstance(mapping["out"], str):
+    elif written.out == mapping["out"]:         # else its type check named it
         c.require(bool(written.out.strip()), "out", written.out, "must be the sweep's folder, e.g. out: runs/my-sweep")
         where = bad_character(written.out)
         c.require(where is None, "out", written.out, "must not hold control characters")
@@ -159,14 +159,14 @@ def load(path) -> Spec:
     _check_written(written, mapping, errors)
     overrides = _overrides(written.overrides, "overrides", errors)
     grid = _grid(written.grid, errors)
-    axes = ([_sets(items, f"sets.{axis}", folder, errors) for axis, items in written.sets.items()]
+    axes = ([_sets(items, _axis(axis, errors), folder, errors) for axis, items in written.sets.items()]
             if isinstance(written.sets, dict) else [_sets(written.sets, "sets", folder, errors)] if written.sets
             else [])
     ranks = _ranks(written.ranks, errors)
     with_config = [sets for sets in axes if any(s["config"] for s in sets)]
     if len(with_config) > 1:
         errors.append("sets: `config` is given in two lists of sets; give it in one")
-    if written.base is None and (not with_config or not all(s["config"] for s in with_config[0])):
+    if mapping.get("base") is None and (not with_config or not all(s["config"] for s in with_config[0])):
         errors.append("base: missing; give the config every experiment starts from (or a `config` in every set "
                       "of one list)")
     _overlaps(overrides, grid, axes, errors)
@@ -255,12 +255,22 @@ def _sets(items, axis, folder, errors):
             elif isinstance(value, str) and bad_character(value) is not None:
                 errors.append(f"{where}.{key} = {_show(value)}: must not hold control characters (U+"
                               f"{ord(bad_character(value)[1]):04X} at {bad_character(value)[0]})")
+            elif key == "name" and isinstance(value, str) and not _safe(value):
+                errors.append(f"{where}.name = {_show(value)}: gives no folder name; use letters, digits or "
+                              f"'._=+-'")
         values = _overrides({k: v for k, v in item.items() if k not in SET_FIELDS}, where, errors)
         if not values and config is None:
             errors.append(f"{where}: changes nothing; give dotted config keys or a `config`")
         sets.append({"name": name, "config": None if config is None else os.path.join(folder, str(config)),
                      "values": values, "axis": axis.removeprefix("sets.")})
     return sets
+
+
+def _axis(name, errors):
+    """`sets.NAME` of a named list of sets; its name labels the index's column, so it is held as a set's name."""
+    if not isinstance(name, str) or not name.strip() or bad_character(name) is not None:
+        errors.append(f"sets: list name {_show(name)} must be a non-empty string without control characters")
+    return f"sets.{name}"
 
 
 def _ranks(value, errors):
