@@ -23,6 +23,10 @@ drawn), and emptying a dataset is its own perturbation. Those add about 13 s of 
 (measured on two shared cores, before the input files moved out: 43.5 s before and 56 s after, without the
 checkpoint test; that test ~14 s).
 
+Every number key is also tried far beyond its declared range (1e300, -1e300, 1e30; parametrized, not drawn):
+refused with its range's own line, so a key without a declared range fails in CI (H07: server.tau, the robust
+keys and server_data.beta at 1e300 were accepted, server.tau=1e300 with adam ended in an OverflowError).
+
 Each of issue 29's findings 6 and 7 also has its own case here (`FINDINGS`): the generators reach the first
 kind (tracebacks) by themselves, but a key accepted without effect exits 0, which the property allows.
 """
