@@ -111,8 +111,6 @@ def _check_written(written, mapping, errors):
         errors.append("out: missing; give the sweep's folder, e.g. out: runs/my-sweep")
     elif written.out == mapping["out"]:         # else its type check named it
         c.require(bool(written.out.strip()), "out", written.out, "must be the sweep's folder, e.g. out: runs/my-sweep")
-        where = bad_character(written.out)
-        c.require(where is None, "out", written.out, "must not hold control characters")
     seeds = written.seeds
     c.require(seeds is None or (len(seeds) > 0 and all(0 <= s < MAX_SEED for s in seeds)
                                 and len(set(seeds)) == len(seeds)), "seeds", seeds, SEEDS_RULE)
