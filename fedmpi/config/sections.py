@@ -346,7 +346,7 @@ class ServerConfig:
     RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "over_select": factor(),
                               "deadline": Range(0, 1e12, "simulated seconds: 30,000 years"),
                               "clients_per_round": clients_range(), "momentum": Range(0, 1, high_open=True),
-                              "tau": Range(0, 1e3, "beyond, tau only scales the adaptive step down", True)}
+                              "tau": Range(0, 1e3, "beyond, tau only scales the step down", low_open=True)}
 
     def __post_init__(self):
         c = _Checks("server")
