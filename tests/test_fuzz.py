@@ -155,8 +155,8 @@ def test_a_number_key_far_beyond_its_range_is_refused_naming_its_range(work, key
     case = Case(work)
     outcome = cli("run", case.config(yaml_text(tiny(case.out), entries)), "--dry-run")
     lines = outcome.err.strip().splitlines()
-    assert outcome.code == 2 and any(line.split("error: ")[-1].startswith(f"{key} = ") and " must be a number in "
-                                     in line for line in lines), (entries, outcome.err[-2000:])
+    assert outcome.code == 2 and any(line.split("error: ")[-1].startswith(f"{key} = ") and " must be " in line
+                                     and " a number in " in line for line in lines), (entries, outcome.err[-2000:])
     case.check(outcome, entries)
 
 

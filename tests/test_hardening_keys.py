@@ -246,6 +246,7 @@ BOUNDED_ELSEWHERE = {
     "seed": "an integer in [0, 2^63): stored as a 64-bit integer (Config.__post_init__)",
     "runtime.client_state_memory": "a byte size, at most 2^63 - 1 (fedmpi.mpi.runtime.parse_bytes)",
     "runtime.gather_memory": "a byte size, at most 2^63 - 1 (fedmpi.mpi.runtime.parse_bytes)",
+    "privacy.noise_multiplier": "0, or in the accountant's range [0.01 (pld: 0.3), 1e4] (fedmpi.privacy.keys.noise_ok)",
 }
 
 

@@ -76,10 +76,9 @@ class PrivacyConfig:
     clip_count_stddev: float | None = None
     """sigma_b, the noise on the count of unclipped updates; null = the paper's expected cohort / 20."""
 
-    # noise_multiplier: 0, or within the accountant's range (checked below, as it depends on the accountant).
+    # noise_multiplier: 0 or within its accountant's range, which a Range cannot say (noise_ok, below).
     RANGES: ClassVar[dict] = {"clip": factor(low_open=True), "clip_count_stddev": factor(),
-                              "noise_multiplier": Range(0, MAX_NOISE), "delta": Range(0, 1, low_open=True,
-                                                                                      high_open=True),
+                              "delta": Range(0, 1, low_open=True, high_open=True),
                               "target_epsilon": Range(MIN_EPSILON, MAX_EPSILON),
                               "target_quantile": Range(0, 1, low_open=True, high_open=True),
                               "clip_lr": Range(0, MAX_CLIP_LR, low_open=True)}
