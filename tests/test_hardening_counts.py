@@ -154,3 +154,17 @@ def test_conflicting_weighting_keys_are_refused_naming_both(tmp_path):
         outcome = _run(tmp_path, "--dry-run", "server.secure_aggregation=secagg", f"server.weighting={server}",
                        f"secagg.weighting={secagg}")
         assert outcome.code == 0, (server, secagg, outcome.err[-2000:])
+
+
+@pytest.mark.parametrize("key, value, context", [
+    ("server_data.beta", 1e300, ("server_data.size=10", "server_data.scheme=dirichlet")),
+    ("client.lr_schedule.step_rounds", 10 ** 12, ("client.lr_schedule.name=step", "client.lr_schedule.gamma=0.5")),
+    ("client.lr_schedule.rounds", 10 ** 12, ("client.lr_schedule.name=cosine",)),
+    ("client.compress.levels", 10 ** 12, ("client.compress.name=qsgd",)),
+    ("server.tau", 1e7, ("server.optimizer=yogi",)),
+])
+def test_h07_the_keys_accepted_without_a_word_are_refused_at_dry_run(tmp_path, key, value, context):
+    """H07: each was accepted without a word, beside the keys that make it read."""
+    line = _one_error_line(_run(tmp_path, "--dry-run", *context, f"{key}={value}"))
+    assert line.split("error: ")[-1].startswith(f"{key} = ") and "must be a" in line \
+        and (" in [" in line or " in (" in line), line
