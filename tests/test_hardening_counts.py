@@ -15,6 +15,12 @@ TINY = {"seed": 0, "rounds": 1, "out": "unused", "data": {"name": "synthetic"}, 
         "runtime": {"threads": 1, "progress": "off"}}
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Every case works in tmp_path, where a spec's relative `out` lands (the working folder's, not the spec's)."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def base(tmp_path):
     return write_config(tmp_path / "base.yaml", TINY)
