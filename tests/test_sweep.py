@@ -45,12 +45,12 @@ def refused(capsys, path):
 BASE, OUT = "base.yaml", "out"
 BAD = [
     ({"out": OUT, "base": BASE, "seed": 1}, "unknown key 'seed' (did you mean 'seeds'?)"),
-    ({"base": BASE}, "out = '': must be the sweep's folder"),
+    ({"base": BASE}, "out: missing; give the sweep's folder"),
     ({"base": BASE, "out": OUT, "grid": {"client.lr": 0.1}}, "grid.client.lr = 0.1: must be a non-empty list"),
     ({"base": BASE, "out": OUT, "grid": "client.lr"}, "grid = 'client.lr': must be a mapping"),
     ({"base": BASE, "out": OUT, "seeds": [1, 1]}, "seeds = (1, 1): must be a non-empty list of distinct integers"),
     ({"base": BASE, "out": OUT, "seeds": ["a"]}, "seeds = ['a']: must be a list of values, each an integer or null"),
-    ({"base": BASE, "out": OUT, "ranks": 0}, "ranks = 0: must be an integer >= 1"),
+    ({"base": BASE, "out": OUT, "ranks": 0}, "ranks = 0: must be an integer in [1, 1e+06]"),
     ({"base": BASE, "out": OUT, "ranks": "many"}, "ranks = 'many': must be an integer or a mapping"),
     ({"base": BASE, "out": OUT, "ranks": {"clients_per_rank": 2, "mx": 3}},
      "unknown key 'ranks.mx' (did you mean 'max'?)"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from fedmpi.core.config_checks import Checks as _Checks
-from fedmpi.core.config_checks import count, refuse_unused
+from fedmpi.core.config_checks import Range, count, refuse_unused
 from fedmpi.mpi.runtime import parse_bytes
 
 # runtime.threads: torch threads per rank. A fixed bound (not this machine's cores) keeps a config valid or
@@ -111,6 +111,8 @@ class RuntimeConfig:
     # become free, on one node, where clients train one by one (fedmpi.mpi.tickets); static = fixed shares
     # balanced by sample count. The same results to float64 rounding of the sums (docs/performance.md).
     client_dealing: Literal["auto", "static"] = "auto"
+
+    RANGES: ClassVar[dict] = {"threads": Range(1, MAX_THREADS), "log_flush_s": Range(0, 3600, "seconds")}
 
     def __post_init__(self):
         c = _Checks("runtime")

@@ -139,17 +139,14 @@ class PartitionConfig:
     local_test: float = 0.0
 
     RANGES: ClassVar[dict] = {"clients": clients_range(), "beta": factor(low_open=True),
-                              "samples_per_client": count(), "min_samples": count(0)}
+                              "samples_per_client": count(), "min_samples": count(0),
+                              "labels_per_client": count(), "shards_per_client": count(),
+                              "classes_per_client": count(), "local_test": Range(0, 1, high_open=True)}
 
     def __post_init__(self):
         c = _Checks("partition")
-        c.require(0 <= self.local_test < 1, "local_test", self.local_test,
-                  "must be a fraction in [0, 1) of each client's samples (0 = no local test splits)")
         c.choice("scheme", self.scheme, _schemes())
         c.require(self.clients >= 1, "clients", self.clients, "must be a positive integer")
-        c.require(self.beta > 0, "beta", self.beta, "must be > 0")
-        for key in ("labels_per_client", "shards_per_client", "classes_per_client"):
-            c.require(getattr(self, key) >= 1, key, getattr(self, key), "must be a positive integer")
         c.require(self.samples_per_client is None or self.samples_per_client >= 1, "samples_per_client",
                   self.samples_per_client, "must be a positive integer or null")
         c.require(self.min_samples >= 0, "min_samples", self.min_samples, "must be >= 0")
@@ -208,13 +205,12 @@ class ServerDataConfig:
     # from them, so the clients' data stays the same whatever the set's size. 0: only the set is removed.
     holdout: int = 0
 
-    RANGES: ClassVar[dict] = {"fraction": factor(), "size": count(0, samples=True), "holdout": count(0, samples=True)}
+    RANGES: ClassVar[dict] = {"fraction": factor(), "size": count(0, samples=True), "holdout": count(0, samples=True),
+                              "classes": count(), "beta": factor(low_open=True)}
 
     def __post_init__(self):
         c = _Checks("server_data")
         c.require(self.size >= 0, "size", self.size, "must be >= 0")
-        c.require(self.classes >= 1, "classes", self.classes, "must be a positive integer")
-        c.require(self.beta > 0, "beta", self.beta, "must be > 0")
         c.require(self.fraction is None or self.fraction >= 0, "fraction", self.fraction, "must be >= 0 or null")
         c.require(self.fraction is None or self.size == 0, "fraction", self.fraction,
                   f"set either server_data.size ({self.size}) or server_data.fraction, not both")
@@ -289,7 +285,7 @@ class ClientConfig:
     drop_last: bool = False
 
     RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "weight_decay": factor(), "epochs": count(),
-                              "steps": count(), "batch_size": count()}
+                              "steps": count(), "batch_size": count(), "momentum": Range(0, 1, high_open=True)}
 
     def __post_init__(self):
         c = _Checks("client")
@@ -324,7 +320,9 @@ class ServerConfig:
     optimizer: str = "sgd"              # how the aggregated update is applied (fedmpi.round.server_opt)
     momentum: float = 0.9               # avgm: beta
     betas: tuple[float, float] = (0.9, 0.99)   # adam, yogi, adagrad: (b1, b2)
-    tau: float = 1e-3                   # adam, yogi, adagrad: adaptivity (Reddi et al.)
+    # adam, yogi, adagrad: adaptivity (Reddi et al.), in (0, 1e3]: the step is lr * m / (sqrt(v) + tau), so a
+    # tau far above any sqrt(v) only scales the step down (Reddi et al. tune it in [1e-10, 1]).
+    tau: float = 1e-3
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_g per round
     # Rank 0 hosts clients too; null: when its node has a core the other ranks leave idle. Results do not
     # depend on it (a run-time key: not hashed, may change on --resume).
@@ -346,7 +344,9 @@ class ServerConfig:
     weighting: Literal["samples", "uniform"] = "samples"
 
     RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "over_select": factor(),
-                              "deadline": Range(0, 1e12, "simulated seconds: 30,000 years")}
+                              "deadline": Range(0, 1e12, "simulated seconds: 30,000 years"),
+                              "clients_per_round": clients_range(), "momentum": Range(0, 1, high_open=True),
+                              "tau": Range(0, 1e3, "beyond, tau only scales the step down", low_open=True)}
 
     def __post_init__(self):
         c = _Checks("server")

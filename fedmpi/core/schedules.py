@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
-from fedmpi.core.config_checks import Checks, count
+from fedmpi.core.config_checks import Checks, Range, count, factor
 
 SCHEDULES = ("constant", "exponential", "step", "cosine")
 # The keys each schedule reads (warmup_rounds: all of them). A key another schedule reads, set to a value
@@ -32,17 +32,19 @@ class ScheduleConfig:
     name: str = "constant"
     """constant | exponential | step | cosine."""
     gamma: float = 1.0
-    """exponential: factor per round; step: factor per step of `step_rounds` rounds."""
+    """exponential: factor per round; step: factor per step of `step_rounds` rounds; in (0, 1]."""
     step_rounds: int = 1
-    """step: rounds between two decays."""
+    """step: rounds between two decays, in [1, 10^6]."""
     rounds: int | None = None
-    """cosine: the horizon T in rounds; null = the run's `rounds` (then `rounds` may not change on --resume)."""
+    """cosine: the horizon T in rounds, in [1, 10^6]; null = the run's `rounds` (then `rounds` may not change on
+    --resume)."""
     min_lr: float = 0.0
-    """cosine: the learning rate reached at round T."""
+    """cosine: the learning rate reached at round T, in [0, 1e6]."""
     warmup_rounds: int = 0
     """Linear warm-up: the first rounds scale the rate by (t + 1) / warmup_rounds; 0 = none."""
 
-    RANGES: ClassVar[dict] = {"warmup_rounds": count(0)}
+    RANGES: ClassVar[dict] = {"warmup_rounds": count(0), "gamma": Range(0, 1, low_open=True),
+                              "step_rounds": count(), "rounds": count(), "min_lr": factor()}
 
     def __post_init__(self):
         c = Checks("lr_schedule")

@@ -10,9 +10,9 @@ TypeError from a comparison.
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
-from fedmpi.core.config_checks import Checks, refuse_unused
+from fedmpi.core.config_checks import Checks, Range, refuse_unused
 
 RATE_KINDS = ("fixed", "lognormal", "trace")
 AVAILABILITY = ("always", "bernoulli", "trace")
@@ -68,6 +68,8 @@ class SpeedConfig:
     trace: str | None = None
     """`trace`: CSV file with the header `client,steps_per_s`, one row per device (docs/deployment.md)."""
 
+    RANGES: ClassVar[dict] = {"value": Range(MIN_RATE, MAX_RATE), "sigma": Range(0, MAX_SIGMA)}
+
     def __post_init__(self):
         c = Checks("clients.speed")
         _check_rate_form(c, self.kind, self.trace, "client,steps_per_s")
@@ -94,6 +96,9 @@ class BandwidthConfig:
     """`lognormal`: standard deviation of log(bandwidth), the same for both directions, in [0, 10]."""
     trace: str | None = None
     """`trace`: CSV file with the header `client,up_bytes_per_s,down_bytes_per_s`, one row per device."""
+
+    RANGES: ClassVar[dict] = {"up": Range(MIN_RATE, MAX_RATE), "down": Range(MIN_RATE, MAX_RATE),
+                              "sigma": Range(0, MAX_SIGMA)}
 
     def __post_init__(self):
         c = Checks("clients.bandwidth")
@@ -132,6 +137,9 @@ class ClientsConfig:
     bandwidth: BandwidthConfig = field(default_factory=BandwidthConfig)
     """Link bytes per simulated second, up and down."""
 
+    RANGES: ClassVar[dict] = {"availability_p": Range(0, 1, low_open=True), "dropout": Range(0, 1, high_open=True),
+                              "trace_period": Range(0, 1e12, "simulated seconds: 30,000 years", low_open=True)}
+
     def __post_init__(self):
         c = Checks("clients")
         c.require(self.availability in AVAILABILITY, "availability", self.availability,
@@ -165,10 +173,14 @@ class CompressConfig:
     fraction: float = 0.01
     """`topk`, `randk`: fraction of the entries sent, in (0, 1]; k = max(1, round(fraction * d))."""
     levels: int = 16
-    """`qsgd`: number s of quantization levels of |x_j| / ||x||, a positive integer."""
+    """`qsgd`: number s of quantization levels of |x_j| / ||x||, an integer in [1, 2^30]."""
     error_feedback: bool = False
     """Keep each client's compression residual e_i and add it to the next update:
     e_i <- (delta + e_i) - C(delta + e_i). Saved in checkpoints as the client's `compress_residual`."""
+
+    # levels: an entry takes 1 + ceil(log2(levels + 1)) bits; beyond 2^30 more than its float32.
+    RANGES: ClassVar[dict] = {"fraction": Range(0, 1, low_open=True),
+                              "levels": Range(1, 2 ** 30, "beyond, an entry takes more bits than its float32")}
 
     def __post_init__(self):
         c = Checks("client.compress")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from fedmpi.core.config_checks import Checks, factor
+from fedmpi.core.config_checks import Checks, Range, factor
 
 # Sane ranges (docs/privacy.md). z = 1e300 overflowed the accountant and z = 1e-300 divided by zero in it;
 # z = 1e4 already gives epsilon ~0.1 after 100 rounds, z = 0.01 an epsilon in the millions. The PLD
@@ -76,7 +76,12 @@ class PrivacyConfig:
     clip_count_stddev: float | None = None
     """sigma_b, the noise on the count of unclipped updates; null = the paper's expected cohort / 20."""
 
-    RANGES: ClassVar[dict] = {"clip": factor(low_open=True), "clip_count_stddev": factor()}
+    # noise_multiplier: 0 or within its accountant's range, which a Range cannot say (noise_ok, below).
+    RANGES: ClassVar[dict] = {"clip": factor(low_open=True), "clip_count_stddev": factor(),
+                              "delta": Range(0, 1, low_open=True, high_open=True),
+                              "target_epsilon": Range(MIN_EPSILON, MAX_EPSILON),
+                              "target_quantile": Range(0, 1, low_open=True, high_open=True),
+                              "clip_lr": Range(0, MAX_CLIP_LR, low_open=True)}
     """The declared bounds of the numeric keys above (fedmpi.core.config_checks.Range), beside their checks."""
 
     def __post_init__(self):

@@ -9,8 +9,9 @@ n >= 4f + 3) are checked against server.clients_per_round by ServerConfig, where
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import MAX_CLIENTS, Checks, Range, factor
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "geomed", "centered_clip",
                "norm_bound", "fltrust")
@@ -28,6 +29,9 @@ USES = {
     "norm_bound": ("bound", "weighted"),
     "fltrust": (),
 }
+
+
+MAX_ITERATIONS = 100      # server.robust.iterations
 
 
 @dataclass(frozen=True)
@@ -49,20 +53,31 @@ class RobustConfig:
 
     iterations: int = 3
     """geomed: smoothed Weiszfeld updates after the starting mean; centered_clip: clipping iterations.
-    A fixed count: every rank iterates the same chunk schedule, one pass per iteration."""
+    A fixed count: every rank iterates the same chunk schedule, one pass per iteration, in [1, 100]: each is a
+    pass over every update of the round (a chunked gather where they exceed memory), so the bound keeps one
+    round's work bounded; the rules' authors use 1 to 5."""
 
     nu: float = 1e-5
-    """geomed: the smoothing of the Weiszfeld weights, alpha_i / max(nu, ||z - u_i||) (Pillutla et al.)."""
+    """geomed: the smoothing of the Weiszfeld weights, alpha_i / max(nu, ||z - u_i||) (Pillutla et al.),
+    in (0, 1e6]."""
 
     tau: float = 1.0
-    """centered_clip: the clipping radius around the current centre (Karimireddy et al. 2021)."""
+    """centered_clip: the clipping radius around the current centre (Karimireddy et al. 2021), in (0, 1e6]."""
 
     bound: float = 1.0
-    """norm_bound: the largest L2 norm an update keeps; longer ones are scaled down to it."""
+    """norm_bound: the largest L2 norm an update keeps, in (0, 1e6]; longer ones are scaled down to it."""
 
     weighted: bool = True
     """mean, multi_krum, geomed, centered_clip, norm_bound: weight clients by their sample counts (FedAvg's
     p_i); false: every counted client alike."""
+
+    # The declared bounds (fedmpi.core.config_checks.Range); nu, tau and bound are lengths of float32 updates.
+    RANGES: ClassVar[dict] = {
+        "beta": Range(0, 0.5, "half or more would trim every value", high_open=True),
+        "f": Range(0, MAX_CLIENTS), "m": Range(1, MAX_CLIENTS), "min_neighbours": Range(0, 1),
+        "iterations": Range(1, MAX_ITERATIONS, f"at most {MAX_ITERATIONS}: each is a pass over the round's "
+                                               f"updates; the rules' authors use 1 to 5"),
+        "nu": factor(low_open=True), "tau": factor(low_open=True), "bound": factor(low_open=True)}
 
     def problems(self, aggregator, clients_per_round):
         """The errors of these keys for `aggregator` with rounds of `clients_per_round` clients (dotted under

@@ -101,6 +101,12 @@ def problems(cfg, algo_cls) -> list:
     if aggregator != "mean":
         found.append(f"server.aggregator = {aggregator!r} with server.secure_aggregation: a robust aggregator "
                      f"needs the individual updates, and the server sees only their sum; use mean")
+    if cfg.server.weighting == "uniform" and keys.weighting == "samples":
+        # Under secure aggregation each client's weight is secagg.weighting's (fedmpi.secagg.stage): a
+        # server.weighting of uniform beside it would be ignored without a word.
+        found.append("server.weighting = 'uniform' with secagg.weighting = 'samples': under secure aggregation "
+                     "secagg.weighting decides each client's weight; remove one of the two (uniform: "
+                     "secagg.weighting: uniform; by sample count: leave server.weighting at samples)")
     if cfg.server.sampling != "fixed":
         found.append("server.sampling = 'poisson' with server.secure_aggregation: the threshold and the field "
                      "are sized for a fixed cohort; use server.sampling: fixed")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from fedmpi.core.config_checks import Checks, count, refuse_unused
+from fedmpi.core.config_checks import Checks, Range, count, refuse_unused
 
 MODES = ("none", "secagg", "secagg_plus")
 NOISES = ("none", "discrete_gaussian", "skellam")
@@ -68,7 +68,10 @@ class SecAggConfig:
     client's sensitivity stay those of the uniform case) and the server divides the decoded sum by the
     survivors' sum of w_i: the sample-weighted average of FedAvg, of the clipped updates."""
 
-    RANGES: ClassVar[dict] = {"threshold": count(0), "neighbours": count(0)}    # the low ends: its own checks
+    RANGES: ClassVar[dict] = {"threshold": count(0), "neighbours": count(0),    # the low ends: its own checks
+                              "bits": Range(MIN_BITS, MAX_BITS), "clip": Range(0, 1e6, low_open=True, high_open=True),
+                              "scale": Range(1, 2.0 ** 52), "noise_multiplier": Range(0.01, 1e4),
+                              "delta": Range(0, 1, low_open=True, high_open=True)}
 
     def __post_init__(self):
         c = Checks("secagg")

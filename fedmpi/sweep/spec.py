@@ -29,17 +29,22 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import yaml
 
 from fedmpi.config import yamlio
-from fedmpi.config.build import build_section
-from fedmpi.core.config_checks import Checks
+from fedmpi.config.build import bad_character, build_section
+from fedmpi.core.config_checks import Checks, Range
 from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_EXPERIMENTS = 100_000      # a grid beyond this is a typo (a product of long lists), not a study
+MAX_RANKS = 10 ** 6            # ranks of one experiment: beyond any machine's MPI launch
+MAX_SEED = 2 ** 63             # seeds are stored as 64-bit integers (as a config's seed)
+SEEDS_RULE = "must be a non-empty list of distinct integers in [0, 2^63), or null"
+RANKS_RULE = f"must be an integer in [1, {MAX_RANKS:g}], or {{clients_per_rank: N, max: M}}"
 SET_FIELDS = ("name", "config")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
@@ -49,14 +54,12 @@ class RanksRule:
     """Ranks from an experiment's size: 1 (the server) + ceil(server.clients_per_round / clients_per_rank),
     at most `max` (null: at most what the launch has)."""
 
-    clients_per_rank: int = 0
+    clients_per_rank: int = 1
     max: int | None = None
 
-    def __post_init__(self):
-        c = Checks("ranks")
-        c.require(self.clients_per_rank >= 1, "clients_per_rank", self.clients_per_rank, "must be an integer >= 1")
-        c.require(self.max is None or self.max >= 1, "max", self.max, "must be an integer >= 1 or null")
-        c.done()
+    # Checked when the spec is built, as a config section's ranges (fedmpi.core.config_checks.Range).
+    RANGES: ClassVar[dict] = {"clients_per_rank": Range(1, MAX_RANKS),
+                              "max": Range(1, MAX_RANKS)}
 
     def of(self, clients_per_round):
         k = 1 + math.ceil(clients_per_round / self.clients_per_rank)
@@ -76,16 +79,46 @@ class SpecFile:
     ranks: int | dict = 1
 
 
-def _check_written(written, errors):
-    """What the types alone do not say (a key with a type error was left at its default, and is not judged)."""
+def _integer(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _out_of_range(mapping, errors):
+    """Seeds and ranks that are integers beyond their range, each told its range (not "must be an integer",
+    which the type check would say of an integer beyond 64 bits); such a key is taken out of `mapping`, so
+    that nothing else is said of it."""
+    seeds = mapping.get("seeds")
+    if isinstance(seeds, list) and seeds and all(map(_integer, seeds)) \
+            and not all(0 <= s < MAX_SEED for s in seeds):
+        errors.append(f"seeds = {_show(seeds)}: {SEEDS_RULE}")
+        del mapping["seeds"]
+    ranks = mapping.get("ranks")
+    if _integer(ranks) and not 1 <= ranks <= MAX_RANKS:
+        errors.append(f"ranks = {_show(ranks)}: {RANKS_RULE}")
+        del mapping["ranks"]
+    if isinstance(ranks, dict):
+        for key, rng in RanksRule.RANGES.items():
+            if _integer(ranks.get(key)) and not rng.holds(ranks[key]):
+                errors.append(f"ranks.{key} = {_show(ranks[key])}: {rng.describe(True, ranks[key])}")
+                mapping["ranks"] = ranks = {**ranks, key: int(rng.low)}     # the others still judged
+
+
+def _check_written(written, mapping, errors):
+    """What the types alone do not say (a key with a type error was left at its default, and is not judged:
+    its one line already names it)."""
     c = Checks("")
-    c.require(bool(written.out), "out", written.out, "must be the sweep's folder, e.g. out: runs/my-sweep")
+    if "out" not in mapping:
+        errors.append("out: missing; give the sweep's folder, e.g. out: runs/my-sweep")
+    elif written.out == mapping["out"]:         # else its type check named it
+        c.require(bool(written.out.strip()), "out", written.out, "must be the sweep's folder, e.g. out: runs/my-sweep")
     seeds = written.seeds
-    c.require(seeds is None or (len(seeds) > 0 and all(0 <= s < 2 ** 63 for s in seeds)
-                                and len(set(seeds)) == len(seeds)),
-              "seeds", seeds, "must be a non-empty list of distinct integers in [0, 2^63), or null")
-    c.require(not isinstance(written.ranks, int) or written.ranks >= 1, "ranks", written.ranks,
-              "must be an integer >= 1, or {clients_per_rank: N, max: M}")
+    c.require(seeds is None or (len(seeds) > 0 and all(0 <= s < MAX_SEED for s in seeds)
+                                and len(set(seeds)) == len(seeds)), "seeds", seeds, SEEDS_RULE)
+    c.require(not isinstance(written.ranks, int) or 1 <= written.ranks <= MAX_RANKS, "ranks", written.ranks,
+              RANKS_RULE)
+    for key in ("grid", "sets"):
+        c.require(key not in mapping or not isinstance(mapping[key], (list, dict)) or len(mapping[key]) > 0, key,
+                  mapping.get(key), "is empty; give at least one entry, or leave the key out")
     errors.extend(c.errors)
 
 
@@ -117,29 +150,34 @@ def load(path) -> Spec:
         raise ConfigError(f"{where}: top level must be a mapping of keys (base, out, grid, sets, seeds, ranks, "
                           f"overrides)")
     errors = []
+    mapping = dict(mapping)
+    _out_of_range(mapping, errors)
     written = build_section(SpecFile, mapping, "", errors)
     folder = os.path.dirname(os.path.abspath(path))
-    _check_written(written, errors)
+    _check_written(written, mapping, errors)
     overrides = _overrides(written.overrides, "overrides", errors)
     grid = _grid(written.grid, errors)
-    axes = ([_sets(items, f"sets.{axis}", folder, errors) for axis, items in written.sets.items()]
+    axes = ([_sets(items, _axis(axis, errors), folder, errors) for axis, items in written.sets.items()]
             if isinstance(written.sets, dict) else [_sets(written.sets, "sets", folder, errors)] if written.sets
             else [])
     ranks = _ranks(written.ranks, errors)
     with_config = [sets for sets in axes if any(s["config"] for s in sets)]
     if len(with_config) > 1:
         errors.append("sets: `config` is given in two lists of sets; give it in one")
-    if written.base is None and (not with_config or not all(s["config"] for s in with_config[0])):
+    if mapping.get("base") is None and (not with_config or not all(s["config"] for s in with_config[0])):
         errors.append("base: missing; give the config every experiment starts from (or a `config` in every set "
                       "of one list)")
     _overlaps(overrides, grid, axes, errors)
     if errors:
         raise ConfigError([f"{where}: {e}" for e in dict.fromkeys(errors)])
+    # Counted from the lists' lengths before anything is expanded: a product of long lists (10^8 experiments)
+    # would otherwise be built in full, gigabytes, before its size was judged.
+    count = math.prod(len(sets) for sets in axes) * math.prod(len(values) for values in grid.values()) \
+        * (len(written.seeds) if written.seeds is not None else 1)
+    if count > MAX_EXPERIMENTS:
+        raise ConfigError(f"{where}: grid x sets x seeds gives {count} experiments; at most {MAX_EXPERIMENTS}")
     base = None if written.base is None else os.path.join(folder, written.base)
     experiments = expand(base, overrides, grid, axes, written.seeds)
-    if len(experiments) > MAX_EXPERIMENTS:
-        raise ConfigError(f"{where}: grid x sets x seeds gives {len(experiments)} experiments; at most "
-                          f"{MAX_EXPERIMENTS}")
     names = {}
     for e in experiments:
         names.setdefault(e.name, []).append(e)
@@ -212,12 +250,25 @@ def _sets(items, axis, folder, errors):
         for key, value in (("name", name), ("config", config)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 errors.append(f"{where}.{key} = {_show(value)}: must be a non-empty string")
+            elif isinstance(value, str) and bad_character(value) is not None:
+                errors.append(f"{where}.{key} = {_show(value)}: must not hold control characters (U+"
+                              f"{ord(bad_character(value)[1]):04X} at {bad_character(value)[0]})")
+            elif key == "name" and isinstance(value, str) and not _safe(value):
+                errors.append(f"{where}.name = {_show(value)}: gives no folder name; use letters, digits or "
+                              f"'._=+-'")
         values = _overrides({k: v for k, v in item.items() if k not in SET_FIELDS}, where, errors)
         if not values and config is None:
             errors.append(f"{where}: changes nothing; give dotted config keys or a `config`")
         sets.append({"name": name, "config": None if config is None else os.path.join(folder, str(config)),
                      "values": values, "axis": axis.removeprefix("sets.")})
     return sets
+
+
+def _axis(name, errors):
+    """`sets.NAME` of a named list of sets; its name labels the index's column, so it is held as a set's name."""
+    if not isinstance(name, str) or not name.strip() or bad_character(name) is not None:
+        errors.append(f"sets: list name {_show(name)} must be a non-empty string without control characters")
+    return f"sets.{name}"
 
 
 def _ranks(value, errors):
