@@ -264,7 +264,8 @@ def remove_folders(made):
         try:
             os.rmdir(folder)
         except OSError:
-            return
+            if os.path.isdir(folder):       # something was put there: it and the folders above it stay
+                return
 
 
 def protected_place(real):
