@@ -54,11 +54,30 @@ def test_a_run_never_replaces_a_fifo_in_its_out_folder(here, name):
         assert is_fifo(here / "out" / name) and sorted(os.listdir(here / "out")) == [name]
 
 
-def test_a_run_refuses_a_ckpt_that_is_not_a_folder(here):
+def test_a_run_refuses_a_ckpt_that_is_not_a_folder_or_holds_a_fifo(here):
     (here / "out").mkdir()
     (here / "out" / "ckpt").write_text("mine")
     refused(cli("run", "base.yaml", "out=out", "--overwrite"), "out =", "ckpt")
     assert (here / "out" / "ckpt").read_text() == "mine"
+    (here / "out" / "ckpt").unlink()
+    (here / "out" / "ckpt").mkdir()
+    os.mkfifo(here / "out" / "ckpt" / "ckpt-1.h5")
+    refused(cli("run", "base.yaml", "out=out", "--overwrite"), "out =", "ckpt-1.h5", "FIFO")
+    assert is_fifo(here / "out" / "ckpt" / "ckpt-1.h5")
+
+
+def test_a_name_just_under_the_limit_still_works(here):
+    """The temporary names beside an output (`.NAME.XXXXXXXX.tmp`, a build's `.NAME.building-XXXXXXXX`) are
+    cut short: an output named with 250 bytes (under NAME_MAX) is written, not refused or failed."""
+    run = write_run(here / "run" / "run.h5", rounds=3)
+    name = "q" * 250
+    cli("export", str(run), "--csv", name).check((0,), "export --csv NAME")
+    (here / "plays").mkdir()
+    (here / "plays" / "one.md").write_text(_play("Play One", [("ANNE", _lines("Anne", 6)), ("BEN", _lines("Ben", 8))]),
+                                           encoding="utf-8")
+    built = "b" * 250
+    cli("data", "shakespeare", "--from", "plays", "--out", built).check((0,), "data --out NAME")
+    assert (here / name).is_file() and (here / built / "build.json").is_file()
 
 
 def test_an_export_overwrite_never_removes_a_fifo_named_like_an_event_file(here):

@@ -162,6 +162,8 @@ def check_run_folder(out):
         if os.path.lexists(ckpt) and (os.path.islink(ckpt) or not os.path.isdir(ckpt)):
             raise InputError(f"out = {_named(out)}: {ckpt} is not a folder of checkpoints; fedmpi writes its "
                              f"checkpoints there (move it away, or choose another out=...)")
+        for _, path in list_checkpoints(out) if os.path.isdir(ckpt) else ():
+            check_regular(path, "out =")     # a later checkpoint of that round would be renamed over it
     except InputError as e:
         raise ConfigError(str(e)) from None
 
