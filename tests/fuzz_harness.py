@@ -13,6 +13,7 @@ import io
 import os
 import resource
 import signal
+import stat
 import time
 import traceback
 
@@ -113,8 +114,9 @@ def release_claims():
 
 
 def snapshot(folder):
-    """{relative path: sha256} of every file under `folder` (links by their target). The lock file is left out:
-    it records the job that holds `out` (host, pid, time), not the run."""
+    """{relative path: sha256} of every file under `folder` (links by their target; a device node, FIFO or
+    socket by its kind and device number, never opened: reading a FIFO would block). The lock file is left
+    out: it records the job that holds `out` (host, pid, time), not the run."""
     found = {}
     for root, dirs, files in os.walk(folder):
         for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
@@ -122,8 +124,11 @@ def snapshot(folder):
             rel = os.path.relpath(path, folder)
             if rel == ".fedmpi.lock":
                 continue
+            mode = os.lstat(path)
             if os.path.islink(path):
                 found[rel] = "link:" + os.readlink(path)
+            elif not stat.S_ISREG(mode.st_mode):
+                found[rel] = f"node:{stat.S_IFMT(mode.st_mode):o}:{mode.st_rdev}"
             else:
                 with open(path, "rb") as fh:
                     found[rel] = hashlib.sha256(fh.read()).hexdigest()

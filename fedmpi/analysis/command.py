@@ -26,7 +26,7 @@ from fedmpi.analysis.sources import find_run_files, load_runs
 from fedmpi.analysis.sweeps import sweep_rows
 from fedmpi.analysis.timing_report import plot_timing, timing_rows, timing_section
 from fedmpi.core.errors import EXIT_FAILED, EXIT_USAGE, InputError
-from fedmpi.core.output_paths import check_figure, check_file, sibling
+from fedmpi.core.output_paths import check_distinct, check_figure, check_file, sibling
 
 CORE = ("run", "method", "status", "rounds_done", "emd", "final_acc", "acc_last20_mean", "best_acc", "rise_round",
         "target_round", "target_bytes", "uploads", "bytes_moved", "wall_s")
@@ -51,6 +51,7 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
                 check_file(path, "--csv", inputs=files, replace=force)
         if plot is not None:
             check_figure(plot, "--plot", inputs=files, replace=force)
+        check_distinct(_outputs(csv_path, views, [plot] if plot is not None else []))
     except InputError as e:
         print(f"fedmpi: error: {e}", file=err)
         return EXIT_USAGE
@@ -63,8 +64,10 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
         return EXIT_USAGE
     if plot is not None:
         try:
-            for path in figure_paths(runs, by, plot, timing, clients, per_run)[1:]:
+            figures_drawn = figure_paths(runs, by, plot, timing, clients, per_run)
+            for path in figures_drawn[1:]:
                 check_file(path, "--plot", inputs=files, replace=force)     # the figures beside PLOT too
+            check_distinct(_outputs(csv_path, views, figures_drawn))
         except InputError as e:
             print(f"fedmpi: error: {e} (a figure --plot writes beside {plot})", file=err)
             return EXIT_USAGE
@@ -146,6 +149,12 @@ def _csv_value(column, value):
 def csv_paths(csv_path, views):
     """{view: file} of --csv: the table at CSV_PATH ("table"), each requested view at CSV_PATH-VIEW.csv."""
     return {"table": csv_path, **{v: sibling(csv_path, v) for v in VIEWS if views.get(v)}}
+
+
+def _outputs(csv_path, views, figures_drawn):
+    """(option, path) of every file this report writes: no two may be the same file."""
+    tables_written = list(csv_paths(csv_path, views).values()) if csv_path is not None else []
+    return [("--csv", p) for p in tables_written] + [("--plot", p) for p in figures_drawn]
 
 
 def view_rows(view, runs):

@@ -29,7 +29,7 @@ import numpy as np
 
 from fedmpi.analysis import report
 from fedmpi.core.errors import FedmpiError, InputError
-from fedmpi.core.output_paths import check_file, check_folder, replace_with
+from fedmpi.core.output_paths import check_distinct, check_file, check_folder, check_regular, make_folders, replace_with
 from fedmpi.io import series as series_names
 from fedmpi.io.client_rows import CLIENT_IDS, client_table
 from fedmpi.io.event_files import EventFile
@@ -108,6 +108,8 @@ def check_event_folder(folder, overwrite):
     (removed by `clear_event_files` once every other check has passed)."""
     check_folder(folder, "--tensorboard")
     old = sorted(glob.glob(os.path.join(glob.escape(folder), EVENT_FILES)))
+    for path in old:
+        check_regular(path, "--tensorboard")        # --overwrite removes only event files, never a node
     if old and not overwrite:
         raise InputError(f"--tensorboard {folder}: already holds {len(old)} TensorBoard event file(s) (an earlier "
                          f"export?); choose another folder, or replace them with --overwrite")
@@ -116,7 +118,7 @@ def check_event_folder(folder, overwrite):
 
 def clear_event_files(folder, old):
     """Makes `folder` (as mkdir -p) and removes the earlier event files found by `check_event_folder`."""
-    os.makedirs(folder, exist_ok=True)
+    make_folders(folder)
     for path in old:
         os.remove(path)
 
@@ -199,6 +201,8 @@ def export_command(path, tensorboard=None, csv_path=None, overwrite=False, out=N
         old_events = check_event_folder(tensorboard, overwrite)
     if csv_path is not None:
         check_file(csv_path, "--csv", inputs=[file], replace=force, force_flag="--force")
+    if tensorboard is not None and csv_path is not None:
+        check_distinct([("--tensorboard", tensorboard), ("--csv", csv_path)])
     try:
         run = report.read_run(file)
     except Exception as e:  # noqa: BLE001 - any unreadable file is a bad input here, named with its reason

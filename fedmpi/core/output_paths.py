@@ -11,7 +11,13 @@ The place rule (docs/reliability in the README):
   --overwrite was given; commands that only add files of their own names into a folder (`fedmpi run`, a
   TensorBoard export) check those names, and replace nothing else;
 - an existing file is replaced only with --force (--overwrite for a run), never when it is an input;
-- missing folders on the way are created as `mkdir -p` would, once every check has passed.
+- an existing path that is not a regular file (a device node, a FIFO, a socket, or a link to one) is never
+  replaced or written, --force or not: the rename below would put a plain file in the node's place;
+- two outputs of one command never name the same file (the second would replace the first);
+- a path the file system cannot hold (a name over NAME_MAX bytes, a path over PATH_MAX) is refused before
+  anything is made, not half-created;
+- missing folders on the way are created as `mkdir -p` would, once every check has passed; where creating
+  them fails part-way, the folders already made are removed again.
 
 Files are never written through a symbolic link: a new file is made under a unique temporary name in the
 target's folder (`temp_beside`: mkstemp, O_CREAT|O_EXCL, so a link planted there is never followed) and
@@ -21,6 +27,7 @@ points. No command writes to one of its own inputs (`check_not_input`)."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
 from fedmpi.core.errors import InputError
@@ -36,7 +43,7 @@ def temp_beside(path, suffix=".tmp"):
     """The path of a new, empty file with a unique name in `path`'s folder (created with O_EXCL, so never a
     link or an existing file), with the permissions a plain `open` would have given (mkstemp's are 0600)."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=suffix, dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path), suffix=suffix, dir=folder)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
     finally:
@@ -44,22 +51,103 @@ def temp_beside(path, suffix=".tmp"):
     return tmp
 
 
+def temp_prefix(path, tag="."):
+    """`.NAME.` for a temporary file or folder made beside `path`, NAME cut short so that the temporary name
+    (prefix, mkstemp's 8 random characters and a suffix) stays far below NAME_MAX whatever `path`'s own name."""
+    return f".{os.path.basename(os.path.abspath(path))[:TEMP_NAME_CHARS]}{tag}"
+
+
 def replace_with(path, write, mode="w", **open_args):
     """Writes a file at `path` by `write(handle)` into a `temp_beside` file renamed over `path` once complete:
     `path` is the old file or the new one, and a link at `path` is replaced, never written through."""
-    make_parents(path)
-    tmp = temp_beside(path)
+    made = make_parents(path)
+    try:
+        tmp = temp_beside(path)
+    except BaseException:
+        remove_folders(made)
+        raise
     try:
         with open(tmp, mode, **open_args) as fh:
             result = write(fh)
-        os.replace(tmp, path)
+        replace_file(tmp, path)
     except BaseException:
         try:
             os.remove(tmp)
         except OSError:
             pass
+        remove_folders(made)
         raise
     return result
+
+
+def replace_file(tmp, path, option=None):
+    """os.replace(tmp, path) once `path` is checked again to be no device node, FIFO or socket (nor a link
+    to one): the checks before the work ran earlier, and the rename would replace such a node by a file."""
+    check_regular(path, option or "output")
+    os.replace(tmp, path)
+
+
+def check_regular(path, option):
+    """InputError where something that is not a regular file or a folder exists at `path` (a link is
+    followed: a link to a device is refused too); a dangling link passes (the rename replaces the link)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+                else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        link = f" (through the link to {os.path.realpath(path)})" if os.path.islink(path) else ""
+        raise InputError(f"{option} {shown(path)}: is {kind}{link}; fedmpi never replaces or writes into "
+                         f"anything but a regular file, --force or not; move it away, or name another path")
+
+
+def check_length(path, option, room=0):
+    """InputError where `path` cannot be created on its file system: a name (of the part not made yet) longer
+    than NAME_MAX bytes, or the whole path plus `room` (what goes inside an output folder, or a temporary
+    name beside a file) longer than PATH_MAX; checked before anything is made, so nothing is half-created."""
+    absolute = os.path.abspath(path)
+    folder, missing = absolute, []
+    while not os.path.lexists(folder):
+        missing.insert(0, os.path.basename(folder))
+        folder = os.path.dirname(folder)
+    name_max, path_max = _limit(folder, "PC_NAME_MAX", 255), _limit(folder, "PC_PATH_MAX", 4096)
+    for name in missing:
+        if len(os.fsencode(name)) > name_max:
+            raise InputError(f"{option} {shown(path)}: the name {shown(name, 40)} is {len(os.fsencode(name))} "
+                             f"bytes, more than this file system allows ({name_max}); name a shorter path")
+    if len(os.fsencode(absolute)) + room >= path_max:
+        raise InputError(f"{option} {shown(path)}: a path of {len(os.fsencode(absolute))} bytes, too long for "
+                         f"this file system ({path_max} at most, less {room} for what is written inside or "
+                         f"beside it); name a shorter path")
+
+
+def _limit(folder, name, default):
+    try:
+        return int(os.pathconf(folder, name))
+    except (OSError, ValueError):
+        return default
+
+
+def shown(path, limit=120):
+    """`path` for a message, its middle cut out where it is longer than `limit` characters."""
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit // 2]}...{text[-(limit // 2 - 3):]}"
+
+
+def check_distinct(outputs):
+    """InputError where two of a command's outputs `outputs` ((option, path) pairs, a file or a folder each)
+    name the same place, spelled alike or not, existing or not yet (`same_file`): the second write would
+    replace the first (`report --csv x.png --plot x.png`)."""
+    seen = []
+    for option, path in outputs:
+        for other_option, other in seen:
+            if same_file(path, other):
+                also = other_option if other_option != option else f"another file of {option}"
+                raise InputError(f"{option} {shown(path)}: is also named by {also} ({shown(other)}); one output "
+                                 f"would replace the other; name different files")
+        seen.append((option, path))
 
 
 def same_file(a, b):
@@ -88,6 +176,8 @@ def check_file(path, option, inputs=(), replace=True, force_flag="--force"):
     Probed with a temporary file in the folder (removed again), because permission bits say nothing for
     root or on a read-only mount; the file at `path` itself is never opened (it may be a link)."""
     _check_not_empty(path, option, "out" + (_suffix(option) or ".csv"))
+    check_length(path, option, room=TEMP_ROOM)
+    check_regular(path, option)
     if os.path.isdir(path):
         raise InputError(f"{option} {path}: is a folder; name a file in it, "
                          f"e.g. {os.path.join(path, 'out' + _suffix(option))}")
@@ -104,7 +194,9 @@ def check_folder(path, option, owned=None, overwrite=False, overwrite_flag="--ov
     folder is one this command wrote (its marker file): such a folder is replaced only with `overwrite`, any
     other non-empty folder never. Missing folders on the way are made later by `make_parents`."""
     check_place(path, option)
+    check_length(path, option, room=FOLDER_ROOM)
     if os.path.lexists(path) and not os.path.isdir(path):
+        check_regular(path, option)
         raise InputError(f"{option} {path}: is a file, not a folder")
     if os.path.isdir(path):
         if owned is not None and os.listdir(path):
@@ -146,8 +238,34 @@ def check_store_uri(uri, option):
 
 
 def make_parents(path):
-    """Creates the missing folders above `path`, as `mkdir -p` would (after every check has passed)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Creates the missing folders above `path`, as `mkdir -p` would (after every check has passed); the
+    folders it made, top first (`remove_folders` takes them away again where the write then fails)."""
+    return make_folders(os.path.dirname(os.path.abspath(path)))
+
+
+def make_folders(folder):
+    """`mkdir -p folder`; the folders it made, top first. Where it fails part-way, what it made is removed
+    before the OSError is raised: a refused or failed output leaves no empty folders behind."""
+    made, existing = [], os.path.abspath(folder)
+    while not os.path.lexists(existing):
+        made.insert(0, existing)
+        existing = os.path.dirname(existing)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        remove_folders(made)
+        raise
+    return made
+
+
+def remove_folders(made):
+    """Removes the folders `made` (top first, as `make_folders` returns them) where they are still empty."""
+    for folder in reversed(made or ()):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            if os.path.isdir(folder):       # something was put there: it and the folders above it stay
+                return
 
 
 def protected_place(real):
@@ -172,6 +290,13 @@ def protected_place(real):
     if ".git" in real.split(os.sep):
         return "inside a git repository's .git folder"
     return None
+
+
+# What the length check leaves for names made beside a file (its temporary file) or inside an output folder
+# (a run's ckpt/ckpt-NNNNNN.h5, an event file named after the host).
+TEMP_NAME_CHARS = 100
+TEMP_ROOM = TEMP_NAME_CHARS + 32
+FOLDER_ROOM = 256
 
 
 def _is_below(path, folder):

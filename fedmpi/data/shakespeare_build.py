@@ -36,7 +36,7 @@ import numpy as np
 
 from fedmpi.core import rng
 from fedmpi.core.errors import ConfigError
-from fedmpi.core.output_paths import check_folder, make_parents
+from fedmpi.core.output_paths import check_folder, check_regular, make_parents, remove_folders, temp_prefix
 from fedmpi.data import leaf_binary
 from fedmpi.data.leaf import SHAKESPEARE_SEQ, SHAKESPEARE_VOCAB, TOKEN_DTYPE, encode_chars
 from fedmpi.data.shakespeare_plays import parse_play
@@ -215,6 +215,7 @@ def check_args(source, out, fraction, min_samples, overwrite, seed=0):
         target = os.path.join(out, name)
         if os.path.islink(target) or os.path.isdir(target) or os.path.islink(os.path.dirname(target)):
             raise ConfigError(f"--out {out}: {target} is not a file this command wrote; nothing was replaced")
+        check_regular(target, "--out")
     return play_files(source)
 
 
@@ -235,8 +236,12 @@ def build(source, out, fraction=1.0, min_samples=0, seed=0, overwrite=False):
                "train_samples": sum(u[2] for u in users), "test_samples": sum(n - u[3] for *u, n in users),
                "unknown_characters": unknown}
     out = os.path.abspath(out)
-    make_parents(out)
-    stage = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.building-", dir=os.path.dirname(out))
+    made = make_parents(out)        # removed again where the build then fails
+    try:
+        stage = tempfile.mkdtemp(prefix=temp_prefix(out, ".building-"), dir=os.path.dirname(out))
+    except BaseException:
+        remove_folders(made)
+        raise
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -248,8 +253,11 @@ def build(source, out, fraction=1.0, min_samples=0, seed=0, overwrite=False):
         with open(os.path.join(stage, OWN_MARKER), "w", encoding="utf-8") as fh:
             json.dump(summary, fh, indent=1)
         _move_in(stage, out)
-    finally:
+    except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        remove_folders(made)
+        raise
+    shutil.rmtree(stage, ignore_errors=True)
     return summary
 
 

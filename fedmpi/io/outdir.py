@@ -36,7 +36,14 @@ from datetime import datetime, timezone
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
-from fedmpi.core.output_paths import check_place, check_store_uri
+from fedmpi.core.output_paths import (
+    FOLDER_ROOM,
+    check_length,
+    check_place,
+    check_regular,
+    check_store_uri,
+    make_folders,
+)
 from fedmpi.io.checkpoint import ckpt_dir, list_checkpoints
 from fedmpi.io.rank0 import decide
 
@@ -138,25 +145,36 @@ def claim_here(out, overwrite=False, resume=False):
     return held
 
 
-def _make_folder(out):
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"out = {_named(out)} is a file, not a folder; choose another out=...")
+def check_run_folder(out):
+    """ConfigError unless `out` may be a run's folder, with nothing made or opened: the place rule shared by
+    every command (never '', the current folder or a parent, $HOME, a repository's root, a link, a name the
+    file system cannot hold); a run only adds run.h5, ckpt/ and its lock to the folder, so other files may
+    be there, but those names must be what a run writes (a regular run.h5 and lock file, a ckpt folder)."""
     try:
-        # The place rule shared by every command (never '', the current folder or a parent, $HOME, a repository's
-        # root, a link); a run only adds run.h5, ckpt/ and its lock to the folder, so other files may be there.
+        if os.path.exists(out) and not os.path.isdir(out):
+            check_regular(out, "out =")
+            raise InputError(f"out = {_named(out)} is a file, not a folder; choose another out=...")
         check_place(out, "out =")
+        check_length(out, "out =", room=FOLDER_ROOM)
+        for name in ("run.h5", LOCK_NAME):
+            check_regular(os.path.join(out, name), "out =")
+        ckpt = ckpt_dir(out)
+        if os.path.lexists(ckpt) and (os.path.islink(ckpt) or not os.path.isdir(ckpt)):
+            raise InputError(f"out = {_named(out)}: {ckpt} is not a folder of checkpoints; fedmpi writes its "
+                             f"checkpoints there (move it away, or choose another out=...)")
+        for _, path in list_checkpoints(out) if os.path.isdir(ckpt) else ():
+            check_regular(path, "out =")     # a later checkpoint of that round would be renamed over it
     except InputError as e:
         raise ConfigError(str(e)) from None
-    made, folder = [], os.path.abspath(out)
-    while not os.path.lexists(folder):
-        made.insert(0, folder)
-        folder = os.path.dirname(folder)
+
+
+def _make_folder(out):
+    check_run_folder(out)
     try:
-        os.makedirs(out, exist_ok=True)
+        return make_folders(out)       # made folders are removed again where this fails part-way
     except OSError as e:
         raise ConfigError(f"out = {_named(out)}: cannot create this folder ({e.strerror}); choose a writable "
                           f"place with out=...") from None
-    return made
 
 
 def _lock(out):

@@ -99,7 +99,10 @@ def _check(spec, configs, datasets, workers, retry_failed, write=True) -> Plan:
     except ConfigError as e:
         problems += e.messages
         sizes = [0] * len(configs)
-    old = index.read(spec.out)
+    index_problem = index.place_problem(spec.out)     # before it is read: a FIFO there would block the read
+    if index_problem:
+        problems.append(index_problem)
+    old = {} if index_problem else index.read(spec.out)
     rows, modes = [], []
     for exp, cfg in zip(spec.experiments, configs):
         found = state.assess(cfg, retry_failed)

@@ -16,7 +16,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields
 
-from fedmpi.core.output_paths import replace_with
+from fedmpi.core.errors import InputError
+from fedmpi.core.output_paths import check_regular, replace_with
 
 INDEX_NAME = "index.csv"
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "refused", "preempted", "interrupted")
@@ -49,6 +50,19 @@ def path_of(sweep_out):
 def new_row(exp, cfg, ranks) -> Row:
     return Row(exp.name, folder=cfg.out, ranks=ranks, seed=cfg.seed,
                overrides=json.dumps({**exp.overrides, "out": cfg.out}, default=str))
+
+
+def place_problem(sweep_out) -> str:
+    """Why OUT/index.csv cannot be (re)written, or "": it is a folder, or a device node, FIFO or socket (or a
+    link to one), which the rename of `write` would replace. Checked before the index is read."""
+    path = path_of(sweep_out)
+    if os.path.isdir(path):
+        return f"{path} is a folder; the sweep writes its index there (move it away, or change the spec's out)"
+    try:
+        check_regular(path, "the sweep's index")
+    except InputError as e:
+        return str(e)
+    return ""
 
 
 def read(sweep_out) -> dict:

@@ -3,14 +3,17 @@ of the same config and length is kept (skipped); a failed or diverged one is kep
 any other run (running when its job was killed, preempted, interrupted, finished with fewer rounds) is
 continued from its newest checkpoint as `fedmpi run --resume` does, or begun again where it has none (it died
 before its first checkpoint). A folder that holds a run of another config is a refusal: the sweep does not
-start, naming the folder, so that no earlier result is replaced by a changed spec."""
+start, naming the folder, so that no earlier result is replaced by a changed spec; so is a folder that
+`fedmpi run` would refuse (fedmpi.io.outdir.check_run_folder)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
+from fedmpi.core.errors import ConfigError
 from fedmpi.io.checkpoint import list_checkpoints
+from fedmpi.io.outdir import check_run_folder
 from fedmpi.io.store import open_run
 
 FRESH, RESUME, OVERWRITE = 0, 1, 2       # how the experiment's run starts: new, --resume, --overwrite
@@ -26,7 +29,13 @@ class Found:
 
 
 def assess(cfg, retry_failed=False) -> Found:
-    """Rank 0: what `cfg.out` holds (see the module docstring)."""
+    """Rank 0: what `cfg.out` holds (see the module docstring). A folder `fedmpi run` would refuse (a file, a
+    link, run.h5 that is no regular file, ...) refuses the sweep here, before any experiment starts, and
+    before anything in it is opened."""
+    try:
+        check_run_folder(cfg.out)
+    except ConfigError as e:
+        return Found("refused", FRESH, problem="; ".join(e.messages))
     path = os.path.join(cfg.out, "run.h5")
     checkpoints = list_checkpoints(cfg.out) if os.path.isdir(cfg.out) else []
     if not os.path.lexists(path):
