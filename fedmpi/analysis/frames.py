@@ -96,7 +96,28 @@ def runs(paths, target=None, err=None):
     named on `err` (default stderr) and left out."""
     found = _as_runs(paths, err)
     pd = _pandas()
-    return pd.DataFrame([run_row(run, name, target) for run, name in zip(found, unique_names(found))])
+    df = pd.DataFrame([run_row(run, name, target) for run, name in zip(found, unique_names(found))])
+    # What the rows were looked for in, so that a summary of none can say where no run was found.
+    df.attrs["sources"] = _source_names(paths)
+    return df
+
+
+def _source_names(paths):
+    if hasattr(paths, "columns"):
+        return list(paths.attrs.get("sources", ()))
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    try:
+        return [os.fspath(p) if isinstance(p, (str, os.PathLike)) else getattr(p, "path", repr(p)) for p in paths]
+    except TypeError:
+        return [repr(paths)]
+
+
+def no_runs_error(df, what):
+    """The error of a summary or table over a table without runs: names the paths or globs `runs()` looked in."""
+    sources = list(getattr(df, "attrs", {}).get("sources", ()))
+    where = f"in {', '.join(repr(s) for s in sources)}" if sources else "in the table given"
+    return ValueError(f"{what}: no run was found {where} (no run.h5 matched; check the path or glob)")
 
 
 def rounds(source, metrics=None, per=None, err=None):
@@ -208,6 +229,8 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True):
     FIG_ci95 (half-width of the 95% confidence interval of the mean, Student's t: t(0.975, n-1) std / sqrt n;
     NaN for a single run)."""
     pd = _pandas()
+    if not len(df):
+        raise no_runs_error(df, "summary")
     by = [by] if isinstance(by, str) else list(by)
     missing = [k for k in by + [over] if k not in df.columns]
     if missing:
@@ -237,7 +260,9 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True):
             row[f"{name}_n"] = n
             row[f"{name}_ci95"] = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs["sources"] = list(df.attrs.get("sources", ()))
+    return out
 
 
 def table(summary_df, fmt="markdown", figures=None, digits=3):
@@ -245,6 +270,8 @@ def table(summary_df, fmt="markdown", figures=None, digits=3):
     "mean ± std" (`digits` decimals; a share in %, bytes in MB). fmt: markdown, or latex (booktabs)."""
     if fmt not in ("markdown", "latex"):
         raise ValueError(f"fmt = {fmt!r}: must be markdown or latex")
+    if not len(summary_df):
+        raise no_runs_error(summary_df, "table")
     names = figures or [c[:-5] for c in summary_df.columns if c.endswith("_mean")]
     keys = [c for c in summary_df.columns if not c.endswith(("_mean", "_std", "_n", "_ci95"))
             and c not in ("varies",)]
