@@ -83,6 +83,7 @@ def run_row(run, name=None, target=None):
         value = run.attrs.get(attr)
         row[column] = value.item() if hasattr(value, "item") else value
     row.update(figs.compute(run, target))
+    row["epsilon_note"] = figs.epsilon_note(run)
     row.update({k: v for k, v in flatten(run.config).items() if k not in row})
     return row
 
@@ -91,7 +92,8 @@ def runs(paths, target=None, err=None):
     """One row per run found in `paths` (files, run folders, folders of runs searched recursively, globs; or Run
     objects): `run`, `path`, `method` (fedmpi.analysis.labels), `status`, the run file's description (`version`,
     `world_size`, `nodes`, `hosts`, ...), every summary figure of fedmpi.analysis.figures (NaN where the run has
-    nothing to compute it from; with `target` also target_round and target_bytes), and every config key
+    nothing to compute it from; with `target` also target_round and target_bytes), `epsilon_note` (why the
+    model's epsilon is infinite, where a fork made it so; else None), and every config key
     flattened to a dotted column (`seed`, `algorithm.name`, `client.lr`, ...). A file that cannot be read is
     named on `err` (default stderr) and left out."""
     found = _as_runs(paths, err)
@@ -202,11 +204,16 @@ def t_quantile(dof):
 def figure_columns(df):
     """The summary figures present in a `runs()` DataFrame with at least one measured value, in figures' order."""
     names = [f.name for f in figs.FIGURES + figs.TARGET_FIGURES]
-    return [n for n in names if n in df.columns and np.isfinite(df[n].to_numpy(dtype=np.float64)).any()]
+    return [n for n in names if n in df.columns and _kept(n, df[n].to_numpy(dtype=np.float64)).any()]
+
+
+def _kept(name, values):
+    """Which values count as measured: finite ones, and an infinite epsilon (figures.UNBOUNDED)."""
+    return ~np.isnan(values) if name in figs.UNBOUNDED else np.isfinite(values)
 
 
 def config_columns(df):
-    known = {"run", "path", "method", "status", *RUN_ATTRS, *figs.DEFINITIONS}
+    known = {"run", "path", "method", "status", "epsilon_note", *RUN_ATTRS, *figs.DEFINITIONS}
     return [c for c in df.columns if c not in known and not c.startswith(RUN_ONLY_KEYS)]
 
 
@@ -252,9 +259,10 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True):
                           f"add them to by= (or group by 'method')", stacklevel=2)
         for name in names:
             values = members[name].to_numpy(dtype=np.float64)
-            values = values[np.isfinite(values)]
+            values = values[_kept(name, values)]
             n = len(values)
-            std = float(values.std(ddof=1)) if n > 1 else math.nan
+            with np.errstate(invalid="ignore"):         # the spread of infinite epsilons is NaN
+                std = float(values.std(ddof=1)) if n > 1 else math.nan
             row[f"{name}_mean"] = float(values.mean()) if n else math.nan
             row[f"{name}_std"] = std
             row[f"{name}_n"] = n
