@@ -291,6 +291,9 @@ FIGURES = (
            lambda r: finite_mean(series(r, "secagg_clipped_fraction")), "share"),
     Figure("secagg_rounds_half_clipped", "secure aggregation", "rounds in which more than half of the updates "
            "were clipped (each one warned about in the log and in run.h5)", _half_clipped_rounds, "count"),
+    Figure("secagg_zeroed_updates", "secure aggregation", "updates that were not finite (NaN or infinite) and "
+           "were masked as zeros instead, summed over the rounds (/metrics/secagg_zeroed_updates)",
+           lambda r: _secagg_sum(r, "secagg_zeroed_updates"), "count"),
     Figure("secagg_extra_up_bytes", "secure aggregation", "protocol bytes a client sends beyond its masked "
            "update (keys, shares), mean over the cohort, summed over the rounds",
            lambda r: _secagg_sum(r, "secagg_extra_up_bytes"), "bytes"),
