@@ -138,6 +138,23 @@ def claim_here(out, overwrite=False, resume=False):
     return held
 
 
+def check_claim(out, overwrite=False, resume=False):
+    """`claim_here`'s refusals, for `fedmpi run --dry-run`: the same checks, nothing made, locked or changed."""
+    if overwrite and resume:
+        raise ConfigError("--resume and --overwrite exclude each other: continue the run in out, or replace it")
+    if resume and not os.path.isdir(out):
+        raise InputError(f"--resume: no checkpoint in {_named(out)}: that folder does not exist; nothing to "
+                         f"continue (start a new run without --resume)")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"out = {_named(out)} is a file, not a folder; choose another out=...")
+    try:
+        check_place(out, "out =")
+    except InputError as e:
+        raise ConfigError(str(e)) from None
+    if os.path.isdir(out):
+        _check_contents(out, overwrite, resume)
+
+
 def _make_folder(out):
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"out = {_named(out)} is a file, not a folder; choose another out=...")
