@@ -83,7 +83,7 @@ def set_up(cfg, comm, **parts) -> Experiment:
         exp = experiment(cfg, comm, **parts)
     except Exception as e:  # noqa: BLE001 - every rank must reach the vote whatever went wrong
         error = e
-        culprit = None if isinstance(e, FedmpiError) else plugin_names.blamed(e)
+        culprit = None if isinstance(e, FedmpiError) or is_out_of_memory(e) else plugin_names.blamed(e)
         if culprit:     # a plug-in that cannot be built from this config: named by its key and class
             error = ConfigError(culprit)
         if os.environ.get("FEDMPI_DEBUG") and not isinstance(e, FedmpiError):
