@@ -58,8 +58,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-hierarchy"))
-    p.add_argument("--mpiexec", default=str(Path(sys.executable).parent / "mpiexec"))
+    p.add_argument("--mpiexec", help="the launcher (default: the one beside this Python, else on PATH)")
     args = p.parse_args(argv)
+    if args.mpiexec is None:
+        from fedmpi.analysis.batch_report import require_mpiexec
+
+        args.mpiexec = require_mpiexec("bench/hierarchy.py")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, shas = [], []

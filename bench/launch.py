@@ -42,12 +42,9 @@ reference = _sibling("reference_loop").reference     # the plain PyTorch loop, t
 # --- fedmpi runs -------------------------------------------------------------------------------------
 
 def mpiexec():
-    from fedmpi.analysis.batch_report import find_mpiexec
+    from fedmpi.analysis.batch_report import require_mpiexec
 
-    found = find_mpiexec()
-    if not found:
-        sys.exit("bench: mpiexec not found (pip install mpich, or load your site's MPI)")
-    return found
+    return require_mpiexec("bench")
 
 
 class Job:

@@ -80,10 +80,13 @@ def one(rule_name, memory):
 
 
 def table():
+    from fedmpi.analysis.batch_report import require_mpiexec
+
     print("| rule | runtime.gather_memory | chunks | rank 0 peak above start (MB) | S x d float32 (MB) | seconds |")
     print("| --- | --- | --- | --- | --- | --- |")
+    launcher = require_mpiexec("bench/robust_memory.py")
     for rule, memory in CASES:
-        proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, __file__, "--one", rule, memory],
+        proc = subprocess.run([launcher, "-n", "2", sys.executable, __file__, "--one", rule, memory],
                               capture_output=True, text=True, cwd=ROOT, timeout=1800, check=True)
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"| {r['rule']} | {r['gather_memory']} | {r['chunks']} | {r['peak_above_start_MB']:.0f} | "

@@ -70,10 +70,12 @@ def child(root, clients, out):
 
 def measure(root, clients, ranks):
     """{seconds, data_s, peak (node bound), base, samples} of one set-up at -n `ranks`."""
+    from fedmpi.analysis.batch_report import require_mpiexec
+
     out = Path(tempfile.mkdtemp(prefix="fedmpi-sk-rank-"))
     cmd = [sys.executable, __file__, "--child", str(root), str(clients), str(out)]
     if ranks > 1:
-        cmd = [shutil.which("mpiexec") or "mpiexec", "-n", str(ranks)] + cmd
+        cmd = [require_mpiexec("bench/shakespeare_setup.py"), "-n", str(ranks)] + cmd
     proc = subprocess.run(cmd, capture_output=True, text=True)
     rows = [json.loads(f.read_text()) for f in sorted(out.glob("rank-*.json"))]
     shutil.rmtree(out, ignore_errors=True)

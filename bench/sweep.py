@@ -81,7 +81,9 @@ def _text(value):
 
 
 def _launch(args, command, log):
-    mpiexec = os.environ.get("MPIEXEC", shutil.which("mpiexec") or "mpiexec")
+    from fedmpi.analysis.batch_report import require_mpiexec
+
+    mpiexec = os.environ.get("MPIEXEC") or require_mpiexec("bench/sweep.py", "or set MPIEXEC")
     cmd = [mpiexec, "-n", str(args.np), *command]
     began = time.monotonic()
     with open(log, "a") as fh:

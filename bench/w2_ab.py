@@ -86,9 +86,9 @@ def main(argv=None):
     mpiexec = None
     if args.ranks > 1:
         sys.path.insert(0, str(ROOT))
-        from fedmpi.analysis.batch_report import find_mpiexec
+        from fedmpi.analysis.batch_report import require_mpiexec
 
-        mpiexec = find_mpiexec() or sys.exit("w2_ab: mpiexec not found")
+        mpiexec = require_mpiexec("w2_ab", "or pass --ranks 1")
     with tempfile.TemporaryDirectory(prefix="fedmpi-w2ab-") as tmp:
         trees = {key: export(commit, Path(tmp) / key) for key, commit in (("a", args.a), ("b", args.b))}
         figures = {"a": [], "b": []}

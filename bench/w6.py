@@ -132,7 +132,9 @@ def fit(rows, cores=None, with_bytes=True):
 
 def run(base, rounds=ROUNDS, ranks=W6_RANKS, models=tuple(MODELS), protocols=tuple(PROTOCOLS), mpiexec=None):
     """Every W6 row and the fits per protocol; returns (table rows, records)."""
-    mpiexec = mpiexec or shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    from fedmpi.analysis.batch_report import require_mpiexec
+
+    mpiexec = mpiexec or require_mpiexec("bench/w6.py")
     records = []
     for protocol, model, n in plan(ranks, models, protocols):
         r = measure(protocol, model, n, base / protocol / model / f"n{n}", mpiexec, rounds)

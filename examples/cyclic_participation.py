@@ -10,6 +10,7 @@ replacement from its own stream (seed, SELECT, round, CYCLIC). Every rank draws 
 import numpy as np
 
 from fedmpi.core import rng
+from fedmpi.core.config_checks import Range
 from fedmpi.plans.base import Participation
 
 CYCLIC = 7      # the key after (seed, SELECT, round) of this provider's stream
@@ -18,12 +19,14 @@ CYCLIC = 7      # the key after (seed, SELECT, round) of this provider's stream
 class Cyclic(Participation):
     reads = ("seed", "partition", "server", "participation")   # the sections build() takes
     uses = ("groups",)                                         # the participation.keys it reads
+    RANGES = {"groups": Range(1, 10 ** 8)}                     # checked at set-up: 0 groups divides by zero
+    INTEGERS = ("groups",)
     protocols = ("reduce", "gather")                           # the algorithm families it plans for
 
     @classmethod
     def build(cls, setting, *, seed, partition, server, participation):
         return cls(setting.algo, seed=seed, num_clients=partition.clients,
-                   clients_per_round=server.clients_per_round, groups=int(participation.keys.get("groups", 2)))
+                   clients_per_round=server.clients_per_round, groups=participation.keys.get("groups", 2))
 
     def __init__(self, algo, *, seed, num_clients, clients_per_round, groups):
         super().__init__(algo, seed=seed, num_clients=num_clients, clients_per_round=clients_per_round)

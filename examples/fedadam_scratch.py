@@ -13,12 +13,13 @@ file shows how an algorithm owns its server-side step and state.
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from fedmpi.algorithms.base import AlgorithmKeys, Reduce, weighted_mean_update
 from fedmpi.algorithms.state import ServerVectors
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range, factor
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class FedAdamScratchKeys(AlgorithmKeys):
     """Decay of the second moment v."""
     tau: float = 1e-3
     """Adaptivity: v starts at tau^2 and tau is added to sqrt(v)."""
+
+    # checked when the config is built, as fedmpi's own sections' ranges are
+    RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "beta1": Range(0, 1, high_open=True),
+                              "beta2": Range(0, 1, high_open=True), "tau": Range(1e-12, 1.0)}
 
     def __post_init__(self):
         c = Checks("algorithm")

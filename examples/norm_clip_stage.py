@@ -8,6 +8,7 @@ clipped uploads reaches /metrics/norm_clip_fraction through the stage's two sums
 
 import torch
 
+from fedmpi.core.config_checks import Range
 from fedmpi.uploads.base import UploadStage
 
 
@@ -16,6 +17,8 @@ class NormClip(UploadStage):
     order = 25                  # after compression (20), before privacy (30) and secure aggregation (40)
     reads = ("uploads",)        # the sections build() takes: here its keys, uploads.keys
     uses = ("max_norm",)        # the uploads.keys it reads; another key set is refused
+    # checked at set-up: a bound > 0 and finite (1e30 is above any update's norm: nothing is clipped)
+    RANGES = {"max_norm": Range(0, 1e30, "a larger bound clips nothing more", low_open=True)}
     up_scalars = 2              # its sums in the round's reduction: uploads clipped, uploads counted
     columns = ("clip_factor",)  # its per-client figure, /clients/clip_factor
     works_with_secure_aggregation = True    # it bounds each update before the update is masked

@@ -181,7 +181,7 @@ def _run(args):
         raise ConfigError("--fork-from and --resume exclude each other: a fork starts a new run in out; "
                           "continue a fork later with --resume")
     if args.dry_run:
-        return _dry_run(cfg)
+        return _dry_run(cfg, args)
     signals.install()       # from here on SIGTERM/SIGUSR1 are stop requests, even during the slow imports
     from fedmpi.io.outdir import claim
     from fedmpi.mpi.comm import make_comm
@@ -219,8 +219,9 @@ def _sweep(args):
     return sweep_command(args.spec, retry_failed=args.retry_failed, dry_run=args.dry_run)
 
 
-def _dry_run(cfg):
-    """The checks a run makes (fedmpi.run.resolve, on the data set and model it would build) and what it would
+def _dry_run(cfg, args):
+    """The checks a run makes (fedmpi.run.resolve, on the data set and model it would build; the start's checks
+    of out and of the checkpoint --resume or --fork-from would load, fedmpi.run.start_checks) and what it would
     do: the model, the partition, the robust path, privacy, secure aggregation, the attack, the memory."""
     from fedmpi.algorithms import algorithm_context
     from fedmpi.analysis.report import partition_summary, server_summary
@@ -238,11 +239,13 @@ def _dry_run(cfg):
     from fedmpi.run.memory import dry_run_lines as memory_lines
     from fedmpi.run.memory import preflight
     from fedmpi.run.resolve import resolve
+    from fedmpi.run.start_checks import check_start, check_start_model
     from fedmpi.secagg.stage import dry_run_lines as secagg_lines
 
     print(cfg.to_yaml())
     check_place(cfg.out, "out =")       # the place rule a real run applies, before anything is loaded
     check_tracker_store(cfg)
+    start = check_start(cfg, args.overwrite, args.resume, args.fork_from)
     # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
     # reason, not a MemoryError from making the data set or the model (synthetic's size is the config's).
     dataset = None if cfg.data.name == "synthetic" else load_dataset(cfg)
@@ -258,6 +261,7 @@ def _dry_run(cfg):
     module = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
     probe = forward_probe(module, dataset.x_train)
     flat = FlatModel(module)
+    check_start_model(start, cfg, flat.dim)
     plan = resolve(cfg, DataShape.of(dataset), flat.describe(probe))      # what a real run refuses, refused here
     personal = split_of(flat.entries, flat.dim, plan.personal) if plan.personal else None
     algo = plan.algorithm.create(cfg.algorithm, algorithm_context(cfg, flat.dim, flat.n_params, split=personal))

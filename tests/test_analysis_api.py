@@ -232,3 +232,15 @@ def test_the_personalization_tool_reads_a_users_runs_and_keeps_fine_tuning_apart
     assert rows["shards2", "FedAvg+FT"]["seeds"] == 2
     assert tool.verdict(list(rows.values()), "shards2", "FedAvg+FT")[0] == "holds"
     assert tool.verdict(list(rows.values()), "shards2", "Ditto")[0] == "not run"
+
+
+def test_summary_and_table_of_a_glob_that_matched_nothing_say_no_run_was_found(tmp_path):
+    """H13: summary or table over runs() of a glob that matched nothing raised a KeyError naming the columns
+    'method, seed' as missing and listing none, instead of saying that no run was found."""
+    pattern = str(tmp_path / "nothing" / "*")
+    df = a.runs(pattern)
+    assert len(df) == 0
+    for call in (lambda: a.summary(df), lambda: a.table(a.summary(df)), lambda: a.table(df)):
+        with pytest.raises(ValueError, match="no run was found") as caught:
+            call()
+        assert repr(pattern) in str(caught.value)

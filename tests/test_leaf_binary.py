@@ -245,4 +245,5 @@ def test_the_fedskip_tool_finds_mpiexec_beside_python_or_exits_2_with_one_line(m
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no mpiexec" in err and "--ranks 1" in err
     (tmp_path / "mpiexec").write_text("#!/bin/sh\n")
+    (tmp_path / "mpiexec").chmod(0o755)         # a launcher is an executable (shutil.which's rule)
     assert tool.mpiexec() == str(tmp_path / "mpiexec")

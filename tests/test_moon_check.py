@@ -52,7 +52,7 @@ def test_overwrite_with_moon_on_lr_exits_2_with_one_line_and_touches_nothing(fin
 
 def test_dry_run_refuses_it_too(finished, capsys):
     cfg, out, before = finished
-    assert main(["run", str(cfg), MOON, "--dry-run"]) == 2
+    assert main(["run", str(cfg), MOON, "--overwrite", "--dry-run"]) == 2     # as the real start above
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
     assert_names_the_problem(lines[0])

@@ -213,7 +213,7 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
     stage.begin(plan, StageView(plan))
     down = torch.randn(dim, generator=torch.Generator().manual_seed(99)) * 0.1
     expected = np.zeros(dim, dtype=np.int64)
-    acc = torch.zeros(dim + 2, dtype=torch.float64)
+    acc = torch.zeros(dim + stage.up_scalars, dtype=torch.float64)
     total = stage.zeros()
     for cid in selected[counted]:
         model = VecModel(dim)
@@ -237,6 +237,7 @@ def test_the_stage_decodes_the_sum_of_the_survivors_quantized_updates_bit_for_bi
     assert figures["secagg_failed"] == 0 and figures["secagg_survivors"] == 4 and figures["secagg_dropped"] == 2
     assert figures["secagg_messages"] == 4 * 6 + 3 * 4
     assert figures["secagg_clipped_fraction"] == 1.0        # norms ~ 0.3 sqrt(40) > clip 0.5
+    assert figures["secagg_zeroed_updates"] == 0.0          # every update finite
 
 
 def test_the_stage_fails_the_round_below_the_threshold(tmp_path):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,13 +42,9 @@ def full_build(data):
 
 def mpiexec():
     """The launcher beside this Python (a venv's, as `make` installs it with MPICH), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.is_file() else shutil.which("mpiexec")
-    if found is None:
-        print(f"fedskip_shakespeare_full: no mpiexec beside {sys.executable} or on PATH; install an MPI "
-              "(pip install mpich) or pass --ranks 1", file=sys.stderr)
-        sys.exit(2)
-    return found
+    from fedmpi.analysis.batch_report import require_mpiexec
+
+    return require_mpiexec("fedskip_shakespeare_full", "or pass --ranks 1")
 
 
 def run(method, rounds, steps, ranks, data, eval_samples, out):

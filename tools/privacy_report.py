@@ -25,6 +25,7 @@ import yaml
 
 from fedmpi import __version__, analysis
 from fedmpi.analysis import batch_report, report
+from fedmpi.analysis.figures import model_epsilon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "jobs", "configs", "privacy")
@@ -91,7 +92,7 @@ def table_rows(groups):
             members = groups[method, eps]
             summary = analysis.group_summary(members)
             z = [float(r.attrs["privacy_noise_multiplier"]) for r in members if "privacy_noise_multiplier" in r.attrs]
-            reached = [float(r.metrics["epsilon"][-1]) for r in members if "epsilon" in r.metrics]
+            reached = [model_epsilon(r) for r in members if "epsilon" in r.metrics]
             clipped = _clipped(members)
             rows.append({"method": label, "epsilon": "∞ (no DP)" if math.isinf(eps) else f"{eps:g}",
                          "noise multiplier": f"{z[0]:.3f}" if z else "-",

@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from fedmpi import analysis
+from fedmpi.analysis.batch_report import require_mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
 COHORT, CLIP = 10, 1.0
@@ -69,7 +70,7 @@ def main(argv=None):
     cmd = [sys.executable, str(ROOT / "tools" / "run_batch.py"), *map(str, configs), "--seeds",
            *map(str, args.seeds), "--out-root", str(out), "--skip-finished"]
     if args.n > 1:
-        cmd = ["mpiexec", "-n", str(args.n), *cmd]
+        cmd = [require_mpiexec("secagg_bits", "or pass -n 1"), "-n", str(args.n), *cmd]
     subprocess.run(cmd, check=True, cwd=ROOT)
     print("| setting | b | scale | final acc | best acc | clipped | masked bytes / client |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -24,6 +24,18 @@ def find_mpiexec():
     return shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
 
+def require_mpiexec(script, hint=""):
+    """find_mpiexec's launcher for a tool or benchmark called SCRIPT; without one, one line naming where it
+    was looked for and exit 2 (a FileNotFoundError traceback otherwise, when the venv's bin is not on PATH).
+    `hint`: what else the user may do, e.g. "or pass --ranks 1"."""
+    found = find_mpiexec()
+    if found is None:
+        print(f"{script}: no mpiexec beside {sys.executable} or on PATH; install an MPI (pip install mpich)"
+              f"{' ' + hint if hint else ''}", file=sys.stderr)
+        raise SystemExit(2)
+    return found
+
+
 def add_options(p, runs, docs_help, seeds=(0, 1), rounds=None, np=3,
                 rounds_help="rounds per run (default: the configs')", seeds_help=None, np_help=None):
     """The options every report script has: --rounds --seeds --np --runs --docs --threads --reuse --report-only."""
@@ -55,9 +67,7 @@ def launch(script, args, configs, out_root, rounds=None):
     """Every config once per seed of `args.seeds` in one `mpiexec -n args.np` launch of tools/run_batch.py
     into OUT_ROOT/<config>-seed<S> (finished runs kept with --reuse); `rounds` overrides the configs' and
     `args.threads` the torch threads. Returns the launch's wall seconds; SystemExit naming SCRIPT if it fails."""
-    mpiexec = find_mpiexec()
-    if not mpiexec:
-        raise SystemExit(f"{script}: no mpiexec found (pip install mpich, or load your MPI)")
+    mpiexec = require_mpiexec(script)
     overrides = ([f"rounds={rounds}"] if rounds is not None else []) + (
         [f"runtime.threads={args.threads}"] if args.threads else [])
     cmd = [mpiexec, "-n", str(args.np), sys.executable, RUN_BATCH, *configs, "--seeds", *map(str, args.seeds),

@@ -73,6 +73,8 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             return EXIT_USAGE
     notes = []
     rows = sweep_rows(runs, by, target, notes) if by else report.summarize(runs, target)
+    # an infinite epsilon says why in the run file; the report says it too
+    notes += [f"{run.name}: {note}" for run in runs if (note := figures.epsilon_note(run))]
     print(tables(rows, by, fmt), file=out)
     for note in notes:
         print(("% " if fmt == "latex" else "") + f"note: {note}", file=out)
@@ -100,7 +102,8 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
 # --- tables -----------------------------------------------------------------------------------------------
 
 def _measured(rows, name):
-    return any(isinstance(r.get(name), (int, float)) and np.isfinite(r[name]) for r in rows)
+    """Some row measured it: NaN is "not recorded"; an infinite value (an unbounded epsilon) is a measurement."""
+    return any(isinstance(r.get(name), (int, float)) and not np.isnan(r[name]) for r in rows)
 
 
 def present(rows, names):
@@ -132,7 +135,8 @@ def csv_rows(rows, by=()):
     """The CSV's rows: every column of the table and every family's figures that some row measured (a
     grouped row's FIGURE_std beside each FIGURE)."""
     names = present(rows, [f.name for f in figures.FIGURES + figures.TARGET_FIGURES])
-    keys = [k for k in rows[0] if k not in figures.DEFINITIONS and not k.endswith("_std")]
+    keys = [k for k in rows[0] if k not in figures.DEFINITIONS and not k.endswith("_std") and k != "epsilon_note"]
+    keys += ["epsilon_note"] if any("epsilon_note" in r for r in rows) else []
     columns = keys + [c for n in names for c in ((n, n + "_std") if by else (n,))]
     return [{c: _csv_value(c, r.get(c, np.nan)) for c in columns} for r in rows]
 

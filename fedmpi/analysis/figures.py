@@ -159,6 +159,46 @@ def _attr_number(run, name):
         return math.nan
 
 
+# The run attributes of the mechanisms with an accountant (client-level DP, secure aggregation's distributed
+# noise): `{prefix}_epsilon` bounds the released model, `{prefix}_epsilon_rounds` the noised rounds alone where
+# a fork turned the mechanism on part-way (fedmpi.uploads.forked).
+EPSILON_PREFIXES = ("privacy", "secagg")
+
+
+def model_epsilon(run):
+    """The whole model's epsilon as run.h5 records it: infinite for a fork that turned the noise on part-way
+    (its note says why). A run file without the attribute: the last per-round /metrics/epsilon."""
+    for prefix in EPSILON_PREFIXES:
+        if f"{prefix}_epsilon" in run.attrs:
+            return _attr_number(run, f"{prefix}_epsilon")
+    return last(series(run, "epsilon"))
+
+
+def epsilon_note(run):
+    """Why the model's epsilon is infinite where a fork made it so (run.h5's `{prefix}_epsilon_note`), else None."""
+    for prefix in EPSILON_PREFIXES:
+        note = run.attrs.get(f"{prefix}_epsilon_note")
+        if note is not None:
+            return note.decode() if isinstance(note, bytes) else str(note)
+    return None
+
+
+def noised_rounds_epsilon(run):
+    """The epsilon of the rounds that had the noise: a fork's `{prefix}_epsilon_rounds`, else the model's."""
+    for prefix in EPSILON_PREFIXES:
+        if f"{prefix}_epsilon_rounds" in run.attrs:
+            return _attr_number(run, f"{prefix}_epsilon_rounds")
+    return model_epsilon(run)
+
+
+def _delta(run):
+    """privacy_delta; secure aggregation's distributed noise keeps its delta in the config (secagg.delta)."""
+    if "privacy_delta" in run.attrs:
+        return _attr_number(run, "privacy_delta")
+    value = _config(run, "secagg.delta")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
 def _dropouts(run):
     """Clients that dropped out (deployment realism: /clients/dropped), summed over rounds."""
     if "returned" not in run.metrics and "sim_time_s" not in run.metrics:
@@ -236,10 +276,14 @@ FIGURES = (
            "mean over the rounds", lambda r: finite_mean(series(r, "detect_precision")), "share"),
     Figure("detect_recall", "robustness", "share of the malicious clients the aggregator excluded, mean over "
            "the rounds", lambda r: finite_mean(series(r, "detect_recall")), "share"),
-    Figure("epsilon", "privacy", "the privacy budget epsilon spent by the end of the run (at privacy_delta)",
-           lambda r: last(series(r, "epsilon")), "number"),
+    Figure("epsilon", "privacy", "the whole model's privacy guarantee epsilon (at privacy_delta), as run.h5 "
+           "records it (privacy_epsilon or secagg_epsilon): infinite for a fork that turned the noise on part-way",
+           model_epsilon, "number"),
+    Figure("noised_rounds_epsilon", "privacy", "the epsilon of the noised rounds alone: for such a fork its "
+           "privacy_epsilon_rounds (secagg_epsilon_rounds), what /metrics/epsilon ends at; else equal to epsilon",
+           noised_rounds_epsilon, "number"),
     Figure("privacy_delta", "privacy", "the delta of (epsilon, delta)",
-           lambda r: _attr_number(r, "privacy_delta") if "epsilon" in r.metrics else math.nan, "number"),
+           lambda r: _delta(r) if "epsilon" in r.metrics else math.nan, "number"),
     Figure("dp_clipped_fraction", "privacy", "share of the clients' updates the DP mechanism clipped, mean over "
            "the rounds", lambda r: finite_mean(series(r, "dp_clipped_fraction")), "share"),
     Figure("secagg_clipped_fraction", "secure aggregation", "share of the clients' updates clipped to "
@@ -247,6 +291,9 @@ FIGURES = (
            lambda r: finite_mean(series(r, "secagg_clipped_fraction")), "share"),
     Figure("secagg_rounds_half_clipped", "secure aggregation", "rounds in which more than half of the updates "
            "were clipped (each one warned about in the log and in run.h5)", _half_clipped_rounds, "count"),
+    Figure("secagg_zeroed_updates", "secure aggregation", "updates that were not finite (NaN or infinite) and "
+           "were masked as zeros instead, summed over the rounds (/metrics/secagg_zeroed_updates)",
+           lambda r: _secagg_sum(r, "secagg_zeroed_updates"), "count"),
     Figure("secagg_extra_up_bytes", "secure aggregation", "protocol bytes a client sends beyond its masked "
            "update (keys, shares), mean over the cohort, summed over the rounds",
            lambda r: _secagg_sum(r, "secagg_extra_up_bytes"), "bytes"),
@@ -261,6 +308,9 @@ FIGURES = (
            "rounds", _dropouts, "count"),
 )
 BY_NAME = {f.name: f for f in FIGURES}
+# Figures whose infinite value is an answer (no epsilon bounds the model), not a failed measurement: summaries
+# keep it (a group's mean is then infinite) where they leave out an infinite loss.
+UNBOUNDED = ("epsilon", "noised_rounds_epsilon")
 # A target accuracy (`--target ACC`) adds these two.
 TARGET_FIGURES = (
     Figure("target_round", "accuracy", "first round (1-based) whose test accuracy reaches the target", None, "round"),

@@ -83,6 +83,7 @@ def run_row(run, name=None, target=None):
         value = run.attrs.get(attr)
         row[column] = value.item() if hasattr(value, "item") else value
     row.update(figs.compute(run, target))
+    row["epsilon_note"] = figs.epsilon_note(run)
     row.update({k: v for k, v in flatten(run.config).items() if k not in row})
     return row
 
@@ -91,12 +92,34 @@ def runs(paths, target=None, err=None):
     """One row per run found in `paths` (files, run folders, folders of runs searched recursively, globs; or Run
     objects): `run`, `path`, `method` (fedmpi.analysis.labels), `status`, the run file's description (`version`,
     `world_size`, `nodes`, `hosts`, ...), every summary figure of fedmpi.analysis.figures (NaN where the run has
-    nothing to compute it from; with `target` also target_round and target_bytes), and every config key
+    nothing to compute it from; with `target` also target_round and target_bytes), `epsilon_note` (why the
+    model's epsilon is infinite, where a fork made it so; else None), and every config key
     flattened to a dotted column (`seed`, `algorithm.name`, `client.lr`, ...). A file that cannot be read is
     named on `err` (default stderr) and left out."""
     found = _as_runs(paths, err)
     pd = _pandas()
-    return pd.DataFrame([run_row(run, name, target) for run, name in zip(found, unique_names(found))])
+    df = pd.DataFrame([run_row(run, name, target) for run, name in zip(found, unique_names(found))])
+    # What the rows were looked for in, so that a summary of none can say where no run was found.
+    df.attrs["sources"] = _source_names(paths)
+    return df
+
+
+def _source_names(paths):
+    if hasattr(paths, "columns"):
+        return list(paths.attrs.get("sources", ()))
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    try:
+        return [os.fspath(p) if isinstance(p, (str, os.PathLike)) else getattr(p, "path", repr(p)) for p in paths]
+    except TypeError:
+        return [repr(paths)]
+
+
+def no_runs_error(df, what):
+    """The error of a summary or table over a table without runs: names the paths or globs `runs()` looked in."""
+    sources = list(getattr(df, "attrs", {}).get("sources", ()))
+    where = f"in {', '.join(repr(s) for s in sources)}" if sources else "in the table given"
+    return ValueError(f"{what}: no run was found {where} (no run.h5 matched; check the path or glob)")
 
 
 def rounds(source, metrics=None, per=None, err=None):
@@ -181,11 +204,16 @@ def t_quantile(dof):
 def figure_columns(df):
     """The summary figures present in a `runs()` DataFrame with at least one measured value, in figures' order."""
     names = [f.name for f in figs.FIGURES + figs.TARGET_FIGURES]
-    return [n for n in names if n in df.columns and np.isfinite(df[n].to_numpy(dtype=np.float64)).any()]
+    return [n for n in names if n in df.columns and _kept(n, df[n].to_numpy(dtype=np.float64)).any()]
+
+
+def _kept(name, values):
+    """Which values count as measured: finite ones, and an infinite epsilon (figures.UNBOUNDED)."""
+    return ~np.isnan(values) if name in figs.UNBOUNDED else np.isfinite(values)
 
 
 def config_columns(df):
-    known = {"run", "path", "method", "status", *RUN_ATTRS, *figs.DEFINITIONS}
+    known = {"run", "path", "method", "status", "epsilon_note", *RUN_ATTRS, *figs.DEFINITIONS}
     return [c for c in df.columns if c not in known and not c.startswith(RUN_ONLY_KEYS)]
 
 
@@ -208,6 +236,8 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True):
     FIG_ci95 (half-width of the 95% confidence interval of the mean, Student's t: t(0.975, n-1) std / sqrt n;
     NaN for a single run)."""
     pd = _pandas()
+    if not len(df):
+        raise no_runs_error(df, "summary")
     by = [by] if isinstance(by, str) else list(by)
     missing = [k for k in by + [over] if k not in df.columns]
     if missing:
@@ -229,15 +259,18 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True):
                           f"add them to by= (or group by 'method')", stacklevel=2)
         for name in names:
             values = members[name].to_numpy(dtype=np.float64)
-            values = values[np.isfinite(values)]
+            values = values[_kept(name, values)]
             n = len(values)
-            std = float(values.std(ddof=1)) if n > 1 else math.nan
+            with np.errstate(invalid="ignore"):         # the spread of infinite epsilons is NaN
+                std = float(values.std(ddof=1)) if n > 1 else math.nan
             row[f"{name}_mean"] = float(values.mean()) if n else math.nan
             row[f"{name}_std"] = std
             row[f"{name}_n"] = n
             row[f"{name}_ci95"] = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs["sources"] = list(df.attrs.get("sources", ()))
+    return out
 
 
 def table(summary_df, fmt="markdown", figures=None, digits=3):
@@ -245,6 +278,8 @@ def table(summary_df, fmt="markdown", figures=None, digits=3):
     "mean ± std" (`digits` decimals; a share in %, bytes in MB). fmt: markdown, or latex (booktabs)."""
     if fmt not in ("markdown", "latex"):
         raise ValueError(f"fmt = {fmt!r}: must be markdown or latex")
+    if not len(summary_df):
+        raise no_runs_error(summary_df, "table")
     names = figures or [c[:-5] for c in summary_df.columns if c.endswith("_mean")]
     keys = [c for c in summary_df.columns if not c.endswith(("_mean", "_std", "_n", "_ci95"))
             and c not in ("varies",)]

@@ -163,7 +163,7 @@ def _privacy(ax, groups, colors):
     for label, members in groups.items():
         if not all("epsilon" in r.metrics for r in members):
             continue            # no privacy accountant in this group: no epsilon to put it at
-        eps = np.array([figures.last(figures.series(r, "epsilon")) for r in members])
+        eps = np.array([figures.model_epsilon(r) for r in members])
         acc = np.array([figures.last(figures.series(r, "test_acc")) for r in members])
         keep = np.isfinite(acc)
         if not keep.any():

@@ -173,7 +173,13 @@ def summarize(runs, target=None):
     and the bytes moved until the test accuracy first reached it."""
     return [{"run": run.name, "method": run.method,
              "algorithm": str(run.attrs.get("algorithm", algorithm_name(run.config))),
-             "status": str(run.attrs.get("status", "?")), **figures.compute(run, target)} for run in runs]
+             "status": str(run.attrs.get("status", "?")), **figures.compute(run, target),
+             **_note(run)} for run in runs]
+
+
+def _note(run):
+    note = figures.epsilon_note(run)
+    return {"epsilon_note": note} if note else {}
 
 
 def _fmt(key, v):

@@ -34,7 +34,7 @@ def present_figures(runs, target=None):
     rows = report.summarize(runs, target)
     core = [f for f in SWEEP_FIGURES if target is not None or not f.startswith("target_")]
     others = [f.name for f in figures.FIGURES if f.name not in core and f.name not in ("rounds_done", "emd")
-              and any(np.isfinite(r[f.name]) for r in rows)]
+              and any(not np.isnan(r[f.name]) for r in rows)]
     return core + others
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from fedmpi.core.config_checks import show
+from fedmpi.core.config_checks import Range, show
 from fedmpi.core.errors import ConfigError
 
 
@@ -65,12 +65,19 @@ def import_attr(module, attr):
     return obj
 
 
+# The plug-in modules loaded in this process: module name -> (config key, the name it was given as), so that an
+# error raised inside one can be blamed on the key that named it (`blame`).
+_LOADED = {}
+
+
 def guarded_import(get, key, what, module, kind="function or class"):
     """`get()`, with whatever the import raises turned into a ConfigError naming `key`, `what` and the module
     (a KeyboardInterrupt excepted): the one guard of every plug-in (algorithms, data sets, models)."""
     where = f"module {module!r}"
     try:
-        return get()
+        found = get()
+        _LOADED[getattr(found, "__module__", None) or module] = (key, what)
+        return found
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"{key}: cannot load {what}: {type(e).__name__}: {_first(e)}") from None
     except SystemExit as e:
@@ -78,6 +85,32 @@ def guarded_import(get, key, what, module, kind="function or class"):
                           f"plug-in module must define its {kind}, not exit") from None
     except Exception as e:  # noqa: BLE001 - any error in a plug-in's own import code is the plug-in's
         raise ConfigError(f"{key} = {what}: importing {where} failed: {type(e).__name__}: {_first(e)}") from None
+
+
+def blame(error):
+    """`KEY = NAME: Class.method` of the plug-in the error was raised in (the outermost frame of its traceback
+    whose code is a loaded plug-in's module, or whose `self`/`cls` is a plug-in's instance or class: a method
+    the plug-in inherited), or None where no plug-in's code was on the way."""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        owner = frame.f_locals.get("self", frame.f_locals.get("cls"))
+        owner_cls = owner if isinstance(owner, type) else type(owner) if owner is not None else None
+        for module in (getattr(owner_cls, "__module__", None), frame.f_globals.get("__name__")):
+            if module in _LOADED:
+                key, what = _LOADED[module]
+                code = frame.f_code
+                name = (f"{owner_cls.__name__}.{code.co_name}" if owner_cls is not None
+                        else getattr(code, "co_qualname", code.co_name))
+                return f"{key} = {what}: {name}"
+        tb = tb.tb_next
+    return None
+
+
+def blamed(error):
+    """The error's one line with the plug-in it was raised in named first (`blame`); None without one."""
+    culprit = blame(error)
+    return f"{culprit} raised {type(error).__name__}: {_first(error)}" if culprit else None
 
 
 def _first(error):
@@ -116,6 +149,24 @@ def load_subclass(name, group, key, base):
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise ConfigError(f"{key} = {name!r}: {cls!r} is not a subclass of {base.__module__}.{base.__qualname__}")
     return cls
+
+
+def key_problems(cls, keys, section):
+    """The values of a plug-in's free-form keys (`section`: e.g. 'participation.keys') outside what the class
+    declares: `RANGES` ({key: fedmpi.core.config_checks.Range}) and `INTEGERS` (keys that must be integers);
+    one line each. Checked at set-up and by --dry-run, so that a value the plug-in cannot compute with (a
+    divisor of 0) is refused naming its key instead of failing in round 1."""
+    ranges, integers = getattr(cls, "RANGES", {}), getattr(cls, "INTEGERS", ())
+    found = []
+    for key, value in keys.items():
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        rng = ranges.get(key)
+        if key in integers and not integer:
+            found.append(f"{section}.{key} = {show(value)}: "
+                         + (rng.describe(True) if isinstance(rng, Range) else "must be an integer"))
+        elif isinstance(rng, Range) and not rng.holds(value):
+            found.append(f"{section}.{key} = {show(value)}: {rng.describe(key in integers, value)}")
+    return found
 
 
 def check_names(cls, attr, where, allowed=None, what="key names"):

@@ -145,6 +145,18 @@ def claim_here(out, overwrite=False, resume=False):
     return held
 
 
+def check_claim(out, overwrite=False, resume=False):
+    """`claim_here`'s refusals, for `fedmpi run --dry-run`: the same checks, nothing made, locked or changed."""
+    if overwrite and resume:
+        raise ConfigError("--resume and --overwrite exclude each other: continue the run in out, or replace it")
+    if resume and not os.path.isdir(out):
+        raise InputError(f"--resume: no checkpoint in {_named(out)}: that folder does not exist; nothing to "
+                         f"continue (start a new run without --resume)")
+    check_run_folder(out)
+    if os.path.isdir(out):
+        _check_contents(out, overwrite, resume)
+
+
 def check_run_folder(out):
     """ConfigError unless `out` may be a run's folder, with nothing made or opened: the place rule shared by
     every command (never '', the current folder or a parent, $HOME, a repository's root, a link, a name the

@@ -7,6 +7,8 @@ the seed, the round and the state it saves (`state`/`load_state`), the same on e
 `provider_class` holds it to that when it is loaded (exit 2 naming participation.name):
   reads                      the config sections (or top-level values: seed, rounds) its `build` takes
   uses                       the `participation.keys` it reads (another one set is refused)
+  RANGES, INTEGERS           optional: {key: Range} and the keys that must be integers, checked at set-up
+                             (fedmpi.core.plugin_names.key_problems)
   build(setting, **sections) the provider (a classmethod)
   protocols                  the algorithm families it plans for (default ("reduce",))
   works_with_dp              its plans may be accounted by privacy's accountant (fixed-size sampling of
@@ -61,6 +63,8 @@ def problems(participation, sections, *, protocol, privacy, sampling, deployment
         if key not in cls.uses:
             found.append(f"participation.keys.{key} = {participation.keys[key]!r}: is not read by {name} (it "
                          f"reads: {', '.join(cls.uses) or 'no key'})")
+    found += plugin_names.key_problems(cls, {k: v for k, v in participation.keys.items() if k in cls.uses},
+                                       "participation.keys")
     if protocol not in cls.protocols:
         found.append(f"{where} plans for the {', '.join(cls.protocols)} protocol(s); this algorithm uploads by "
                      f"{protocol!r}")

@@ -37,10 +37,11 @@ import time
 import traceback
 
 import fedmpi.round.engine as engine
-from fedmpi.core import console
+from fedmpi.core import console, plugin_names
 from fedmpi.core.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
+    ConfigError,
     Diverged,
     FedmpiError,
     Refused,
@@ -82,6 +83,9 @@ def set_up(cfg, comm, **parts) -> Experiment:
         exp = experiment(cfg, comm, **parts)
     except Exception as e:  # noqa: BLE001 - every rank must reach the vote whatever went wrong
         error = e
+        culprit = None if isinstance(e, FedmpiError) or is_out_of_memory(e) else plugin_names.blamed(e)
+        if culprit:     # a plug-in that cannot be built from this config: named by its key and class
+            error = ConfigError(culprit)
         if os.environ.get("FEDMPI_DEBUG") and not isinstance(e, FedmpiError):
             traceback.print_exc()
     code = 0 if error is None else (error.exit_code if isinstance(error, FedmpiError) else EXIT_FAILED)
@@ -155,8 +159,9 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=N
             message = str(e) if comm.is_server else f"rank {comm.rank} failed: {e}"
             detail = message
         else:
+            culprit = plugin_names.blamed(e)
             message = (out_of_memory_text(e, comm.rank) if is_out_of_memory(e)
-                       else f"rank {comm.rank} failed: {type(e).__name__}: {e}")
+                       else f"rank {comm.rank} failed: {culprit or f'{type(e).__name__}: {e}'}")
             detail = message + "\n" + traceback.format_exc()
         _fail(comm, log, message, detail, code, tracking=tracking)
 

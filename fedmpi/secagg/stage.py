@@ -35,12 +35,14 @@ from fedmpi.secagg.protocol import masked_upload, setup, unmask
 from fedmpi.uploads.base import ORDER_SECAGG, UploadStage
 from fedmpi.uploads.forked import ForkAccounting, parent_value
 
-MASK_SECONDS, CLIPPED = 0, 1    # the stage's sums in the reduction: the clients' masking seconds, updates clipped
+# The stage's sums in the reduction: the clients' masking seconds, updates clipped, updates zeroed (a non-finite
+# update cannot be clipped into the field: it is masked as zeros, and /metrics/secagg_zeroed_updates counts it).
+MASK_SECONDS, CLIPPED, ZEROED = 0, 1, 2
 
 
 class SecAggStage(UploadStage):
     name, order = "secagg", ORDER_SECAGG
-    up_scalars = 2
+    up_scalars = 3
     own_vector_transport = True
 
     problems = staticmethod(problems)
@@ -112,8 +114,9 @@ class SecAggStage(UploadStage):
         update.vector.copy_(x + torch.from_numpy(decoded).to(update.vector.device, update.vector.dtype))
         degree = len(self.setup.graph[cid])
         clipped = 0.0 if norm <= keys.clip else 1.0      # a NaN norm counts as clipped (it was zeroed)
+        zeroed = 0.0 if math.isfinite(norm) else 1.0
         return update.adding(weight=weight, bytes=self.masked_bytes + costs.client_cost(degree, 0, True).up,
-                             encoded=y, scalars={self.name: (time.perf_counter() - began, clipped)})
+                             encoded=y, scalars={self.name: (time.perf_counter() - began, clipped, zeroed)})
 
     # -- rank 0, after the reductions -------------------------------------------------------------------
     def decode(self, plan, total, sums, weight) -> tuple:
@@ -140,7 +143,8 @@ class SecAggStage(UploadStage):
         survivors = int(view.plan.counts_mask().sum())
         mask_s, clipped = float(view.scalars[MASK_SECONDS]), float(view.scalars[CLIPPED])
         figures = {"secagg_client_mask_s": mask_s / survivors if survivors else math.nan,
-                   "secagg_clipped_fraction": clipped / survivors if survivors else math.nan}
+                   "secagg_clipped_fraction": clipped / survivors if survivors else math.nan,
+                   "secagg_zeroed_updates": float(view.scalars[ZEROED])}
         if self.curve is not None:
             figures["epsilon"] = self.fork.at(self.curve, view.plan.round)
         return sums, weight, figures

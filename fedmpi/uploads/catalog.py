@@ -10,6 +10,8 @@ what it is, and `stage_class` holds it to that when it is loaded (exit 2 naming 
                                  compression 20, privacy 30, secure aggregation 40, norm bound 50, wire 90)
   reads                          the config sections (or top-level values: seed, rounds) its `build` takes
   uses                           the `uploads.keys` it reads (a key no configured stage uses is refused)
+  RANGES, INTEGERS               optional: {key: Range} and the keys that must be integers, checked at set-up
+                                 (fedmpi.core.plugin_names.key_problems)
   build(setting, **sections)     the stage (a classmethod; it may return None to leave itself off)
   works_with_dp                  it may run under privacy.mechanism: gaussian (it keeps the clipped bound)
   works_with_secure_aggregation  it may run under server.secure_aggregation (the server sees only the sum)
@@ -71,6 +73,9 @@ def problems(uploads, sections, *, protocol, privacy, secure_aggregation) -> lis
         if key not in read:
             found.append(f"uploads.keys.{key} = {uploads.keys[key]!r}: is not read by any of uploads.stages "
                          f"({', '.join(uploads.stages)}); they read: {', '.join(sorted(read)) or 'no key'}")
+    for cls in classes:
+        found += plugin_names.key_problems(cls, {k: v for k, v in uploads.keys.items() if k in cls.uses},
+                                           "uploads.keys")
     for name, cls in zip(uploads.stages, classes):
         where = f"uploads.stages: {name!r}"
         if protocol != "reduce":
