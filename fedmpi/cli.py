@@ -228,7 +228,6 @@ def _dry_run(cfg, args):
     from fedmpi.core import rng
     from fedmpi.core.flat import FlatModel, forward_probe
     from fedmpi.core.models import build_model
-    from fedmpi.core.output_paths import check_place
     from fedmpi.core.personal import split_of
     from fedmpi.data import load_dataset
     from fedmpi.data.data_shape import DataShape
@@ -243,9 +242,8 @@ def _dry_run(cfg, args):
     from fedmpi.secagg.stage import dry_run_lines as secagg_lines
 
     print(cfg.to_yaml())
-    check_place(cfg.out, "out =")       # the place rule a real run applies, before anything is loaded
+    start = check_start(cfg, args.overwrite, args.resume, args.fork_from)    # the real start's checks, out first
     check_tracker_store(cfg)
-    start = check_start(cfg, args.overwrite, args.resume, args.fork_from)
     # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
     # reason, not a MemoryError from making the data set or the model (synthetic's size is the config's).
     dataset = None if cfg.data.name == "synthetic" else load_dataset(cfg)
