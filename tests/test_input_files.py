@@ -263,3 +263,32 @@ def test_the_cases_cover_each_kind_and_dry_run(outcomes):
     ids = list(outcomes)
     assert {"fifo", "zero", "deep"} <= {c.split(":")[1] for c in ids}
     assert any(c.endswith(":dry-run") for c in ids) and len(ids) > 150
+
+
+# --- the rule's two checks, one at a time -------------------------------------------------------------------------
+
+def test_a_file_swapped_after_the_check_by_path_is_refused_on_its_descriptor(tmp_path, monkeypatch):
+    """The check by path passed (as for a regular file replaced by a FIFO just after it): opening does not wait
+    for a writer (O_NONBLOCK) and the descriptor's fstat refuses it."""
+    from fedmpi.core import input_files
+    from fedmpi.core.errors import InputError
+
+    fifo = tmp_path / "swapped.yaml"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(input_files, "check_input", lambda *args, **kwargs: None)
+    with pytest.raises(InputError, match="swapped.yaml: a FIFO"):
+        input_files.read_input(fifo, "swapped.yaml")
+
+
+def test_reads_stop_at_the_size_and_json_depth_is_bounded(tmp_path):
+    from fedmpi.core import input_files
+    from fedmpi.core.errors import InputError
+
+    path = tmp_path / "f.json"
+    path.write_text('{"a": [[1]]}')
+    assert input_files.read_input(path, at_most=4) == b'{"a"'
+    assert input_files.parse_json(input_files.read_input(path), "f.json", max_depth=3) == {"a": [[1]]}
+    with pytest.raises(InputError, match="f.json: JSON nested deeper than 2"):
+        input_files.parse_json(path.read_text(), "f.json", max_depth=2)
+    with pytest.raises(InputError, match="f.json: JSON nested too deeply"):
+        input_files.parse_json(DEEP, "f.json")
