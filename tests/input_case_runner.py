@@ -4,10 +4,11 @@ once, then forks one child per case (the child sets RLIMIT_AS, sends its output 
 fedmpi.cli.main). A child past its time is killed (SIGKILL), so an input read forever is a failed case, never
 a hung suite.
 
-    python tests/input_case_runner.py CASES.json RESULTS.json SECONDS
+    python tests/input_case_runner.py CASES.json RESULTS.json SECONDS BUDGET
 
 CASES.json: [{"id": ..., "cwd": ..., "argv": [...]}]; RESULTS.json gets {id: {"code", "err", "hung",
-"seconds"}}, written after every case (a runner killed from outside leaves the cases it finished)."""
+"seconds"}}, written after every case (a runner killed from outside leaves the cases it finished). No case
+starts after BUDGET seconds: a regression that makes every case hang is reported within the budget."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def run_case(case, seconds, scratch):
     return {"code": code, "err": err, "hung": hung, "seconds": round(time.monotonic() - started, 2)}
 
 
-def main(cases_path, results_path, seconds):
+def main(cases_path, results_path, seconds, budget):
     import h5py  # noqa: F401
     import numpy  # noqa: F401
     import torch  # noqa: F401
@@ -95,8 +96,10 @@ def main(cases_path, results_path, seconds):
     with open(cases_path) as fh:
         cases = json.load(fh)
     scratch = os.path.dirname(os.path.abspath(results_path))
-    results = {}
+    results, started = {}, time.monotonic()
     for case in cases:
+        if time.monotonic() - started > budget:
+            break
         results[case["id"]] = run_case(case, seconds, scratch)
         with open(results_path + ".tmp", "w") as fh:
             json.dump(results, fh)
@@ -104,4 +107,4 @@ def main(cases_path, results_path, seconds):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))

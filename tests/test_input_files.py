@@ -30,6 +30,7 @@ from fedmpi.io import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE_SECONDS = float(os.environ.get("FEDMPI_INPUT_CASE_SECONDS", 60))  # "forever" is what this bound catches
+BUDGET_SECONDS = 600    # all cases (about 240, 90 s on a loaded 2-core machine); none starts after it
 DEEP = "[" * 100_000 + "]" * 100_000        # JSON and YAML (flow) alike
 BASE = {"seed": 1, "rounds": 1, "data": {"name": "synthetic"},
         "partition": {"clients": 2, "scheme": "iid", "samples_per_client": 20}, "model": {"name": "lr"},
@@ -238,8 +239,8 @@ def outcomes(finished, tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     try:
         runner = subprocess.run([sys.executable, str(Path(__file__).with_name("input_case_runner.py")), str(listing),
-                                 str(results), str(CASE_SECONDS)], cwd=base, env=env, capture_output=True, text=True,
-                                timeout=(CASE_SECONDS + 5) * len(cases))
+                                 str(results), str(CASE_SECONDS), str(BUDGET_SECONDS)], cwd=base, env=env,
+                                capture_output=True, text=True, timeout=BUDGET_SECONDS + CASE_SECONDS + 60)
         said = runner.stderr[-2000:]
     except subprocess.TimeoutExpired:
         said = "the runner ran past its time"
@@ -247,6 +248,7 @@ def outcomes(finished, tmp_path_factory):
     return {c: (found.get(c) or {"missing": said}, named) for c, _, _, named in cases}
 
 
+@pytest.mark.timeout(BUDGET_SECONDS + 300)     # the cases are made and run in the first test's set-up
 def test_every_input_refuses_a_fifo_a_device_and_a_deep_document(outcomes):
     failures = []
     for cid, (got, named) in outcomes.items():
@@ -259,6 +261,7 @@ def test_every_input_refuses_a_fifo_a_device_and_a_deep_document(outcomes):
     assert not failures, f"{len(failures)} of {len(outcomes)} cases:\n" + "\n".join(failures)
 
 
+@pytest.mark.timeout(BUDGET_SECONDS + 300)
 def test_the_cases_cover_each_kind_and_dry_run(outcomes):
     ids = list(outcomes)
     assert {"fifo", "zero", "deep"} <= {c.split(":")[1] for c in ids}
