@@ -231,6 +231,7 @@ def _dry_run(cfg, args):
     from fedmpi.core.personal import split_of
     from fedmpi.data import load_dataset
     from fedmpi.data.data_shape import DataShape
+    from fedmpi.deploy.traces import check_trace_files
     from fedmpi.io.outdir import check_tracker_store
     from fedmpi.privacy.stage import dry_run_lines as privacy_lines
     from fedmpi.round.experiment import build_partition
@@ -244,6 +245,7 @@ def _dry_run(cfg, args):
     print(cfg.to_yaml())
     start = check_start(cfg, args.overwrite, args.resume, args.fork_from)    # the real start's checks, out first
     check_tracker_store(cfg)
+    check_trace_files(cfg.clients)      # the input rule (fedmpi.core.input_files) for the trace files
     # Sizes first, from shapes and arithmetic: a config too large for this node gets its estimate and the
     # reason, not a MemoryError from making the data set or the model (synthetic's size is the config's).
     dataset = None if cfg.data.name == "synthetic" else load_dataset(cfg)

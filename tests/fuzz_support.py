@@ -296,6 +296,24 @@ def mutated(text):
         st.sampled_from([b"\xef\xbb\xbf", b"\xff\xfe", b"\x00", b"\xc3\x28", b"\t"]).map(lambda b: b + data))
 
 
+# --- files that are not regular files -------------------------------------------------------------------------
+
+# What a path may name besides a file: a FIFO (opening it waits for a writer, reading it for data that never
+# comes) and character devices without an end. Every input file of the fuzz tests is also given each of these
+# (tests/test_fuzz_inputs.py), by name, not by chance: a reader that does not refuse them hangs or fills memory.
+SPECIAL_FILES = ("fifo", "dev-zero", "dev-urandom")
+
+
+def make_special(path, kind):
+    """Replaces `path` with a FIFO or a link to /dev/zero or /dev/urandom (`SPECIAL_FILES`)."""
+    if os.path.lexists(path):
+        os.remove(path)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink("/dev/" + kind.removeprefix("dev-"), path)
+
+
 # --- keys of the wrong form -------------------------------------------------------------------------------------
 
 # YAML fragments of every form: each field is given those its declared type does not read (`wrong_form`).

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from dataset_files import write_cifar, write_leaf, write_mnist_family
 from fuzz_cases import Case, make_work, tiny
-from fuzz_support import cli, examples, mutated, quoted, yaml_text
+from fuzz_support import SPECIAL_FILES, cli, examples, make_special, mutated, quoted, snapshot, yaml_text
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -225,3 +225,57 @@ def test_generated_traces_run_or_are_refused(work, which, data):
         keys["trace_period"] = data.draw(st.sampled_from(["10", "1e-9", "1e308"]))
     path = case.config(yaml_text(tiny(case.out, clients=keys), {}))
     case.check(cli("run", path, "--overwrite"), text[:2000])
+
+
+# --- every input file above, and the config, spec and .npz, as a FIFO or a device --------------------------------
+
+def _special_site(site, case):
+    """(argv, the path to make special) of one input site, its other files valid, in the example's folder."""
+    root = case.dir / "data"
+    data = {"leaf-femnist": ("femnist", "lr"), "leaf-shakespeare": ("shakespeare", "lstm")}
+    if site in data:
+        kind, model = data[site]
+        write_leaf(root, kind, users_train=(4, 3), users_test=(2, 2), files=1)
+        path = case.config(yaml_text(tiny(case.out, data={"name": kind, "root": quoted(str(root))},
+                                          model={"name": model}, partition={"clients": "2", "scheme": "iid"}), {}))
+        return ["run", path, "--overwrite"], root / "train" / "a.json"
+    if site == "idx":
+        write_mnist_family(root, n_train=20, n_test=10)
+        path = case.config(yaml_text(tiny(case.out, data={"name": "mnist", "root": quoted(str(root))}), {}))
+        return ["run", path, "--overwrite"], root / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    if site == "cifar":
+        write_cifar(root, "cifar10", n_train=20, n_test=10)
+        path = case.config(yaml_text(tiny(case.out, data={"name": "cifar10", "root": quoted(str(root))}), {}))
+        return ["run", path, "--overwrite"], root / "cifar-10-batches-py" / "data_batch_1"
+    if site in TRACES:
+        trace = case.dir / "trace.csv"
+        keys = {"availability": {"availability": "trace", "trace": quoted(str(trace))},
+                "speed": {"speed": {"kind": "trace", "trace": quoted(str(trace))}},
+                "bandwidth": {"bandwidth": {"kind": "trace", "trace": quoted(str(trace))}}}[site]
+        return ["run", case.config(yaml_text(tiny(case.out, clients=keys), {})), "--overwrite"], trace
+    if site in ("npz", "npz --dry-run"):
+        npz = case.dir / "d.npz"
+        path = case.config(yaml_text(tiny(case.out, data={"name": "arrays", "root": quoted(str(npz))}), {}))
+        return ["run", path, "--overwrite", *site.split()[1:]], npz
+    if site in ("config", "config --dry-run"):
+        return ["run", case.dir / "c.yaml", *site.split()[1:]], case.dir / "c.yaml"
+    spec = case.dir / "s.yaml"
+    return ["sweep", spec, "--dry-run"], spec
+
+
+SPECIAL_SITES = ("leaf-femnist", "leaf-shakespeare", "idx", "cifar", *TRACES, "npz", "npz --dry-run", "config",
+                 "config --dry-run", "sweep spec")
+
+
+@pytest.mark.parametrize("kind", SPECIAL_FILES)
+@pytest.mark.parametrize("site", SPECIAL_SITES)
+def test_special_files_are_refused(work, site, kind):
+    """H04: every input file of this suite given as a FIFO or a link to /dev/zero or /dev/urandom: exit 2 naming
+    it, within the example's bounds (it was read forever, or until memory ran out)."""
+    case = Case(work)
+    argv, target = _special_site(site, case)
+    make_special(target, kind)
+    outcome = cli(*argv)
+    outcome.check((2,), f"{site} as {kind}")
+    assert target.name in outcome.err, outcome.err[-2000:]
+    assert snapshot(case.out) == case.before, f"{site} as {kind}: exit 2 changed the old run"

@@ -12,6 +12,7 @@ import sys
 import time
 
 from fedmpi.analysis import report
+from fedmpi.core.input_files import read_input
 from fedmpi.core.output_paths import replace_with
 
 # The checkout (tools/ beside fedmpi/): this file is fedmpi/analysis/batch_report.py.
@@ -95,7 +96,7 @@ def load_runs(script, out_root, names, seeds):
 def replace_section(path, begin, end, text, heading):
     """Replaces the text from marker `begin` to marker `end` in the document at `path` by `text` (which
     carries the markers); the first time, appends `heading` and `text` to it (or starts the document)."""
-    doc = open(path).read() if os.path.exists(path) else ""
+    doc = read_input(path, f"the document {path}").decode("utf-8") if os.path.exists(path) else ""
     if begin in doc and end in doc:
         head, rest = doc.split(begin, 1)
         doc = head + text + rest.split(end, 1)[1]

@@ -18,7 +18,7 @@ def find_run_files(paths):
     for path in paths:
         matches = []
         for item in [path] if os.path.exists(path) else sorted(glob.glob(path, recursive=True)):
-            if os.path.isfile(item):
+            if not os.path.isdir(item):     # a FIFO or a device too: refused by name when read (open_run)
                 matches.append(item)
             elif os.path.isfile(os.path.join(item, "run.h5")):
                 matches.append(os.path.join(item, "run.h5"))

@@ -42,6 +42,7 @@ from fedmpi.core.config_checks import count as _count
 from fedmpi.core.config_checks import dotted as _dotted
 from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.input_files import read_input
 from fedmpi.deploy.keys import ClientsConfig
 from fedmpi.plans.keys import ParticipationConfig
 from fedmpi.privacy.keys import PrivacyConfig
@@ -188,8 +189,7 @@ def _read_text(path, name):
     try:
         if stat.S_ISDIR(os.stat(path).st_mode):
             raise ConfigError(f"{name} is a folder; give the path of a YAML file, e.g. jobs/configs/quickstart.yaml")
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CONFIG_BYTES + 1)
+        data = read_input(path, name, at_most=MAX_CONFIG_BYTES + 1, error=ConfigError)
     except FileNotFoundError:
         raise ConfigError(f"{name} not found") from None
     except OSError as e:

@@ -22,6 +22,7 @@ import numpy as np
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.input_files import check_input, open_input
 from fedmpi.data.array_sizes import refuse_beyond_memory
 from fedmpi.data.checked_arrays import OPTIONAL, REQUIRED, dataset_from_mapping
 from fedmpi.data.dataset import Dataset
@@ -52,24 +53,30 @@ def arrays(data) -> Dataset:
 
 
 def _npz(path, where):
-    if not zipfile.is_zipfile(path):    # np.load would take other bytes for a pickle and say so
-        raise InputError(f"{where}: not a valid .npz file (a zip archive of .npy arrays, as np.savez writes)")
-    try:
-        refuse_beyond_memory(_npz_specs(path), where)
-        with np.load(path, allow_pickle=False) as npz:
-            return {k: npz[k] for k in npz.files if k in REQUIRED + OPTIONAL}
-    except ValueError as e:     # an object array, which would need unpickling
-        raise InputError(f"{where}: {e}; save plain numeric arrays (np.savez)") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as e:
-        raise InputError(f"{where}: not a readable .npz file ({type(e).__name__}: {e})") from None
+    try:    # every read below through this one descriptor of a regular file (fedmpi.core.input_files)
+        fh = open_input(path, where)
+    except OSError as e:
+        raise InputError(f"{where}: cannot be read ({e.strerror or e})") from None
+    with fh:
+        if not zipfile.is_zipfile(fh):    # np.load would take other bytes for a pickle and say so
+            raise InputError(f"{where}: not a valid .npz file (a zip archive of .npy arrays, as np.savez writes)")
+        try:
+            refuse_beyond_memory(_npz_specs(fh), where)
+            fh.seek(0)
+            with np.load(fh, allow_pickle=False) as npz:
+                return {k: npz[k] for k in npz.files if k in REQUIRED + OPTIONAL}
+        except ValueError as e:     # an object array, which would need unpickling
+            raise InputError(f"{where}: {e}; save plain numeric arrays (np.savez)") from None
+        except (OSError, EOFError, zipfile.BadZipFile) as e:
+            raise InputError(f"{where}: not a readable .npz file ({type(e).__name__}: {e})") from None
 
 
-def _npz_specs(path):
-    """{key: (shape, dtype)} of the .npz's arrays, from their .npy headers alone (object arrays and header
-    versions numpy has no public reader for are left to np.load)."""
+def _npz_specs(fh):
+    """{key: (shape, dtype)} of the .npz's arrays (`fh`, its open file), from their .npy headers alone (object
+    arrays and header versions numpy has no public reader for are left to np.load)."""
     readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     specs = {}
-    with zipfile.ZipFile(path) as archive:
+    with zipfile.ZipFile(fh) as archive:
         for name in archive.namelist():
             key = name[:-len(".npy")] if name.endswith(".npy") else name
             if key not in REQUIRED + OPTIONAL:
@@ -87,6 +94,7 @@ def _hdf5(path, where):
     import h5py
 
     try:
+        check_input(path, where)
         with h5py.File(path, "r", locking=False) as f:
             for key in REQUIRED + OPTIONAL:
                 if key in f and not isinstance(f[key], h5py.Dataset):

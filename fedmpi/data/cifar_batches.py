@@ -12,6 +12,7 @@ import numpy as np
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import InputError
+from fedmpi.core.input_files import read_input
 
 CIFAR_PIXELS = 3 * 32 * 32
 
@@ -111,8 +112,7 @@ class _BatchUnpickler(pickle.Unpickler):
 def read_cifar_batch(path, label_key):
     """(uint8 images N x 3 x 32 x 32, int64 labels) of one CIFAR python batch; InputError naming the file."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = read_input(path, f"{path} (under data.root)")
         # latin1: the official batches were pickled by Python 2, whose byte strings hold the pixels.
         entry = _BatchUnpickler(io.BytesIO(raw), encoding="latin1").load()
         if isinstance(entry, dict):
@@ -122,6 +122,8 @@ def read_cifar_batch(path, label_key):
                          f"fedmpi does not load it (a crafted pickle could run code)") from None
     except OSError as e:
         raise InputError(f"{path}: cannot be read ({e.strerror})") from None
+    except InputError:      # not a regular file, said by read_input
+        raise
     except Exception as e:  # noqa: BLE001 - a damaged pickle raises many types
         raise InputError(f"{path}: not a CIFAR python batch ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(entry, dict):

@@ -10,13 +10,13 @@ split (`Dataset.test_users`, matched by user name; used under `partition.scheme:
 from __future__ import annotations
 
 import glob
-import json
 import os
 
 import numpy as np
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import InputError
+from fedmpi.core.input_files import parse_json, read_input
 from fedmpi.data import leaf_binary
 from fedmpi.data.dataset import Dataset, from_arrays
 
@@ -62,9 +62,8 @@ def _read_users(path, name):
     """[(user, x list, y list)] of one LEAF file, in its `users` order, and whether the file's text holds
     `true` or `false` anywhere (JSON booleans, which numpy would read as the numbers 1 and 0)."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-        blob = json.loads(raw.decode("utf-8"), parse_constant=_no_constants(path))
+        raw = read_input(path, f"{path} (under data.root)")
+        blob = parse_json(raw.decode("utf-8"), path, parse_constant=_no_constants(path))
         users, data = blob["users"], blob["user_data"]
         out = [(u, data[u]["x"], data[u]["y"]) for u in users]
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:

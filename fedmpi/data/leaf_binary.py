@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 
 from fedmpi.core.errors import InputError
+from fedmpi.core.input_files import MAX_JSON_DEPTH, check_input, open_input, parse_json, read_input
 from fedmpi.mpi.topology import share_of
 
 FOLDER = "binary"
@@ -62,7 +63,7 @@ def json_fingerprint(root) -> dict:
     out = {}
     for part in ("train", "test"):
         for path in sorted(glob.glob(os.path.join(root, part, "*.json"))):
-            with open(path, "rb") as fh:
+            with open_input(path, f"{path} (under data.root)") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 head = fh.read(FINGERPRINT_BYTES)
                 fh.seek(max(0, size - FINGERPRINT_BYTES))
@@ -103,14 +104,13 @@ def write(root, arrays, source=None):
 def _index(root):
     path = os.path.join(root, FOLDER, INDEX)
     try:
-        with open(path, encoding="utf-8") as fh:
-            index = json.load(fh)
+        index = parse_json(read_input(path, f"{path} (under data.root)").decode("utf-8"), path, MAX_JSON_DEPTH)
         arrays = index["arrays"]
         ok = (index["format"] == FORMAT and index["version"] == VERSION and set(arrays) == set(DTYPES)
               and isinstance(index["json"], dict)
               and all(np.dtype(e["dtype"]) == DTYPES[n] and isinstance(e["crc32"], int)
                       and all(isinstance(d, int) and d >= 0 for d in e["shape"]) for n, e in arrays.items()))
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise InputError(f"{path}: not readable as the index of a binary Shakespeare build ({type(e).__name__}: "
                          f"{e}); {REBUILD}") from None
     if not ok:
@@ -125,7 +125,7 @@ def _header(root, name, entry):
     path = os.path.join(root, FOLDER, f"{name}.npy")
     shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, f"{path} (under data.root)") as fh:
             version = np.lib.format.read_magic(fh)
             header = {(1, 0): np.lib.format.read_array_header_1_0,
                       (2, 0): np.lib.format.read_array_header_2_0}[version](fh)
@@ -146,6 +146,7 @@ def _map(path, offset, shape, dtype):
     (a np.memmap's slices cost ~40 us each in bookkeeping; the view keeps the mapping alive)."""
     if not int(np.prod(shape, dtype=np.int64)):     # mmap cannot map zero bytes
         return np.zeros(shape, dtype=dtype)
+    check_input(path, f"{path} (under data.root)")
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape).view(np.ndarray)
 
 
@@ -154,10 +155,12 @@ def _verify_bytes(path, offset, entry):
     process), for their CRC-32 and, for token ids, their largest value; refuses damage and ids outside the
     vocabulary."""
     crc, largest, buffer = 0, 0, bytearray(CRC_CHUNK)
-    with open(path, "rb") as fh:
+    with open_input(path, f"{path} (under data.root)") as fh:
+        left = os.fstat(fh.fileno()).st_size - offset      # bounded by the size, whatever the file does
         fh.seek(offset)
-        while True:
-            got = fh.readinto(buffer)
+        while left > 0:
+            got = fh.readinto(memoryview(buffer)[:min(left, CRC_CHUNK)])
+            left -= got
             if not got:
                 break
             view = memoryview(buffer)[:got]
@@ -230,7 +233,7 @@ def fill(root, arrays, part, parts):
         lo, hi = share_of(len(dest), part, parts)
         row = dest.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         target = memoryview(dest[lo:hi].reshape(-1)).cast("B")
-        with open(path, "rb", buffering=0) as fh:
+        with open_input(path, f"{path} (under data.root)") as fh:
             fh.seek(offset + lo * row)
             done = 0
             while done < len(target):

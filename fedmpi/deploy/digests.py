@@ -8,6 +8,7 @@ import hashlib
 import numpy as np
 
 from fedmpi.core.errors import InputError
+from fedmpi.core.input_files import read_input
 
 
 def trace_files(clients):
@@ -23,8 +24,8 @@ def trace_digests(clients) -> dict:
     contents, so a resume finds a trace that changed since the checkpoint."""
     out = {}
     for name, path in trace_files(clients).items():
-        with open(path, "rb") as fh:
-            out[f"trace_sha256_{name}"] = np.frombuffer(hashlib.sha256(fh.read()).digest(), dtype=np.uint8).copy()
+        digest = hashlib.sha256(read_input(path, f"the {name} trace {path!r}")).digest()
+        out[f"trace_sha256_{name}"] = np.frombuffer(digest, dtype=np.uint8).copy()
     return out
 
 

@@ -25,18 +25,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.core.errors import InputError
+from fedmpi.core.input_files import read_input
 from fedmpi.deploy.keys import MAX_RATE, MIN_RATE
 
 AVAILABILITY_COLUMNS = ("client", "start", "end")
 SPEED_COLUMNS = ("client", "steps_per_s")
 BANDWIDTH_COLUMNS = ("client", "up_bytes_per_s", "down_bytes_per_s")
+TRACE_KEYS = {AVAILABILITY_COLUMNS: "clients.trace", SPEED_COLUMNS: "clients.speed.trace",
+              BANDWIDTH_COLUMNS: "clients.bandwidth.trace"}     # the config key naming each kind's file
 
 
 def read_rows(path, columns):
     """[(line number, [cell, ...])] of a trace file after its header; checks the header and widths."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+        lines = read_input(path, f"{TRACE_KEYS.get(columns, 'trace file')} = {path!r}").decode("utf-8").splitlines()
     except FileNotFoundError:
         raise InputError(f"trace file {path!r} not found") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -175,3 +177,14 @@ def load_rates(path, columns, clients=None):
         raise InputError(f"trace file {path!r}: no row for client {first} ({size - len(ids)} missing); "
                          f"list every device 0..{size - 1} once, since client i follows device i mod {size}")
     return np.array([by_device[d][1] for d in range(size)], dtype=np.float64)
+
+
+def check_trace_files(clients):
+    """Reads the header and rows of every trace file a ClientsConfig names (what `fedmpi run --dry-run` checks:
+    each a regular file, read up to its size, with its columns); InputError naming the file and key."""
+    named = ((clients.availability == "trace", clients.trace, AVAILABILITY_COLUMNS),
+             (clients.speed.kind == "trace", clients.speed.trace, SPEED_COLUMNS),
+             (clients.bandwidth.kind == "trace", clients.bandwidth.trace, BANDWIDTH_COLUMNS))
+    for used, path, columns in named:
+        if used and path:
+            read_rows(path, columns)

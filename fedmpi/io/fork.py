@@ -24,6 +24,7 @@ import h5py
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
 from fedmpi.core.fingerprint import fingerprint
+from fedmpi.core.input_files import check_input
 from fedmpi.io import checkpoint, checkpoint_checks, resume
 from fedmpi.io.rank0 import decide
 from fedmpi.io.store import open_run
@@ -76,6 +77,7 @@ def choose(cfg, spec) -> ForkPoint:
         have = ", ".join(str(r) for r, _ in sorted(checkpoint.list_checkpoints(parent))) or "none"
         raise InputError(f"--fork-from {show(spec)}: no checkpoint after round {round_} in "
                          f"{checkpoint.ckpt_dir(parent)} (checkpoints there: {have})")
+    check_input(path, f"--fork-from {show(spec)}: checkpoint {path}")
     try:
         attrs = checkpoint.verify(path)
     except checkpoint.DamagedCheckpoint as e:
@@ -103,6 +105,7 @@ def _check_parent_log(log, round_):
     (`ForkPoint.record`): found here, before the new run.h5 exists, not after it was created."""
     if not os.path.exists(log):
         raise InputError(f"--fork-from: {log} is missing; a fork copies the parent's rows up to round {round_}")
+    check_input(log, f"--fork-from: {log}")
     try:
         with open_run(log) as f:
             rows = f["metrics/round"].shape[0]

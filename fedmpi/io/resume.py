@@ -16,6 +16,7 @@ import numpy as np
 
 from fedmpi import config as config_mod
 from fedmpi.core.errors import EXIT_FAILED, ConfigError, FedmpiError, InputError, Refused, report_lines
+from fedmpi.core.input_files import check_input
 from fedmpi.io import checkpoint_checks as checks
 from fedmpi.io.checkpoint import DamagedCheckpoint, ckpt_dir, ckpt_path, list_checkpoints, verify
 from fedmpi.io.rank0 import decide
@@ -75,6 +76,7 @@ def choose(cfg, say=None):
                          f"without --resume, or with --overwrite to replace {cfg.out})")
     damaged = []
     for round_, path in found:
+        check_input(path, f"--resume: checkpoint {path}")   # a FIFO or a device is refused, not skipped
         try:
             attrs = verify(path)
             checks.check_attrs(path, attrs)     # a BadCheckpoint (exit 2), not damaged: its checksum holds
@@ -115,6 +117,7 @@ def _check_run_log(cfg, round_):
     path = os.path.join(cfg.out, "run.h5")
     if not os.path.exists(path):
         raise InputError(f"--resume: {path} is missing; a run is continued together with its log")
+    check_input(path, f"--resume: {path}")
     try:
         with open_run(path) as f:
             rows, run_hash, dim = f["metrics/round"].shape[0], f.attrs.get("config_hash"), f.attrs.get("dim")

@@ -41,6 +41,7 @@ import h5py
 import numpy as np
 
 import fedmpi
+from fedmpi.core.input_files import check_input
 from fedmpi.core.output_paths import temp_beside
 from fedmpi.core.timing import PHASES
 from fedmpi.io import write_errors
@@ -346,7 +347,9 @@ def _fsync(f):
 
 
 def open_run(path):
-    """Opens a run file read-only without taking HDF5's lock, retrying while the writer is mid-append."""
+    """Opens a run file read-only without taking HDF5's lock, retrying while the writer is mid-append; a path
+    that is not a regular file (a FIFO named run.h5 would block the open) is InputError at once."""
+    check_input(path, f"run file {path}")
     last = None
     for attempt in range(READ_RETRIES):
         try:

@@ -17,6 +17,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from fedmpi.core.errors import InputError
+from fedmpi.core.input_files import read_input
 from fedmpi.core.output_paths import check_regular, replace_with
 
 INDEX_NAME = "index.csv"
@@ -68,8 +69,8 @@ def place_problem(sweep_out) -> str:
 def read(sweep_out) -> dict:
     """{name: Row} of an existing index (an unreadable or absent one: {}; it is rewritten from the folders)."""
     try:
-        with open(path_of(sweep_out), newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh))
+        found = read_input(path_of(sweep_out), f"the sweep's index {path_of(sweep_out)}").decode("utf-8")
+        rows = list(csv.DictReader(io.StringIO(found, newline="")))
     except (OSError, UnicodeDecodeError, csv.Error):
         return {}
     out = {}

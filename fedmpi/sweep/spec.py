@@ -193,8 +193,9 @@ def load(path) -> Spec:
 
 def _read(path, where):
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_SPEC_BYTES + 1)
+        from fedmpi.core.input_files import read_input  # a regular file only, read up to its size
+
+        data = read_input(path, where, at_most=MAX_SPEC_BYTES + 1, error=ConfigError)
     except IsADirectoryError:
         raise ConfigError(f"{where} is a folder; give the path of a YAML file") from None
     except FileNotFoundError:
