@@ -19,15 +19,9 @@ import signal
 import sys
 import time
 
-EXTRA_ADDRESS_SPACE = 4 << 30   # what a case may add to this process's address space (an unbounded read stops there)
-
-
-def _address_space():
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return None
+# The fuzz suite's bound on what a case may add to the address space (an unbounded read stops there); this
+# script runs from tests/, so its sibling module imports as the fuzz tests import it.
+from fuzz_harness import EXTRA_ADDRESS_SPACE, _address_space
 
 
 def _child(case, err_path, out_path):
