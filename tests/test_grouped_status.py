@@ -114,15 +114,14 @@ def test_the_figure_draws_finished_runs_and_no_non_finite_value(statuses):
     plt = a.pyplot()
     loaded = a.load_runs([str(statuses / "runs")])
     fedavg = [r for r in loaded if r.method == "fedavg"]
-    used = overview.groups_of(fedavg, ("method",))
-    everything = overview.groups_of(fedavg, ("method",), include="all")
-    assert [len(v) for v in everything.values()] == [7] and list(everything) == ["fedavg (n=7)"]
     fig, (ax, ax_all) = plt.subplots(1, 2)
-    a.draw_groups(ax, used, "test_loss", counted=False)
-    a.draw_groups(ax_all, everything, "test_loss", counted=False)
+    a.draw_groups(ax, overview.groups_of(fedavg, ("method",)), "test_loss", counted=False)
     [line] = ax.lines
     losses = np.array([r.metrics["test_loss"] for r in fedavg if r.name in ("fedavg-1", "fedavg-2")])
-    assert np.allclose(line.get_ydata(), losses.mean(axis=0)) and list(line.get_xdata()) == list(range(1, 11))
+    assert list(line.get_xdata()) == list(range(1, 11)) and np.allclose(line.get_ydata(), losses.mean(axis=0))
+    everything = overview.groups_of(fedavg, ("method",), include="all")
+    assert [len(v) for v in everything.values()] == [7] and list(everything) == ["fedavg (n=7)"]
+    a.draw_groups(ax_all, everything, "test_loss", counted=False)
     for axes in (ax, ax_all):
         assert all(np.isfinite(axes_line.get_ydata()).all() for axes_line in axes.lines)
         assert np.isfinite(axes.get_ylim()).all() and axes.get_ylim()[1] < 10

@@ -1,6 +1,7 @@
 """One figure for a folder of runs (`fedmpi report RUNS --plot FILE`, `fedmpi.analysis.plot_overview`): the runs
-grouped by method (or by the `--by` keys), each group drawn as the mean over its runs (seeds) with a band of
-+- one sample standard deviation, one legend for the figure below its panels.
+grouped by method (or by the `--by` keys), each group drawn as the mean over its finished runs (seeds; `include`
+adds other statuses, fedmpi.analysis.selection; the label says what was left out) with a band of +- one sample
+standard deviation, one legend for the figure below its panels.
 
 Panels: test accuracy against rounds (1-based; or the --x axis), test loss, test accuracy against bytes moved,
 and one comparison panel per family some run recorded:
