@@ -128,6 +128,9 @@ def test_the_figure_draws_finished_runs_and_no_non_finite_value(statuses):
     plt.close(fig)
     assert main(["report", str(statuses / "runs"), "--by", "method", "--plot", str(statuses / "f.png"),
                  "--force"]) == 0
+    # one line per run: those still being written are drawn, diverged and failed ones only when asked for
+    assert a.plot_curves(fedavg, statuses / "c.png", metrics=("test_loss",)) == "+2 diverged, +1 failed"
+    assert a.plot_curves(fedavg, statuses / "c.png", metrics=("test_loss",), include="all") == ""
 
 
 def test_include_adds_the_statuses_asked_for(statuses, capsys):

@@ -14,6 +14,7 @@ from fedmpi.analysis.sweeps import group_runs
 X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
           "sim_time": "simulated time (s)"}
 X_METRICS = {"wall": "wall_s", "sim_time": "sim_time_s"}     # the x axes that are a logged figure
+PER_RUN = ("running",)       # a figure of single runs draws those still being written (not diverged, failed)
 _STYLES = ("-", "--", ":")      # after the ten default colours, lines change style
 LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss",
           "weight_divergence": "weight divergence ||w_FL - w_SGD|| / ||w_SGD||",
@@ -94,11 +95,16 @@ def _save(plt, fig, axes, path):
     plt.close(fig)
 
 
-def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None):
-    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points."""
+def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None,
+                include=PER_RUN):
+    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points.
+    Diverged and failed runs are left out unless `include` names them (fedmpi.analysis.selection; runs still
+    being written are drawn up to their last complete round): returns what was left out ("" for nothing)."""
     plt = pyplot()
     fig, axes = _axes(plt, metrics, x, title)
     labels = labels or [run.name for run in runs]
+    pairs, left_out = selection.split_runs(list(zip(runs, labels)), include)
+    runs, labels = [run for run, _ in pairs], [label for _, label in pairs]
     for ax, metric in zip(axes, metrics):
         for i, (run, label) in enumerate(zip(runs, labels)):
             xs, ys = curve(run, metric, x)
@@ -106,6 +112,7 @@ def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels
                 ax.plot(xs, figures.rolling_mean(ys, smooth) if smooth > 1 else ys, label=label,
                         linestyle=_STYLES[i // 10 % 3])
     _save(plt, fig, axes, path)
+    return left_out
 
 
 def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True):

@@ -88,8 +88,9 @@ def split(items, statuses, reached, include=None):
 
 
 def split_runs(runs, include=None):
-    """(kept runs, the left-out text) of Run objects."""
-    return split(runs, [run_status(r.attrs) for r in runs], [len(r.metrics.get("round", ())) for r in runs],
+    """(kept runs, the left-out text) of Run objects (or of (Run, anything) pairs, kept as given)."""
+    plain = [r[0] if isinstance(r, tuple) else r for r in runs]
+    return split(runs, [run_status(r.attrs) for r in plain], [len(r.metrics.get("round", ())) for r in plain],
                  include)
 
 
