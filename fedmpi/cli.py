@@ -71,8 +71,8 @@ def _parser(argv=None):
                           "running, failed; or all); by default only finished runs, and each group says what it "
                           "left out")
     rep.add_argument("--at-round", type=int, metavar="R",
-                     help="with --by, compare every group at round R (default: the last round that every run "
-                          "used evaluated; a note says which)")
+                     help="take every figure at round R (default: with --by, the last round that every run "
+                          "used evaluated, a note says which; without, each run's last round)")
     rep.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
                      help="table format (latex: booktabs tabulars, e.g. of a --by grouped summary for a paper)")
     rep.add_argument("--classes", action="store_true",

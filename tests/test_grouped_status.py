@@ -219,9 +219,16 @@ def test_a_round_the_user_names(cadences, capsys):
     assert rows["fedavg"]["round"] == 6 and rows["fedavg"]["final_acc_mean"] == pytest.approx(at6)
     assert main(["report", str(cadences), "--by", "method", "--at-round", "6"]) == 0
     assert "compared at round 6 (the round asked for)" in capsys.readouterr().out
-    assert main(["report", str(cadences), "--by", "method", "--at-round", "11"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "at_round = 11" in err[0] and "valid: 1 to 10" in err[0]
+    for by in (["--by", "method"], []):
+        assert main(["report", str(cadences), *by, "--at-round", "11"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "at_round = 11" in err[0] and "valid: 1 to 10" in err[0]
+    csv_path = cadences / "per-run.csv"
+    assert main(["report", str(cadences), "--at-round", "6", "--csv", str(csv_path), "--force"]) == 0
+    assert "every run is compared at round 6" in capsys.readouterr().out
+    per_run = {r["run"]: r for r in csv.DictReader(open(csv_path))}
+    assert float(per_run["fedavg-1"]["final_acc"]) == pytest.approx(_test_acc(cadences, "fedavg-1")[5])
+    assert per_run["fedskip-2"]["rounds_done"] == "6"
 
 
 def test_a_method_on_its_own_cadence_never_cuts_the_others_curves(cadences):

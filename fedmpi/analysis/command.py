@@ -78,7 +78,14 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             return EXIT_USAGE
     notes = []
     try:
-        rows = sweep_rows(runs, by, target, notes, include, at_round) if by else report.summarize(runs, target)
+        if by:
+            rows = sweep_rows(runs, by, target, notes, include, at_round)
+        else:       # one row per run, each at its own last round or every one at --at-round
+            if at_round is not None:
+                selection.runs_round(runs, at_round)
+                notes.append(selection.note(at_round, "the round asked for").replace("every group", "every run"))
+            rows = report.summarize([selection.at_round_of(run, at_round) for run in runs] if at_round else runs,
+                                    target)
     except selection.SelectionError as e:       # --at-round past the rounds of a run
         print(f"fedmpi: error: {e}", file=err)
         return EXIT_USAGE
