@@ -244,3 +244,24 @@ def test_a_method_on_its_own_cadence_never_cuts_the_others_curves(cadences):
     assert line.get_ydata()[0] == pytest.approx(np.mean([acc["fedavg-1"][0], acc["fedavg-2"][0]]))
     assert line.get_ydata()[2] == pytest.approx(np.mean([v[2] for v in acc.values()]))
     plt.close(fig)
+
+
+def _statuses_the_engine_writes():
+    """Every status string fedmpi.run.launch records in run.h5 (log.finish / _fail), read from its source."""
+    import re
+
+    from fedmpi.run import launch
+
+    text = open(launch.__file__).read()
+    found = set(re.findall(r'finish\("(\w+)"', text)) | set(re.findall(r'status="(\w+)"', text))
+    return sorted(found | {"running"})      # RunLog.create and reopen write running
+
+
+@pytest.mark.parametrize("status", _statuses_the_engine_writes())
+def test_every_status_the_engine_writes_has_a_category(status):
+    from fedmpi.analysis import selection
+
+    expected = status if status in ("finished", "diverged", "failed") else "running"
+    assert selection.category(selection.run_status({"status": status})) == expected
+    assert selection.run_status({"status": status, "nonfinite_round": 2}) == \
+        ("diverged" if status == "finished" else status)
