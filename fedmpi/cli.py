@@ -66,6 +66,13 @@ def _parser(argv=None):
     rep.add_argument("--by", action="append", default=[], metavar="KEY",
                      help="one row per value of this dotted config key (repeatable; `method` for the method label), "
                           "mean +- std over the rest; a group that mixes different settings is named in a note")
+    rep.add_argument("--include", metavar="STATUSES",
+                     help="with --by and in --plot, also use runs of these statuses (comma-separated: diverged, "
+                          "running, failed; or all); by default only finished runs, and each group says what it "
+                          "left out")
+    rep.add_argument("--at-round", type=int, metavar="R",
+                     help="take every figure at round R (default: with --by, the last round that every run "
+                          "used evaluated, a note says which; without, each run's last round)")
     rep.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
                      help="table format (latex: booktabs tabulars, e.g. of a --by grouped summary for a paper)")
     rep.add_argument("--classes", action="store_true",
@@ -297,7 +304,8 @@ def _report(args):
 
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
                           x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
-                          clients=args.clients, attack=args.attack, force=args.force, per_run=args.per_run)
+                          clients=args.clients, attack=args.attack, force=args.force, per_run=args.per_run,
+                          include=args.include, at_round=args.at_round)
 
 
 def _verify(args):

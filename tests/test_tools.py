@@ -232,19 +232,19 @@ def test_sweep_groups_by_a_config_key_with_mean_and_spread(runs):
     for row, gamma in zip(rows[:2], (0.5, 1.0)):
         members = [r for r in all_runs if analysis.config_value(r, "algorithm.gamma") == gamma]
         finals = [s["final_acc"] for s in report.summarize(members)]
-        assert row["runs"] == 2 and row["seeds"] == "0,1"
+        assert row["n"] == 2 and row["seeds"] == "0,1"
         assert row["final_acc"] == pytest.approx(np.mean(finals))
         assert row["final_acc_std"] == pytest.approx(np.std(finals, ddof=1))
-    assert rows[2]["runs"] == 1 and np.isnan(rows[2]["final_acc_std"])
+    assert rows[2]["n"] == 1 and np.isnan(rows[2]["final_acc_std"])
     by_name = analysis.sweep_rows(all_runs, ["algorithm"])
-    assert {r["algorithm"]: r["runs"] for r in by_name} == {"fedavg": 1, "fsl": 4}
+    assert {r["algorithm"]: r["n"] for r in by_name} == {"fedavg": 1, "fsl": 4}
 
 
 def test_sweep_tool_writes_table_csv_and_png(runs, tmp_path):
     proc = tool("sweep.py", runs["sweep"], "--by", "algorithm.gamma", "--by", "seed", "--csv", tmp_path / "s.csv",
                 "--plot", tmp_path / "s.png", "--target", "0.3")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].split()[:4] == ["algorithm.gamma", "seed", "runs", "seeds"]
+    assert proc.stdout.splitlines()[0].split()[:4] == ["algorithm.gamma", "seed", "n", "seeds"]
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert len(rows) == len(SWEEP) and {"final_acc", "final_acc_std", "reached"} <= set(rows[0])
     proc = tool("sweep.py", runs["sweep"], "--by", "algorithm.gamma", "--format", "markdown")

@@ -14,7 +14,8 @@ drift), client_lr, server_lr, the local evaluation's local_acc_mean, local_acc_w
 local_acc_worst, local_below_global (eval.local_every; drawn at the rounds it ran), and under an attack
 backdoor_acc (the backdoor's success rate) with the robust aggregators' detect_precision, detect_recall and
 honest_excluded; default test_acc and test_loss. A run that did not record a figure (or the x axis) is named
-on stderr and left out of that panel; a malformed run file is skipped with a warning.
+on stderr and left out of that panel; a malformed run file is skipped with a warning. Diverged and failed
+runs are left out (a note says so) unless --include names them.
 """
 
 import argparse
@@ -36,6 +37,9 @@ def main(argv=None):
     p.add_argument("--label-by", action="append", default=[], metavar="KEY",
                    help="label lines by these dotted config keys instead of the run folder's name")
     p.add_argument("--title", help="figure title")
+    p.add_argument("--include", default="running", metavar="STATUSES",
+                   help="runs of these statuses are drawn beside the finished ones (comma-separated: running, "
+                        "diverged, failed; or all; default running)")
     args = p.parse_args(argv)
     try:
         check_file(args.out, "--out")
@@ -54,8 +58,14 @@ def main(argv=None):
     metrics = tuple(args.metrics or ("test_acc", "test_loss"))
     for line in analysis.missing_curves(runs, metrics, args.x):
         print(f"curves.py: note: {line}", file=sys.stderr)
-    analysis.plot_curves(runs, args.out, x=args.x, metrics=metrics, labels=labels, smooth=args.smooth,
-                         title=args.title)
+    try:
+        left_out = analysis.plot_curves(runs, args.out, x=args.x, metrics=metrics, labels=labels,
+                                        smooth=args.smooth, title=args.title, include=args.include)
+    except InputError as e:
+        print(f"curves.py: error: {e}", file=sys.stderr)
+        return 2
+    if left_out:
+        print(f"curves.py: note: left out {left_out} run(s) (--include draws them)", file=sys.stderr)
     print(f"curves of {len(runs)} run(s) written to {args.out}")
     return 0
 

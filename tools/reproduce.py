@@ -213,7 +213,7 @@ def table_rows(paper, groups):
     for s in paper.settings:
         members = groups[s.config]
         summary = analysis.group_summary(members, paper.target)
-        row = {"setting": s.label, "paper": s.paper, "runs": summary["runs"], "emd": summary["emd"]}
+        row = {"setting": s.label, "paper": s.paper, "runs": summary["n"], "emd": summary["emd"]}
         if paper.key == "zhao":
             row["emd_shared"] = float(np.mean([shared_emd(r) for r in members]))
             warm = [r.metrics["warmup_epochs"][0] for r in members if "warmup_epochs" in r.metrics]

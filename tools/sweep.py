@@ -11,9 +11,10 @@ note (FedAvg and FedAvg+FT under --by algorithm). The table has the group's keys
 seeds, then the figures of `fedmpi report` (final_acc, acc_last20_mean, best accuracy, rise round, with
 --target the rounds and bytes until the target and how many runs reached it, uploads, bytes moved, wall time,
 and every family's figures where recorded), as mean +- sample std; CSV keeps means and standard deviations in
-separate columns. --plot draws the groups' mean curves with +-1 std bands (fedmpi.analysis.overview). Runs
-still being written count with the rounds they have. `fedmpi.analysis.summary` gives the same groups as a
-DataFrame with a 95% confidence interval.
+separate columns. --plot draws the groups' mean curves with +-1 std bands (fedmpi.analysis.overview). Groups
+use the finished runs and say what they left out (diverged, failed, still running at round R); --include adds
+those statuses. Every group is taken at the same round, the last one every run evaluated (--at-round names
+another). `fedmpi.analysis.summary` gives the same groups as a DataFrame with a 95% confidence interval.
 """
 
 import argparse
@@ -33,9 +34,13 @@ def main(argv=None):
     p.add_argument("--plot", metavar="FILE.png", help="also draw mean +- std accuracy curves per group")
     p.add_argument("--x", choices=sorted(analysis.X_AXES), default="round", help="x axis of --plot")
     p.add_argument("--force", action="store_true", help="replace existing --csv and --plot files")
+    p.add_argument("--include", metavar="STATUSES",
+                   help="also use runs of these statuses (comma-separated: diverged, running, failed; or all)")
+    p.add_argument("--at-round", type=int, metavar="R", help="compare every group at round R")
     args = p.parse_args(argv)
     return analysis.report_command(args.runs, target=args.target, by=args.by or ["method"], csv_path=args.csv,
-                                   plot=args.plot, x=args.x, fmt=args.format, force=args.force)
+                                   plot=args.plot, x=args.x, fmt=args.format, force=args.force,
+                                   include=args.include, at_round=args.at_round)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     import fedmpi.analysis as a
     df = a.runs("runs/*")                            # one row per run: config keys, status, every figure
-    a.summary(df, by=["method"])                     # mean, std, n, 95% CI per method over seeds
+    a.summary(df, by=["method"])                     # per method over seeds: n, left_out, round, mean, std, 95% CI
     a.rounds(df, metrics=["test_acc"])               # tidy: run, round (1-based), metric, value
     print(a.table(a.summary(df), "latex", ["final_acc", "local_acc_mean"]))
     a.plot_overview(a.load_runs(["runs/*"]), "runs.png")   # one figure, a panel per family present
@@ -12,8 +12,9 @@ definition in fedmpi.analysis.figures (FIGURES, DEFINITIONS); method labels in f
 being written are read up to their last complete round. `fedmpi report` (fedmpi.analysis.command), `fedmpi
 export` (fedmpi.analysis.export) and tools/ are layers over the same reader (fedmpi.analysis.report.read_run,
 found through fedmpi.analysis.sources) and the same figures. Curves of any per-round figure are in
-fedmpi.analysis.curves, grouped sweeps in fedmpi.analysis.sweeps, the instruments' views in class_report,
-client_report, attack_report, timing_report and run_figure.
+fedmpi.analysis.curves, grouped sweeps in fedmpi.analysis.sweeps, which runs a grouped result uses (finished
+ones by default) and the one round it compares them at in fedmpi.analysis.selection, the instruments' views
+in class_report, client_report, attack_report, timing_report and run_figure.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from fedmpi.analysis import figures, report
+from fedmpi.analysis import figures, report, selection
 from fedmpi.analysis.attack_report import attack_rows, attack_section
 from fedmpi.analysis.class_report import class_rows, class_section
 from fedmpi.analysis.client_report import client_row, client_section, plot_clients
@@ -35,16 +35,21 @@ VIEWS = ("classes", "clients", "attack", "timing")
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
                    err=None, classes=False, timing=False, clients=False, attack=False, force=False,
-                   per_run=False) -> int:
+                   per_run=False, include=None, at_round=None) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given) with a section per
     family present, optionally the views, writes the CSVs and draws the figures; returns the exit status. A path
     that names no run, or a file that cannot be read, is skipped with a warning (exit 2 only where no run is
     left); a place that cannot be written, or an existing file there without `force`, is exit 2 before anything
-    is read or written."""
+    is read or written. Grouped rows and the figure use the finished runs unless `include` names others
+    (fedmpi.analysis.selection; each group says what it left out), every group taken at one round (`at_round`,
+    or the last round every run used evaluated; a note says which)."""
     out, err = out or sys.stdout, err or sys.stderr
     views = {"classes": classes, "clients": clients, "attack": attack, "timing": timing}
     files, unmatched = find_run_files(paths)        # names only: nothing is read before the places are checked
     try:
+        selection.included(include)
+        if at_round is not None:
+            selection.comparison_round([], [], at_round=at_round)
         # `report RUN/run.h5 --csv RUN/run.h5` keeps the run, --force or not
         if csv_path is not None:
             for path in csv_paths(csv_path, views).values():
@@ -72,7 +77,18 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             print(f"fedmpi: error: {e} (a figure --plot writes beside {plot})", file=err)
             return EXIT_USAGE
     notes = []
-    rows = sweep_rows(runs, by, target, notes) if by else report.summarize(runs, target)
+    try:
+        if by:
+            rows = sweep_rows(runs, by, target, notes, include, at_round)
+        else:       # one row per run, each at its own last round or every one at --at-round
+            if at_round is not None:
+                selection.runs_round(runs, at_round)
+                notes.append(selection.note(at_round, "the round asked for").replace("every group", "every run"))
+            rows = report.summarize([selection.at_round_of(run, at_round) for run in runs] if at_round else runs,
+                                    target)
+    except selection.SelectionError as e:       # --at-round past the rounds of a run
+        print(f"fedmpi: error: {e}", file=err)
+        return EXIT_USAGE
     # an infinite epsilon says why in the run file; the report says it too
     notes += [f"{run.name}: {note}" for run in runs if (note := figures.epsilon_note(run))]
     print(tables(rows, by, fmt), file=out)
@@ -91,7 +107,7 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             for view, path in list(csv_paths(csv_path, views).items())[1:]:
                 report.write_csv(view_rows(view, runs) or [{"run": "(none recorded)"}], path)
         if plot is not None:
-            _draw(runs, by, plot, x, timing, out, err, clients, per_run)
+            _draw(runs, by, plot, x, timing, out, err, clients, per_run, include)
     except OSError as e:
         # The places were checked: this is the disk failing while writing (full, I/O error).
         print(f"fedmpi: error: cannot write {e.filename or csv_path or plot}: {e.strerror or e}", file=err)
@@ -118,9 +134,12 @@ def _pick(row, keys):
 
 def tables(rows, by=(), fmt="text"):
     """The core table, then one section per family with a measured figure (each with the rows' keys)."""
-    keys = list(by) + ["runs", "seeds", "reached"] if by else ["run", "method", "status"]
+    # a grouped table's left_out column is there where some group left a run out (the CSV always has it)
+    left_out = [] if not any(r.get("left_out") for r in rows) else ["left_out"]
+    keys = list(by) + ["n", *left_out, "seeds", "reached"] if by else ["run", "method", "status"]
     core = [k for k in keys if k in rows[0]] + present(rows, [c for c in CORE if c not in keys])
-    blocks = [report.format_table([_pick(r, core) for r in rows], fmt, left=len(by) + 1 if by else 3)]
+    left = len(by) + 1 + len(left_out) if by else 3
+    blocks = [report.format_table([_pick(r, core) for r in rows], fmt, left=left)]
     head = list(by) if by else ["run", "method"]
     for family in figures.FAMILIES[2:]:
         names = present(rows, [f.name for f in figures.FIGURES if f.family == family])
@@ -193,11 +212,11 @@ def _figures_beside(runs, by, plot, timing, clients, per_run=False):
     return found
 
 
-def _draw(runs, by, plot, x, timing, out, err, clients=False, per_run=False):
+def _draw(runs, by, plot, x, timing, out, err, clients=False, per_run=False, include=None):
     """The figures of --plot: every run in PLOT (fedmpi.analysis.overview), then those beside it."""
     for line in missing_curves(runs, ("test_acc",), x):
         print(f"fedmpi: note: {line}", file=err)
-    plot_overview(runs, plot, by=by, x=x)
+    plot_overview(runs, plot, by=by, x=x, include=include)
     print(f"figure of {len(runs)} run(s) written to {plot}", file=out)
     for kind, run, path in _figures_beside(runs, by, plot, timing, clients, per_run):
         if kind == "run":

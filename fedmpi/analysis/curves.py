@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedmpi.analysis import figures
+from fedmpi.analysis import figures, selection
 from fedmpi.analysis.plotting import legend_below, pyplot, save_figure, wrap
 from fedmpi.analysis.report import human_bytes
 from fedmpi.analysis.sweeps import group_runs
@@ -14,6 +14,7 @@ from fedmpi.analysis.sweeps import group_runs
 X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
           "sim_time": "simulated time (s)"}
 X_METRICS = {"wall": "wall_s", "sim_time": "sim_time_s"}     # the x axes that are a logged figure
+PER_RUN = ("running",)       # a figure of single runs draws those still being written (not diverged, failed)
 _STYLES = ("-", "--", ":")      # after the ten default colours, lines change style
 LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss",
           "weight_divergence": "weight divergence ||w_FL - w_SGD|| / ||w_SGD||",
@@ -94,11 +95,16 @@ def _save(plt, fig, axes, path):
     plt.close(fig)
 
 
-def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None):
-    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points."""
+def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None,
+                include=PER_RUN):
+    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points.
+    Diverged and failed runs are left out unless `include` names them (fedmpi.analysis.selection; runs still
+    being written are drawn up to their last complete round): returns what was left out ("" for nothing)."""
     plt = pyplot()
     fig, axes = _axes(plt, metrics, x, title)
     labels = labels or [run.name for run in runs]
+    pairs, left_out = selection.split_runs(list(zip(runs, labels)), include)
+    runs, labels = [run for run, _ in pairs], [label for _, label in pairs]
     for ax, metric in zip(axes, metrics):
         for i, (run, label) in enumerate(zip(runs, labels)):
             xs, ys = curve(run, metric, x)
@@ -106,36 +112,60 @@ def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels
                 ax.plot(xs, figures.rolling_mean(ys, smooth) if smooth > 1 else ys, label=label,
                         linestyle=_STYLES[i // 10 % 3])
     _save(plt, fig, axes, path)
+    return left_out
 
 
 def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True):
-    """On `ax`, one line per group ({label: [runs]}): the mean over its runs with a band of +- one sample
-    standard deviation, over the rounds that all of them have and where the figure was measured.
-    `colors` may fix a group's colour ({label: colour}), e.g. to match it across panels; `counted` adds the
-    group's number of runs to its label."""
+    """On `ax`, one line per group ({label: [runs]}): at each round, the mean over the group's runs that measured
+    the figure there (finite values only), with a band of +- one sample standard deviation where two or more
+    did. A run evaluated on its own cadence (FedSkip's aggregation rounds, eval.every) adds its points at its
+    own rounds and never removes the others' points. `colors` may fix a group's colour ({label: colour}), e.g.
+    to match it across panels; `counted` adds the group's number of runs to its label."""
     for i, (label, members) in enumerate(groups.items()):
-        n = min(len(r.metrics.get("round", [])) for r in members)
-        if n == 0 or any(metric not in r.metrics or np.ndim(r.metrics[metric]) != 1 or not has_x(r, x)
-                         for r in members):
+        if not members or any(metric not in r.metrics or np.ndim(r.metrics[metric]) != 1 or not has_x(r, x)
+                              for r in members):
             continue
-        xs = np.mean([curve_x(r, x)[:n] for r in members], axis=0)
-        ys = np.array([np.asarray(r.metrics[metric][:n], dtype=np.float64) for r in members])
-        keep = np.isfinite(ys).all(axis=0)
-        mean = ys[:, keep].mean(axis=0)
-        line, = ax.plot(xs[keep], mean, label=f"{label} ({len(members)})" if counted else label,
+        xs, mean, std = group_curve(members, metric, x)
+        if not len(xs):
+            continue
+        line, = ax.plot(xs, mean, label=f"{label} ({len(members)})" if counted else label,
                         linestyle=_STYLES[i // 10 % 3],
-                        color=(colors or {}).get(label), marker="o" if keep.sum() < 3 else None)
-        if len(members) > 1:
-            std = ys[:, keep].std(axis=0, ddof=1)
-            ax.fill_between(xs[keep], mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+                        color=(colors or {}).get(label), marker="o" if len(xs) < 3 else None)
+        band = np.isfinite(std)
+        if band.any():
+            ax.fill_between(xs[band], (mean - std)[band], (mean + std)[band], color=line.get_color(), alpha=0.2,
+                            linewidth=0)
 
 
-def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
-    """One line per group of the keys `by` (mean +- std over its runs, e.g. seeds), one panel per metric."""
+def group_curve(members, metric, x="round"):
+    """(x, mean, sample std) of a group's curve: one point per round at which some run of the group measured
+    `metric` (a finite value at a finite x), the mean over the runs that did (x too, for bytes or time axes);
+    std is NaN where fewer than two did."""
+    points = {}
+    for run in members:
+        ys = np.asarray(run.metrics[metric], dtype=np.float64)
+        rounds = np.asarray(run.metrics["round"], dtype=np.float64)[:len(ys)]
+        xs = curve_x(run, x)[:len(rounds)]
+        keep = np.isfinite(ys[:len(xs)]) & np.isfinite(xs)
+        for r, xv, yv in zip(rounds[keep], xs[keep], ys[:len(xs)][keep]):
+            points.setdefault(float(r), []).append((xv, yv))
+    order = sorted(points)
+    xs = np.array([np.mean([p[0] for p in points[r]]) for r in order])
+    mean = np.array([np.mean([p[1] for p in points[r]]) for r in order])
+    std = np.array([np.std([p[1] for p in points[r]], ddof=1) if len(points[r]) > 1 else np.nan for r in order])
+    return xs, mean, std
+
+
+def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None, include=None):
+    """One line per group of the keys `by` (mean +- std over its runs, e.g. seeds), one panel per metric; the
+    finished runs unless `include` names others, each label saying what its group left out
+    (fedmpi.analysis.selection)."""
     plt = pyplot()
     fig, axes = _axes(plt, metrics, x, title)
-    groups = {", ".join(f"{k}={v}" for k, v in zip(by, key)): members
-              for key, members in group_runs(runs, by).items()}
+    groups = {}
+    for key, members in group_runs(runs, by).items():
+        used, left_out = selection.split_runs(members, include)
+        groups[selection.group_label(", ".join(f"{k}={v}" for k, v in zip(by, key)), len(used), left_out)] = used
     for ax, metric in zip(axes, metrics):
-        draw_groups(ax, groups, metric, x)
+        draw_groups(ax, groups, metric, x, counted=False)
     _save(plt, fig, axes, path)

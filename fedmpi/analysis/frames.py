@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 
 from fedmpi.analysis import figures as figs
-from fedmpi.analysis import report
+from fedmpi.analysis import report, selection
 
 # Config keys that say how a run ran, not what it computed: a group that differs only in these is like with like.
 RUN_ONLY_KEYS = ("out", "runtime.", "checkpoint.")
@@ -78,29 +78,42 @@ def unique_names(runs):
 
 def run_row(run, name=None, target=None):
     """One run as a row: its name, path, method, status and description, every figure, every config key."""
-    row = {"run": name or run.name, "path": run.path, "method": run.method, "status": str(run.attrs.get("status", "?"))}
+    row = {"run": name or run.name, "path": run.path, "method": run.method,
+           "status": selection.run_status(run.attrs)}
     for column, attr in RUN_ATTRS.items():
         value = run.attrs.get(attr)
         row[column] = value.item() if hasattr(value, "item") else value
     row.update(figs.compute(run, target))
     row["epsilon_note"] = figs.epsilon_note(run)
+    row["nonfinite_round"] = _number(run.attrs.get("nonfinite_round"))
+    row["evaluated_rounds"] = selection.evaluated_rounds(run)
     row.update({k: v for k, v in flatten(run.config).items() if k not in row})
     return row
 
 
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def runs(paths, target=None, err=None):
     """One row per run found in `paths` (files, run folders, folders of runs searched recursively, globs; or Run
-    objects): `run`, `path`, `method` (fedmpi.analysis.labels), `status`, the run file's description (`version`,
-    `world_size`, `nodes`, `hosts`, ...), every summary figure of fedmpi.analysis.figures (NaN where the run has
-    nothing to compute it from; with `target` also target_round and target_bytes), `epsilon_note` (why the
-    model's epsilon is infinite, where a fork made it so; else None), and every config key
-    flattened to a dotted column (`seed`, `algorithm.name`, `client.lr`, ...). A file that cannot be read is
-    named on `err` (default stderr) and left out."""
+    objects): `run`, `path`, `method` (fedmpi.analysis.labels), `status` (run.h5's; `diverged` for a run that
+    went on past a non-finite model, whose `nonfinite_round` says from which round), the run file's
+    description (`version`, `world_size`, `nodes`, `hosts`, ...), every summary figure of
+    fedmpi.analysis.figures (NaN where the run has nothing to compute it from; with `target` also
+    target_round and target_bytes), `epsilon_note` (why the model's epsilon is infinite, where a fork made it
+    so; else None), `evaluated_rounds` (the 1-based rounds where the test accuracy was measured), and every
+    config key flattened to a dotted column (`seed`, `algorithm.name`, `client.lr`, ...). A file that cannot
+    be read is named on `err` (default stderr) and left out."""
     found = _as_runs(paths, err)
     pd = _pandas()
     df = pd.DataFrame([run_row(run, name, target) for run, name in zip(found, unique_names(found))])
     # What the rows were looked for in, so that a summary of none can say where no run was found.
     df.attrs["sources"] = _source_names(paths)
+    df.attrs["target"] = target         # so that a summary taken at an earlier round computes the same figures
     return df
 
 
@@ -213,7 +226,8 @@ def _kept(name, values):
 
 
 def config_columns(df):
-    known = {"run", "path", "method", "status", "epsilon_note", *RUN_ATTRS, *figs.DEFINITIONS}
+    known = {"run", "path", "method", "status", "epsilon_note", "nonfinite_round", "evaluated_rounds", *RUN_ATTRS,
+             *figs.DEFINITIONS}
     return [c for c in df.columns if c not in known and not c.startswith(RUN_ONLY_KEYS)]
 
 
@@ -228,13 +242,19 @@ def differing(members, columns, over):
     return out
 
 
-def summary(df, by=("method",), over="seed", figures=None, warn=True):
+def summary(df, by=("method",), over="seed", figures=None, warn=True, include=None, at_round=None):
     """One row per group of `df` (a `runs()` DataFrame) sharing the values of the columns `by`: the group's keys,
-    `n` (its runs), `over` (the values of that column in the group, e.g. the seeds), `varies` (config keys other
-    than `over` whose values differ within the group, empty when the group is like with like; a warning names
-    them), then for every figure FIG: FIG_mean, FIG_std (sample, ddof 1), FIG_n (runs that measured it) and
-    FIG_ci95 (half-width of the 95% confidence interval of the mean, Student's t: t(0.975, n-1) std / sqrt n;
-    NaN for a single run)."""
+    `n` (its runs used), `left_out` (what the group left out by status, "+1 diverged, +2 running at rounds 4-6";
+    "" for nothing), `round` (the 1-based round every group is compared at), `over` (the values of that column
+    in the group, e.g. the seeds), `varies` (config keys other than `over` whose values differ within the group,
+    empty when the group is like with like; a warning names them), then for every figure FIG: FIG_mean, FIG_std
+    (sample, ddof 1), FIG_n (runs that measured it) and FIG_ci95 (half-width of the 95% confidence interval of
+    the mean, Student's t: t(0.975, n-1) std / sqrt n; NaN for a single run).
+
+    Only finished runs are used unless `include` names others ("diverged", "running", "failed", a list of them
+    or "all"; fedmpi.analysis.selection). Every run is taken at the same round: `at_round`, or by default the
+    last round that every run used evaluated; a run that went on past it has its figures computed from its
+    rows up to that round (re-read from its file)."""
     pd = _pandas()
     if not len(df):
         raise no_runs_error(df, "summary")
@@ -245,12 +265,17 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True):
                        f"column ({', '.join(c for c in df.columns[:8])}, ...) or 'method'")
     names = list(figures) if figures is not None else figure_columns(df)
     columns = config_columns(df)
+    sources = list(df.attrs.get("sources", ()))
+    df, used, round_, how = _selected(df, include, at_round)
     rows = []
     groups = df.groupby(by, sort=True, dropna=False) if by else [((), df)]
-    for key, members in groups:
+    for key, group in groups:
         key = key if isinstance(key, tuple) else (key,)
+        members = group[used[group.index]]
         row = dict(zip(by, key))
         row["n"] = len(members)
+        row["left_out"] = _left_out(group[~used[group.index]])
+        row["round"] = round_
         row[over] = ",".join(str(v) for v in members[over])
         varies = differing(members, [c for c in columns if c not in by], over)
         row["varies"] = ",".join(varies)
@@ -269,26 +294,74 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True):
             row[f"{name}_ci95"] = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
         rows.append(row)
     out = pd.DataFrame(rows)
-    out.attrs["sources"] = list(df.attrs.get("sources", ()))
+    out.attrs["sources"] = sources
+    out.attrs["round"] = selection.note(round_, how)
     return out
 
 
+def _statuses(df):
+    return list(df["status"]) if "status" in df.columns else ["finished"] * len(df)
+
+
+def _reached(df):
+    return [int(v) if np.isfinite(v) else 0 for v in df["rounds_done"].to_numpy(dtype=np.float64)] \
+        if "rounds_done" in df.columns else [0] * len(df)
+
+
+def _left_out(rows):
+    return selection.left_out_text([(selection.category(s), r) for s, r in zip(_statuses(rows), _reached(rows))])
+
+
+def _selected(df, include, at_round):
+    """(df with the used runs' figures at the comparison round, which rows are used, the round, how it was
+    chosen): `summary`'s selection by status (fedmpi.analysis.selection) and its one round."""
+    pd = _pandas()
+    index, _ = selection.split(list(df.index), _statuses(df), _reached(df), include)
+    used = pd.Series(df.index.isin(index), index=df.index)
+    kept = df.loc[index]
+    if "evaluated_rounds" in df.columns:
+        evaluated = list(kept["evaluated_rounds"])
+    else:       # a table made by hand: its rows are taken as they are
+        evaluated = [()] * len(kept)
+    round_, how = selection.comparison_round(evaluated, _reached(kept), list(kept.get("run", [""] * len(kept))),
+                                             at_round)
+    later = [i for i, reached in zip(index, _reached(kept)) if reached > round_ and "path" in df.columns]
+    if later:
+        df = df.copy()
+        target = df.attrs.get("target")
+        for i in later:
+            run = selection.at_round_of(report.read_run(df.at[i, "path"]), round_)
+            for name, value in figs.compute(run, target).items():
+                if name in df.columns:
+                    df.at[i, name] = value
+    return df, used, round_, how
+
+
 def table(summary_df, fmt="markdown", figures=None, digits=3):
-    """The grouped summary as a paper's table: one row per group (its keys and n), one column per figure as
-    "mean ± std" (`digits` decimals; a share in %, bytes in MB). fmt: markdown, or latex (booktabs)."""
+    """The grouped summary as a paper's table: one row per group (its keys; n with what the group left out,
+    "2, +1 diverged"; the round its figures are taken at), one column per figure as "mean ± std" (`digits`
+    decimals; a share in %, bytes in MB). fmt: markdown, or latex (booktabs)."""
     if fmt not in ("markdown", "latex"):
         raise ValueError(f"fmt = {fmt!r}: must be markdown or latex")
     if not len(summary_df):
         raise no_runs_error(summary_df, "table")
     names = figures or [c[:-5] for c in summary_df.columns if c.endswith("_mean")]
     keys = [c for c in summary_df.columns if not c.endswith(("_mean", "_std", "_n", "_ci95"))
-            and c not in ("varies",)]
+            and c not in ("varies", "left_out")]
     head = keys + [_heading(n) for n in names]
-    body = [[str(row[k]) for k in keys] + [_cell(row, n, digits) for n in names] for _, row in summary_df.iterrows()]
+    body = [[_key_cell(row, k) for k in keys] + [_cell(row, n, digits) for n in names]
+            for _, row in summary_df.iterrows()]
     if fmt == "markdown":
         lines = [head, [":--"] * len(keys) + ["--:"] * len(names)] + body
         return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in lines)
     return report.latex_table(head, body, len(keys))
+
+
+def _key_cell(row, key):
+    """A key's cell; n says what the group left out beside it ("2, +1 diverged")."""
+    if key == "n" and row.get("left_out"):
+        return f"{row['n']}, {row['left_out']}"
+    return str(row[key])
 
 
 def _heading(name):

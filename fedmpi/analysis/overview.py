@@ -1,6 +1,7 @@
 """One figure for a folder of runs (`fedmpi report RUNS --plot FILE`, `fedmpi.analysis.plot_overview`): the runs
-grouped by method (or by the `--by` keys), each group drawn as the mean over its runs (seeds) with a band of
-+- one sample standard deviation, one legend for the figure below its panels.
+grouped by method (or by the `--by` keys), each group drawn as the mean over its finished runs (seeds; `include`
+adds other statuses, fedmpi.analysis.selection; the label says what was left out) with a band of +- one sample
+standard deviation, one legend for the figure below its panels.
 
 Panels: test accuracy against rounds (1-based; or the --x axis), test loss, test accuracy against bytes moved,
 and one comparison panel per family some run recorded:
@@ -18,7 +19,7 @@ import math
 
 import numpy as np
 
-from fedmpi.analysis import figures
+from fedmpi.analysis import figures, selection
 from fedmpi.analysis.curves import X_AXES, draw_groups, has_x
 from fedmpi.analysis.plotting import legend_below, pyplot, save_figure, wrap
 from fedmpi.analysis.report import human_bytes
@@ -47,9 +48,10 @@ def setting_labels(runs):
     return labels
 
 
-def groups_of(runs, by=()):
-    """{label (n runs): [runs]}: the runs that differ only by seed (`setting_labels`), or by the values of the
-    dotted config keys `by`."""
+def groups_of(runs, by=(), include=None):
+    """{label (n=N runs, what was left out): [runs used]}: the runs that differ only by seed (`setting_labels`),
+    or by the values of the dotted config keys `by`; the finished ones unless `include` names others
+    (fedmpi.analysis.selection)."""
     if by:
         groups = {", ".join(str(v) if k == "method" else f"{k}={v}" for k, v in zip(by, key)): members
                   for key, members in group_runs(runs, list(by)).items()}
@@ -57,7 +59,11 @@ def groups_of(runs, by=()):
         groups = {}
         for run, label in zip(runs, setting_labels(runs)):
             groups.setdefault(label, []).append(run)
-    return {f"{label} ({len(members)})": members for label, members in groups.items()}
+    out = {}
+    for label, members in groups.items():
+        used, left_out = selection.split_runs(members, include)
+        out[selection.group_label(label, len(used), left_out)] = used
+    return out
 
 
 def _has(runs, metric):
@@ -80,10 +86,12 @@ def family_panels(runs):
     return panels
 
 
-def plot_overview(runs, path, by=(), x="round", title=None):
-    """Writes the figure of the module's docstring for `runs` to `path`; returns the panels' titles."""
+def plot_overview(runs, path, by=(), x="round", title=None, include=None):
+    """Writes the figure of the module's docstring for `runs` to `path` (the finished runs unless `include`
+    names others: `groups_of`); returns the panels' titles."""
     plt = pyplot()
-    groups = groups_of(runs, by)
+    groups = groups_of(runs, by, include)
+    runs = [run for members in groups.values() for run in members]
     colors = {label: f"C{i % 10}" for i, label in enumerate(groups)}
     base = [_curve("test_acc", x), _curve("test_loss", x)]
     if x != "bytes":

@@ -168,13 +168,20 @@ def accuracy_figures(rounds, acc, window=WINDOW):
 
 
 def summarize(runs, target=None):
-    """One row per run: its name, method label, algorithm and status, then every figure of
+    """One row per run: its name, method label, algorithm and status (`_status`), then every figure of
     fedmpi.analysis.figures (NaN where the run has nothing to compute it from); with `target`, also the round
     and the bytes moved until the test accuracy first reached it."""
     return [{"run": run.name, "method": run.method,
              "algorithm": str(run.attrs.get("algorithm", algorithm_name(run.config))),
-             "status": str(run.attrs.get("status", "?")), **figures.compute(run, target),
+             "status": _status(run), **figures.compute(run, target),
              **_note(run)} for run in runs]
+
+
+def _status(run):
+    """run.h5's status; `diverged` for a run that went on past a non-finite model (fedmpi.analysis.selection)."""
+    from fedmpi.analysis.selection import run_status
+
+    return run_status(run.attrs)
 
 
 def _note(run):

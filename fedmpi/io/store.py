@@ -271,6 +271,9 @@ class RunLog:
         log.truncate(rounds_kept)
         with h5py.File(path, "a") as f:
             history, previous = str(f.attrs.get("resumes", "")), str(f.attrs.get("status", ""))
+            if int(f.attrs.get("nonfinite_round", 0)) > rounds_kept:     # that round is recomputed
+                for key in ("nonfinite_round", "nonfinite"):
+                    f.attrs.pop(key, None)
         when = datetime.now(timezone.utc).isoformat(timespec="seconds")
         # A previous status `running` means that job was killed without a word (e.g. SIGKILL).
         entry = (f"{when} from round {rounds_kept} at world_size {attrs.get('world_size', '?')} "

@@ -23,7 +23,8 @@ run.h5 keeps status `running` in that case, and the next --resume notes it in `r
 
 Stop requests (fedmpi.mpi.signals) end the loop at a round boundary with a checkpoint; every rank returns 75.
 A non-finite loss or model stops the run at that round with status `diverged` and exit 1
-(`runtime.on_nonfinite: continue` logs it and goes on); no checkpoint holding the non-finite model is written.
+(`runtime.on_nonfinite: continue` logs it, records the first such round as run.h5's `nonfinite_round`
+(1-based) and goes on); no checkpoint holding the non-finite model is written.
 """
 
 from __future__ import annotations
@@ -166,6 +167,17 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=N
         _fail(comm, log, message, detail, code, tracking=tracking)
 
 
+def _record_nonfinite(log, round_, what):
+    """run.h5's `nonfinite_round` (1-based) and `nonfinite` (what was not finite), unless a resumed run's file
+    already names an earlier round (`RunLog.reopen` drops one after the checkpoint it resumes from)."""
+    if getattr(log, "path", None):
+        log.close()
+        with open_run(log.path) as f:
+            if "nonfinite_round" in f.attrs:
+                return
+    log.set_attrs(nonfinite_round=round_, nonfinite=what)
+
+
 def _fail(comm, log, message, detail, code, status="failed", tracking=None):
     signals.ignore_all()
     if comm.is_server or comm.size == 1:
@@ -249,6 +261,7 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, trac
     announced = AnnouncedEvaluation(exp.round_parts.evaluation, progress) if progress else None
     parts = dataclasses.replace(exp.round_parts, evaluation=announced) if announced else exp.round_parts
     stop_votes = 0      # server: ranks that asked to stop in the latest round; the next broadcast stops them all
+    nonfinite_seen = False      # server: the first non-finite round (on_nonfinite: continue) is recorded
     try:
         for t in range(first_round, cfg.rounds):
             t0 = time.monotonic()
@@ -260,6 +273,12 @@ def _loop(cfg, comm, exp, log, wall_s=0.0, checkpoints=True, first_round=0, trac
                 wall_s = record.metrics["wall_s"] = time.monotonic() - began
                 rows.add(t, record, time.monotonic() - t0)
                 stop_votes = outcome.stop_votes
+                if outcome.nonfinite and cfg.runtime.on_nonfinite == "continue" and log and not nonfinite_seen:
+                    # The run goes on, but its figures from here are a non-finite model's: run.h5 says from
+                    # which round (the analysis counts the run as diverged).
+                    nonfinite_seen = True
+                    rows.flush()
+                    _record_nonfinite(log, t + 1, outcome.nonfinite)
                 if outcome.nonfinite and cfg.runtime.on_nonfinite == "stop":
                     # Before any checkpoint of this round: the last checkpoint keeps a finite model. The
                     # workers, waiting for the next round, end with the job (as on a failure).
