@@ -15,12 +15,13 @@ import sys
 
 import numpy as np
 
-from fedmpi.analysis import figures, report
+from fedmpi.analysis import figures, frames, report
 from fedmpi.analysis.attack_report import attack_rows, attack_section
 from fedmpi.analysis.class_report import class_rows, class_section
 from fedmpi.analysis.client_report import client_row, client_section, plot_clients
 from fedmpi.analysis.curves import missing_curves
 from fedmpi.analysis.overview import plot_overview
+from fedmpi.analysis.paper_table import paper_table, parse_pivot
 from fedmpi.analysis.run_figure import plot_run
 from fedmpi.analysis.sources import find_run_files, load_runs
 from fedmpi.analysis.sweeps import sweep_rows
@@ -35,9 +36,12 @@ VIEWS = ("classes", "clients", "attack", "timing")
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
                    err=None, classes=False, timing=False, clients=False, attack=False, force=False,
-                   per_run=False) -> int:
+                   per_run=False, table=None, metric="final_acc", interval="ci95", digits=None,
+                   percent=None) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given) with a section per
-    family present, optionally the views, writes the CSVs and draws the figures; returns the exit status. A path
+    family present, optionally the views, writes the CSVs and draws the figures; returns the exit status. With
+    `table` ("ROWS x COLS") the table is instead the paper table of `metric` (fedmpi.analysis.paper_table: mean ±
+    `interval` per cell, Markdown or LaTeX; --csv writes it as CSV). A path
     that names no run, or a file that cannot be read, is skipped with a warning (exit 2 only where no run is
     left); a place that cannot be written, or an existing file there without `force`, is exit 2 before anything
     is read or written."""
@@ -45,6 +49,7 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     views = {"classes": classes, "clients": clients, "attack": attack, "timing": timing}
     files, unmatched = find_run_files(paths)        # names only: nothing is read before the places are checked
     try:
+        pivot = _pivot(table, by)
         # `report RUN/run.h5 --csv RUN/run.h5` keeps the run, --force or not
         if csv_path is not None:
             for path in csv_paths(csv_path, views).values():
@@ -72,10 +77,21 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             print(f"fedmpi: error: {e} (a figure --plot writes beside {plot})", file=err)
             return EXIT_USAGE
     notes = []
-    rows = sweep_rows(runs, by, target, notes) if by else report.summarize(runs, target)
+    if pivot:
+        try:
+            printed = paper_table(frames.runs(runs, target), *pivot, metric=metric, interval=interval,
+                                  digits=digits, percent=percent)
+        except InputError as e:
+            print(f"fedmpi: error: --table: {e}", file=err)
+            return EXIT_USAGE
+        print(printed.latex() if fmt == "latex" else printed.markdown(), file=out)
+    else:
+        # the grouped cells' statistic, said where they are printed (the paper table's caption says its own)
+        notes += [STD_NOTE] if by else []
+        rows = sweep_rows(runs, by, target, notes) if by else report.summarize(runs, target)
+        print(tables(rows, by, fmt), file=out)
     # an infinite epsilon says why in the run file; the report says it too
     notes += [f"{run.name}: {note}" for run in runs if (note := figures.epsilon_note(run))]
-    print(tables(rows, by, fmt), file=out)
     for note in notes:
         print(("% " if fmt == "latex" else "") + f"note: {note}", file=out)
     for wanted, section in ((classes, class_section), (timing, timing_section)):
@@ -86,7 +102,9 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     if attack:
         print("\n" + attack_section(runs, fmt), file=out)
     try:
-        if csv_path is not None:
+        if csv_path is not None and pivot:
+            printed.csv(csv_path)
+        elif csv_path is not None:
             report.write_csv(csv_rows(rows, by), csv_path)
             for view, path in list(csv_paths(csv_path, views).items())[1:]:
                 report.write_csv(view_rows(view, runs) or [{"run": "(none recorded)"}], path)
@@ -100,6 +118,20 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
 
 
 # --- tables -----------------------------------------------------------------------------------------------
+
+STD_NOTE = ("each grouped cell is mean ± std (sample standard deviation, n - 1) over the group's runs; "
+            "--table ROWS x COLS prints mean ± 95% CI")
+
+
+def _pivot(table, by):
+    """(row keys, column keys) of --table, or None without it; InputError where it is malformed or given
+    with --by (the table groups by its own keys)."""
+    if table is None:
+        return None
+    if by:
+        raise InputError("--table and --by: give one (--table ROWS x COLS groups by its own keys)")
+    return parse_pivot(table)
+
 
 def _measured(rows, name):
     """Some row measured it: NaN is "not recorded"; an infinite value (an unbounded epsilon) is a measurement."""
