@@ -139,14 +139,13 @@ class PaperTable:
         return path
 
     def frame(self):
-        """One row per cell shown: the row and column keys, mean, the interval's half-width (`interval`),
-        low, high, n and the note, in the figure's own unit (a share as a fraction, bytes as bytes)."""
+        """One row per cell shown, in the table's order: the row and column keys, mean, the interval's
+        half-width (`interval`), low, high, n and the note, in the figure's own unit (a share as a fraction)."""
         import pandas
 
         out = []
-        for (r, c), cell in self.cells.items():
-            if r not in self.rows or c not in self.cols:
-                continue
+        for r, c in ((r, c) for r in self.rows for c in self.cols if (r, c) in self.cells):
+            cell = self.cells[(r, c)]
             out.append({**dict(zip(self.row_keys, r)), **dict(zip(self.col_keys, c)), "metric": self.metric,
                         "mean": cell.mean, "interval": self.interval, "half_width": cell.half,
                         "low": cell.mean - cell.half, "high": cell.mean + cell.half, "n": cell.n,
@@ -202,7 +201,8 @@ def paper_table(data, rows="method", cols=None, metric="final_acc", interval="ci
     if best:
         _mark_best(cells, row_values, col_values, best, scale, digits)
     shown = [cells[(r, c)] for r in row_values for c in col_values if (r, c) in cells]
-    n_common = Counter(cell.n for cell in shown).most_common(1)[0][0] if shown else 0
+    # the caption's n: the most common among the cells shown (a tie: the larger), the others marked
+    n_common = max(Counter(cell.n for cell in shown).items(), key=lambda kv: (kv[1], kv[0]))[0] if shown else 0
     rounds = {(r, c): _int(found[r + c].get("round")) for r in row_values for c in col_values if (r, c) in cells}
     round_common = Counter(v for v in rounds.values() if v is not None).most_common(1)
     round_common = round_common[0][0] if round_common else None
