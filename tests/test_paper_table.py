@@ -65,7 +65,7 @@ def test_cells_are_the_mean_and_the_t_interval_computed_by_hand(grid):
             assert cell.startswith(f"{100 * mean:.2f} ± {100 * half:.2f}"), (method, beta, cell)
     # fedprox at 0.5 has n=2 against the caption's n=3: a mark on the cell and a note naming it
     assert lines[3].endswith("<sup>a</sup> |")
-    assert "*Final test accuracy (%): mean ± 95% CI (Student's t) over n=3 seeds (n=2-3;" in t.markdown()
+    assert "*Final test accuracy (%): mean ± 95% CI (Student's t) over n=3 seeds (n=2–3;" in t.markdown()
     assert "*a: fedprox, Dirichlet β = 0.5: n=2*" in t.markdown()
     numbers = t.frame().set_index(["method", "partition.beta"])
     for key, values in ACC.items():
@@ -124,6 +124,11 @@ def test_bad_input_is_one_line_naming_the_key(grid):
         a.paper_table(grid, interval="ci99")
     with pytest.raises(InputError, match="metric = 'final_accuracy': not a figure"):
         a.paper_table(grid, metric="final_accuracy")
+    with pytest.raises(InputError, match="metric = 'backdoor_acc': no run of this table measured it"):
+        a.paper_table(grid.assign(backdoor_acc=math.nan), metric="backdoor_acc")
+    finer = a.summary(grid, by=["method", "partition.beta", "seed"], warn=False)
+    with pytest.raises(InputError, match="several rows for method=fedavg, partition.beta=0.1: it is grouped by more"):
+        a.paper_table(finer, rows="method", cols="partition.beta")
 
 
 def test_the_summarys_left_out_and_round_columns_are_said(grid):

@@ -184,6 +184,10 @@ def paper_table(data, rows="method", cols=None, metric="final_acc", interval="ci
     found = {}
     for _, row in summary.iterrows():
         key = tuple(_plain(row[k]) for k in row_keys + col_keys)
+        if key in found:        # a summary grouped by more keys than the pivot's: one cell would hide another
+            where = ", ".join(f"{k}={v}" for k, v in zip(row_keys + col_keys, key))
+            raise InputError(f"the summary has several rows for {where}: it is grouped by more keys than rows "
+                             f"and cols; pivot by those keys too, or give paper_table the runs() table")
         found[key] = row
     row_values = _ordered([k[:len(row_keys)] for k in found], row_order, row_keys, "row_order")
     col_values = _ordered([k[len(row_keys):] for k in found], col_order, col_keys, "col_order")
@@ -201,6 +205,8 @@ def paper_table(data, rows="method", cols=None, metric="final_acc", interval="ci
     if best:
         _mark_best(cells, row_values, col_values, best, scale, digits)
     shown = [cells[(r, c)] for r in row_values for c in col_values if (r, c) in cells]
+    if not shown:
+        raise InputError(f"metric = {metric!r}: no run of this table measured it")
     # the caption's n: the most common among the cells shown (a tie: the larger), the others marked
     n_common = max(Counter(cell.n for cell in shown).items(), key=lambda kv: (kv[1], kv[0]))[0] if shown else 0
     rounds = {(r, c): _int(found[r + c].get("round")) for r in row_values for c in col_values if (r, c) in cells}
@@ -354,7 +360,7 @@ def _notes(cells, row_values, col_values, row_labels, col_labels, n_common, roun
 
 def _caption(metric_title, suffix, interval, n_common, ns, over, round_common):
     what = "seeds" if over == "seed" else "runs"
-    counts = f"n={n_common} {what}" if len(set(ns)) <= 1 else f"n={n_common} {what} (n={min(ns)}-{max(ns)}; " \
+    counts = f"n={n_common} {what}" if len(set(ns)) <= 1 else f"n={n_common} {what} (n={min(ns)}–{max(ns)}; " \
                                                             f"cells marked where it differs)"
     statistic = f"mean ± {INTERVALS[interval]}" if INTERVALS[interval] else "mean"
     at = f" at round {round_common}" if round_common is not None else ""
