@@ -68,7 +68,7 @@ def _parser(argv=None):
                           "mean +- std over the rest; a group that mixes different settings is named in a note")
     rep.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
                      help="table format (latex: booktabs tabulars, e.g. of a --by grouped summary for a paper)")
-    rep.add_argument("--table", nargs="+", metavar="ROWS x COLS",
+    rep.add_argument("--table", nargs="+", metavar=("ROWS", "x COLS"),
                      help="instead, a paper table of --metric: one row per value of ROWS, one column per value of "
                           "COLS (keys as for --by, e.g. --table method x partition.beta), each cell mean +- "
                           "--interval over the seeds, the statistic and n in its caption; --csv writes it as CSV")
