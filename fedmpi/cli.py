@@ -75,6 +75,19 @@ def _parser(argv=None):
                           "used evaluated, a note says which; without, each run's last round)")
     rep.add_argument("--format", choices=("text", "markdown", "latex"), default="text",
                      help="table format (latex: booktabs tabulars, e.g. of a --by grouped summary for a paper)")
+    rep.add_argument("--table", nargs="+", metavar=("ROWS", "x COLS"),
+                     help="instead, a paper table of --metric: one row per value of ROWS, one column per value of "
+                          "COLS (keys as for --by, e.g. --table method x partition.beta), each cell mean +- "
+                          "--interval over the seeds, the statistic and n in its caption; --csv writes it as CSV")
+    rep.add_argument("--metric", default="final_acc", metavar="FIGURE",
+                     help="the figure of --table (default final_acc)")
+    rep.add_argument("--interval", choices=("ci95", "std", "sem", "none"), default="ci95",
+                     help="the +- of --table's cells: 95%% confidence interval of the mean (Student's t, default), "
+                          "sample standard deviation, standard error, or none")
+    rep.add_argument("--digits", type=int, metavar="N",
+                     help="decimals of --table's cells (default 1 for a percentage or MB, else 3)")
+    rep.add_argument("--percent", action=argparse.BooleanOptionalAction, default=None,
+                     help="--table's shares (accuracies) in %% (default for shares: 0.7723 is 77.2)")
     rep.add_argument("--classes", action="store_true",
                      help="per run, the final accuracy of each class, worst first, beside the clients' label counts")
     rep.add_argument("--clients", action="store_true",
@@ -305,7 +318,8 @@ def _report(args):
     return report_command(args.runs, target=args.target, by=args.by, csv_path=args.csv, plot=args.plot,
                           x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
                           clients=args.clients, attack=args.attack, force=args.force, per_run=args.per_run,
-                          include=args.include, at_round=args.at_round)
+                          include=args.include, at_round=args.at_round, table=args.table, metric=args.metric,
+                          interval=args.interval, digits=args.digits, percent=args.percent)
 
 
 def _verify(args):

@@ -178,11 +178,11 @@ def test_paper_tables_in_markdown_and_latex(tmp_path):
                                                                        eval={"finetune_steps": 3}))
     summary = a.summary(a.runs(str(tmp_path)))
     markdown = a.table(summary, "markdown", ["final_acc", "bytes_moved"]).splitlines()
-    assert markdown[0] == "| method | n | round | seed | final_acc (%) | bytes_moved (MB) |"
+    assert markdown[0] == "| method | n | round | seed | final_acc (%, mean ± std) | bytes_moved (MB, mean ± std) |"
     mean, std = summary["final_acc_mean"][0], summary["final_acc_std"][0]
     assert markdown[2] == (f"| fedavg+ft3 | 2 | 6 | 0,1 | {100 * mean:.3f} ± {100 * std:.3f} | 0.011 ± 0.000 |")
     latex = a.table(summary, "latex", ["final_acc"])
-    assert latex.startswith("\\begin{tabular}{llllr}") and "final\\_acc (\\%)" in latex and "$\\pm$" in latex
+    assert latex.startswith("\\begin{tabular}{llllr}") and "final\\_acc (\\%, mean $\\pm$ std)" in latex
     assert latex.rstrip().endswith("\\end{tabular}")
     with pytest.raises(ValueError, match="markdown or latex"):
         a.table(summary, "html")
@@ -195,7 +195,9 @@ def test_report_prints_a_grouped_summary_as_latex(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("\\begin{tabular}{llr") and lines[2].startswith("method & n & seeds & emd")
     assert lines[4].startswith("fedavg & 2 & 0,1 & ") and "$\\pm$" in lines[4] and lines[-2] == "\\end{tabular}"
-    assert lines[-1].startswith("% note: every group is compared at round 6")
+    assert any(line.startswith("% note: every group is compared at round 6") for line in lines)
+    assert any(line.startswith("% note: each grouped cell is mean ± std (sample standard deviation, n - 1)")
+               for line in lines)
     assert all(line.startswith(("\\", "%")) or "&" in line for line in lines if line)     # nothing LaTeX chokes on
 
 

@@ -5,10 +5,13 @@
     a.summary(df, by=["method"])                     # per method over seeds: n, left_out, round, mean, std, 95% CI
     a.rounds(df, metrics=["test_acc"])               # tidy: run, round (1-based), metric, value
     print(a.table(a.summary(df), "latex", ["final_acc", "local_acc_mean"]))
+    t = a.paper_table(df, rows="method", cols="partition.beta", metric="final_acc")   # methods x settings
+    print(t.latex()); print(t.markdown()); t.csv("table.csv")   # mean ± 95% CI, the statistic and n in the caption
     a.plot_overview(a.load_runs(["runs/*"]), "runs.png")   # one figure, a panel per family present
 
-`runs`, `rounds`, `summary` and `table` are in fedmpi.analysis.frames; every summary figure and its one-line
-definition in fedmpi.analysis.figures (FIGURES, DEFINITIONS); method labels in fedmpi.analysis.labels. Files still
+`runs`, `rounds`, `summary` and `table` are in fedmpi.analysis.frames, the methods x settings table
+`paper_table` in fedmpi.analysis.paper_table; every summary figure and its one-line definition in
+fedmpi.analysis.figures (FIGURES, DEFINITIONS); method labels in fedmpi.analysis.labels. Files still
 being written are read up to their last complete round. `fedmpi report` (fedmpi.analysis.command), `fedmpi
 export` (fedmpi.analysis.export) and tools/ are layers over the same reader (fedmpi.analysis.report.read_run,
 found through fedmpi.analysis.sources) and the same figures. Curves of any per-round figure are in
@@ -37,12 +40,13 @@ from fedmpi.analysis.figures import DEFINITIONS, FIGURES
 from fedmpi.analysis.frames import rounds, runs, summary, table
 from fedmpi.analysis.labels import method_label
 from fedmpi.analysis.overview import plot_overview
+from fedmpi.analysis.paper_table import PaperTable, paper_table
 from fedmpi.analysis.plotting import pyplot, save_figure
 from fedmpi.analysis.sources import config_value, find_run_files, load_runs, run_label
 from fedmpi.analysis.sweeps import SWEEP_FIGURES, group_runs, group_summary, sweep_rows
 
-__all__ = ["DEFINITIONS", "FIGURES", "LABELS", "SWEEP_FIGURES", "X_AXES", "X_METRICS", "config_value", "curve",
-           "curve_x", "draw_groups", "figure_paths", "find_run_files", "group_runs", "group_summary", "has_x",
-           "load_runs", "method_label", "missing_curves", "plot_curves", "plot_overview", "plot_sweep", "pyplot",
-           "report", "report_command", "rounds", "run_label", "runs", "save_figure", "summary", "sweep_rows",
-           "table"]
+__all__ = ["DEFINITIONS", "FIGURES", "LABELS", "PaperTable", "SWEEP_FIGURES", "X_AXES", "X_METRICS", "config_value",
+           "curve", "curve_x", "draw_groups", "figure_paths", "find_run_files", "group_runs", "group_summary",
+           "has_x", "load_runs", "method_label", "missing_curves", "paper_table", "plot_curves", "plot_overview",
+           "plot_sweep", "pyplot", "report", "report_command", "rounds", "run_label", "runs", "save_figure",
+           "summary", "sweep_rows", "table"]

@@ -15,12 +15,13 @@ import sys
 
 import numpy as np
 
-from fedmpi.analysis import figures, report, selection
+from fedmpi.analysis import figures, frames, report, selection
 from fedmpi.analysis.attack_report import attack_rows, attack_section
 from fedmpi.analysis.class_report import class_rows, class_section
 from fedmpi.analysis.client_report import client_row, client_section, plot_clients
 from fedmpi.analysis.curves import missing_curves
 from fedmpi.analysis.overview import plot_overview
+from fedmpi.analysis.paper_table import paper_table, parse_pivot
 from fedmpi.analysis.run_figure import plot_run
 from fedmpi.analysis.sources import find_run_files, load_runs
 from fedmpi.analysis.sweeps import sweep_rows
@@ -35,9 +36,12 @@ VIEWS = ("classes", "clients", "attack", "timing")
 
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
                    err=None, classes=False, timing=False, clients=False, attack=False, force=False,
-                   per_run=False, include=None, at_round=None) -> int:
+                   per_run=False, include=None, at_round=None, table=None, metric="final_acc", interval="ci95",
+                   digits=None, percent=None) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given) with a section per
-    family present, optionally the views, writes the CSVs and draws the figures; returns the exit status. A path
+    family present, optionally the views, writes the CSVs and draws the figures; returns the exit status. With
+    `table` ("ROWS x COLS") the table is instead the paper table of `metric` (fedmpi.analysis.paper_table: mean ±
+    `interval` per cell, Markdown or LaTeX; --csv writes it as CSV). A path
     that names no run, or a file that cannot be read, is skipped with a warning (exit 2 only where no run is
     left); a place that cannot be written, or an existing file there without `force`, is exit 2 before anything
     is read or written. Grouped rows and the figure use the finished runs unless `include` names others
@@ -50,6 +54,7 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
         selection.included(include)
         if at_round is not None:
             selection.comparison_round([], [], at_round=at_round)
+        pivot = _pivot(table, by)
         # `report RUN/run.h5 --csv RUN/run.h5` keeps the run, --force or not
         if csv_path is not None:
             for path in csv_paths(csv_path, views).values():
@@ -78,7 +83,16 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             return EXIT_USAGE
     notes = []
     try:
-        if by:
+        if pivot:
+            try:
+                printed = paper_table(frames.runs(runs, target), *pivot, metric=metric, interval=interval,
+                                      digits=digits, percent=percent, include=include, at_round=at_round)
+            except InputError as e:
+                print(f"fedmpi: error: --table: {e}", file=err)
+                return EXIT_USAGE
+        elif by:
+            # the grouped cells' statistic, said where they are printed (the paper table's caption says its own)
+            notes.append(STD_NOTE)
             rows = sweep_rows(runs, by, target, notes, include, at_round)
         else:       # one row per run, each at its own last round or every one at --at-round
             if at_round is not None:
@@ -89,9 +103,9 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     except selection.SelectionError as e:       # --at-round past the rounds of a run
         print(f"fedmpi: error: {e}", file=err)
         return EXIT_USAGE
+    print(printed.latex() if fmt == "latex" else printed.markdown() if pivot else tables(rows, by, fmt), file=out)
     # an infinite epsilon says why in the run file; the report says it too
     notes += [f"{run.name}: {note}" for run in runs if (note := figures.epsilon_note(run))]
-    print(tables(rows, by, fmt), file=out)
     for note in notes:
         print(("% " if fmt == "latex" else "") + f"note: {note}", file=out)
     for wanted, section in ((classes, class_section), (timing, timing_section)):
@@ -102,7 +116,9 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     if attack:
         print("\n" + attack_section(runs, fmt), file=out)
     try:
-        if csv_path is not None:
+        if csv_path is not None and pivot:
+            printed.csv(csv_path)
+        elif csv_path is not None:
             report.write_csv(csv_rows(rows, by), csv_path)
             for view, path in list(csv_paths(csv_path, views).items())[1:]:
                 report.write_csv(view_rows(view, runs) or [{"run": "(none recorded)"}], path)
@@ -116,6 +132,20 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
 
 
 # --- tables -----------------------------------------------------------------------------------------------
+
+STD_NOTE = ("each grouped cell is mean ± std (sample standard deviation, n - 1) over the group's runs; "
+            "--table ROWS x COLS prints mean ± 95% CI")
+
+
+def _pivot(table, by):
+    """(row keys, column keys) of --table, or None without it; InputError where it is malformed or given
+    with --by (the table groups by its own keys)."""
+    if table is None:
+        return None
+    if by:
+        raise InputError("--table and --by: give one (--table ROWS x COLS groups by its own keys)")
+    return parse_pivot(table)
+
 
 def _measured(rows, name):
     """Some row measured it: NaN is "not recorded"; an infinite value (an unbounded epsilon) is a measurement."""

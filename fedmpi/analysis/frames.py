@@ -18,6 +18,7 @@ import numpy as np
 
 from fedmpi.analysis import figures as figs
 from fedmpi.analysis import report, selection
+from fedmpi.analysis.sources import sweep_sets
 
 # Config keys that say how a run ran, not what it computed: a group that differs only in these is like with like.
 RUN_ONLY_KEYS = ("out", "runtime.", "checkpoint.")
@@ -80,6 +81,7 @@ def run_row(run, name=None, target=None):
     """One run as a row: its name, path, method, status and description, every figure, every config key."""
     row = {"run": name or run.name, "path": run.path, "method": run.method,
            "status": selection.run_status(run.attrs)}
+    row.update(sweep_sets(run))
     for column, attr in RUN_ATTRS.items():
         value = run.attrs.get(attr)
         row[column] = value.item() if hasattr(value, "item") else value
@@ -101,7 +103,8 @@ def _number(value):
 def runs(paths, target=None, err=None):
     """One row per run found in `paths` (files, run folders, folders of runs searched recursively, globs; or Run
     objects): `run`, `path`, `method` (fedmpi.analysis.labels), `status` (run.h5's; `diverged` for a run that
-    went on past a non-finite model, whose `nonfinite_round` says from which round), the run file's
+    went on past a non-finite model, whose `nonfinite_round` says from which round), `set` (the name of the
+    sweep's set that made the run: fedmpi.analysis.sources.sweep_sets; None outside a sweep), the run file's
     description (`version`, `world_size`, `nodes`, `hosts`, ...), every summary figure of
     fedmpi.analysis.figures (NaN where the run has nothing to compute it from; with `target` also
     target_round and target_bytes), `epsilon_note` (why the model's epsilon is infinite, where a fork made it
@@ -226,9 +229,9 @@ def _kept(name, values):
 
 
 def config_columns(df):
-    known = {"run", "path", "method", "status", "epsilon_note", "nonfinite_round", "evaluated_rounds", *RUN_ATTRS,
-             *figs.DEFINITIONS}
-    return [c for c in df.columns if c not in known and not c.startswith(RUN_ONLY_KEYS)]
+    known = {"run", "path", "method", "status", "epsilon_note", "nonfinite_round", "evaluated_rounds", "set",
+             *RUN_ATTRS, *figs.DEFINITIONS}
+    return [c for c in df.columns if c not in known and not c.startswith(RUN_ONLY_KEYS + ("set.",))]
 
 
 def differing(members, columns, over):
@@ -338,9 +341,10 @@ def _selected(df, include, at_round):
 
 
 def table(summary_df, fmt="markdown", figures=None, digits=3):
-    """The grouped summary as a paper's table: one row per group (its keys; n with what the group left out,
+    """The grouped summary as a table: one row per group (its keys; n with what the group left out,
     "2, +1 diverged"; the round its figures are taken at), one column per figure as "mean ± std" (`digits`
-    decimals; a share in %, bytes in MB). fmt: markdown, or latex (booktabs)."""
+    decimals; a share in %, bytes in MB; each head says so). fmt: markdown, or latex (booktabs). Methods x
+    settings with a confidence interval: fedmpi.analysis.paper_table."""
     if fmt not in ("markdown", "latex"):
         raise ValueError(f"fmt = {fmt!r}: must be markdown or latex")
     if not len(summary_df):
@@ -365,8 +369,10 @@ def _key_cell(row, key):
 
 
 def _heading(name):
-    unit = figs.UNITS.get(name)
-    return name + {"share": " (%)", "bytes": " (MB)", "seconds": " (s)"}.get(unit, "")
+    """The figure's column head, naming its unit and the statistic of its cells (fedmpi.analysis.paper_table
+    prints a confidence interval instead)."""
+    unit = {"share": "%", "bytes": "MB", "seconds": "s"}.get(figs.UNITS.get(name))
+    return f"{name} ({unit + ', ' if unit else ''}mean ± std)"
 
 
 def _cell(row, name, digits):

@@ -4,6 +4,7 @@ line for each that cannot be read: the one reader every view of fedmpi.analysis 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 
@@ -48,11 +49,29 @@ def load_runs(paths, err=None):
     return runs
 
 
+def sweep_sets(run):
+    """The sweep's set names of a run that `fedmpi sweep` started (its `sweep_sets` attribute, {axis: name}) as
+    columns: `set` (the set's name; with several lists of sets, their names joined by "/") and `set.AXIS`
+    for each named list (`sets: {split: [...], method: [...]}` gives set.split and set.method). None for a
+    run that no sweep with sets started."""
+    try:
+        labels = json.loads(run.attrs.get("sweep_sets") or "{}")
+    except (TypeError, ValueError):
+        labels = {}
+    if not isinstance(labels, dict) or not labels:
+        return {"set": None}
+    out = {"set": "/".join(str(v) for v in labels.values())}
+    out.update({"set." + axis.removeprefix("sets."): str(v) for axis, v in labels.items() if axis != "sets"})
+    return out
+
+
 def config_value(run, key):
     """The value of a dotted config key in a run's resolved config (`algorithm` alone gives its name; `method`
-    the run's method label, fedmpi.analysis.labels)."""
+    the run's method label, fedmpi.analysis.labels; `set` and `set.AXIS` the sweep's set names, `sweep_sets`)."""
     if key == "method":
         return run.method
+    if key == "set" or key.startswith("set."):
+        return sweep_sets(run).get(key)
     node = run.config
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:

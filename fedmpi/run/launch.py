@@ -103,10 +103,11 @@ def set_up(cfg, comm, **parts) -> Experiment:
     raise Refused(worst)
 
 
-def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=None) -> int:
+def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=None, attrs=None) -> int:
     """Runs on every rank; `resume` is the fedmpi.io.resume.ResumePoint that `plan_resume` chose (--resume),
     `fork` the one `fork.plan_fork` chose (--fork-from: a new run from another run's checkpoint); `dataset`
-    the config's data set loaded already (a sweep's, shared by its experiments: fedmpi.sweep.data)."""
+    the config's data set loaded already (a sweep's, shared by its experiments: fedmpi.sweep.data); `attrs`
+    more run.h5 attributes, written when the file is made or resumed (a sweep's set names)."""
     exp = set_up(cfg, comm, dataset=dataset)
     log = None
     tracking = Tracking()
@@ -115,7 +116,7 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=N
         first_round = load_into(exp, start) if start else 0
         how = how_it_ran(cfg, comm, exp)        # collective: rank 0 gets every rank's host, device, threads
         if comm.is_server:
-            exp.how = how
+            exp.how = {**how, **(attrs or {})}
             if fork:
                 fork.tell_stages(exp.stages)    # privacy figures of the rounds that had the mechanism
             log = _open_log(cfg, comm, exp, overwrite, resume)

@@ -183,7 +183,8 @@ def _one(spec, configs, datasets, mode, i, comm):
 
     cfg = configs[i]
     dataset = dataclasses.replace(datasets[data_key(cfg)])     # its own Dataset over the shared arrays
-    return run_on(comm, cfg, mode, dataset, spec.experiments[i].name)
+    exp = spec.experiments[i]
+    return run_on(comm, cfg, mode, dataset, exp.name, exp.run_attrs())
 
 
 def _parallel(spec, configs, datasets, plan, host, comm, node) -> int:

@@ -35,12 +35,13 @@ def group_comm(mpi, world, ranks, tag, host):
     return GroupComm(sub, host)
 
 
-def run_on(comm, cfg, mode, dataset, name):
-    """Runs the experiment `cfg` on `comm` (every rank of the group). Returns (exit code, run.h5's status,
-    the failure's message): the message and status on the group's rank 0, empty elsewhere."""
+def run_on(comm, cfg, mode, dataset, name, attrs=None):
+    """Runs the experiment `cfg` on `comm` (every rank of the group), `attrs` added to its run.h5's attributes.
+    Returns (exit code, run.h5's status, the failure's message): the message and status on the group's rank 0,
+    empty elsewhere."""
     began = time.monotonic()
     with _labelled(f"[{name}] "):
-        code, message = _run(cfg, comm, mode, dataset)
+        code, message = _run(cfg, comm, mode, dataset, attrs)
     status = ""
     if comm.rank == 0:
         status, error = _run_status(cfg)
@@ -48,12 +49,13 @@ def run_on(comm, cfg, mode, dataset, name):
     return code, status, message, time.monotonic() - began
 
 
-def _run(cfg, comm, mode, dataset):
+def _run(cfg, comm, mode, dataset, attrs=None):
     held, message = None, ""
     try:
         held = claim(cfg, comm, overwrite=mode == OVERWRITE, resume=mode == RESUME)
         resume = plan_resume(cfg, comm) if mode == RESUME else None
-        code = run_experiment(cfg, comm, overwrite=mode == OVERWRITE, resume=resume, dataset=dataset)
+        code = run_experiment(cfg, comm, overwrite=mode == OVERWRITE, resume=resume, dataset=dataset,
+                              attrs=attrs)
     except SystemExit as e:
         # launch._fail ended the experiment after a failure (on a group: GroupComm.abort, the group alone).
         code = e.code if isinstance(e.code, int) else EXIT_FAILED

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 import os
 import re
@@ -140,6 +141,11 @@ class Experiment:
 
     def out(self, sweep_out):
         return os.path.join(sweep_out, self.name)
+
+    def run_attrs(self):
+        """What its run.h5 records of the sweep: `sweep_sets`, the names of its sets as JSON ({axis: name};
+        fedmpi.analysis.runs makes them the columns `set` and `set.AXIS`)."""
+        return {"sweep_sets": json.dumps(self.labels)} if self.labels else {}
 
 
 def load(path) -> Spec:
