@@ -1,14 +1,14 @@
 """Curves of any per-round figure against rounds (1-based), bytes moved, wall time or simulated time, one line per
-run or one mean line with a band of +- one standard deviation per group of runs (PNG or any matplotlib format,
-the Agg backend)."""
+run or one mean line per group of runs with a band around it (the 95% confidence interval of the mean by default;
+figure_style.BANDS), in PNG, PDF, SVG or any matplotlib format (the file's suffix; the Agg backend). A grouping by
+method and a setting draws each method in one colour and each setting in one line style (figure_style)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedmpi.analysis import figures
+from fedmpi.analysis import figure_style, figures
 from fedmpi.analysis.plotting import legend_below, pyplot, save_figure, wrap
-from fedmpi.analysis.report import human_bytes
 from fedmpi.analysis.sweeps import group_runs
 
 X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
@@ -74,45 +74,52 @@ def missing_curves(runs, metrics, x):
     return lines
 
 
-def _axes(plt, metrics, x, title):
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.2), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
+def _axes(plt, metrics, x, title, width=None):
+    rows, cols, size, dpi = figure_style.layout(len(metrics), width, columns=len(metrics), panel_size=(6, 4.2))
+    fig, axes = plt.subplots(rows, cols, figsize=size, dpi=dpi, squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
         ax.set_xlabel(X_AXES[x])
-        ax.set_ylabel(wrap(LABELS.get(metric, metric.replace("_", " "))))
+        ax.set_ylabel(wrap(LABELS.get(metric, metric.replace("_", " ")), 34 if width is None else 40))
         ax.grid(alpha=0.3)
         if x == "bytes":
-            ax.xaxis.set_major_formatter(lambda v, _: human_bytes(v))
+            figure_style.byte_axis(ax.xaxis)
     if title:
         fig.suptitle(title)
-    return fig, axes[0]
+    return fig, list(axes.flat)
 
 
-def _save(plt, fig, axes, path):
+def _save(plt, fig, axes, path, **legend):
     fig.tight_layout()
-    legend_below(fig, axes)
+    legend_below(fig, axes, **legend)
     save_figure(fig, path)
     plt.close(fig)
 
 
-def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None):
-    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points."""
+def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None,
+                width=None):
+    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points;
+    `width` (inches) draws the figure at a paper's column or page width (figure_style)."""
     plt = pyplot()
-    fig, axes = _axes(plt, metrics, x, title)
-    labels = labels or [run.name for run in runs]
-    for ax, metric in zip(axes, metrics):
-        for i, (run, label) in enumerate(zip(runs, labels)):
-            xs, ys = curve(run, metric, x)
-            if len(xs):
-                ax.plot(xs, figures.rolling_mean(ys, smooth) if smooth > 1 else ys, label=label,
-                        linestyle=_STYLES[i // 10 % 3])
-    _save(plt, fig, axes, path)
+    with figure_style.style(width):
+        fig, axes = _axes(plt, metrics, x, title, width)
+        labels = labels or [run.name for run in runs]
+        for ax, metric in zip(axes, metrics):
+            for i, (run, label) in enumerate(zip(runs, labels)):
+                xs, ys = curve(run, metric, x)
+                if len(xs):
+                    ax.plot(*figure_style.finite_points(xs, figures.rolling_mean(ys, smooth) if smooth > 1 else ys),
+                            label=label, linestyle=_STYLES[i // 10 % 3])
+        _save(plt, fig, axes, path)
 
 
-def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True):
-    """On `ax`, one line per group ({label: [runs]}): the mean over its runs with a band of +- one sample
-    standard deviation, over the rounds that all of them have and where the figure was measured.
-    `colors` may fix a group's colour ({label: colour}), e.g. to match it across panels; `counted` adds the
-    group's number of runs to its label."""
+def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True, styles=None,
+                band=figure_style.DEFAULT_BAND):
+    """On `ax`, one line per group ({label: [runs]}): the mean over its runs with a band (`band`: the 95% CI of
+    the mean, "std", "sem" or "none"; figure_style.BANDS; none for a group of one run), over the rounds that all
+    of them have and where the figure was measured; a point that is not finite is not drawn.
+    `colors` may fix a group's colour ({label: colour}), e.g. to match it across panels, `styles` its line
+    ({label: plot keywords}, figure_style.encodings); `counted` adds the group's number of runs to its label."""
+    figure_style.check_band(band)
     for i, (label, members) in enumerate(groups.items()):
         n = min(len(r.metrics.get("round", [])) for r in members)
         if n == 0 or any(metric not in r.metrics or np.ndim(r.metrics[metric]) != 1 or not has_x(r, x)
@@ -120,22 +127,37 @@ def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=T
             continue
         xs = np.mean([curve_x(r, x)[:n] for r in members], axis=0)
         ys = np.array([np.asarray(r.metrics[metric][:n], dtype=np.float64) for r in members])
-        keep = np.isfinite(ys).all(axis=0)
+        keep = np.isfinite(ys).all(axis=0) & np.isfinite(xs)
         mean = ys[:, keep].mean(axis=0)
-        line, = ax.plot(xs[keep], mean, label=f"{label} ({len(members)})" if counted else label,
-                        linestyle=_STYLES[i // 10 % 3],
-                        color=(colors or {}).get(label), marker="o" if keep.sum() < 3 else None)
-        if len(members) > 1:
-            std = ys[:, keep].std(axis=0, ddof=1)
-            ax.fill_between(xs[keep], mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        look = {"linestyle": _STYLES[i // 10 % 3], "color": (colors or {}).get(label),
+                **(styles or {}).get(label, {})}
+        if keep.sum() < 3:
+            look["marker"] = look.get("marker") or "o"
+        line, = ax.plot(xs[keep], mean, label=f"{label} ({len(members)})" if counted else label, **look)
+        half = figure_style.band_half_width(ys[:, keep], band)
+        if half is not None:
+            ax.fill_between(xs[keep], mean - half, mean + half, color=line.get_color(), alpha=0.15, linewidth=0)
 
 
-def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None):
-    """One line per group of the keys `by` (mean +- std over its runs, e.g. seeds), one panel per metric."""
+def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None, band=figure_style.DEFAULT_BAND,
+               width=None):
+    """One line per group of the keys `by` (the mean over its runs, e.g. seeds, with a `band`), one panel per
+    metric. Grouped by "method" and settings, each method has one colour and each setting one line style (by
+    several keys without "method", the first key's values the colour); the legend reads as methods x settings."""
+    figure_style.check_band(band)
     plt = pyplot()
-    fig, axes = _axes(plt, metrics, x, title)
-    groups = {", ".join(f"{k}={v}" for k, v in zip(by, key)): members
-              for key, members in group_runs(runs, by).items()}
-    for ax, metric in zip(axes, metrics):
-        draw_groups(ax, groups, metric, x)
-    _save(plt, fig, axes, path)
+    colour_at = list(by).index("method") if "method" in by else 0
+    groups, parts = {}, {}
+    for key, members in group_runs(runs, by).items():
+        label = ", ".join(str(v) if k == "method" else f"{k}={v}" for k, v in zip(by, key))
+        groups[label] = members
+        parts[f"{label} ({len(members)})"] = (str(key[colour_at]), ", ".join(
+            f"{k}={v}" for j, (k, v) in enumerate(zip(by, key)) if j != colour_at))
+    looks = figure_style.encodings(parts)
+    with figure_style.style(width):
+        fig, axes = _axes(plt, metrics, x, title, width)
+        for ax, metric in zip(axes, metrics):
+            draw_groups(ax, groups, metric, x, band=band,
+                        styles={label: looks[f"{label} ({len(m)})"] for label, m in groups.items()})
+        _save(plt, fig, axes, path, title=figure_style.band_note(band, groups),
+              columns=figure_style.legend_columns(parts), order=figure_style.ordered_for_legend(parts))
