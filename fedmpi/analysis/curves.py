@@ -159,5 +159,11 @@ def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None, ban
         for ax, metric in zip(axes, metrics):
             draw_groups(ax, groups, metric, x, band=band,
                         styles={label: looks[f"{label} ({len(m)})"] for label, m in groups.items()})
-        _save(plt, fig, axes, path, title=figure_style.band_note(band, groups),
-              columns=figure_style.legend_columns(parts), order=figure_style.ordered_for_legend(parts))
+        if width is None:
+            _save(plt, fig, axes, path, title=figure_style.band_note(band, groups),
+                  columns=figure_style.legend_columns(parts), order=figure_style.ordered_for_legend(parts))
+        else:
+            fig.tight_layout()
+            figure_style.paper_legend(fig, parts, looks, figure_style.band_note(band, groups), width)
+            save_figure(fig, path)
+            plt.close(fig)

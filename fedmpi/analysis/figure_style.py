@@ -127,3 +127,29 @@ def style(width=None):
     import matplotlib
 
     return matplotlib.rc_context(PAPER_RC) if width is not None else contextlib.nullcontext()
+
+
+def paper_legend(fig, parts, looks, title, width):
+    """At a paper's width, one legend below the panels that fits it: an entry per method (its colour) and one
+    per setting (its line style, in grey) instead of one per line, the runs per line in the title."""
+    import textwrap
+
+    from matplotlib.lines import Line2D
+
+    counts = sorted({int(label.rsplit(" (", 1)[1][:-1]) for label in parts if label.endswith(")")})
+    if counts:
+        title += f"; n = {counts[0]}" + (f"-{counts[-1]}" if len(counts) > 1 else "") + " runs per line"
+    handles, labels = {}, {}
+    for label, (colour, _) in parts.items():
+        look = looks[label]
+        handles.setdefault(colour, Line2D([], [], color=look["color"], marker=look["marker"], linestyle="-"))
+    settings = list(dict.fromkeys(s for _, s in parts.values()))
+    if len(settings) > 1:
+        for label, (_, setting) in parts.items():
+            labels.setdefault(setting, Line2D([], [], color="0.35", linestyle=looks[label]["linestyle"]))
+    entries = {**handles, **labels}
+    chars = width * 72 / (PAPER_RC["legend.fontsize"] * 0.6)      # characters of a 7 pt font across the width
+    columns = max(1, min(len(entries), int(chars // (max(len(e) for e in entries) + 6))))
+    fig.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=columns,
+               frameon=False, title=textwrap.fill(title, int(chars * 0.9)), fontsize=PAPER_RC["legend.fontsize"],
+               title_fontsize=PAPER_RC["legend.fontsize"])

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedmpi.analysis import figure_style, figures
-from fedmpi.analysis.curves import X_AXES, draw_groups, has_x
+from fedmpi.analysis.curves import LABELS, X_AXES, draw_groups, has_x
 from fedmpi.analysis.plotting import legend_below, pyplot, save_figure, wrap
 from fedmpi.analysis.sweeps import group_runs
 
@@ -99,15 +99,19 @@ def plot_overview(runs, path, by=(), x="round", title=None, band=figure_style.DE
         titles = []
         for ax, panel in zip(axes.flat, panels):
             titles.append(panel(ax, groups, looks, band))
-            ax.set_title(wrap(titles[-1], 48 if width is None else 40), fontsize=10 if width is None else 8)
+            ax.set_title(wrap(titles[-1], 48 if width is None else int(size[0] / cols * 72 / 5)),
+                         fontsize=10 if width is None else 8)           # 8 pt: about 5 pt a character
             ax.grid(alpha=0.3)
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)
         if title:
             fig.suptitle(title)
         fig.tight_layout()
-        legend_below(fig, list(axes.flat), title=figure_style.band_note(band, groups),
-                     columns=figure_style.legend_columns(parts), order=figure_style.ordered_for_legend(parts))
+        if width is None:
+            legend_below(fig, list(axes.flat), title=figure_style.band_note(band, groups),
+                         columns=figure_style.legend_columns(parts), order=figure_style.ordered_for_legend(parts))
+        else:
+            figure_style.paper_legend(fig, parts, looks, figure_style.band_note(band, groups), width)
         save_figure(fig, path)
     plt.close(fig)
     return titles
@@ -120,7 +124,7 @@ def _curve(metric, x):
         if x == "round":
             _integer_rounds(ax)
         ax.set_xlabel(X_AXES[x])
-        ax.set_ylabel(wrap(metric.replace("_", " ")))
+        ax.set_ylabel(wrap(LABELS.get(metric, metric.replace("_", " "))))
         if x == "bytes":
             figure_style.byte_axis(ax.xaxis)
         return f"{metric.replace('_', ' ')} against {X_AXES[x]}"
@@ -182,10 +186,9 @@ def _privacy(ax, groups, looks, band):
                     not in ("-", "solid") else None)
         finite.append(eps[keep].mean())
     _epsilon_axis(ax, finite)
-    if unbounded:
-        ax.text(0.02, 0.02, wrap("not drawn, epsilon infinite (no noise): " + "; ".join(unbounded), 44),
-                transform=ax.transAxes, fontsize=7, va="bottom")
-    ax.set_xlabel("epsilon of the released model")
+    # below the axis, where it cannot hide a point
+    ax.set_xlabel("epsilon of the released model" + ("\n" + wrap("not drawn, epsilon infinite (no noise): "
+                                                                   + "; ".join(unbounded), 44) if unbounded else ""))
     ax.set_ylabel("final test accuracy")
     return "privacy: final accuracy against epsilon"
 
