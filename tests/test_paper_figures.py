@@ -118,7 +118,7 @@ def test_a_methods_by_betas_grid_is_coloured_by_method_styled_by_beta_and_names_
         lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
         assert len(lines) == len(METHODS) * len(BETAS)
         for method in METHODS:
-            mine = [line for label, line in lines.items() if label.startswith(f"{method},")]
+            mine = [line for label, line in lines.items() if label.split(", ")[0].split("=")[-1] == method]
             assert len({line.get_color() for line in mine}) == 1, method           # one colour per method
             assert len({str(line.get_linestyle()) for line in mine}) == len(BETAS)  # one style per beta
         assert len({line.get_color() for line in lines.values()}) == len(METHODS)
@@ -129,6 +129,17 @@ def test_a_methods_by_betas_grid_is_coloured_by_method_styled_by_beta_and_names_
     std = drawn(monkeypatch, curves, lambda: a.plot_sweep(runs, ["method", "partition.beta"],
                                                           str(tmp_path / "std.png"), band="std"), "grid-std.png")
     assert "1 std" in legend_titles(std)
+
+
+def test_the_bytes_axis_of_each_run_has_si_ticks_that_do_not_touch(tmp_path, monkeypatch):
+    """F03: one line per run against bytes moved, at the default size and at a column's width."""
+    runs = [a.report.read_run(str(grid_run(tmp_path / "runs", "fedavg", 0.5, seed, bytes_per_round=2.2e7)))
+            for seed in SEEDS]
+    fig = drawn(monkeypatch, curves, lambda: a.plot_curves(runs, str(tmp_path / "bytes.png"), x="bytes"),
+                "runs-bytes.png")
+    check_artists(fig)
+    ticks = [t.get_text() for t in tick_labels(fig.axes[0].xaxis)]
+    assert ticks and all(t.endswith("MB") for t in ticks), ticks
 
 
 def test_the_band_is_the_t_interval_of_the_tables_and_a_single_run_has_none():
