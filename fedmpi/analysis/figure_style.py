@@ -98,7 +98,7 @@ def byte_axis(axis):
     from matplotlib.ticker import EngFormatter, MaxNLocator
 
     axis.set_major_formatter(EngFormatter(unit="B", sep=" "))
-    axis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
+    axis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10], min_n_ticks=3))
 
 
 def finite_points(xs, ys):
