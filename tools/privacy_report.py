@@ -117,7 +117,7 @@ def draw(groups, path):
     colors = {eps_name(e): f"C{i}" for i, e in enumerate(EPSILONS)}
     for ax, (method, label) in zip(axes, METHODS):
         chosen = {("ε = ∞ (no DP)" if math.isinf(e) else f"ε = {e:g}"): groups[method, e] for e in EPSILONS}
-        analysis.draw_groups(ax, chosen, "test_acc", "round",
+        analysis.draw_groups(ax, chosen, "test_acc", "round", band="std",
                              colors={k: colors[eps_name(e)] for k, e in zip(chosen, EPSILONS)})
         ax.set_title(label)
         ax.set_xlabel("round")

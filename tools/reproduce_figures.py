@@ -14,7 +14,7 @@ from fedmpi.analysis import report
 
 def _panel(ax, groups, labels, title, metric="test_acc"):
     chosen = {label: groups[name] for name, label in labels}
-    analysis.draw_groups(ax, chosen, metric, "round")
+    analysis.draw_groups(ax, chosen, metric, "round", band="std")      # the ylabel says "mean ± std"
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("round")
     ax.grid(alpha=0.3)

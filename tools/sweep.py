@@ -11,7 +11,7 @@ note (FedAvg and FedAvg+FT under --by algorithm). The table has the group's keys
 seeds, then the figures of `fedmpi report` (final_acc, acc_last20_mean, best accuracy, rise round, with
 --target the rounds and bytes until the target and how many runs reached it, uploads, bytes moved, wall time,
 and every family's figures where recorded), as mean +- sample std; CSV keeps means and standard deviations in
-separate columns. --plot draws the groups' mean curves with +-1 std bands (fedmpi.analysis.overview). Groups
+separate columns. --plot draws the groups' mean curves with 95% CI bands (fedmpi.analysis.overview). Groups
 use the finished runs and say what they left out (diverged, failed, still running at round R); --include adds
 those statuses. Every group is taken at the same round, the last one every run evaluated (--at-round names
 another). `fedmpi.analysis.summary` gives the same groups as a DataFrame with a 95% confidence interval.
@@ -31,7 +31,7 @@ def main(argv=None):
     p.add_argument("--target", type=float, metavar="ACC", help="also the rounds and bytes until this accuracy")
     p.add_argument("--csv", metavar="FILE.csv", help="also write the table as CSV")
     p.add_argument("--format", choices=("text", "markdown"), default="text", help="table format")
-    p.add_argument("--plot", metavar="FILE.png", help="also draw mean +- std accuracy curves per group")
+    p.add_argument("--plot", metavar="FILE.png", help="also draw mean accuracy curves per group, with 95%% CI bands")
     p.add_argument("--x", choices=sorted(analysis.X_AXES), default="round", help="x axis of --plot")
     p.add_argument("--force", action="store_true", help="replace existing --csv and --plot files")
     p.add_argument("--include", metavar="STATUSES",

@@ -1,14 +1,14 @@
 """Curves of any per-round figure against rounds (1-based), bytes moved, wall time or simulated time, one line per
-run or one mean line with a band of +- one standard deviation per group of runs (PNG or any matplotlib format,
-the Agg backend)."""
+run or one mean line per group of runs with a band around it (the 95% confidence interval of the mean by default;
+figure_style.BANDS), in PNG, PDF, SVG or any matplotlib format (the file's suffix; the Agg backend). A grouping by
+method and a setting draws each method in one colour and each setting in one line style (figure_style)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedmpi.analysis import figures, selection
+from fedmpi.analysis import figure_style, figures, selection
 from fedmpi.analysis.plotting import legend_below, pyplot, save_figure, wrap
-from fedmpi.analysis.report import human_bytes
 from fedmpi.analysis.sweeps import group_runs
 
 X_AXES = {"round": "round", "bytes": "bytes moved (up + down)", "wall": "wall time (s)",
@@ -75,72 +75,80 @@ def missing_curves(runs, metrics, x):
     return lines
 
 
-def _axes(plt, metrics, x, title):
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.2), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
+def _axes(plt, metrics, x, title, width=None):
+    rows, cols, size, dpi = figure_style.layout(len(metrics), width, columns=len(metrics), panel_size=(6, 4.2))
+    fig, axes = plt.subplots(rows, cols, figsize=size, dpi=dpi, squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
         ax.set_xlabel(X_AXES[x])
-        ax.set_ylabel(wrap(LABELS.get(metric, metric.replace("_", " "))))
+        ax.set_ylabel(wrap(LABELS.get(metric, metric.replace("_", " ")), 34 if width is None else 40))
         ax.grid(alpha=0.3)
         if x == "bytes":
-            ax.xaxis.set_major_formatter(lambda v, _: human_bytes(v))
+            figure_style.byte_axis(ax.xaxis)
     if title:
         fig.suptitle(title)
-    return fig, axes[0]
+    return fig, list(axes.flat)
 
 
-def _save(plt, fig, axes, path):
+def _save(plt, fig, axes, path, **legend):
     fig.tight_layout()
-    legend_below(fig, axes)
+    legend_below(fig, axes, **legend)
     save_figure(fig, path)
     plt.close(fig)
 
 
 def plot_curves(runs, path, x="round", metrics=("test_acc", "test_loss"), labels=None, smooth=1, title=None,
-                include=PER_RUN):
-    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points.
-    Diverged and failed runs are left out unless `include` names them (fedmpi.analysis.selection; runs still
-    being written are drawn up to their last complete round): returns what was left out ("" for nothing)."""
+                include=PER_RUN, width=None):
+    """One panel per metric, one line per run; `smooth` > 1 draws the rolling mean over that many points;
+    `width` (inches) draws the figure at a paper's column or page width (figure_style). Diverged and failed
+    runs are left out unless `include` names them (fedmpi.analysis.selection; runs still being written are
+    drawn up to their last complete round): returns what was left out ("" for nothing)."""
     plt = pyplot()
-    fig, axes = _axes(plt, metrics, x, title)
     labels = labels or [run.name for run in runs]
     pairs, left_out = selection.split_runs(list(zip(runs, labels)), include)
     runs, labels = [run for run, _ in pairs], [label for _, label in pairs]
-    for ax, metric in zip(axes, metrics):
-        for i, (run, label) in enumerate(zip(runs, labels)):
-            xs, ys = curve(run, metric, x)
-            if len(xs):
-                ax.plot(xs, figures.rolling_mean(ys, smooth) if smooth > 1 else ys, label=label,
-                        linestyle=_STYLES[i // 10 % 3])
-    _save(plt, fig, axes, path)
+    with figure_style.style(width):
+        fig, axes = _axes(plt, metrics, x, title, width)
+        for ax, metric in zip(axes, metrics):
+            for i, (run, label) in enumerate(zip(runs, labels)):
+                xs, ys = curve(run, metric, x)
+                if len(xs):
+                    ax.plot(*figure_style.finite_points(xs, figures.rolling_mean(ys, smooth) if smooth > 1 else ys),
+                            label=label, linestyle=_STYLES[i // 10 % 3])
+        _save(plt, fig, axes, path)
     return left_out
 
 
-def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True):
+def draw_groups(ax, groups, metric="test_acc", x="round", colors=None, counted=True, styles=None,
+                band=figure_style.DEFAULT_BAND):
     """On `ax`, one line per group ({label: [runs]}): at each round, the mean over the group's runs that measured
-    the figure there (finite values only), with a band of +- one sample standard deviation where two or more
-    did. A run evaluated on its own cadence (FedSkip's aggregation rounds, eval.every) adds its points at its
-    own rounds and never removes the others' points. `colors` may fix a group's colour ({label: colour}), e.g.
-    to match it across panels; `counted` adds the group's number of runs to its label."""
+    the figure there (finite values only), with a band (`band`: the 95% CI of the mean, "std", "sem" or "none";
+    figure_style.BANDS) where two or more did. A run evaluated on its own cadence (FedSkip's aggregation rounds,
+    eval.every) adds its points at its own rounds and never removes the others' points. `colors` may fix a
+    group's colour ({label: colour}), e.g. to match it across panels, `styles` its line ({label: plot
+    keywords}, figure_style.encodings); `counted` adds the group's number of runs to its label."""
+    figure_style.check_band(band)
     for i, (label, members) in enumerate(groups.items()):
         if not members or any(metric not in r.metrics or np.ndim(r.metrics[metric]) != 1 or not has_x(r, x)
                               for r in members):
             continue
-        xs, mean, std = group_curve(members, metric, x)
+        xs, mean, half = group_curve(members, metric, x, band)
         if not len(xs):
             continue
-        line, = ax.plot(xs, mean, label=f"{label} ({len(members)})" if counted else label,
-                        linestyle=_STYLES[i // 10 % 3],
-                        color=(colors or {}).get(label), marker="o" if len(xs) < 3 else None)
-        band = np.isfinite(std)
-        if band.any():
-            ax.fill_between(xs[band], (mean - std)[band], (mean + std)[band], color=line.get_color(), alpha=0.2,
-                            linewidth=0)
+        look = {"linestyle": _STYLES[i // 10 % 3], "color": (colors or {}).get(label),
+                **(styles or {}).get(label, {})}
+        if len(xs) < 3:
+            look["marker"] = look.get("marker") or "o"
+        line, = ax.plot(xs, mean, label=f"{label} ({len(members)})" if counted else label, **look)
+        shown = np.isfinite(half)
+        if shown.any():
+            ax.fill_between(xs[shown], (mean - half)[shown], (mean + half)[shown], color=line.get_color(),
+                            alpha=0.15, linewidth=0)
 
 
-def group_curve(members, metric, x="round"):
-    """(x, mean, sample std) of a group's curve: one point per round at which some run of the group measured
-    `metric` (a finite value at a finite x), the mean over the runs that did (x too, for bytes or time axes);
-    std is NaN where fewer than two did."""
+def group_curve(members, metric, x="round", band=figure_style.DEFAULT_BAND):
+    """(x, mean, band half-width) of a group's curve: one point per round at which some run of the group
+    measured `metric` (a finite value at a finite x), the mean over the runs that did (x too, for bytes or time
+    axes); the half-width of `band` over those runs (figure_style.band_half_width), NaN where fewer than two did."""
     points = {}
     for run in members:
         ys = np.asarray(run.metrics[metric], dtype=np.float64)
@@ -152,20 +160,38 @@ def group_curve(members, metric, x="round"):
     order = sorted(points)
     xs = np.array([np.mean([p[0] for p in points[r]]) for r in order])
     mean = np.array([np.mean([p[1] for p in points[r]]) for r in order])
-    std = np.array([np.std([p[1] for p in points[r]], ddof=1) if len(points[r]) > 1 else np.nan for r in order])
-    return xs, mean, std
+    half = [figure_style.band_half_width(np.array([[p[1]] for p in points[r]]), band) for r in order]
+    return xs, mean, np.array([np.nan if h is None else float(h[0]) for h in half])
 
 
-def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None, include=None):
-    """One line per group of the keys `by` (mean +- std over its runs, e.g. seeds), one panel per metric; the
-    finished runs unless `include` names others, each label saying what its group left out
-    (fedmpi.analysis.selection)."""
+def plot_sweep(runs, by, path, x="round", metrics=("test_acc",), title=None, include=None,
+               band=figure_style.DEFAULT_BAND, width=None):
+    """One line per group of the keys `by` (the mean over its runs, e.g. seeds, with a `band`), one panel per
+    metric; the finished runs unless `include` names others, each label saying what its group left out
+    (fedmpi.analysis.selection). Grouped by "method" and settings, each method has one colour and each setting
+    one line style (by several keys without "method", the first key's values the colour); the legend reads as
+    methods x settings."""
+    figure_style.check_band(band)
     plt = pyplot()
-    fig, axes = _axes(plt, metrics, x, title)
-    groups = {}
+    colour_at = list(by).index("method") if "method" in by else 0
+    groups, parts = {}, {}
     for key, members in group_runs(runs, by).items():
         used, left_out = selection.split_runs(members, include)
-        groups[selection.group_label(", ".join(f"{k}={v}" for k, v in zip(by, key)), len(used), left_out)] = used
-    for ax, metric in zip(axes, metrics):
-        draw_groups(ax, groups, metric, x, counted=False)
-    _save(plt, fig, axes, path)
+        label = selection.group_label(", ".join(str(v) if k == "method" else f"{k}={v}" for k, v in zip(by, key)),
+                                      len(used), left_out)
+        groups[label] = used
+        parts[label] = (str(key[colour_at]), ", ".join(
+            f"{k}={v}" for j, (k, v) in enumerate(zip(by, key)) if j != colour_at))
+    looks = figure_style.encodings(parts)
+    with figure_style.style(width):
+        fig, axes = _axes(plt, metrics, x, title, width)
+        for ax, metric in zip(axes, metrics):
+            draw_groups(ax, groups, metric, x, counted=False, band=band, styles=looks)
+        if width is None:
+            _save(plt, fig, axes, path, title=figure_style.band_note(band, groups),
+                  columns=figure_style.legend_columns(parts), order=figure_style.ordered_for_legend(parts))
+        else:
+            fig.tight_layout()
+            figure_style.paper_legend(fig, parts, looks, figure_style.band_note(band, groups), width)
+            save_figure(fig, path)
+            plt.close(fig)

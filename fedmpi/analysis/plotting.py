@@ -28,17 +28,22 @@ def wrap(label, width=LABEL_WIDTH):
     return textwrap.fill(str(label), width)
 
 
-def legend_below(fig, axes):
+def legend_below(fig, axes, title=None, columns=None, order=None):
     """One legend for the whole figure, below its panels (never over the curves, never cut off: the figure is
-    saved with its bounding box around everything), with each label once."""
+    saved with its bounding box around everything), with each label once; `title` says what the lines and
+    bands are, `order` (labels) and `columns` lay the entries out (figure_style.legend_columns)."""
     seen = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, handle)
+    if order:
+        seen = {label: seen[label] for label in [*order, *seen] if label in seen}
     if seen:
-        columns = max(1, min(len(seen), 4 if max(len(label) for label in seen) < 30 else 2))
+        columns = columns or max(1, min(len(seen), 4 if max(len(label) for label in seen) < 30 else 2))
         fig.legend(list(seen.values()), list(seen), loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=columns,
-                   fontsize=8, frameon=False)
+                   frameon=False, title=title, fontsize=8, title_fontsize=8)
+    elif title:
+        fig.text(0.5, 0.0, title, ha="center", va="top")
 
 
 def save(plt, fig, path):
@@ -48,7 +53,9 @@ def save(plt, fig, path):
 
 
 def save_figure(fig, path):
-    """`fig` as a file at `path`, written to a temporary file renamed into place (never through a link); the
-    bounding box is fitted around every label and legend, so none is cut off."""
+    """`fig` as a file at `path` in the format its suffix names (.png, .pdf, .svg, ...), written to a temporary
+    file renamed into place (never through a link); the bounding box is fitted around every label and legend, so
+    none is cut off. A raster is written at the figure's own dpi (300 for a figure drawn at a paper's width)."""
     fmt = os.path.splitext(path)[1][1:].lower() or "png"
-    replace_with(path, lambda fh: fig.savefig(fh, dpi=120, format=fmt, bbox_inches="tight"), mode="wb")
+    replace_with(path, lambda fh: fig.savefig(fh, dpi=max(fig.dpi, 120), format=fmt, bbox_inches="tight"),
+                 mode="wb")
