@@ -83,11 +83,12 @@ def _env():
 
 
 def _checkout():
-    """{path: sha256} of the checkout's files git reports (changed, untracked and ignored ones, __pycache__
-    and pytest's cache aside) and of every file under docs/ and README.md."""
+    """{path: sha256} of the checkout's files git reports (changed, untracked and ignored ones, the caches of
+    Python, pytest and ruff aside) and of every file under docs/ and README.md."""
     listed = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.splitlines()
-    paths = {line[3:] for line in listed if "__pycache__" not in line and ".pytest_cache" not in line}
+    caches = ("__pycache__", ".pytest_cache", ".ruff_cache")      # the tools' own, written by any test run
+    paths = {line[3:] for line in listed if not any(cache in line for cache in caches)}
     paths |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*") if p.is_file()}
     paths.add("README.md")
     state = {}
@@ -131,7 +132,7 @@ def test_personalization_from_another_folder_writes_its_table_there(tmp_path, be
 
     cfg = small_config(tmp_path / "myruns" / "fedper", rounds=1, data={"name": "synthetic"},
                        partition={"clients": 4, "scheme": "iid", "local_test": 0.2},
-                       server={"clients_per_round": 2}, algorithm={"name": "fedper"},
+                       server={"clients_per_round": 2}, algorithm={"name": "fedper"}, model={"name": "mlp"},
                        eval={"local_every": 1, "local_clients": "all"})
     assert main(["run", str(write_config(tmp_path / "fedper.yaml", cfg))]) == 0
     (tmp_path / "elsewhere").mkdir()
