@@ -321,7 +321,8 @@ def main(argv=None):
     else:
         plan = [(wl, plan_rows(wl, args.ranks, args.loop_ranks, args.vectorize, args.floor), args.rounds)
                 for wl in args.workloads if wl not in ("W4", "W6", "SK")]
-    base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
+    # Absolute: the launches run with the checkout as their working folder.
+    base = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
     if args.done_when_42:
         print(f"fedmpi bench: issue 42's measurement, pairs {args.pairs}, cores {os.cpu_count()}, load "
               f"{os.getloadavg()[0]:.1f}; runs in {base}", flush=True)

@@ -111,7 +111,7 @@ def check(dry=False, work=None):
     bench = _bench()
     gpu = torch.cuda.is_available() and not dry
     device, rounds = ("cuda", GPU_ROUNDS) if gpu else ("cpu", DRY_ROUNDS)
-    work = Path(work or tempfile.mkdtemp(prefix="fedmpi-gpu-check-"))
+    work = Path(work or tempfile.mkdtemp(prefix="fedmpi-gpu-check-")).resolve()    # launches run in ROOT
     runs = configs(bench, work, device, rounds, not gpu)
     rows = []
     n2_steps = [[runs[(wl, "n2")][0], "--overwrite"] for wl in WORKLOADS]

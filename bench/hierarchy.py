@@ -5,7 +5,7 @@ between the nodes: docs/jobs_and_tools.md, "Several nodes on one machine") and o
 with node buffers (FEDMPI_NODE_BUFFERS=1: shared memory in the node, the leaders' MPI collective between
 nodes) and without (FEDMPI_NODE_BUFFERS=0: MPI's Bcast and Reduce among all ranks).
 
-    python bench/hierarchy.py [--rounds 10] [--out runs/bench-hierarchy]
+    python bench/hierarchy.py [--rounds 10] --out runs/bench-hierarchy
 
 One launch per layout runs both settings (the torch import is paid once). Reported per setting, as medians
 over rounds 2.. : rank 0's bcast + reduce seconds a round, and the sum over all ranks; the models of the
@@ -57,9 +57,12 @@ def transfer_seconds(run):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--out", default=str(ROOT / "runs" / "bench-hierarchy"))
+    p.add_argument("--out", help="folder of the runs (default ./runs/bench-hierarchy, refused inside the checkout)")
     p.add_argument("--mpiexec", help="the launcher (default: the one beside this Python, else on PATH)")
     args = p.parse_args(argv)
+    from fedmpi.core.tool_outputs import output_or_default
+
+    args.out = output_or_default(args.out, "bench/hierarchy.py", "runs/bench-hierarchy", "--out", str(ROOT))
     if args.mpiexec is None:
         from fedmpi.analysis.batch_report import require_mpiexec
 

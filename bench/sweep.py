@@ -3,7 +3,7 @@
 experiment and against tools/run_batch.py (the experiments one after another in one launch), all three at the
 same number of ranks, interleaved: each repeat runs the three arms, in the reverse order every other repeat.
 
-    python bench/sweep.py [--np 3] [--rounds 30] [--repeats 2] [--out runs/bench-sweep] [--json FILE]
+    python bench/sweep.py [--np 3] [--rounds 30] [--repeats 2] --out runs/bench-sweep [--json FILE]
     python bench/sweep.py --quick          # 2 tiny experiments, 1 repeat: a smoke test of the whole benchmark
 
 The grid is jobs/sweeps/quickstart_grid.yaml's (the quickstart: mnist5k, cnn_mnist, 30 clients, 10 per round;
@@ -33,6 +33,8 @@ import time
 import h5py
 import yaml
 
+from fedmpi.core.tool_outputs import output_or_default
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = os.path.join(ROOT, "jobs", "sweeps", "quickstart_grid.yaml")
 QUICK = {"grid": {"algorithm.name": ["fedavg", "fedprox"]}, "seeds": [0],
@@ -46,10 +48,12 @@ def parse(argv):
     p.add_argument("--rounds", type=int, default=None, help="rounds per experiment (default: the grid's, 30)")
     p.add_argument("--repeats", type=int, default=2, help="repeats of the three arms (default 2)")
     p.add_argument("--sweep-ranks", type=int, default=1, help="ranks per experiment in the sweep (default 1)")
-    p.add_argument("--out", default=os.path.join("runs", "bench-sweep"), help="work folder (replaced)")
+    p.add_argument("--out", help="work folder, replaced (default ./runs/bench-sweep, refused inside the checkout)")
     p.add_argument("--json", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="2 tiny experiments, 1 round, 1 repeat")
     args = p.parse_args(argv)
+    # Absolute: the launches run with the checkout as their working folder (fedmpi.core.tool_outputs).
+    args.out = output_or_default(args.out, "bench/sweep.py", os.path.join("runs", "bench-sweep"), "--out", ROOT)
     if args.quick:
         args.rounds, args.repeats = 1, 1
     return args

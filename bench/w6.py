@@ -204,7 +204,7 @@ def main(argv=None):
         return records
     if args.quick:
         args.ranks, args.models, args.rounds = [2, 3], ["lr"], 3
-    base = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-w6-"))
+    base = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-w6-"))
     rows, records = run(base, args.rounds, tuple(args.ranks), tuple(args.models), tuple(args.protocols))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)] if rows else []
     for line in [HEADER, *rows]:

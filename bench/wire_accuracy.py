@@ -2,7 +2,7 @@
 (jobs/configs/quickstart.yaml) and W1 (bench/bench.py) at float32, bfloat16 and float16, one process each
 (-n 1: the results are the same at any -n), evaluated every round, one torch thread.
 
-    python bench/wire_accuracy.py [--rounds R] [--out DIR]
+    python bench/wire_accuracy.py [--rounds R] [--out DIR]   # DIR default ./runs/wire_accuracy
 
 Prints, per workload and dtype, the test accuracy of every round, the final test loss, bytes_up and
 bytes_down of a round, and the largest accuracy difference to float32 over the rounds.
@@ -75,9 +75,12 @@ def run(out, rounds):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=None, help="rounds of each run (default: the workload's)")
-    p.add_argument("--out", default="runs/wire_accuracy")
+    p.add_argument("--out", help="folder of the runs (default ./runs/wire_accuracy, refused inside the checkout)")
     args = p.parse_args(argv)
-    run(Path(args.out).resolve(), args.rounds)
+    from fedmpi.core.tool_outputs import output_or_default
+
+    out = output_or_default(args.out, "bench/wire_accuracy.py", "runs/wire_accuracy", "--out", str(HERE.parent))
+    run(Path(out), args.rounds)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ def _parser(argv=None):
     run.add_argument("config", help="YAML config file")
     run.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rounds=50")
     run.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint in out")
-    run.add_argument("--dry-run", action="store_true", help="validate, print config and partition; train nothing")
+    run.add_argument("--dry-run", action="store_true",
+                     help="validate; print the model, partition, privacy and memory lines; train nothing")
+    run.add_argument("--show-config", action="store_true",
+                     help="with --dry-run, also print the resolved config (YAML) after those lines")
     run.add_argument("--overwrite", action="store_true", help="replace an existing run in out")
     run.add_argument("--fork-from", metavar="OLD_OUT@ROUND",
                      help="start from OLD_OUT's checkpoint after ROUND rounds, with the keys given here changed")
@@ -200,6 +203,8 @@ def _run(args):
     if args.fork_from and args.resume:
         raise ConfigError("--fork-from and --resume exclude each other: a fork starts a new run in out; "
                           "continue a fork later with --resume")
+    if args.show_config and not args.dry_run:
+        raise ConfigError("--show-config prints the resolved config of a --dry-run; add --dry-run")
     if args.dry_run:
         return _dry_run(cfg, args)
     signals.install()       # from here on SIGTERM/SIGUSR1 are stop requests, even during the slow imports
@@ -262,7 +267,6 @@ def _dry_run(cfg, args):
     from fedmpi.run.start_checks import check_start, check_start_model
     from fedmpi.secagg.stage import dry_run_lines as secagg_lines
 
-    print(cfg.to_yaml())
     start = check_start(cfg, args.overwrite, args.resume, args.fork_from)    # the real start's checks, out first
     check_tracker_store(cfg)
     check_trace_files(cfg.clients)      # the input rule (fedmpi.core.input_files) for the trace files
@@ -299,6 +303,8 @@ def _dry_run(cfg, args):
     print(server_summary(split.groups["partition/server"], cfg.server_data))
     for line in memory_lines(cfg, dataset, algo.clients(split.parts, split.server_idx), flat, algo):
         print(line)
+    # The summary above is what one checks; the ~180 resolved keys only on request, after it.
+    print(cfg.to_yaml() if args.show_config else "resolved config: add --show-config to print it")
     return 0
 
 

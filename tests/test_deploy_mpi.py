@@ -177,7 +177,7 @@ def test_deploy_report_writes_its_section_figure_and_table(tmp_path):
     text = (docs / "deployment.md").read_text()
     head = before.split("<!-- deploy_report.py: results start -->")[0]
     assert text.startswith(head) and text.count("<!-- deploy_report.py: results start -->") == 1
-    assert "`python tools/deploy_report.py --rounds 2 --seeds 0`" in text
+    assert "`python tools/deploy_report.py --runs runs/deploy --docs docs --rounds 2 --seeds 0`" in text
     table = [line for line in text.split(head, 1)[1].splitlines() if line.startswith("| ")]
     assert len(table) == 2 + 7
     for label in ("FedAvg, dense", "top-k", "QSGD", "SAFL", "FedSkip", "Data sharing", "FedBuff"):

@@ -87,3 +87,35 @@ def test_what_the_real_start_accepts_the_dry_run_accepts(parent, capsys):
     for argv in (["rounds=3", "--resume"], ["--overwrite"], [*fork, f"{base / 'out'}@1"],
                  ["client.lr=0.1", *fork, f"{base / 'out'}@2"]):
         assert _outcome(["run", str(path), *argv, "--dry-run"], capsys) == (0, None), argv
+
+
+def test_the_dry_run_prints_its_summary_first_and_the_resolved_config_only_on_request(tmp_path, capsys):
+    """Smaller item c: `--dry-run` printed ~180 lines of resolved YAML before the model, split, privacy and memory
+    lines (and before any error). The summary comes first; the YAML only with --show-config, after it, whole."""
+    from fedmpi import config
+
+    cfg = small_config(tmp_path / "out", rounds=2, data={"name": "synthetic"},
+                       partition={"clients": 8, "scheme": "iid"}, server={"clients_per_round": 4})
+    path = write_config(tmp_path / "run.yaml", cfg)
+    capsys.readouterr()
+    assert main(["run", str(path), "--dry-run"]) == 0
+    plain = capsys.readouterr().out.splitlines()
+    assert plain[0].startswith("model: ") and any(line.startswith("memory estimate") for line in plain), plain[:3]
+    assert not any(line.startswith(("seed: ", "rounds: ", "out: ")) for line in plain), plain
+    assert len(plain) < 40 and plain[-1] == "resolved config: add --show-config to print it"
+    assert main(["run", str(path), "--dry-run", "--show-config"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[:len(plain) - 1] == plain[:-1]                # the same summary first, then the whole config
+    assert config.from_yaml("\n".join(shown[len(plain) - 1:])) == config.load(str(path), [])
+
+
+def test_a_dry_run_refused_says_so_without_printing_the_config_first(tmp_path, capsys):
+    cfg = small_config(tmp_path / "out", rounds=2, data={"name": "synthetic"},
+                       partition={"clients": 8, "scheme": "iid"}, server={"clients_per_round": 4})
+    path = write_config(tmp_path / "run.yaml", cfg)
+    capsys.readouterr()
+    assert main(["run", str(path), "--dry-run", "model.name=myfl_absent_x.nets:Net"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "model.name" in captured.err, captured
+    assert main(["run", str(path), "--show-config"]) == 2
+    assert "add --dry-run" in capsys.readouterr().err

@@ -68,6 +68,22 @@ def test_integer_inputs_stay_tokens_and_num_classes_is_taken_when_given():
     assert ds.x_train.dtype == np.int64 and ds.num_classes == 5 and ds.users is None and ds.test_users is None
 
 
+@pytest.mark.parametrize("given", [4, np.int64(4), np.int32(4), np.array(4), np.array([4])])
+def test_num_classes_as_a_scalar_integer_is_taken(given):
+    """H-small a: docs/data.md calls num_classes a "scalar integer"; a plain int was refused as "not a numpy
+    array"."""
+    ds = dataset_from_mapping("t", _arrays(num_classes=given), "data.name = 'my.pkg:fn'")
+    assert ds.num_classes == 4
+
+
+@pytest.mark.parametrize("given", [True, 1, 2.0, "4"])
+def test_num_classes_that_is_no_integer_of_at_least_two_is_refused(given):
+    with pytest.raises(InputError) as e:
+        dataset_from_mapping("t", _arrays(num_classes=given, y_train=np.array([0, 1, 0, 1, 0, 1]),
+                                          y_test=np.array([1, 0, 1])), "data.name = 'my.pkg:fn'")
+    assert "num_classes" in str(e.value) and e.value.exit_code == 2 and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("changes, words", [
     ({"y_test": None}, "no y_test"),
     ({"x_train": [[0.0, 1.0]] * 6}, "x_train is a list, not a numpy array"),
@@ -106,6 +122,26 @@ def test_a_plugin_gets_the_data_keys_and_its_kwargs_as_its_signature_takes(site)
         load_dataset(_cfg(data={"name": "myfl.data:everything", "kwargs": {"extra": 1}}))
     assert "'alpha'" in str(e.value) and "'extra'" in str(e.value) and "'root'" in str(e.value)
     assert "'kwargs'" not in str(e.value) and "'name'" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, words", [
+    ("nowhere_pkg_x.data:load", ["no module 'nowhere_pkg_x.data' on the import path", "PYTHONPATH",
+                                 "pip install"]),
+    ("myfl.missing:fn", ["no module 'myfl.missing' on the import path", "PYTHONPATH"]),
+    ("needsdep_x.data:load", ["module 'needsdep_x.data' imports 'absent_dependency_x'", "pip install"]),
+])
+def test_a_plugin_module_not_found_names_the_import_path_and_what_to_do(site, tmp_path, monkeypatch, name, words):
+    """Smaller item b: a plug-in's ModuleNotFoundError said only "No module named ..."; the line names the
+    import path and PYTHONPATH / pip install, and tells a missing plug-in from a missing dependency of it."""
+    (tmp_path / "needsdep_x").mkdir()
+    (tmp_path / "needsdep_x" / "__init__.py").write_text("")
+    (tmp_path / "needsdep_x" / "data.py").write_text("import absent_dependency_x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        load_dataset(_cfg(data={"name": name}))
+    text = str(e.value)
+    assert text.startswith("data.name: cannot load ") and "\n" not in text, text
+    assert all(w in text for w in words), text
 
 
 @pytest.mark.parametrize("name, words", [

@@ -338,7 +338,7 @@ def test_privacy_report_configs_validate_and_its_section_is_replaced_in_place(tm
         import privacy_report
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    args = privacy_report.parse(["--runs", str(tmp_path / "runs"), "--seeds", "0"])
+    args = privacy_report.parse(["--runs", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs"), "--seeds", "0"])
     paths = privacy_report.write_configs(args)
     assert len(paths) == len(privacy_report.METHODS) * len(privacy_report.EPSILONS)
     for path in paths:

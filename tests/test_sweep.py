@@ -323,3 +323,30 @@ def test_run_batch_keeps_the_stop_signals_for_every_run(tmp_path, monkeypatch):
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert seen == [signals._handler, signals._handler]
+
+
+def test_a_stopped_sweep_experiment_says_how_to_continue_the_sweep(monkeypatch):
+    """Smaller item d: an experiment stopped inside a sweep said "continue with --resume", an option `fedmpi sweep`
+    does not have; the same spec started again continues it (docs/sweep.md), and the line says that. A plain
+    run (and tools/run_batch.py's runs, which are `fedmpi run`s) still names --resume."""
+    from fedmpi.core.errors import StopRequested
+    from fedmpi.mpi import signals
+    from fedmpi.sweep import command
+
+    assert signals.stop_error(3).args[0].endswith("continue with --resume")
+    with signals.keep_handlers():
+        assert signals.stop_error(3).args[0].endswith("continue with --resume")
+
+    def stopped(*args):
+        raise signals.stop_error(3)
+
+    monkeypatch.setattr(command.spec_mod, "load", lambda path: object())
+    monkeypatch.setattr(command.configs_mod, "build", lambda spec: [])
+    monkeypatch.setattr(command.signals, "install", lambda: None)
+    monkeypatch.setattr(command, "_sweep", stopped)
+    with pytest.raises(StopRequested) as e:
+        command.sweep_command("jobs/sweeps/my grid.yaml")
+    line = str(e.value)
+    assert "--resume" not in line and "fedmpi sweep 'jobs/sweeps/my grid.yaml'" in line, line
+    assert "after round 3 with a checkpoint; continue by starting the same sweep again" in line, line
+    assert signals.stop_error(3).args[0].endswith("continue with --resume")       # the sweep's block has ended

@@ -2,7 +2,7 @@
 """The deployment comparison of docs/deployment.md: runs jobs/configs/deploy/ on mnist5k under one simulated
 deployment and writes the results section and docs/deployment.png.
 
-    python tools/deploy_report.py [--rounds R] [--seeds 0 1] [--np 3] [--runs runs/deploy] [--docs docs]
+    python tools/deploy_report.py [--rounds R] [--seeds 0 1] [--np 3] --runs runs/deploy --docs docs
                                   [--target 0.8] [--threads T] [--reuse] [--report-only]
 
 SAFL's upload gating, FedSkip, data sharing and FedBuff against FedAvg with dense, top-k and QSGD uploads,
@@ -45,10 +45,10 @@ FINAL_EVALS = 5
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="deploy_report.py", description=__doc__.split("\n\n")[0])
-    batch_report.add_options(p, os.path.join(ROOT, "runs", "deploy"), "folder holding deployment.md",
+    batch_report.add_options(p, "runs/deploy", "folder holding deployment.md",
                              rounds_help="rounds per run (default: the configs' 50; FedBuff twice that)")
     p.add_argument("--target", type=float, default=0.8, help="accuracy for the time-to-target column")
-    return p.parse_args(argv)
+    return batch_report.place_outputs(p.parse_args(argv), "deploy_report.py")
 
 
 def command_line(args):

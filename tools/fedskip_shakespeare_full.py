@@ -4,8 +4,11 @@
 a CSV and a PNG for docs/reproduction.md, and the seconds per round with the rounds an hour holds.
 
     python tools/fedskip_shakespeare_full.py [--rounds 30] [--steps K] [--ranks 3] [--eval-samples 10000]
-           [--data runs/data/shakespeare_full] [--out runs/fedskip_full]
-           [--csv docs/reproduction_fedskip_shakespeare_full.csv] [--png docs/reproduction_fedskip_shakespeare_full.png]
+           --data runs/data/shakespeare_full --out runs/fedskip_full
+           --csv docs/reproduction_fedskip_shakespeare_full.csv --png docs/reproduction_fedskip_shakespeare_full.png
+
+Every output left out goes into the working folder (refused inside the checkout, where the published CSV and
+PNG are named as above).
 
 The full build is made in --data where missing (`fedmpi data shakespeare`, the extra `shakespeare`). The
 evaluation reads a fixed subsample of its test windows: `eval.max_samples` (--eval-samples) drawn once from
@@ -29,8 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
+from fedmpi.core.tool_outputs import place
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "jobs" / "configs" / "fedskip" / "shakespeare_full.yaml"
+# The outputs' defaults, in the working folder (the published CSV and PNG are named: --csv docs/...).
+DATA, OUT = "runs/data/shakespeare_full", "runs/fedskip_full"
+CSV, PNG = "reproduction_fedskip_shakespeare_full.csv", "reproduction_fedskip_shakespeare_full.png"
 METHODS = {"fedskip": [], "fedavg": ["algorithm={name: fedavg}"]}
 
 
@@ -108,17 +116,27 @@ def write_png(path, rows, title):
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None):
+def parse(argv=None):
+    """The options, every output (--data where it is built, --out, --csv, --png) an absolute path: left out,
+    in the working folder, refused inside the checkout (fedmpi.core.tool_outputs)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--steps", type=int, help="local steps per client instead of the paper's 10 epochs")
     p.add_argument("--ranks", type=int, default=3)
     p.add_argument("--eval-samples", type=int, default=10_000)
-    p.add_argument("--data", default="runs/data/shakespeare_full")
-    p.add_argument("--out", default="runs/fedskip_full")
-    p.add_argument("--csv", default=str(ROOT / "docs" / "reproduction_fedskip_shakespeare_full.csv"))
-    p.add_argument("--png", default=str(ROOT / "docs" / "reproduction_fedskip_shakespeare_full.png"))
+    p.add_argument("--data", help=f"the full build, made here where missing (default ./{DATA})")
+    p.add_argument("--out", help=f"folder of the two runs (default ./{OUT})")
+    p.add_argument("--csv", help=f"the table (default ./{CSV}; the published one: --csv docs/{CSV})")
+    p.add_argument("--png", help=f"the figure (default ./{PNG}; the published one: --png docs/{PNG})")
     args = p.parse_args(argv)
+    args.data, args.out, args.csv, args.png = place(
+        "fedskip_shakespeare_full.py", str(ROOT), (args.data, DATA, "--data"), (args.out, OUT, "--out"),
+        (args.csv, CSV, "--csv", f"docs/{CSV}"), (args.png, PNG, "--png", f"docs/{PNG}"))
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
     data = full_build(args.data)
     rows, took = {}, {}
     for method in METHODS:

@@ -2,7 +2,8 @@
 """The personalization reproduction (issue 24, item 6): local-test accuracy of personalized methods on mnist5k.
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/personalization.yaml   # the grid's runs (continues where it stopped)
-    python tools/personalization.py [--runs runs/personalization] [--seeds 0 1 2] [--write-doc]
+    python tools/personalization.py --csv docs/reproduction_personalization.csv [--runs runs/personalization]
+                                    [--seeds 0 1 2] [--write-doc]
     python tools/personalization.py --from RUNS... --csv table.csv   # the same table from your own runs
 
 Grid (jobs/sweeps/personalization.yaml, its common setting jobs/configs/grids/personalization.yaml): two
@@ -21,7 +22,9 @@ This script runs nothing. It reads the sweep's finished runs (fedmpi.sweep.resul
 method are the names of its sets in the spec, its recorded config checked against them) through
 fedmpi.analysis; with --from, any runs, grouped by their recorded split and method label. A (split, method)
 without a finished run is "—" in the table, and a line names what to run. The table goes to stdout and to
-docs/reproduction_personalization.csv; the claims of the papers are judged from these numbers by `claims`
+--csv (default ./reproduction_personalization.csv, refused inside the checkout: the published table is
+docs/reproduction_personalization.csv, named explicitly); the claims of the papers are judged from these
+numbers by `claims`
 (docs/reproduction.md, "Personalized FL").
 """
 
@@ -34,11 +37,12 @@ import sys
 
 import numpy as np
 
+from fedmpi.core.tool_outputs import output_or_default
 from fedmpi.sweep import results as sweep_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.path.join("jobs", "sweeps", "personalization.yaml")
-CSV = os.path.join(ROOT, "docs", "reproduction_personalization.csv")
+CSV = "reproduction_personalization.csv"     # in the working folder unless --csv names it (fedmpi.core.tool_outputs)
 # The grid's setting as the section describes it (jobs/configs/grids/personalization.yaml); a run read
 # replaces each by what it recorded (setting_of).
 SETTING = {"clients": 20, "rounds": 30, "per_round": 10, "local_test": 0.2, "hidden": 100, "seeds": (0, 1, 2)}
@@ -196,8 +200,9 @@ def markdown(rows, wall=None, setting=None, missing=None):
              "splits), worst 10% = `local_acc_worst10` (mean of the 2 lowest of 20 clients), global test = the "
              "algorithm's global model on the global test set (`local` has none: x_0); mean ± sample standard "
              "deviation over the seeds, in %. Run and regenerate: `mpiexec -n 3 fedmpi sweep "
-             "jobs/sweeps/personalization.yaml`, then `python tools/personalization.py --write-doc` (CSV: "
-             "`docs/reproduction_personalization.csv`)."
+             "jobs/sweeps/personalization.yaml`, then `python tools/personalization.py --write-doc --csv "
+             "docs/reproduction_personalization.csv` (both outputs named: the tool writes into the checkout "
+             "only where told)."
              + (f" Training time of all the runs, summed from their run files: {wall / 60:.0f} min." if wall else "")
              + (f" Missing: {missing}." if missing else ""),
              ""]
@@ -256,12 +261,14 @@ def main(argv=None):
     p.add_argument("--runs", help="the sweep's folder (default: the spec's out, runs/personalization)")
     p.add_argument("--spec", default=os.path.join(ROOT, SPEC), help=f"the sweep spec (default {SPEC})")
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
-    p.add_argument("--csv", default=CSV)
+    p.add_argument("--csv", help=f"the table as CSV (default: ./{CSV}, refused inside the checkout; the published "
+                                 f"one: --csv docs/{CSV})")
     p.add_argument("--from", dest="runs_from", nargs="+", metavar="RUNS",
                    help="the table from these runs instead (any folder of runs with local evaluation, read through "
                         "fedmpi.analysis: grouped by split and method label); with --csv/--write-doc as usual")
     p.add_argument("--write-doc", action="store_true", help="replace the section in docs/reproduction.md")
     args = p.parse_args(argv)
+    args.csv = output_or_default(args.csv, "personalization.py", CSV, "--csv", ROOT)   # decided before any work
     wall, setting, missing = None, None, None
     if args.runs_from:
         rows = table_from(args.runs_from)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """docs/privacy.md's results: FedAvg, FedProx, FSL and data sharing under client-level DP on mnist5k.
 
-    python tools/privacy_report.py [--rounds R] [--seeds 0 1] [--np 3] [--runs runs/privacy] [--docs docs]
+    python tools/privacy_report.py [--rounds R] [--seeds 0 1] [--np 3] --runs runs/privacy --docs docs
                                    [--threads T] [--reuse] [--report-only]
 
 Each config of jobs/configs/privacy/ (the 2-class split over 400 clients, Poisson sampling) runs at every
@@ -37,9 +37,9 @@ BEGIN, END = "<!-- privacy-report: begin -->", "<!-- privacy-report: end -->"
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="privacy_report.py", description=__doc__.split("\n\n")[0])
-    batch_report.add_options(p, os.path.join(ROOT, "runs", "privacy"), "folder of privacy.md",
+    batch_report.add_options(p, "runs/privacy", "folder of privacy.md",
                              rounds_help="rounds per run (default: the configs' 100)")
-    return p.parse_args(argv)
+    return batch_report.place_outputs(p.parse_args(argv), "privacy_report.py")
 
 
 def command_line(args):

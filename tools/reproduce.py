@@ -2,8 +2,8 @@
 """Reproductions of the four papers' own claims, each in its paper's setting scaled to mnist5k (issue 13).
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/repro_<paper>.yaml      # a paper's runs (continues where it stopped)
-    python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all [--seeds 0 1 2]
-                              [--runs runs/repro] [--docs docs]
+    python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all --docs docs
+                              [--seeds 0 1 2] [--runs runs/repro]
 
 Each paper's configs are `jobs/configs/repro/<paper>/*.yaml`, its grid (every config x 3 seeds) the sweep spec
 `jobs/sweeps/repro_<paper>.yaml`, whose runs land in runs/repro/<paper>/<config>_seed-<S>. This script runs
@@ -34,6 +34,7 @@ import numpy as np
 from fedmpi import __version__, analysis
 from fedmpi.analysis import report
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.tool_outputs import output_or_default
 from fedmpi.sweep import results as sweep_results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,8 +175,10 @@ def parse(argv):
     p.add_argument("--paper", choices=(*ORDER, "all"), default="all", help="which paper's set (default all)")
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
     p.add_argument("--runs", help="folder holding <paper>/ of each sweep (default: each spec's out, runs/repro)")
-    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help="folder of reproduction.md")
+    p.add_argument("--docs", help="folder of reproduction.md and each paper's figure and CSV (default: the working "
+                                  "folder, refused inside the checkout; the published ones: --docs docs)")
     args = p.parse_args(argv)
+    args.docs = output_or_default(args.docs, "reproduce.py", ".", "--docs", ROOT, example="docs")
     args.papers = ORDER if args.paper == "all" else (args.paper,)
     return args
 
@@ -186,7 +189,7 @@ def spec_path(key):
 
 def command_line(args, paper):
     """The commands that regenerate one paper's section: its sweep, then this script (defaults left out)."""
-    report_cmd = ["python", "tools/reproduce.py", "--paper", paper] + (
+    report_cmd = ["python", "tools/reproduce.py", "--paper", paper, "--docs", "docs"] + (
         ["--seeds", *map(str, args.seeds)] if args.seeds else [])
     return f"mpiexec -n 3 fedmpi sweep {spec_path(paper)}`, then `{shlex.join(report_cmd)}"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The accuracy cost of secure aggregation's field size b (docs/privacy.md, "Secure aggregation").
 
-    python tools/secagg_bits.py [--out runs/secagg_bits] [--seeds 0 1 2] [--rounds 20] [-n 1]
+    python tools/secagg_bits.py --out runs/secagg_bits [--seeds 0 1 2] [--rounds 20] [-n 1]
 
 mnist5k, the lr model, 20 clients (Dirichlet beta 0.5), 10 per round, 20 rounds, client lr 0.05, batch 20,
 one epoch; FedAvg in clear text (server.secure_aggregation none: weights n_i, no clipping), the same with
@@ -25,6 +25,7 @@ import yaml
 
 from fedmpi import analysis
 from fedmpi.analysis.batch_report import require_mpiexec
+from fedmpi.core.tool_outputs import output_or_default
 
 ROOT = Path(__file__).resolve().parents[1]
 COHORT, CLIP = 10, 1.0
@@ -52,13 +53,21 @@ def settings():
     return out
 
 
-def main(argv=None):
+def parse(argv=None):
+    """The options; --out an absolute path (left out: ./runs/secagg_bits, refused inside the checkout), since
+    tools/run_batch.py runs with the checkout as its working folder."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/secagg_bits")
+    p.add_argument("--out", help="folder of the configs and runs (default ./runs/secagg_bits)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("-n", type=int, default=1, help="MPI ranks (1: one process, no mpiexec)")
     args = p.parse_args(argv)
+    args.out = output_or_default(args.out, "secagg_bits.py", "runs/secagg_bits", "--out", str(ROOT))
+    return args
+
+
+def main(argv=None):
+    args = parse(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     configs = []

@@ -14,6 +14,7 @@ import time
 from fedmpi.analysis import report
 from fedmpi.core.input_files import read_input
 from fedmpi.core.output_paths import replace_with
+from fedmpi.core.tool_outputs import place
 
 # The checkout (tools/ beside fedmpi/): this file is fedmpi/analysis/batch_report.py.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,22 +40,34 @@ def require_mpiexec(script, hint=""):
 
 def add_options(p, runs, docs_help, seeds=(0, 1), rounds=None, np=3,
                 rounds_help="rounds per run (default: the configs')", seeds_help=None, np_help=None):
-    """The options every report script has: --rounds --seeds --np --runs --docs --threads --reuse --report-only."""
+    """The options every report script has: --rounds --seeds --np --runs --docs --threads --reuse --report-only.
+    `runs`: the runs folder's default name in the working folder, e.g. runs/privacy (place_outputs)."""
     p.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
     p.add_argument("--seeds", type=int, nargs="+", default=list(seeds),
                    help=seeds_help or f"seeds per setting (default {' '.join(map(str, seeds))})")
     p.add_argument("--np", type=int, default=np, help=np_help or f"MPI ranks (default {np})")
-    p.add_argument("--runs", default=runs, help="folder for the runs")
-    p.add_argument("--docs", default=os.path.join(ROOT, "docs"), help=docs_help)
+    p.set_defaults(runs_name=runs)
+    p.add_argument("--runs", help=f"folder for the runs (default: ./{runs}, refused inside the checkout)")
+    p.add_argument("--docs", help=f"{docs_help} (default: the working folder, refused inside the checkout; the "
+                                  f"published ones: --docs docs)")
     p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
     p.add_argument("--reuse", action="store_true", help="keep finished runs of the same length")
     p.add_argument("--report-only", action="store_true", help="do not run, only rebuild the report")
 
 
+def place_outputs(args, script):
+    """--runs and --docs as absolute paths, left-out ones in the working folder and refused inside the
+    checkout (fedmpi.core.tool_outputs), decided before anything runs."""
+    args.runs, args.docs = place(script, ROOT, (args.runs, args.runs_name, "--runs"),
+                                 (args.docs, ".", "--docs", "docs"))
+    return args
+
+
 def command_line(script, args, default_seeds, first=()):
-    """The command that regenerates a report: `python tools/SCRIPT FIRST...` plus the options that differ
-    from their defaults."""
-    parts = ["python", f"tools/{script}", *first]
+    """The command that regenerates a report from the checkout: `python tools/SCRIPT FIRST... --runs RUNS
+    --docs docs` (its outputs named, as inside the checkout they must be) plus the options that differ from
+    their defaults."""
+    parts = ["python", f"tools/{script}", *first, "--runs", args.runs_name, "--docs", "docs"]
     if args.rounds is not None:
         parts += ["--rounds", str(args.rounds)]
     if args.seeds != list(default_seeds):

@@ -78,6 +78,8 @@ def guarded_import(get, key, what, module, kind="function or class"):
         found = get()
         _LOADED[getattr(found, "__module__", None) or module] = (key, what)
         return found
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"{key}: cannot load {what}: ModuleNotFoundError: {_not_found(e, module)}") from None
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"{key}: cannot load {what}: {type(e).__name__}: {_first(e)}") from None
     except SystemExit as e:
@@ -85,6 +87,17 @@ def guarded_import(get, key, what, module, kind="function or class"):
                           f"plug-in module must define its {kind}, not exit") from None
     except Exception as e:  # noqa: BLE001 - any error in a plug-in's own import code is the plug-in's
         raise ConfigError(f"{key} = {what}: importing {where} failed: {type(e).__name__}: {_first(e)}") from None
+
+
+def _not_found(error, module):
+    """What a ModuleNotFoundError means for a plug-in and what to do: the plug-in's own module (or a package
+    above it) is not on the import path, or a module it imports is not installed."""
+    missing = error.name or _first(error)
+    if missing == module or module.startswith(f"{missing}."):
+        return (f"no module {module!r} on the import path (sys.path); put the folder holding "
+                f"{missing.partition('.')[0]!r} on PYTHONPATH (exported to every rank) or pip install its package")
+    return (f"module {module!r} imports {missing!r}, which is not on the import path; pip install it (or put "
+            f"its folder on PYTHONPATH)")
 
 
 def blame(error):

@@ -35,6 +35,7 @@ def dataset_from_mapping(name, arrays, where) -> Dataset:
     if missing:
         raise InputError(f"{where}: no {', '.join(missing)}; expected keys {', '.join(REQUIRED)} (optional: "
                          f"{', '.join(OPTIONAL)}), found {', '.join(map(str, list(arrays)[:10])) or 'none'}")
+    arrays = _scalar_classes_as_array(arrays)
     for key in (*REQUIRED, *OPTIONAL):
         if key in arrays and arrays[key] is not None and not isinstance(arrays[key], np.ndarray):
             raise InputError(f"{where}: {key} is a {type(arrays[key]).__name__}, not a numpy array")
@@ -64,6 +65,15 @@ def dataset_from_mapping(name, arrays, where) -> Dataset:
             empty = np.zeros(0, dtype=np.int64)
             test_users = [by_id.get(u, empty) for u in users_ids.tolist()]
     return Dataset(name, x_train, y_train, x_test, y_test, classes, users=users, test_users=test_users)
+
+
+def _scalar_classes_as_array(arrays):
+    """`arrays` with a plain `num_classes` (a Python int or numpy integer, as a data function naturally
+    returns it) as a 0-d array, so that it takes the same checks as an array one (bool stays refused there)."""
+    given = arrays.get("num_classes")
+    if isinstance(given, (int, np.integer)):
+        return {**arrays, "num_classes": np.asarray(given)}
+    return arrays
 
 
 def _inputs(x, key, where):

@@ -216,15 +216,18 @@ def install():
     signal.signal(signal.SIGINT, _interrupt)
 
 
-_sweeping = []          # inside `keep_handlers`: this process runs one experiment after another
+# Inside `keep_handlers`: this process runs one experiment after another; each entry is how a stopped
+# experiment is continued (None: as any run, with --resume).
+_sweeping = []
 
 
 @contextlib.contextmanager
-def keep_handlers():
+def keep_handlers(continue_with=None):
     """A sweep (fedmpi.sweep) runs experiment after experiment in this process: inside this block `ignore_all`,
     which each experiment calls when it ends, leaves the handlers in place, so that a SIGTERM between two
-    experiments still stops the sweep (its work is not done)."""
-    _sweeping.append(True)
+    experiments still stops the sweep (its work is not done). `continue_with`: what the stop line of an
+    experiment stopped here tells the user to do (a sweep has no --resume: the same spec again continues it)."""
+    _sweeping.append(continue_with)
     try:
         yield
     finally:
@@ -307,8 +310,9 @@ def stop_error(round_, ranks=None) -> StopRequested:
     """The StopRequested raised on every rank once the job agreed to stop with `round_` rounds done."""
     who = f" on {ranks} rank(s)" if ranks else ""
     own = f" (this rank: {received()})" if requested() else ""
+    how = (_sweeping[-1] if _sweeping else None) or "continue with --resume"
     e = StopRequested(f"stop requested by SIGTERM/SIGUSR1{who}{own}: stopped after round {round_} with a "
-                      f"checkpoint; continue with --resume")
+                      f"checkpoint; {how}")
     e.round = round_
     return e
 

@@ -17,6 +17,7 @@ when it stopped on SIGTERM/SIGUSR1 (start the same spec again to continue), 130 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 
 from fedmpi.core import console
 from fedmpi.core.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, FedmpiError
@@ -42,7 +43,10 @@ def sweep_command(spec_path, retry_failed=False, dry_run=False) -> int:
     spec = spec_mod.load(spec_path)
     configs = configs_mod.build(spec)
     signals.install()
-    with signals.keep_handlers():
+    # (docs/sweep.md: the same spec started again continues every unfinished experiment from its checkpoint)
+    how = (f"continue by starting the same sweep again ({shlex.join(['fedmpi', 'sweep', str(spec_path)])}, under "
+           f"mpiexec as before): its unfinished experiments go on from their checkpoints")
+    with signals.keep_handlers(continue_with=how):
         code = _sweep(spec, configs, retry_failed, dry_run)
     signals.ignore_all()        # the launch's work is done (as at the end of `fedmpi run`)
     return code

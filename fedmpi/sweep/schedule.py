@@ -82,7 +82,7 @@ class Schedule:
         row = self.rows[i]
         row.status, row.exit_code, row.ended = status_of(code, run_status), str(code), now_text()
         row.wall_s += wall_s
-        if row.status == "preempted":   # (its run says "continue with --resume": the sweep does that itself)
+        if row.status == "preempted":   # the index's own short form of the stop line's how-to-continue
             message = f"{message.split(';')[0]}; the same sweep started again continues it"
         row.message = message if row.status != "finished" else ""
         if row.status == "finished":
