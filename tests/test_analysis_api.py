@@ -194,7 +194,7 @@ def test_report_prints_a_grouped_summary_as_latex(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--by", "method", "--format", "latex"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("\\begin{tabular}{llr") and lines[2].startswith("method & n & seeds & emd")
-    assert lines[4].startswith("fedavg & 2 & 0,1 & ") and "$\\pm$" in lines[4] and lines[-2] == "\\end{tabular}"
+    assert lines[4].startswith("fedavg & 2 & 0,1 & ") and "$\\pm$" in lines[4] and lines[-3] == "\\end{tabular}"
     assert any(line.startswith("% note: every group is compared at round 6") for line in lines)
     assert any(line.startswith("% note: each grouped cell is mean ± std (sample standard deviation, n - 1)")
                for line in lines)

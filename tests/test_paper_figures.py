@@ -199,7 +199,7 @@ def test_the_families_overview_draws_epsilon_8_at_8_and_names_the_infinite_one(t
     [loss] = [ax for ax in fig.axes if ax.get_title().startswith("test loss")]
     assert loss.get_ylim()[1] < 10                     # the diverging seed's points are not drawn
     assert "95% CI" in legend_titles(fig)
-    fedavg = {line.get_color() for ax in fig.axes for line in ax.get_lines() if line.get_label() == "fedavg (2)"}
+    fedavg = {line.get_color() for ax in fig.axes for line in ax.get_lines() if line.get_label() == "fedavg (n=2)"}
     assert len(fedavg) == 1
 
 

@@ -65,7 +65,7 @@ def test_cells_are_the_mean_and_the_t_interval_computed_by_hand(grid):
             assert cell.startswith(f"{100 * mean:.2f} ± {100 * half:.2f}"), (method, beta, cell)
     # fedprox at 0.5 has n=2 against the caption's n=3: a mark on the cell and a note naming it
     assert lines[3].endswith("<sup>a</sup> |")
-    assert "*Final test accuracy (%): mean ± 95% CI (Student's t) over n=3 seeds (n=2–3;" in t.markdown()
+    assert "*Final test accuracy (%) at round 6: mean ± 95% CI (Student's t) over n=3 seeds (n=2–3;" in t.markdown()
     assert "*a: fedprox, Dirichlet β = 0.5: n=2*" in t.markdown()
     numbers = t.frame().set_index(["method", "partition.beta"])
     for key, values in ACC.items():
@@ -95,7 +95,7 @@ def test_latex_is_booktabs_with_the_statistic_and_n_in_its_caption(grid):
     for piece in ("\\toprule", "\\midrule", "\\bottomrule", "\\begin{tabular}{lrr}", "\\label{tab:acc}",
                   "Method & Dirichlet $\\beta$ = 0.1 & Dirichlet $\\beta$ = 0.5 \\\\",
                   f"fedavg & {100 * mean:.1f} $\\pm$ {100 * half:.1f} & ",
-                  "\\caption{Final test accuracy (\\%): mean $\\pm$ 95\\% CI (Student's t) over n=3 seeds",
+                  "\\caption{Final test accuracy (\\%) at round 6: mean $\\pm$ 95\\% CI (Student's t) over n=3 seeds",
                   "\\textsuperscript{a}"):
         assert piece in latex, piece
     assert "±" not in latex and "β" not in latex          # everything LaTeX reads as text is escaped
@@ -144,7 +144,7 @@ def test_the_summarys_left_out_and_round_columns_are_said(grid):
 def test_a_table_and_report_by_say_which_statistic_they_print(grid, tmp_path, capsys):
     """The trial: `a.table` and `report --format latex` printed "mean ± std" without saying it was std."""
     head = a.table(a.summary(grid, by=["method"], warn=False), "markdown", ["final_acc"]).splitlines()[0]
-    assert head == "| method | n | seed | final_acc (%, mean ± std) |"
+    assert head == "| method | n | round | seed | final_acc (%, mean ± std) |"
     assert main(["report", str(tmp_path), "--by", "method", "--by", "partition.beta", "--format", "latex"]) == 0
     out = capsys.readouterr().out
     assert "% note: each grouped cell is mean ± std (sample standard deviation, n - 1)" in out

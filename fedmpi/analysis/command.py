@@ -103,7 +103,10 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
     except selection.SelectionError as e:       # --at-round past the rounds of a run
         print(f"fedmpi: error: {e}", file=err)
         return EXIT_USAGE
-    print(printed.latex() if fmt == "latex" else printed.markdown() if pivot else tables(rows, by, fmt), file=out)
+    if pivot:
+        print(printed.latex() if fmt == "latex" else printed.markdown(), file=out)
+    else:
+        print(tables(rows, by, fmt), file=out)
     # an infinite epsilon says why in the run file; the report says it too
     notes += [f"{run.name}: {note}" for run in runs if (note := figures.epsilon_note(run))]
     for note in notes:
