@@ -60,6 +60,9 @@ def _parser(argv=None):
                           "weight divergence and per-class accuracy where the run recorded them")
     rep.add_argument("--x", choices=("round", "bytes", "wall", "sim_time"), default="round",
                      help="x axis of --plot: rounds, bytes moved, wall time or simulated time (default round)")
+    rep.add_argument("--plot-width", type=float, metavar="INCHES",
+                     help="draw --plot at a paper's width (3.5 for one column, 7 for a page) with 7-8 pt text at "
+                          "300 dpi; the file's suffix picks PNG, PDF or SVG")
     rep.add_argument("--csv", metavar="FILE.csv", help="also write the table with every family's figures as CSV, "
                                                        "and each view asked for as FILE-VIEW.csv (classes, clients, "
                                                        "attack, timing; an existing file is kept unless --force)")
@@ -85,8 +88,8 @@ def _parser(argv=None):
     rep.add_argument("--metric", default="final_acc", metavar="FIGURE",
                      help="the figure of --table (default final_acc)")
     rep.add_argument("--interval", choices=("ci95", "std", "sem", "none"), default="ci95",
-                     help="the +- of --table's cells: 95%% confidence interval of the mean (Student's t, default), "
-                          "sample standard deviation, standard error, or none")
+                     help="the +- of --table's cells and the band of --plot: 95%% confidence interval of the mean "
+                          "(Student's t, default), sample standard deviation, standard error, or none")
     rep.add_argument("--digits", type=int, metavar="N",
                      help="decimals of --table's cells (default 1 for a percentage or MB, else 3)")
     rep.add_argument("--percent", action=argparse.BooleanOptionalAction, default=None,
@@ -325,7 +328,8 @@ def _report(args):
                           x=args.x, fmt=args.format, classes=args.classes, timing=args.timing,
                           clients=args.clients, attack=args.attack, force=args.force, per_run=args.per_run,
                           include=args.include, at_round=args.at_round, table=args.table, metric=args.metric,
-                          interval=args.interval, digits=args.digits, percent=args.percent)
+                          interval=args.interval, digits=args.digits, percent=args.percent,
+                          plot_width=args.plot_width)
 
 
 def _verify(args):

@@ -253,3 +253,22 @@ def test_the_families_overview_at_a_page_width(tmp_path, monkeypatch):
     check_artists(fig)
     assert "95% CI" in legend_titles(fig)
     assert matplotlib.image.imread(path).shape[1] <= 7 * figure_style.PAPER_DPI * 1.01
+
+
+def test_report_draws_at_a_papers_width_with_the_band_it_names(tmp_path, monkeypatch):
+    """`fedmpi report --plot` reaches the paper options: --interval names the band, --plot-width the width; a
+    width no page holds is one line naming --plot-width, exit 2, with nothing written."""
+    from fedmpi.cli import main
+
+    grid(tmp_path / "runs")
+    runs = tmp_path / "runs"
+    fig = drawn(monkeypatch, overview,
+                lambda: main(["report", str(runs), "--by", "method", "--by", "partition.beta", "--interval", "std",
+                              "--plot-width", "3.5", "--plot", str(tmp_path / "col.png")]), "report-col.png")
+    check_artists(fig)
+    assert fig.get_size_inches()[0] == pytest.approx(3.5)
+    assert "± 1 std" in legend_titles(fig)
+    for width in ("0.5", "1e9", "nan"):
+        assert main(["report", str(runs), "--plot-width", width, "--plot", str(tmp_path / "no.png"),
+                     "--csv", str(tmp_path / "no.csv")]) == 2
+    assert not (tmp_path / "no.png").exists() and not (tmp_path / "no.csv").exists()

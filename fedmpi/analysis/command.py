@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from fedmpi.analysis import figures, frames, report, selection
+from fedmpi.analysis import figure_style, figures, frames, report, selection
 from fedmpi.analysis.attack_report import attack_rows, attack_section
 from fedmpi.analysis.class_report import class_rows, class_section
 from fedmpi.analysis.client_report import client_row, client_section, plot_clients
@@ -37,7 +37,7 @@ VIEWS = ("classes", "clients", "attack", "timing")
 def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round", fmt="text", out=None,
                    err=None, classes=False, timing=False, clients=False, attack=False, force=False,
                    per_run=False, include=None, at_round=None, table=None, metric="final_acc", interval="ci95",
-                   digits=None, percent=None) -> int:
+                   digits=None, percent=None, plot_width=None) -> int:
     """Prints the table of the runs in `paths` to `out` (grouped by the keys `by` when given) with a section per
     family present, optionally the views, writes the CSVs and draws the figures; returns the exit status. With
     `table` ("ROWS x COLS") the table is instead the paper table of `metric` (fedmpi.analysis.paper_table: mean ±
@@ -55,6 +55,8 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
         if at_round is not None:
             selection.comparison_round([], [], at_round=at_round)
         pivot = _pivot(table, by)
+        figure_style.check_band(interval)
+        figure_style.check_width(plot_width, "--plot-width")
         # `report RUN/run.h5 --csv RUN/run.h5` keeps the run, --force or not
         if csv_path is not None:
             for path in csv_paths(csv_path, views).values():
@@ -126,7 +128,7 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             for view, path in list(csv_paths(csv_path, views).items())[1:]:
                 report.write_csv(view_rows(view, runs) or [{"run": "(none recorded)"}], path)
         if plot is not None:
-            _draw(runs, by, plot, x, timing, out, err, clients, per_run, include)
+            _draw(runs, by, plot, x, timing, out, err, clients, per_run, include, interval, plot_width)
     except OSError as e:
         # The places were checked: this is the disk failing while writing (full, I/O error).
         print(f"fedmpi: error: cannot write {e.filename or csv_path or plot}: {e.strerror or e}", file=err)
@@ -245,11 +247,12 @@ def _figures_beside(runs, by, plot, timing, clients, per_run=False):
     return found
 
 
-def _draw(runs, by, plot, x, timing, out, err, clients=False, per_run=False, include=None):
-    """The figures of --plot: every run in PLOT (fedmpi.analysis.overview), then those beside it."""
+def _draw(runs, by, plot, x, timing, out, err, clients=False, per_run=False, include=None, band="ci95", width=None):
+    """The figures of --plot: every run in PLOT (fedmpi.analysis.overview, its band the `interval` of --table,
+    at `width` inches), then those beside it."""
     for line in missing_curves(runs, ("test_acc",), x):
         print(f"fedmpi: note: {line}", file=err)
-    plot_overview(runs, plot, by=by, x=x, include=include)
+    plot_overview(runs, plot, by=by, x=x, include=include, band=band, width=width)
     print(f"figure of {len(runs)} run(s) written to {plot}", file=out)
     for kind, run, path in _figures_beside(runs, by, plot, timing, clients, per_run):
         if kind == "run":

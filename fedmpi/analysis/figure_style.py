@@ -30,6 +30,7 @@ PAPER_RC = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.lab
 PAPER_DPI = 300
 SCREEN_DPI = 120
 MIN_PANEL_WIDTH = 1.7                            # inches: a narrower panel cannot hold its tick labels
+MAX_WIDTH = 40.0                                 # inches: wider than any page or poster column
 
 
 def check_band(band):
@@ -99,7 +100,15 @@ def byte_axis(axis):
     from matplotlib.ticker import EngFormatter, MaxNLocator
 
     axis.set_major_formatter(EngFormatter(unit="B", sep=" "))
-    axis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10], min_n_ticks=3))
+    # As many ticks as labels like "100 MB" fit along the axis (about 6.5 characters of 0.6 em, and a gap),
+    # at most 5: a panel at a paper's column width holds two or three.
+    ax = axis.axes
+    box = ax.get_position()
+    inches = (box.width if axis.axis_name == "x" else box.height) * ax.figure.get_size_inches()[
+        0 if axis.axis_name == "x" else 1]
+    points = axis.get_ticklabels()[0].get_fontsize() if axis.get_ticklabels() else 10
+    bins = max(2, min(5, int(inches / (6.5 * 0.6 * points / 72 + 0.2))))
+    axis.set_major_locator(MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10], min_n_ticks=min(3, bins)))
 
 
 def finite_points(xs, ys):
@@ -109,6 +118,14 @@ def finite_points(xs, ys):
     return xs[keep], ys[keep]
 
 
+def check_width(width, name="width"):
+    """`width` if it is None or a figure width in inches that a page can hold, else an InputError."""
+    if width is not None and not (isinstance(width, (int, float)) and MIN_PANEL_WIDTH <= width <= MAX_WIDTH):
+        raise InputError(f"{name}: {width!r} is not a figure width in inches (a number from {MIN_PANEL_WIDTH} to "
+                         f"{MAX_WIDTH}: 3.5 for a paper's column, 7 for a page)")
+    return width
+
+
 def layout(panels, width=None, columns=3, panel_size=(5.2, 4.0)):
     """(rows, columns, figsize, dpi) of a figure of `panels` panels: at `width` inches, as many columns as fit
     (each panel at least MIN_PANEL_WIDTH), else `panel_size` per panel."""
@@ -116,8 +133,7 @@ def layout(panels, width=None, columns=3, panel_size=(5.2, 4.0)):
         cols = min(panels, columns)
         rows = math.ceil(panels / cols)
         return rows, cols, (panel_size[0] * cols, panel_size[1] * rows), SCREEN_DPI
-    if not (isinstance(width, (int, float)) and math.isfinite(width) and width >= MIN_PANEL_WIDTH):
-        raise InputError(f"width: {width!r} is not a figure width in inches (a number >= {MIN_PANEL_WIDTH})")
+    check_width(width)
     cols = max(1, min(panels, columns, int(width // MIN_PANEL_WIDTH)))
     rows = math.ceil(panels / cols)
     return rows, cols, (width, rows * 0.8 * width / cols), PAPER_DPI
