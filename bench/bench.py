@@ -1,10 +1,10 @@
-"""fedmpi's benchmark (issues 8 and 30): named workloads through fedmpi at -n 1, 2, 3 and through a plain PyTorch
+"""fedmpi's benchmark: named workloads through fedmpi at -n 1, 2, 3 and through a plain PyTorch
 reference loop, measured in pairs, one table.
 
     python bench/bench.py                      # W1-W3, QS, W4, W6; -n 1 2 3, the loop at -n 2, one pair each
     python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --pairs 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
-    python bench/bench.py --done-when --markdown README.md docs/performance.md   # issue 30's measurement
+    python bench/bench.py --done-when --markdown README.md docs/performance.md   # the paired targets' measurement
     python bench/bench.py --workloads SK       # the full Shakespeare build's set-up (bench/shakespeare_setup.py)
 
 Paired (bench/paired.py, bench/pacing.py): every fedmpi run has a run of its baseline (the reference loop,
@@ -160,7 +160,7 @@ def measure(wl, rows, pairs, base, rounds=None, pace="round", targets=None):
     """Runs workload `wl`'s baseline and rows in pairs (paired.launch_order); returns (table rows, record,
     the host's variation). `pace`: "round", the pair's two jobs side by side taking turns a round at a time
     (bench/pacing.py); "run", the baseline's run, then the row's (the peers' basis). `targets`: the rows'
-    bounds (paired.TARGETS, issue 30's, by default)."""
+    bounds (paired.TARGETS, the paired targets, by default)."""
     targets = paired.TARGETS if targets is None else targets
     overrides = PREPARE[wl](base) if wl in PREPARE else {}
     baseline_label = "-n 1" if wl == "QS" else "ref"
@@ -234,8 +234,9 @@ def run_pair(jobs, pace="round", turn_timeout=900):
             t.close()
 
 
-# Issue 30's "Done when": W1, QS, W2 and W5 at the targets' -n values, 3 pairs each, rounds shortened so
-# that the whole measurement takes about 15 minutes on a quiet 2-core machine (medians of rounds 2..).
+# The paired targets' measurement (--done-when): W1, QS, W2 and W5 at the targets' -n values, 3 pairs each,
+# rounds shortened so that the whole measurement takes about 15 minutes on a quiet 2-core machine (medians of
+# rounds 2..).
 DONE_WHEN = {"W1": ((2, 3), 8), "QS": ((3,), 6), "W2": ((2, 3), 30), "W5": ((2, 3), 4)}
 # Where --done-when also measures the two-process floor ("ref x2"): the compute-bound workloads whose
 # targets sit near 0.50 of the reference.
@@ -281,11 +282,11 @@ def main(argv=None):
     p.add_argument("--vectorize", default="auto", choices=["auto", "on", "off"],
                    help="client.vectorize of the main fedmpi rows (default auto)")
     p.add_argument("--done-when", action="store_true",
-                   help="issue 30's measurement: W1 at -n 2 3, QS at -n 3, W2 at -n 2 3, W5 at -n 2 3, 3 pairs "
-                        "(--pairs to change), shortened rounds; with the targets' status")
+                   help="the paired targets' measurement: W1 at -n 2 3, QS at -n 3, W2 at -n 2 3, W5 at -n 2 3, "
+                        "3 pairs (--pairs to change), shortened rounds; with the targets' status")
     p.add_argument("--done-when-42", action="store_true",
-                   help="issue 42's measurement (bench/issue42.py): W1 and W5 at -n 2 3 on the peers' basis and "
-                        "paced, 3 pairs (--pairs to change), and the large model's memory and cost per byte")
+                   help="the peers'-basis targets' measurement (bench/issue42.py): W1 and W5 at -n 2 3 on the peers' "
+                        "basis and paced, 3 pairs (--pairs to change), and the large model's memory and cost per byte")
     p.add_argument("--large-hidden", type=int, default=9970,
                    help="the large model's hidden width with --done-when-42 (default 9970: 100 M parameters)")
     p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, -n 1 and 2, one pair")
@@ -324,7 +325,7 @@ def main(argv=None):
     # Absolute: the launches run with the checkout as their working folder.
     base = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
     if args.done_when_42:
-        print(f"fedmpi bench: issue 42's measurement, pairs {args.pairs}, cores {os.cpu_count()}, load "
+        print(f"fedmpi bench: the peers'-basis targets' measurement, pairs {args.pairs}, cores {os.cpu_count()}, load "
               f"{os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
         table = lambda rows: paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))  # noqa: E731
         parts = types.SimpleNamespace(measure=measure, plan_rows=plan_rows, print_table=print_table, sibling=_sibling,

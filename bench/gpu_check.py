@@ -1,4 +1,4 @@
-"""The GPU check of issue 14 (bench/gpu_check.sh runs it): W1 and W3 on the GPU, in deterministic mode
+"""The GPU check (bench/gpu_check.sh runs it): W1 and W3 on the GPU, in deterministic mode
 (`runtime.deterministic: true`), checked four ways, one table at the end:
 
   reference      fedmpi at -n 2 against the benchmark's plain PyTorch loop on the same device: the same

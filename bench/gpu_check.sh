@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 14 (bench/gpu_check.py): W1 and W3 on the GPU in deterministic mode against the
+# The GPU check (bench/gpu_check.py): W1 and W3 on the GPU in deterministic mode against the
 # reference, -n 2 = -n 3, resume, and the CUDA-aware MPI path; one table. At most 8 minutes on one GPU.
 #   bench/gpu_check.sh              on a GPU machine (without a visible GPU it runs as --dry-run)
 #   bench/gpu_check.sh --dry-run    the same checks on the CPU with 2 rounds (CI runs this)

@@ -1,4 +1,4 @@
-"""The hierarchical round against the flat one (issue 28): the round's broadcast and reduction seconds
+"""The hierarchical round against the flat one: the round's broadcast and reduction seconds
 (/timing/bcast + /timing/reduce) of W1 (bench/bench.py: cnn_mnist, 1.66 M parameters, 10 clients a round)
 at 2 nodes x 2 ranks in MPI's own view (MPICH's Hydra, two host names, the fork launcher, UCX over TCP
 between the nodes: docs/jobs_and_tools.md, "Several nodes on one machine") and on one node of 4 ranks, each

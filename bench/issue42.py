@@ -1,14 +1,14 @@
-"""Issue 42's measurement (`bench/bench.py --done-when-42`, or `make bench BENCH_ARGS="--done-when-42"`): W1 and W5
-against the floor loop at -n 2 and -n 3, on the peers' basis and on the bench's own, and the large model's
-bytes per parameter and cost per byte against the machine's triad (bench/large_model.py), each target printed
-as a ratio or a figure measured in the same run.
+"""The peers'-basis targets' measurement (`bench/bench.py --done-when-42`, or `make bench
+BENCH_ARGS="--done-when-42"`): W1 and W5 against the floor loop at -n 2 and -n 3, on the peers' basis and on the
+bench's own, and the large model's bytes per parameter and cost per byte against the machine's triad
+(bench/large_model.py), each target printed as a ratio or a figure measured in the same run.
 
-The peers' basis is how issue 30's peer harness compared pfl-research and fedmpi with the floor: whole runs one
-after the other, interleaved (floor, fedmpi, floor, fedmpi, ...), each run's later rounds' median seconds per
-round over its floor run's (`bench.py --pace run`). The bench's own basis pairs a run with the floor round by
-round (`--pace round`, bench/pacing.py): each round of either job runs right after the other's, so the
-host's drift cancels, and the figures are a little lower (the floor's rounds follow fedmpi's, whose data may
-still be in the shared cache). The targets are judged on the peers' basis; both tables print them.
+The peers' basis is how the peer harness (docs/performance.md, "Paired measurement") compared pfl-research and
+fedmpi with the floor: whole runs one after the other, interleaved (floor, fedmpi, floor, fedmpi, ...), each run's
+later rounds' median seconds per round over its floor run's (`bench.py --pace run`). The bench's own basis pairs a
+run with the floor round by round (`--pace round`, bench/pacing.py): each round of either job runs right after the
+other's, so the host's drift cancels, and the figures are a little lower (the floor's rounds follow fedmpi's, whose
+data may still be in the shared cache). The targets are judged on the peers' basis; both tables print them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 # W1 (McMahan's CNN, mnist5k, 10 of 50 clients) and W5 (pfl-research's CIFAR-10 setup and model): the -n values
 # and rounds (the first round is warm-up; each figure is the median of rounds 2..).
 PLAN = {"W1": ((2, 3), 8), "W5": ((2, 3), 5)}
-# Issue 42: at most 0.50 of the floor loop's seconds per round (pfl-research with 2 workers: W1 0.62, W5 0.58).
+# The targets: at most 0.50 of the floor loop's seconds per round (pfl-research with 2 workers: W1 0.62, W5 0.58).
 TARGETS = {(wl, f"-n {n}"): ("ratio", 0.50) for wl, (ranks, _) in PLAN.items() for n in ranks}
 BASES = (("the peers' basis: whole runs interleaved with the floor loop's (--pace run)", "run"),
          ("the bench's own: paced round by round against the floor loop (--pace round)", "round"))
@@ -48,7 +48,7 @@ def run(parts, base, pairs, rounds=None, hidden=9970, large=True):
         blocks += [f"On {title}:", "", parts.markdown(rows), ""]
     if large:
         record["large"] = _large(parts, base / "large", hidden, summary)
-    print("\nIssue 42's targets, measured in this run:")
+    print("\nThe peers'-basis and large-model targets, measured in this run:")
     print("\n".join(f"  {line}" for line in summary))
     opening = (f"Measured with `COMMAND` ({parts.when()}). The floor is the benchmark's reference loop "
                "(bench/reference_loop.py); each figure is a median of pairs' ratios, min-max beside it.")

@@ -1,4 +1,4 @@
-"""A large model's memory and a round's cost per byte (issues 28 and 42, docs/performance.md "Large models"): each
+"""A large model's memory and a round's cost per byte (docs/performance.md "Large models"): each
 rank's peak memory during rounds of FedAvg with an MLP of about 100 M parameters (hidden 9970 on SYNTHETIC's 60
 features), against the same run with logistic regression (torch, MPI and the data), so that the difference
 divided by the parameter count is the bytes per parameter a rank holds; and the part of a round that is not
@@ -10,13 +10,13 @@ STREAM-like triad).
 Memory (bench/_rank.py samples each rank's RSS, PSS and USS; peaks): `held` is the peak RSS less the other
 ranks' slots of the node's round window that this rank reads (rank 0 sums the workers' float64 reduction
 slots, a worker copies rank 0's broadcast slot: those pages count in the reader's RSS in full and in its PSS
-by half, though their owners hold them). Targets (issue 42): a worker holds at most 20 bytes per parameter with
+by half, though their owners hold them). Targets: a worker holds at most 20 bytes per parameter with
 plain SGD (its model, one layer's gradient at a time, its float64 reduction slot), rank 0 at most 24.
 
 Cost per byte: from each run's /timing, a round's fixed part (rank 0's round less the longest training of any
 rank; bench/w6.py's `round_costs`, rounds 2 to the one before the last), the MLP's less logistic regression's,
 over the MLP's extra float32 bytes. The bound is what the round's passes over model-sized vectors move
-(`round_bytes`) at the triad's bandwidth; target (issue 42): within 2x of it.
+(`round_bytes`) at the triad's bandwidth; target: within 2x of it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-WORKER_HELD_MAX, SERVER_HELD_MAX, COST_OVER_BOUND_MAX = 20.0, 24.0, 2.0     # issue 42's targets
+WORKER_HELD_MAX, SERVER_HELD_MAX, COST_OVER_BOUND_MAX = 20.0, 24.0, 2.0     # the targets above
 TRIAD_ENTRIES = 1 << 24         # float64 entries per triad array: 128 MiB each, far beyond any cache
 
 

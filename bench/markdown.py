@@ -1,5 +1,5 @@
 """The benchmark's `--markdown FILE...`: the documents' marked blocks (bench/paired.py's `replace_marked`) checked
-before anything runs and rewritten after, and issue 30's block; bad input refused in one line with exit 2."""
+before anything runs and rewritten after, and the paired targets' block; bad input refused in one line with exit 2."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def refuse(message):
 
 
 def targets(paths, begin=None, end=None):
-    """The documents whose block between the markers `begin` and `end` (issue 30's by default) --markdown
+    """The documents whose block between the markers `begin` and `end` (the paired targets' by default) --markdown
     replaces, read and checked before anything runs: {path: text}."""
     paired = _paired()
     begin, end = begin or paired.BEGIN, end or paired.END
@@ -73,7 +73,7 @@ def stamp(command):
 
 
 def issue30_block(rows, variation, command, pace="round"):
-    """Issue 30's table with how it was measured."""
+    """The paired targets' table with how it was measured."""
     paired = _paired()
     how = ("Each fedmpi run and a baseline run (the reference loop; for QS fedmpi at `-n 1`) were launched "
            "together and took turns a round at a time (bench/pacing.py); a pair's ratio is the median over "

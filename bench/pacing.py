@@ -1,4 +1,4 @@
-"""Round-by-round pairing (issue 30): a baseline job and a fedmpi job run side by side and take turns, one round
+"""Round-by-round pairing: a baseline job and a fedmpi job run side by side and take turns, one round
 each (A B A B ... at the scale of a round, not of a whole run).
 
 Why: on a shared host the machine's speed drifts over tens of seconds (the same reference loop measured

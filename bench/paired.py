@@ -1,4 +1,4 @@
-"""Paired measurement (issue 30): the order of the launches and the statistics of the benchmark, as pure
+"""Paired measurement: the order of the launches and the statistics of the benchmark, as pure
 functions (tested on hand-computed numbers in tests/test_bench_paired.py).
 
 On a shared host the same loop varies by a third between runs, so a ratio of two unpaired medians says
@@ -67,7 +67,7 @@ def host_variation(baseline):
     return (hi - lo) / med if med > 0 else math.nan
 
 
-# Issue 30's targets: (workload, row) -> (figure, bound). `ratio`: the run's seconds per round over the
+# The paired targets: (workload, row) -> (figure, bound). `ratio`: the run's seconds per round over the
 # baseline's in the same pair, at most the bound; `speedup`: the inverse (clients per second over the
 # reference's), at least the bound. Judged on the median of the pairs.
 TARGETS = {

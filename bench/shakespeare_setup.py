@@ -1,4 +1,4 @@
-"""The full Shakespeare build's set-up (issue 42): seconds and peak memory of a run's whole set-up
+"""The full Shakespeare build's set-up: seconds and peak memory of a run's whole set-up
 (`fedmpi.run.setup.experiment`: the data set, the natural partition, the LSTM, resolve, the Experiment) on the
 same build read two ways, interleaved in one run: its LEAF JSON (a folder holding only DIR/train and DIR/test,
 as LEAF writes them) and the binary form `fedmpi data shakespeare` writes beside it (memory-mapped; shared

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 41's benchmark: a grid of small experiments as ONE `fedmpi sweep` against one `fedmpi run` launch per
+"""`fedmpi sweep`'s benchmark: a grid of small experiments as ONE `fedmpi sweep` against one `fedmpi run` launch per
 experiment and against tools/run_batch.py (the experiments one after another in one launch), all three at the
 same number of ranks, interleaved: each repeat runs the three arms, in the reverse order every other repeat.
 
@@ -14,7 +14,7 @@ Printed per arm: the wall time of the whole grid (median over the repeats, min-m
 experiment, the round-loop seconds (the sum over the experiments of run.h5's final wall_s: the time inside
 the rounds), and the ratio of the sweep's wall time to the arm's, paired within each repeat (median, min-max).
 Overhead per experiment: (wall - round-loop seconds / experiments running at once) / experiments, i.e. what an
-experiment costs beyond its rounds: the launch, the imports, the data, set-up. Target (issue 41): the sweep at
+experiment costs beyond its rounds: the launch, the imports, the data, set-up. Target: the sweep at
 most half the wall time of the separate launches. Timings on a shared machine are noisy: compare the ratios of
 one run of this script, not figures across runs.
 """

@@ -1,4 +1,4 @@
-"""W2's seconds per round at two commits, paired (issue 30: where did the batched path regress?).
+"""W2's seconds per round at two commits, paired (to find where a path regressed, e.g. W2's batched one).
 
     python bench/w2_ab.py d12d34d HEAD                 # 3 pairs, 60 rounds, -n 1
     python bench/w2_ab.py A B --pairs 5 --ranks 2      # at -n 2
@@ -45,7 +45,7 @@ def export(commit, folder):
 
 
 def w2_config(out, rounds):
-    """W2 as bench.py defines it, in keys every version since issue 8 reads (no runtime.progress)."""
+    """W2 as bench.py defines it, in keys every version of bench.py's W2 reads (no runtime.progress)."""
     return {"seed": 0, "rounds": rounds, "out": str(out),
             "data": {"name": "synthetic", "alpha": 1.0, "beta": 1.0},
             "partition": {"clients": 1000, "scheme": "natural", "samples_per_client": 40},

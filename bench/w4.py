@@ -1,4 +1,4 @@
-"""W4 of the benchmark (issue 14): cross-device scale, run by bench/bench.py (`--workloads W4`).
+"""W4 of the benchmark: cross-device scale, run by bench/bench.py (`--workloads W4`).
 
 Two workloads, each with FedAvg and SCAFFOLD, 100 clients a round, at -n 2 and -n 3:
   W4-lr   100,000 SYNTHETIC(1,1) users of 40 samples (4 M training samples, 1.24 GB), logistic regression
@@ -167,5 +167,5 @@ def format_row(wl, label, s):
 
 
 def expected_overhead_note(rows):
-    """Largest 'PSS - data/P' of the table (MB), the fixed overhead the issue asks to state."""
+    """Largest 'PSS - data/P' of the table (MB), the fixed overhead docs/performance.md states."""
     return max(math.ceil(float(r[10])) for r in rows) if rows else 0

@@ -1,4 +1,4 @@
-"""W5 of the benchmark (issue 30): pfl-research's own CIFAR-10 benchmark setup, run by bench/bench.py.
+"""W5 of the benchmark: pfl-research's own CIFAR-10 benchmark setup, run by bench/bench.py.
 
 pfl's benchmarks/image_classification/configs/baseline.yaml with `dataset: cifar10_iid`: 1,000 users of 50
 images each (`mean_datapoints_per_user: 50`, constant), cohort 50, one local epoch, local batch 10, local lr

@@ -1,4 +1,4 @@
-"""W6 of the benchmark (issue 28 part 5): a round's fixed cost against the number of ranks, and a fitted
+"""W6 of the benchmark: a round's fixed cost against the number of ranks, and a fitted
 scaling law. Run by bench/bench.py (`--workloads W6`) or alone: `python bench/w6.py [--quick]`.
 
 A round's fixed cost is everything but training: the broadcast, the reduction (or the routes, or the

@@ -1,4 +1,4 @@
-"""The architecture's counts that issue 37 tracks, measured from the code (run before and after a change):
+"""The architecture's counts, measured from the code (run before and after a change):
 
   config-taking functions   functions (and methods) with a parameter named `cfg` or `config`, by package:
                             each reads the whole Config, a dependency import-linter cannot see
@@ -48,7 +48,7 @@ def config_functions():
     return by
 
 
-# Issue 37: the packages whose functions take sections and values, never the whole config, and the entry points
+# The packages whose functions take sections and values, never the whole config, and the entry points
 # that may (the data loader's, the assembler).
 SECTION_ONLY = ("core", "mpi", "plans", "uploads", "robust", "data", "round")
 WHOLE_CONFIG_ALLOWED = {("data/load.py", "load_dataset"), ("data/shared.py", "load_shared"),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """FedSkip against FedAvg on the full Shakespeare build, in the paper's setting as far as two cores allow
-(issue 42; jobs/configs/fedskip/shakespeare_full.yaml): both over the same rounds, then their test figures as
+(jobs/configs/fedskip/shakespeare_full.yaml): both over the same rounds, then their test figures as
 a CSV and a PNG for docs/reproduction.md, and the seconds per round with the rounds an hour holds.
 
     python tools/fedskip_shakespeare_full.py [--rounds 30] [--steps K] [--ranks 3] [--eval-samples 10000]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The personalization reproduction (issue 24, item 6): local-test accuracy of personalized methods on mnist5k.
+"""The personalization reproduction: local-test accuracy of personalized methods on mnist5k.
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/personalization.yaml   # the grid's runs (continues where it stopped)
     python tools/personalization.py --csv docs/reproduction_personalization.csv [--runs runs/personalization]
@@ -185,7 +185,7 @@ def markdown(rows, wall=None, setting=None, missing=None):
     """The personalization section of docs/reproduction.md, from the measured rows (`setting`: setting_of the
     runs; `wall`: their training seconds summed; `missing`: the line naming the runs not there)."""
     st = {**SETTING, **(setting or {})}
-    lines = [START, "## Personalized FL (issue 24): local-test accuracy on mnist5k", "",
+    lines = [START, "## Personalized FL: local-test accuracy on mnist5k", "",
              f"Setting: mnist5k, {st['clients']} clients, each holding out {st['local_test']:.0%} of its samples as "
              f"its own test split (`partition.local_test`, stratified); {st['rounds']} rounds, {st['per_round']} "
              f"clients per round; the 2NN (`mlp`, {st['hidden']} hidden units), client SGD lr 0.05, batch 20, 1 "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reproductions of the four papers' own claims, each in its paper's setting scaled to mnist5k (issue 13).
+"""Reproductions of the four papers' own claims, each in its paper's setting scaled to mnist5k.
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/repro_<paper>.yaml      # a paper's runs (continues where it stopped)
     python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all --docs docs

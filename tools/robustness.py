@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The robustness study (issue 25, item 5): FedAvg against robust aggregators under attacks, on mnist5k.
+"""The robustness study: FedAvg against robust aggregators under attacks, on mnist5k.
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/robustness.yaml     # the grid's runs (continues where it stopped)
     python tools/robustness.py --docs docs [--runs runs/robustness] [--seeds 0 1 2]
@@ -198,7 +198,7 @@ def section(cells, results, missing=None):
     version = ran[0].attrs.get("fedmpi_version", "?") if ran else "?"
     started = max((str(run.attrs.get("started", ""))[:10] for run in ran), default="") or "?"
     head = ["split", "attack", *aggregators, "published claim"]
-    lines = ["<!-- robustness -->", "## Robustness: FedAvg and robust aggregators under attack (issue 25)", "",
+    lines = ["<!-- robustness -->", "## Robustness: FedAvg and robust aggregators under attack", "",
              "Setting (jobs/sweeps/robustness.yaml): mnist5k, 20 clients, 10 per round, "
              f"{rounds} rounds, model lr (multinomial logistic regression), client lr 0.05, batch 20, 1 "
              "epoch; 20% of the clients malicious (4 of 20, drawn from the seed); IID and Dirichlet(0.1) "

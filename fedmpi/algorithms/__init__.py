@@ -74,7 +74,7 @@ def declares_personal_split(algo_cls) -> bool:
 
 def nothing_personal(cfg, algo_cls, named) -> str:
     """The refusal of a split algorithm whose own rule keeps nothing personal on this model: its run would be
-    FedAvg recorded under its name (issue 38), so no limit of this kind is run, whatever spelling reached it
+    FedAvg recorded under its name, so no limit of this kind is run, whatever spelling reached it
     (fedper `head: []`, lgfedavg `head: ["*"]`, fedbn on a model without normalization layers)."""
     head = getattr(cfg.algorithm, "head", None)
     key = f"algorithm.head = {list(head)}" if head is not None else named

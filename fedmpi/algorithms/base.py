@@ -92,7 +92,7 @@ The protocol families add their own hooks: `SlotRouting` (order, is_period_start
 start_slot, finish_slot, take_slot, put_slot, slot_weights, accumulate_slots), `GatedUploads` (gate,
 fusion_weight), `BufferedUploads` (hold, release); see their docstrings (fedmpi.algorithms.families).
 
-Personal parameters (issue 24). `context.split` (a fedmpi.core.personal.ParameterSplit, or None) names the
+Personal parameters. `context.split` (a fedmpi.core.personal.ParameterSplit, or None) names the
 flat vector's personal entries. For a REDUCE algorithm with a split, the round loop itself (no algorithm
 code needed): loads the client's own personal entries into the model right after `client_start` (a client
 without any yet keeps those of the broadcast, which are x_0's: the server's copy of them never changes);

@@ -6,7 +6,7 @@ FedDyn's h, the server optimizer's moments). An algorithm declares them as attri
 base class's state hooks find every such attribute and save or load it under the vector's name, so a
 stateful algorithm writes no checkpoint code. States travel as dicts of numpy arrays, never pickled.
 
-Where client vectors live (issue 14): a rank's vectors are kept in its `ClientStateStore`, in host memory
+Where client vectors live: a rank's vectors are kept in its `ClientStateStore`, in host memory
 up to `runtime.client_state_memory` bytes and in files of the rank's beyond that (in $TMPDIR, unlinked at
 creation, so they go with the process; read and written with pread/pwrite, so spilled state counts in the
 kernel's reclaimable page cache, not in the process's memory). A round's clients meet their vectors on the

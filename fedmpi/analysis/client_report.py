@@ -1,4 +1,4 @@
-"""`fedmpi report --clients`: how a run's clients fare on their own test splits (personalized FL, issue 24).
+"""`fedmpi report --clients`: how a run's clients fare on their own test splits (personalized FL).
 
 Per run: the last local evaluation's distribution over the evaluated clients (from /metrics: the sample-
 weighted mean, the unweighted mean, the worst 10%, the worst, the standard deviation, the share below the

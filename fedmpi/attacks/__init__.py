@@ -1,4 +1,4 @@
-"""Adversarial clients (issue 25): the malicious set, data poisoning and model poisoning."""
+"""Adversarial clients: the malicious set, data poisoning and model poisoning."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def malicious_clients(attack, num_clients, seed) -> np.ndarray:
 
 def no_malicious_note(attack, malicious, num_clients):
     """The warning a run with an attack but no malicious client records (in its log and run.h5's attribute
-    `attack_note`), or None: such a run is attack-free under the attack's name (issue 38), as a sweep's
+    `attack_note`), or None: such a run is attack-free under the attack's name, as a sweep's
     `attack.fraction: 0` point means it to be, or by a fraction too small for the clients."""
     if attack.name == "none" or len(malicious):
         return None

@@ -1,4 +1,4 @@
-"""Model attacks from outside fedmpi (issue 37): `attack.name` names an entry point of the group
+"""Model attacks from outside fedmpi: `attack.name` names an entry point of the group
 `fedmpi.attacks` or a path `package.module:Class`, imported on every rank when the run is set up (never when
 a stored config is read), as algorithms, aggregators, data sets and models are (fedmpi.core.plugin_names).
 

@@ -1,4 +1,4 @@
-"""Data poisoning (issue 25): what a malicious client's training batches become.
+"""Data poisoning: what a malicious client's training batches become.
 
 A `DataPoison` is made once per rank from the config and the data set; `for_client(t, cid)` gives the
 per-batch function `poison(xb, yb) -> (xb, yb)` of a malicious client in round t (None for an honest one, so

@@ -1,4 +1,4 @@
-"""The `attack:` config section: which clients are malicious and what they do (issue 25; docs/robustness.md).
+"""The `attack:` config section: which clients are malicious and what they do (docs/robustness.md).
 
 The malicious set is fixed for the whole run, drawn once from the run's seed (`malicious_clients`), so the
 same clients attack at every -n and after a resume. Data poisoning (label_flip, backdoor) changes what the
@@ -90,7 +90,7 @@ class AttackConfig:
     sum_bound: str = "min"
     """min_sum: the benign sum that bounds the malicious update's sum of squared distances to the benign
     updates: `min`, the smallest sum_j ||b_i - b_j||^2 over the benign i (Shejwalkar and Houmansadr's released
-    code, `min_score = torch.min(scores)`), or `max`, the largest (fedmpi before issue 38; a larger gamma)."""
+    code, `min_score = torch.min(scores)`), or `max`, the largest (a larger gamma)."""
 
     RANGES: ClassVar[dict] = {
         "fraction": Range(0, 1, high_open=True),

@@ -1,4 +1,4 @@
-"""Client-side model poisoning (issue 25): what a malicious client uploads in place of its update.
+"""Client-side model poisoning: what a malicious client uploads in place of its update.
 
 Pure functions of the client's honest update Delta = y_i - x_t (a float32 vector); the upload stage
 (fedmpi.attacks.stage) applies the one the config names to each malicious client's update before upload.

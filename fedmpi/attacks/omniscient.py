@@ -1,4 +1,4 @@
-"""The omniscient model attacks (issue 25): malicious updates crafted from the round's benign updates.
+"""The omniscient model attacks: malicious updates crafted from the round's benign updates.
 
 In simulation these attacks are GIVEN the round's benign updates: rank 0 crafts the malicious clients'
 uploads inside the chunked gather (fedmpi.round.robust_gather), after the benign rows of a chunk have arrived

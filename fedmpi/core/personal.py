@@ -1,4 +1,4 @@
-"""Personal parameters: which entries of the flat model vector each client keeps for itself (issue 24).
+"""Personal parameters: which entries of the flat model vector each client keeps for itself (personalized FL).
 
 A `ParameterSplit` is derived once from the model's named parameters and buffers (`FlatModel.entries`) and a
 tuple of fnmatch patterns over their names (FedPer's head `"3.*"`, FedBN's normalization layers). It holds

@@ -1,4 +1,4 @@
-"""What set-up says about the data set it loads (issue 40): a line when loading starts, naming the source and
+"""What set-up says about the data set it loads: a line when loading starts, naming the source and
 where it reads from, and one when it ends, with its size (clients, samples, bytes) and the seconds it took.
 Rank 0 prints them (fedmpi.run.setup), unless `runtime.progress: off`; a loading of half a minute was silent.
 The lines start with `data:`, not `fedmpi:`, which marks a run's outcome (an error, an interruption)."""

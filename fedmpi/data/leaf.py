@@ -4,7 +4,7 @@ Layout: `data.root/train/*.json` and `data.root/test/*.json`, each file
 `{"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}`. The training
 files' users become the natural clients (`Dataset.users`, in file-name order, then each file's `users`
 order); all test files together form the test set, and each user's own test samples are its local test
-split (`Dataset.test_users`, matched by user name; used under `partition.scheme: natural`, issue 24).
+split (`Dataset.test_users`, matched by user name; used under `partition.scheme: natural`).
 """
 
 from __future__ import annotations

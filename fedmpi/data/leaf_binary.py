@@ -1,4 +1,4 @@
-"""Shakespeare's arrays in binary beside LEAF's JSON (issue 42): `DIR/binary/` holds one `.npy` file per array of
+"""Shakespeare's arrays in binary beside LEAF's JSON: `DIR/binary/` holds one `.npy` file per array of
 the data set's flat form (`dataset.to_arrays`: x/y train and test, the users' index arrays and offsets, the
 class count) and `index.json`, which records each array's shape, dtype and CRC-32 and a fingerprint of the
 JSON files the arrays were made from. `fedmpi data shakespeare` writes it; `data.name: shakespeare` reads it

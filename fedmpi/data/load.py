@@ -41,7 +41,7 @@ def check_loaded(data, dataset) -> Dataset:
 
 def _check_not_empty(data, ds):
     """An empty training or test set is refused: the run would record a test accuracy and loss of 0 every
-    round (issue 38: a figure that is not true), or train nothing."""
+    round (a figure that is not true), or train nothing."""
     where = f" (data.root = {data.root!r})" if data.root else ""
     classes = f" after data.classes = {data.classes}" if data.classes is not None else ""
     for part, y in (("training", ds.y_train), ("test", ds.y_test)):

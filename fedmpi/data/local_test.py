@@ -1,4 +1,4 @@
-"""Each client's own test split (issue 24): what personalized FL evaluates a client's model on.
+"""Each client's own test split: what personalized FL evaluates a client's model on.
 
 Two sources:
   held out   `partition.local_test = f` (0 < f < 1): each client's samples are split once, before training,

@@ -44,7 +44,7 @@ class Split:
     parts: list
     server_idx: np.ndarray
     groups: dict
-    local_test: LocalTest | None = None     # the clients' own test splits (issue 24), or None
+    local_test: LocalTest | None = None     # the clients' own test splits (personalized FL), or None
 
 
 def resolved_size(s, n_train) -> int:

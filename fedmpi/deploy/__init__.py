@@ -1,4 +1,4 @@
-"""Deployment realism (issue 15): client availability and dropout, a simulated clock with stragglers,
+"""Deployment realism: client availability and dropout, a simulated clock with stragglers,
 deadlines and over-selection, and update compression with honest byte counts.
 
 Every piece is a pure function of its inputs and of streams keyed by (seed, purpose, round, client), so

@@ -51,7 +51,7 @@ from fedmpi.core.errors import InputError
 from fedmpi.io import write_errors
 from fedmpi.io.disk_room import Room
 
-# 2: /manifest added (issue 38); a format-1 checkpoint is refused by name (`_check_version`), not as damaged
+# 2: with /manifest; a format-1 checkpoint is refused by name (`_check_version`), not as damaged
 FORMAT = 2
 MANIFEST = "manifest"      # /manifest: which clients have a /clients group, and how many entries each
 NAME = re.compile(r"^ckpt-(\d+)\.h5$")

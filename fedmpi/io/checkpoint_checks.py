@@ -1,4 +1,4 @@
-"""What a checkpoint must hold, checked before anything in it is used (issue 29).
+"""What a checkpoint must hold, checked before anything in it is used.
 
 The checksum only proves that a file is what its writer (or whoever recomputed the checksum) meant; these
 checks prove that it is what this run can load. Every refusal is a BadCheckpoint (exit 2) naming the
@@ -17,7 +17,7 @@ checkpoint, the dataset or attribute, what was expected and what was found.
   provider, its upload stages and the rest of its algorithm's server state (a fresh state of theirs as the
   template: no entry emptied, one value where the template has one, floats finite but the algorithm's)
   say they must be.
-- Client states (`check_client_ids` on rank 0, `check_client` on each client's host, issue 38): the groups
+- Client states (`check_client_ids` on rank 0, `check_client` on each client's host): the groups
   under /clients are exactly the clients /manifest lists, each with the entries it counts, and every id a
   client of this run; each declared client vector (Ditto's v, APFL's v, v̄ and alpha, the personal entries
   of FedPer, FedRep and LG-FedAvg, IFCA's cluster choice, SCAFFOLD's c_i, any ClientVectors) has its shape

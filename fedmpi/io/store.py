@@ -1,6 +1,6 @@
 """The HDF5 run log `OUT/run.h5` (docs/design.md §3, contract); the only module that writes HDF5 run logs.
 
-Per-client figures (issue 14) are stored as rows of the clients a round names, not as [round, client]
+Per-client figures are stored as rows of the clients a round names, not as [round, client]
 matrices: /clients/ids [round, width] int32 (-1 pads a short row) and /clients/<name> [round, width]
 float32 beside it, where `width` grows to the longest row. A round names the clients where any figure
 differs from its `fill` (0 for the indicators selected / dropped / late / arrived, NaN for the rest): the

@@ -1,5 +1,5 @@
 """A write of a run that fails (a full disk, an I/O error) ends the run with one line naming the file and the
-system's reason, exit 1 (issue 39): no HDF5 error spam on the way and no crash on the way out.
+system's reason, exit 1: no HDF5 error spam on the way and no crash on the way out.
 
 HDF5 cannot be trusted after a write of its own failed (measured with h5py 3.16 / HDF5 2.0 on a full tmpfs):
 the metadata it could not write is retried each time an h5py object is freed, each retry printed as a

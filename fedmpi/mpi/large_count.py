@@ -1,4 +1,4 @@
-"""Messages beyond MPI's int counts (issue 28 part 3): a flat vector of a billion-parameter model is over 2^31
+"""Messages beyond MPI's int counts: a flat vector of a billion-parameter model is over 2^31
 bytes, where MPI-3's `int count` and `int displs[]` end (APPFL#112: a gather failing above 2^31 bytes).
 
 What this machine offers: mpi4py >= 4 calls MPI-4's large-count routines (`MPI_Bcast_c`, `MPI_Reduce_c`,

@@ -3,7 +3,7 @@
 A rank of several launched ranks must never end without MPI, once a Ctrl-C has reached it before MPI_Init:
 MPICH's Hydra ends a job for a rank that exits (or calls MPI_Abort) only once that rank has joined the
 job's PMI, so the ranks already inside their MPI_Init waited there for it forever, at full CPU, and the
-mpiexec with them (issue 39: a Ctrl-C 2.5 s into set-up). `world` therefore starts MPI where the run had not
+mpiexec with them (a Ctrl-C 2.5 s into set-up did this). `world` therefore starts MPI where the run had not
 yet, and `fedmpi.mpi.signals.start_mpi` holds a Ctrl-C back until MPI_Init has returned (a KeyboardInterrupt
 raised inside mpi4py's import would leave MPI initialized with no module to abort it through).
 """

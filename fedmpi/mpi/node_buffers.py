@@ -9,8 +9,8 @@ With all ranks on one node (a workstation, one cluster node)
   13 MB of float64 sums);
 - the broadcast is rank 0's slot itself: only the node's first rank has a broadcast slot, every rank's
   broadcast buffer is that slot (read-only off its owner), and a broadcast is the barrier after which the
-  others read it. Before issue 42 each rank copied it into a slot of its own: 4 bytes per parameter more on
-  every worker, and a pass over the model each round.
+  others read it. No rank copies it into a slot of its own, which would cost 4 bytes per parameter more
+  on every worker and a pass over the model each round.
 
 Only buffers inside this rank's reduction slot or the node's broadcast slot take this path (`MpiComm.bcast`/
 `reduce_sum` ask `span`); everything else moves through MPI as before. With ranks on several nodes each node

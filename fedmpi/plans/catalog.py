@@ -1,4 +1,4 @@
-"""Participation providers from outside fedmpi (issue 37): `participation.name` names an entry point of the
+"""Participation providers from outside fedmpi: `participation.name` names an entry point of the
 group `fedmpi.participation` or a path `package.module:Class`, imported on every rank when the run is set up
 (never when a stored config is read), as the other plug-ins are (fedmpi.core.plugin_names).
 

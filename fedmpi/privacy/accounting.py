@@ -7,8 +7,8 @@ One round of DP-FedAvg is one sampled Gaussian mechanism on the sum of clipped c
   GaussianDpEvent(z / 2)), replace-one-client neighbours; RDP only, because the PLD accountant of
   dp-accounting 0.6.0 has no event for sampling without replacement. The z / 2: replacing one client
   moves the sum by up to 2C, and the library's RDP bound for this event takes the noise relative to
-  that sensitivity, while GaussianDpEvent's multiplier is noise / C (google/differential-privacy
-  issue 378); passing z unchanged would understate epsilon.
+  that sensitivity, while GaussianDpEvent's multiplier is noise / C (google/differential-privacy#378);
+  passing z unchanged would understate epsilon.
 
 With adaptive clipping the accountant is charged the configured z: the update (multiplier z_Delta) and
 the count (multiplier 2 sigma_b) together form one Gaussian mechanism of multiplier z on the joint

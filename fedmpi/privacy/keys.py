@@ -1,4 +1,4 @@
-"""The `privacy:` config section (client-level differential privacy, issue 16; docs/privacy.md).
+"""The `privacy:` config section (client-level differential privacy; docs/privacy.md).
 
 How clients are sampled is not here: it lives in the server section as `server.sampling: fixed | poisson`,
 because it decides the cohort with or without privacy. With `poisson` every client joins a round

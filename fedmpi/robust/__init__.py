@@ -1,2 +1,2 @@
-"""Byzantine-robust aggregation (issue 25): aggregators as pure functions over chunks of the clients' update
+"""Byzantine-robust aggregation: aggregators as pure functions over chunks of the clients' update
 matrix, and the bookkeeping of which clients each kept."""

@@ -1,4 +1,4 @@
-"""Local evaluation (issue 24): each client's model on its own test split, on the rank hosting the client.
+"""Local evaluation: each client's model on its own test split, on the rank hosting the client.
 
 Every `eval.local_every` rounds (rounds t with (t + 1) % local_every == 0; not tied to the run's last round,
 so a run stopped and resumed logs the very evaluations of an uninterrupted one) the evaluated clients

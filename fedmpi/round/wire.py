@@ -7,7 +7,7 @@ stages' sums, `up_extra`), the round's scalar statistics (STATS below), one row 
 (fedmpi.core.timing), each rank's own row filled, then one block per per-client figure (local loss, the
 algorithm's `client_columns`, the drift figures when asked for) of the round's S selected clients in plan
 order: every rank knows the plan, so a client's value goes to its slot and the others stay zero. The
-reduction thus grows with the clients selected, not with N (it carried N-blocks before issue 14: at
+reduction thus grows with the clients selected, not with N (N-blocks would be, at
 100,000 clients, 800 kB a figure from every rank each round). Sums are float64 so that their
 value does not depend on how clients are spread over ranks (float32 addition is not associative); what a
 real client would send is still float32, and bytes are counted as such.

@@ -1,7 +1,7 @@
 """Memory, ahead and after the fact: the size estimate `fedmpi run --dry-run` prints (data, model, client
 state and log bytes per rank and per node), and the message when a rank runs out of memory.
 
-The estimate follows what a run holds (issue 14): the data set once per node in a shared window, each rank
+The estimate follows what a run holds: the data set once per node in a shared window, each rank
 charged its share of it (`runtime.shared_data`; the whole set per rank when off); every rank's index
 arrays of the partition; the flat model with its gradient and the wire's buffers on every rank, plus the
 server's state on rank 0; per-client vectors on the hosting ranks, in memory up to

@@ -1,4 +1,4 @@
-"""Upload stages from outside fedmpi (issue 37): `uploads.stages` names entry points of the group
+"""Upload stages from outside fedmpi: `uploads.stages` names entry points of the group
 `fedmpi.upload_stages` or paths `package.module:Class`, imported on every rank when the run is set up (never
 when a stored config is read), as aggregators, attacks and server optimizers are (fedmpi.core.plugin_names).
 

@@ -1,4 +1,4 @@
-"""Reduced-precision transport (`runtime.wire_dtype`, issue 28 part 4): what the broadcast model and each
+"""Reduced-precision transport (`runtime.wire_dtype`): what the broadcast model and each
 client's upload are rounded to on the wire. float32 (the default) rounds nothing.
 
 Where the rounding happens, so that every path sees the same numbers whatever -n:

@@ -10,7 +10,7 @@ What each tracker gets, under fedmpi.io.series' names (the same tags as `fedmpi 
 
 Failure is contained: a tracker that cannot start (package missing, server unreachable) or raises while
 logging is reported once on rank 0's stderr, one line naming the tracker and why, and dropped; the run goes
-on. A failing disk is not contained (issue 39): a tracker's write that meets ENOSPC, EDQUOT, EIO, EFBIG or
+on. A failing disk is not contained: a tracker's write that meets ENOSPC, EDQUOT, EIO, EFBIG or
 EROFS (fedmpi.io.write_errors.DISK_ERRNOS) ends the run as a failed run.h5 write does, one line naming the
 file, exit 1 (the disk the run writes to is full or failing: its next row or checkpoint would fail too).
 The trackers are called after the row is in run.h5 and never see the model or any random stream, so
