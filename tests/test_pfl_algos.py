@@ -233,8 +233,9 @@ def test_perfedavg_meta_step_by_hand():
 
 
 def test_perfedavg_runs_whole_meta_steps_on_the_clients_batches():
-    assert [meta_batches(s) for s in (1, 2, 5, 6)] == [2, 2, 4, 6]
-    algo = make("perfedavg", alpha=0.05, beta=0.2)
+    assert [meta_batches(s, "pairs") for s in (1, 2, 5, 6)] == [2, 2, 4, 6]
+    assert [meta_batches(s) for s in (1, 2, 5, 6)] == [2, 4, 10, 12]        # the default: one per step
+    algo = make("perfedavg", alpha=0.05, beta=0.2, meta_steps="pairs")
     model = VecModel(1)
     model.load(vec(1.0))
     local = QuadraticPasses(model, {0: vec(0.0)}, steps=5)
