@@ -297,7 +297,8 @@ def test_robustness_claims_are_judged_on_the_cells():
     cells[("IID", "sign flip x4", "FedAvg")] = {"acc": [0.30, 0.32], "backdoor": [np.nan] * 2}   # 0.31 - 0.1 < 0.36
     cells[("IID", "ALIE", "median")] = {"acc": [0.70, 0.70], "backdoor": [np.nan] * 2}           # 11 points lost
     cells[("Dir(0.1)", "no attack", "Krum")] = {"acc": [0.70, 0.72], "backdoor": [np.nan] * 2}   # 10 below FedAvg
-    cells[("IID", "backdoor", "median")] = {"acc": [0.8, 0.8], "backdoor": [0.9, 0.7]}
+    cells[("IID", "backdoor", "median")] = {"acc": [0.8, 0.8], "backdoor": [0.9, 0.85]}
+    cells[("Dir(0.1)", "label flip", "FedAvg")] = {"acc": [0.74, 0.78], "backdoor": [np.nan] * 2}   # 5 points: a tie
     cells[("Dir(0.1)", "backdoor", "median")] = {"acc": [0.8, 0.8], "backdoor": [0.6, 0.6]}
     cells[("IID", "ALIE", "Krum")] = {"acc": [], "backdoor": [], "absent": [("x", "refused", "folder in use")]}
     for partition in tool.PARTITIONS:
@@ -308,15 +309,18 @@ def test_robustness_claims_are_judged_on_the_cells():
         (value,) = [h for claim, h in judged.items() if claim.startswith(start)]
         return value
 
-    assert holds("FedAvg breaks under sign flip x4 (IID") is True
-    assert holds("FedAvg breaks under sign flip x4 (Dir(0.1)") is False
-    assert holds("FedAvg breaks under sign flip (IID") is False
-    assert holds("ALIE evades median (IID") is True and holds("ALIE evades median (Dir(0.1)") is False
+    yes, no = "holds", "does not hold"      # beyond the seeds' spread either way; within it: not decided
+    assert holds("FedAvg breaks under sign flip x4 (IID") == yes
+    assert holds("FedAvg breaks under sign flip x4 (Dir(0.1)") == no
+    assert holds("FedAvg breaks under sign flip (IID") == no
+    assert holds("ALIE evades median (IID") == yes and holds("ALIE evades median (Dir(0.1)") == no
     assert holds("ALIE evades Krum (IID") is None                              # refused: not judged
     skew = {name: holds(f"{name} loses accuracy under strong label skew") for name in
             ("median", "trimmed mean", "Krum", "FLTrust")}
-    assert skew == {"median": False, "trimmed mean": False, "Krum": True, "FLTrust": False}
-    assert holds("median does not stop the backdoor") is True and holds("Krum does not stop") is False
+    assert skew == {"median": no, "trimmed mean": no, "Krum": yes, "FLTrust": no}
+    assert holds("median does not stop the backdoor") == yes and holds("Krum does not stop") == no
+    assert holds("20% label flippers cost FedAvg little (IID") == yes
+    assert holds("20% label flippers cost FedAvg little (Dir(0.1)").startswith("not decided at this scale (tied")
     assert holds("FLTrust does not stop") is None                           # no backdoor accuracy measured
     assert tool.tail_mean([0.1] * 18 + [0.5, 0.7]) == pytest.approx(0.6)      # the last 10% of 20 rounds
 

@@ -233,8 +233,9 @@ def test_perfedavg_meta_step_by_hand():
 
 
 def test_perfedavg_runs_whole_meta_steps_on_the_clients_batches():
-    assert [meta_batches(s) for s in (1, 2, 5, 6)] == [2, 2, 4, 6]
-    algo = make("perfedavg", alpha=0.05, beta=0.2)
+    assert [meta_batches(s, "pairs") for s in (1, 2, 5, 6)] == [2, 2, 4, 6]
+    assert [meta_batches(s) for s in (1, 2, 5, 6)] == [2, 4, 10, 12]        # the default: one per step
+    algo = make("perfedavg", alpha=0.05, beta=0.2, meta_steps="pairs")
     model = VecModel(1)
     model.load(vec(1.0))
     local = QuadraticPasses(model, {0: vec(0.0)}, steps=5)
@@ -317,13 +318,17 @@ def test_claims_are_judged_from_the_numbers():
              "worst10_std": 0.01, "global_test_acc_mean": 0.5, "global_test_acc_std": 0.0}
             for s in tool.SPLITS
             for label, acc, worst in (("local", 0.7, 0.2), ("FedAvg", 0.8, 0.5), ("FedAvg+FT", 0.9, 0.6),
-                                      ("FedPer", 0.85, 0.5), ("FedRep", 0.79, 0.5), ("Ditto", 0.95, 0.45),
+                                      ("FedPer", 0.85, 0.5), ("FedRep", 0.795, 0.5), ("Ditto", 0.95, 0.45),
                                       ("APFL", 0.805, 0.5), ("IFCA", 0.9, 0.6))]
-    assert tool.verdict(rows, "shards2", "FedRep") == ("does not hold", "0.790 vs FedAvg 0.800")
+    # a gap within the seeds' spread (0.01) is a tie, not decided either way (issue 52)
+    assert tool.verdict(rows, "shards2", "FedRep") == ("not decided at this scale (tied, the gap -0.005 within "
+                                                       "the seeds' spread 0.01)", "0.795 vs FedAvg 0.800")
     assert tool.verdict(rows, "shards2", "Ditto")[0] == "holds"
-    assert tool.verdict(rows, "shards2", "Ditto (worst 10%)")[0] == "does not hold"
-    assert tool.verdict(rows, "dir0.1", "APFL") == ("holds", "0.805 vs FedAvg 0.800; 0.805 vs local 0.700 "
-                                                             "(margin within the seeds' spread)")
+    assert tool.verdict(rows, "shards2", "Ditto (worst 10%)")[0] == "does not hold"      # 0.05 below
+    assert tool.verdict(rows, "dir0.1", "APFL") == ("not decided at this scale (tied, the gap 0.005 within the "
+                                                    "seeds' spread 0.01)", "0.805 vs FedAvg 0.800; 0.805 vs local "
+                                                                           "0.700")
+    assert tool.verdict(rows, "dir0.1", "IFCA")[0] == "holds"
     assert tool.verdict(rows, "dir0.1", "local")[0] == "does not hold"
     assert "| FedRep | above FedAvg" in tool.markdown(rows)
 

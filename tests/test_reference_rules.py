@@ -7,8 +7,9 @@ it; the other option value reproduces fedmpi's earlier rule; small cases are wor
   the bound is the smallest benign sum of squared distances (`attack.sum_bound: min`); `max` was fedmpi's.
 - Bulyan (Flower, `aggregate_bulyan` over `aggregate_krum`): Krum scores over max(1, n - f - 2) closest
   others (`server.robust.min_neighbours: 1`); 0 was fedmpi's.
-- Per-FedAvg (PFLlib, `clientPerAvg.train`): one meta-step per batch of 2B split in halves, as fedmpi's
-  default pairs consecutive batches of B; `algorithm.meta_steps: steps` is the paper's tau local updates.
+- Per-FedAvg (PFLlib, `serverperavg.py` calling `clientPerAvg.train` twice per round): one meta-step per batch
+  of 2B split in halves, per call; fedmpi's default `algorithm.meta_steps: steps` is that round (issue 52),
+  `pairs` one call, half of it.
 - IFCA (jichan3751/ifca): each cluster the sample-weighted mean of its clients' models (femnist's
   `update_model`), fedmpi's default; the unweighted mean of the mnist and cifar scripts is
   `server.weighting: uniform`.
@@ -200,7 +201,7 @@ def test_perfedavg_meta_steps_are_pfllibs_on_the_same_batches(alpha, beta):
     g = torch.Generator().manual_seed(SEED)
     x, y = torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
     steps = epochs * steps_per_epoch(n, b)
-    sched = Schedule(b, meta_batches(steps))
+    sched = Schedule(b, meta_batches(steps, "pairs"))         # one clientPerAvg.train() call
     order = batch_order(np.random.default_rng(SEED), n, sched)
     doubles = [torch.from_numpy(np.concatenate(order[i:i + 2])) for i in range(0, len(order), 2)]
     assert len(doubles) == epochs * (n // (2 * b))
@@ -220,7 +221,7 @@ def test_perfedavg_meta_step_counts_against_pfllibs():
         return e * (n // (2 * b))
 
     def fedmpi(n, b, e, drop_last=False):
-        return meta_batches(e * steps_per_epoch(n, b, drop_last)) // 2
+        return meta_batches(e * steps_per_epoch(n, b, drop_last), "pairs") // 2
 
     for n in range(8, 60):
         for b in (2, 3, 4, 5):
@@ -229,6 +230,41 @@ def test_perfedavg_meta_step_counts_against_pfllibs():
             if n >= 2 * b:       # below, PFLlib trains on no batch and fedmpi on at least one meta-step
                 assert fedmpi(n, b, 1, drop_last=True) == pfllib(n, b, 1)
     assert (fedmpi(30, 4, 1), pfllib(30, 4, 1)) == (4, 3) and (fedmpi(30, 10, 2), pfllib(30, 10, 2)) == (3, 2)
+    # PFLlib's round is two train() calls: the default's count, where 2B divides n
+    assert all(meta_batches(e * steps_per_epoch(n, b)) // 2 == 2 * pfllib(n, b, e)
+               for n in range(8, 60) for b in (2, 3, 4, 5) for e in (1, 2, 3) if n % (2 * b) == 0)
+
+
+def pfllib_round_against_fedmpi(meta_steps, rounds=3, n=24, b=4, epochs=1, alpha=0.05, beta=0.05):
+    """(fedmpi's model, PFLlib's) after `rounds` rounds of one client from the same start, on the same batches:
+    PFLlib's round is serverperavg.py's two clientPerAvg.train() calls (each `epochs` epochs of batches of 2B);
+    fedmpi's pass runs `meta_steps`' batches of B from the round's schedule, which the reference takes pairwise."""
+    g = torch.Generator().manual_seed(SEED)
+    x, y = torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g)
+    ref, flat = tiny(), FlatModel(tiny())
+    cfg = config.from_dict({"client": {"lr": alpha, "batch_size": b}}).client
+    per_call = epochs * (n // (2 * b))
+    for r in range(rounds):
+        full = Schedule(b, meta_batches(epochs * steps_per_epoch(n, b), "steps"))     # the two calls' batches
+        order = batch_order(np.random.default_rng(SEED + r), n, full)
+        doubles = [torch.from_numpy(np.concatenate(order[i:i + 2])) for i in range(0, len(order), 2)]
+        assert len(doubles) == 2 * per_call
+        for call in (doubles[:per_call], doubles[per_call:]):           # client.train(); client.train()
+            pfllib_perfedavg(ref, x, y, call, b, alpha, beta)
+        sched = Schedule(b, meta_batches(epochs * steps_per_epoch(n, b), meta_steps))
+        LocalTrainer(flat, cfg, x, y).train(torch.arange(n), np.random.default_rng(SEED + r), sched, lr=alpha,
+                                            grad_hook=MetaSteps(alpha, beta))
+    return flat.vec, torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+
+
+def test_perfedavg_default_round_is_pfllibs_round_of_two_train_calls():
+    from fedmpi.algorithms.perfedavg import PerFedAvgKeys
+
+    assert PerFedAvgKeys().meta_steps == "steps"
+    ours, ref = pfllib_round_against_fedmpi(PerFedAvgKeys().meta_steps)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    half, ref = pfllib_round_against_fedmpi("pairs")        # one train() call a round: half PFLlib's round
+    assert float((half - ref).abs().max()) > 1e-2
 
 
 def test_perfedavg_meta_steps_steps_runs_one_meta_step_per_scheduled_step():

@@ -304,7 +304,7 @@ def test_zhao_divergence_claims_are_judged_on_the_numbers():
         ("fedavg_iid", 0.2), ("fedavg_2class", 0.4), ("fedavg_1class", 0.5),
         ("share_beta0", 0.5), ("share_beta5", 0.4), ("share_beta10", 0.45), ("share_beta20", 0.3)]}
     skew, sharing = repro._divergence_checks(rows)
-    assert skew[0] is True and "IID 0.200 ± 0.010, 2-class 0.400" in skew[2]
-    assert sharing[0] is False and "beta 10%: 0.450 ± 0.010" in sharing[2]     # 0.45 > 0.4: not monotone
+    assert skew[0] == "holds" and "IID 0.200 ± 0.010, 2-class 0.400" in skew[2]
+    assert sharing[0] == "does not hold" and "beta 10%: 0.450 ± 0.010" in sharing[2]     # 0.45 > 0.4: not monotone
     assert repro._divergence_checks({name: {} for name in rows}) == []          # runs without the shadow
 

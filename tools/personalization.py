@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import os
 import sys
 
@@ -45,6 +46,12 @@ SPEC = os.path.join("jobs", "sweeps", "personalization.yaml")
 CSV = "reproduction_personalization.csv"     # in the working folder unless --csv names it (fedmpi.core.tool_outputs)
 # The grid's setting as the section describes it (jobs/configs/grids/personalization.yaml); a run read
 # replaces each by what it recorded (setting_of).
+# The claims' three-valued rule (holds, does not hold, not decided with its cause): reproduce_claims.decide.
+_claims_spec = importlib.util.spec_from_file_location("reproduce_claims", os.path.join(ROOT, "tools",
+                                                                                    "reproduce_claims.py"))
+_claims = importlib.util.module_from_spec(_claims_spec)
+_claims_spec.loader.exec_module(_claims)
+decide = _claims.decide
 SETTING = {"clients": 20, "rounds": 30, "per_round": 10, "local_test": 0.2, "hidden": 100, "seeds": (0, 1, 2)}
 
 # The partition keys of each split of the spec (sets.split), to name the split of a run read with --from.
@@ -156,19 +163,16 @@ def verdict(rows, split, method):
     label = method.split(" (")[0]
     if reference is None:
         return "—", ""
-    mine, ref = lookup(rows, split, label, key), lookup(rows, split, reference, key)
     std = key.replace("_mean", "_std")
-    spread = lookup(rows, split, label, std) + lookup(rows, split, reference, std)
-    others = [(mine, ref, reference)]
-    if label == "APFL":
-        others.append((mine, lookup(rows, split, "local", key), "local"))
+    compared = [label, reference] + (["local"] if label == "APFL" else [])
+    means = {n: {"final_acc": lookup(rows, split, n, key), "final_acc_std": lookup(rows, split, n, std)}
+             for n in compared}
+    mine = means[label]["final_acc"]
+    others = [(mine, means[n]["final_acc"], n) for n in compared[1:]]
     if not all(np.isfinite([m, r]).all() for m, r, _ in others):
         return "not run", ""
-    holds = all(m > r for m, r, _ in others)
     evidence = "; ".join(f"{m:.3f} vs {name} {r:.3f}" for m, r, name in others)
-    if holds and any(m - r < spread for m, r, _ in others):
-        evidence += " (margin within the seeds' spread)"
-    return ("holds" if holds else "does not hold"), evidence
+    return decide(min(m - r for m, r, _ in others), means), evidence
 
 
 def claims(rows):
@@ -216,7 +220,9 @@ def markdown(rows, wall=None, setting=None, missing=None):
                    lookup(rows, "dir0.1", label, "global_test_acc_std"))
         lines.append(f"| {label} |{cells} {glob if label != 'local' else '— (never aggregated)'} |")
     lines += ["", "The papers' claims, judged from the numbers above (holds: the mean is above the compared "
-              "row's on that split):", "", "| method | claim | " + " | ".join(SPLITS) + " |",
+              "row's on that split by more than the seeds' spread, the largest std of the rows compared; does not "
+              "hold: below by more than it; otherwise not decided, tied):", "",
+              "| method | claim | " + " | ".join(SPLITS) + " |",
               "|" + " --- |" * (2 + len(SPLITS))]
     found = {(split, method): (v, e) for split, method, _, v, e in claims(rows)}
     for method, (claim, reference, _) in CLAIMS.items():

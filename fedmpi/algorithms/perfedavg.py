@@ -1,16 +1,16 @@
 """Per-FedAvg, first-order (Fallah, Mokhtari, Ozdaglar, "Personalized Federated Learning with Theoretical
 Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020; the FO variant, as PFLlib implements it).
 
-Each local meta-step takes two batches of the client's own stream: an inner step from theta on the first,
-theta' = theta - alpha grad f(theta; D), then the outer step applied to theta with the gradient at theta' on
-the second, theta <- theta - beta grad f(theta'; D'). A round runs floor(steps / 2) meta-steps (at least one)
-over the client's scheduled batches (`meta_steps: pairs`), so it sees as much data as a FedAvg client: with
-client.epochs that is PFLlib's count, one meta-step per batch of 2B split into halves, floor(n / 2B) per
-epoch, exactly where every epoch has an even number of full batches (docs/baselines.md). `meta_steps: steps`
-runs one meta-step per scheduled step instead (2 steps batches): the paper's Algorithm 1 with tau, its
-number of local updates, read as the client's step count. The update is uploaded and averaged as
-FedAvg's. Personalization is the one-step adaptation at evaluation: eval.finetune_steps (1 in the paper,
-PFLlib's evaluate_one_step) with lr alpha.
+Each local meta-step takes two batches of the client's own stream: an inner step from theta on the first, theta' =
+theta - alpha grad f(theta; D), then the outer step applied to theta with the gradient at theta' on the second,
+theta <- theta - beta grad f(theta'; D'). A round runs one meta-step per scheduled step (2 steps batches,
+`meta_steps: steps`, the default): PFLlib's round, whose server (serverperavg.py) calls clientPerAvg.train() twice
+per round, each call one meta-step per batch of 2B split into halves, floor(n / 2B) per epoch; the counts agree
+exactly where 2B divides n (docs/baselines.md). It is also the paper's Algorithm 1 with tau, its number of local
+updates, read as the client's step count. `meta_steps: pairs` runs floor(steps / 2) meta-steps (at least one), as
+much data as a FedAvg client: one clientPerAvg.train() call, half of PFLlib's round. The update is uploaded and
+averaged as FedAvg's. Personalization is the one-step adaptation at evaluation: eval.finetune_steps (1 in the
+paper, PFLlib's evaluate_one_step) with lr alpha.
 
 Implemented as one pass whose grad_hook alternates: on inner steps it keeps theta; on outer steps it puts
 theta back into the parameters and scales the gradient by beta / alpha (the pass runs at lr alpha), so the
@@ -36,10 +36,10 @@ class PerFedAvgKeys(AlgorithmKeys):
     beta: float | None = None
     """Outer (meta) step size (> 0; None: the round's eta_l, PFLlib's choice)."""
 
-    meta_steps: Literal["pairs", "steps"] = "pairs"
-    """How the client's scheduled steps become meta-steps: `pairs`, two batches each, floor(steps / 2) (as
-    much data as FedAvg; PFLlib's count under client.epochs); `steps`, one meta-step per step (2 steps
-    batches; the paper's tau local updates)."""
+    meta_steps: Literal["steps", "pairs"] = "steps"
+    """How the client's scheduled steps become meta-steps: `steps`, one meta-step per step (2 steps batches;
+    PFLlib's round of two clientPerAvg.train() calls under client.epochs, and the paper's tau local updates);
+    `pairs`, two batches each, floor(steps / 2) (as much data as FedAvg; one clientPerAvg.train() call)."""
 
     # beta / alpha scales float32 gradients (MetaSteps): both within [1e-6, 1e6] keep it finite.
     RANGES: ClassVar[dict] = {"alpha": Range(1e-6, MAX_FACTOR), "beta": Range(1e-6, MAX_FACTOR)}
@@ -62,9 +62,9 @@ class MetaSteps:
         self.calls += 1
 
 
-def meta_batches(steps, meta_steps="pairs"):
-    """Batches of a round: two per meta-step; floor(steps / 2) meta-steps, at least one (`pairs`), or
-    `steps` of them (`steps`)."""
+def meta_batches(steps, meta_steps="steps"):
+    """Batches of a round: two per meta-step; `steps` of them (`steps`), or floor(steps / 2) meta-steps, at
+    least one (`pairs`)."""
     if meta_steps == "steps":
         return 2 * int(steps)
     return 2 * max(int(steps) // 2, 1)

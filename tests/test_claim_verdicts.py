@@ -1,0 +1,133 @@
+"""tools/reproduce.py's three-valued verdicts (issue 52): holds, does not hold, or not decided at this scale
+with the measured cause, decided from the spread over the seeds and the slope over the last evaluations, never
+from a row's place in a table. The rows come from fabricated runs (tests/run_files.py, whose test accuracy is
+replaced by a chosen curve per seed) through the script's own table_rows."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from conftest import ROOT
+from run_files import base_config, write_run
+
+from fedmpi.analysis import report
+
+ROUNDS = 30
+
+
+def load_tool(name):
+    path = ROOT / "tools" / f"{name}.py"
+    module_spec = importlib.util.spec_from_file_location(f"verdicts_{name}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module       # (its dataclasses need it)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def repro():
+    return load_tool("reproduce")
+
+
+def flat(level, seed):
+    """A curve that reached `level` (plus a per-seed offset of 0.2 points) by round 5 and stays there."""
+    acc = np.full(ROUNDS, level + 0.002 * (seed - 1))
+    acc[:5] = np.linspace(0.1, acc[5], 5)
+    return acc
+
+
+def rising(end, seed):
+    """A curve still climbing steeply at its last evaluations (2 points a round) up to `end`."""
+    return np.clip(end + 0.02 * (np.arange(ROUNDS) - (ROUNDS - 1)), 0.1, None) + 0.001 * seed
+
+
+def runs_of(tmp_path, name, curve, seeds=(0, 1, 2)):
+    out = []
+    for seed in seeds:
+        path = write_run(tmp_path / f"{name}-{seed}" / "run.h5", rounds=ROUNDS,
+                         config=base_config(tmp_path / f"{name}-{seed}", seed=seed, rounds=ROUNDS))
+        with h5py.File(path, "a") as f:
+            f["metrics"]["test_acc"][...] = curve(seed)
+        out.append(report.read_run(str(path)))
+    return out
+
+
+def rows_of(repro, tmp_path, curves, window=5, seeds=(0, 1, 2)):
+    """reproduce.py's rows of a paper with one setting per entry of `curves` ({config: curve(seed)})."""
+    settings = [repro.Setting(name, name, "") for name in curves]
+    paper = repro.Paper("test", "test", "", settings, 0.9, None, None, window=window)
+    groups = {name: runs_of(tmp_path, name, curve, seeds) for name, curve in curves.items()}
+    return repro.table_rows(paper, groups)
+
+
+def fedskip_verdicts(repro, rows):
+    """FedSkip's two Table II claims on rows where fedskip and fedavg are given and the others trail."""
+    low = {"final_acc": 0.2, "final_acc_std": 0.01, "late_rise": 0.0}
+    checks = repro.paper_claims.fedskip_checks({**{n: low for n in ("fedprox", "scaffold", "fednova", "moon",
+                                                                     "feddyn")}, **rows})
+    return {claim: verdict for verdict, claim, _ in checks}
+
+
+def test_a_clear_win_holds_and_a_clear_loss_does_not(repro, tmp_path):
+    win = rows_of(repro, tmp_path / "win", {"fedskip": lambda s: flat(0.95, s), "fedavg": lambda s: flat(0.90, s)})
+    assert abs(win["fedskip"]["late_rise"]) < 1e-9 and win["fedskip"]["final_acc_std"] > 0
+    assert set(fedskip_verdicts(repro, win).values()) == {"holds"}
+    loss = rows_of(repro, tmp_path / "loss", {"fedskip": lambda s: flat(0.85, s), "fedavg": lambda s: flat(0.92, s)})
+    assert set(fedskip_verdicts(repro, loss).values()) == {"does not hold"}
+
+
+def test_a_curve_still_rising_at_the_end_is_not_decided_for_the_horizon(repro, tmp_path):
+    """FedSkip at 45 rounds: far below FedAvg, but climbing steeply over its last evaluations."""
+    rows = rows_of(repro, tmp_path, {"fedskip": lambda s: rising(0.80, s), "fedavg": lambda s: flat(0.92, s)})
+    assert rows["fedskip"]["late_rise"] == pytest.approx(0.02 * 4)        # 2 points a round over 4 rounds
+    for verdict in fedskip_verdicts(repro, rows).values():
+        assert verdict.startswith("not decided at this scale (horizon: still rising") and "fedskip +8.0" in verdict
+
+
+def test_a_tie_is_not_decided_never_does_not_hold(repro, tmp_path):
+    """FedSkip on Shakespeare: every run at the space's share, the same in every seed (spread 0)."""
+    shakespeare = repro.PAPERS["fedskip_shakespeare"]
+    curves = {n: (lambda s: np.full(ROUNDS, 0.1868)) for n in ("fedskip", "fedavg", "fedprox", "scaffold",
+                                                                 "fednova")}
+    rows = rows_of(repro, tmp_path / "tie", curves, window=1)
+    verdicts = [v for v, _, _ in shakespeare.checks(rows)]
+    assert verdicts and all(v.startswith("not decided at this scale (tied") for v in verdicts)
+    # every method flat within the spread near the top: saturation
+    near_top = rows_of(repro, tmp_path / "top", {"fedskip": lambda s: flat(0.951, s),
+                                                  "fedavg": lambda s: flat(0.95, s)})
+    for verdict in fedskip_verdicts(repro, near_top).values():
+        assert verdict.startswith("not decided at this scale (saturation: every curve flat near the top")
+
+
+def test_one_seed_gives_no_spread_to_judge_against(repro, tmp_path):
+    rows = rows_of(repro, tmp_path, {"fedskip": lambda s: flat(0.85, s), "fedavg": lambda s: flat(0.92, s)},
+                   seeds=(0,))
+    assert all(v.startswith("not decided at this scale (one seed") for v in fedskip_verdicts(repro, rows).values())
+
+
+def test_safls_speed_up_is_not_tried_in_its_own_setting_and_section_iv_claims_keep_their_verdicts(repro):
+    """The numbers of docs/reproduction.md's SAFL section."""
+    def row(final, std, target, target_std, uploads=1000.0, uploads_std=0.0):
+        return {"final_acc": final, "final_acc_std": std, "target_round": target, "target_round_std": target_std,
+                "uploads": uploads, "uploads_std": uploads_std, "late_rise": 0.0}
+
+    rows = {"fedavg_group_a": row(0.9428, 0.0048, 4, 1, 500), "fedavg": row(0.9252, 0.0086, 22, 6),
+            "safl": row(0.9258, 0.0075, 21, 4), "safl_gated": row(0.9258, 0.0069, 6, 1, 924, 14),
+            "safl_gated_half": row(0.925, 0.0043, 7, 1), "safl_gated_half_eor": row(0.9179, 0.0093, 7, 1)}
+    verdicts = [v for v, _, _ in repro.paper_claims.safl_checks(rows)]
+    assert verdicts[:3] == ["holds"] * 3 and verdicts[4] is None
+    assert verdicts[3].startswith("not decided at this scale (not tried in its own setting: ")
+    assert "does not give Section V's setting" in verdicts[3]
+
+
+def test_the_section_prints_each_verdict_with_its_cause(repro):
+    rows = {"fedskip": {"final_acc": 0.7, "final_acc_std": 0.026, "late_rise": 0.09},
+            "fedavg": {"final_acc": 0.921, "final_acc_std": 0.014, "late_rise": 0.001}}
+    text = "\n".join(f"- **{v}**" for v, _, _ in repro.paper_claims.fedskip_checks(
+        {**{n: rows["fedavg"] | {"final_acc": 0.5} for n in ("fedprox", "scaffold", "fednova", "moon", "feddyn")},
+         **rows}))
+    assert "does not hold" not in text and text.count("(horizon: still rising over the last evaluations") == 2
