@@ -178,10 +178,14 @@ def summarize(runs, target=None):
 
 
 def _status(run):
-    """run.h5's status; `diverged` for a run that went on past a non-finite model (fedmpi.analysis.selection)."""
-    from fedmpi.analysis.selection import run_status
-
     return run_status(run.attrs)
+
+
+def run_status(attrs):
+    """The run's status for a reader: run.h5's `status`, except that a run which went on past a non-finite model
+    (`nonfinite_round` recorded) reads as diverged (fedmpi.analysis.selection groups by it)."""
+    status = str(attrs.get("status", "?"))
+    return "diverged" if status == "finished" and "nonfinite_round" in attrs else status
 
 
 def _note(run):

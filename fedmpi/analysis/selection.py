@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedmpi.analysis import report
+from fedmpi.analysis.report import run_status  # noqa: F401 - the status this module groups by, public here
 from fedmpi.core.errors import InputError
 
 STATUSES = ("finished", "diverged", "failed", "running")
@@ -31,13 +32,6 @@ ALL = "all"
 
 class SelectionError(InputError, ValueError):
     """A bad `include` or `at_round`: one line naming the option and what is valid."""
-
-
-def run_status(attrs):
-    """The run's status for a reader: run.h5's `status`, except that a run which went on past a non-finite model
-    (`nonfinite_round` recorded) reads as diverged."""
-    status = str(attrs.get("status", "?"))
-    return "diverged" if status == "finished" and "nonfinite_round" in attrs else status
 
 
 def category(status):
