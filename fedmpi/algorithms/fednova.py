@@ -13,6 +13,13 @@ k gives a_i = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho).
 Upload: sum_i n_i (y_i - x_t) / a_i, then the scalar sum_i n_i a_i. Buffers (batch-norm statistics) are
 not SGD iterates, so their part of the vector is averaged as FedAvg does.
 
+Under client-level DP (privacy.mechanism: gaussian, which requires client.steps) every client runs the same
+steps with the same momentum, so every a_i is one public number a and the update is
+a * sum_i p_i (Delta_i / a) = sum_i p_i Delta_i: a cancels. It is then taken as 1, so that the noise on the
+sum of clipped Delta_i keeps the scale the accountant charges (dividing by a first would multiply the
+noise in the update by a), and tau_eff does not come from the reduced sum of a_i, which would reveal the
+realized cohort size (docs/privacy.md).
+
 The sums do not depend on how the clients are grouped on ranks (the -n promise), as FedAvg's do not: there
 each client's n_i Delta_i is a sample count times a float32 difference from x_t, a multiple of x_t's float32
 spacing, so that the float64 sums over a rank's clients and over the ranks are exact. Dividing by a_i leaves
