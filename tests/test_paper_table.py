@@ -129,6 +129,9 @@ def test_bad_input_is_one_line_naming_the_key(grid):
     finer = a.summary(grid, by=["method", "partition.beta", "seed"], warn=False)
     with pytest.raises(InputError, match="several rows for method=fedavg, partition.beta=0.1: it is grouped by more"):
         a.paper_table(finer, rows="method", cols="partition.beta")
+    for digits in (-5, 13, 10 ** 9, 1.5):       # a negative precision was a traceback, 10^9 a gigabyte cell
+        with pytest.raises(InputError, match=f"digits = {digits!r}: must be a whole number from 0 to 12"):
+            a.paper_table(grid, digits=digits)
 
 
 def test_the_summarys_left_out_and_round_columns_are_said(grid):

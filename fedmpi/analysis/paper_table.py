@@ -153,6 +153,8 @@ class PaperTable:
         return pandas.DataFrame(out)
 
 
+MAX_DIGITS = 12        # decimals of a cell: beyond float64's 15-17 significant digits nothing is left to show
+
 def paper_table(data, rows="method", cols=None, metric="final_acc", interval="ci95", digits=None, percent=None,
                 row_order=None, col_order=None, row_names=None, col_names=None, row_title=None, metric_title=None,
                 over="seed", best=None, include=None, at_round=None) -> PaperTable:
@@ -182,6 +184,8 @@ def paper_table(data, rows="method", cols=None, metric="final_acc", interval="ci
     percent = unit == "share" if percent is None else bool(percent)
     scale, suffix = (100.0, " (%)") if percent else {"bytes": (1e-6, " (MB)"), "seconds": (1.0, " (s)")}.get(
         unit, (1.0, ""))
+    if digits is not None and not (isinstance(digits, (int, np.integer)) and 0 <= digits <= MAX_DIGITS):
+        raise InputError(f"digits = {digits!r}: must be a whole number from 0 to {MAX_DIGITS}")
     digits = (1 if scale != 1.0 else 3) if digits is None else int(digits)
     found = {}
     for _, row in summary.iterrows():
