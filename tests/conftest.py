@@ -30,6 +30,16 @@ def bench_module(name, prefix="test_bench"):
     spec.loader.exec_module(module)
     return module
 
+def tool_module(name, prefix="test_tool"):
+    """tools/NAME.py as a module of its own, registered in sys.modules (a tool's dataclasses need it there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
 # Every process a test starts (each mpiexec rank, each tool run as a script) imports fedmpi afresh. Where the
 # environment forbids bytecode files (PYTHONDONTWRITEBYTECODE), each of them compiled every fedmpi module from
 # source again: about 0.1-0.2 s of CPU per process, hundreds of processes per suite. Those children write and

@@ -5,13 +5,10 @@ replaced by a chosen curve per seed) through the script's own table_rows."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import tool_module
 from run_files import base_config, write_run
 
 from fedmpi.analysis import report
@@ -20,12 +17,7 @@ ROUNDS = 30
 
 
 def load_tool(name):
-    path = ROOT / "tools" / f"{name}.py"
-    module_spec = importlib.util.spec_from_file_location(f"verdicts_{name}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module       # (its dataclasses need it)
-    module_spec.loader.exec_module(module)
-    return module
+    return tool_module(name, "verdicts")
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,13 @@ list, so a cell added to a spec is covered here without editing this file."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import shutil
-import sys
 
 import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, tool_module
 from run_files import write_run
 
 from fedmpi.sweep import configs, index, spec
@@ -26,12 +24,7 @@ ROUNDS = 6
 
 
 def load_tool(name):
-    path = ROOT / "tools" / f"{name}.py"
-    module_spec = importlib.util.spec_from_file_location(f"grid_reader_{name}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module       # (its dataclasses need it)
-    module_spec.loader.exec_module(module)
-    return module
+    return tool_module(name, "grid_reader")
 
 
 def fake_sweep(spec_file, out, local_eval=False):
