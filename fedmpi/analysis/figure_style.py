@@ -49,15 +49,12 @@ def band_note(band, groups):
 
 def band_half_width(ys, band):
     """The band's half-width at each point of `ys` (runs x points), or None for a single run or no band."""
+    from fedmpi.analysis.frames import half_width
+
     n = ys.shape[0]
     if n < 2 or band == "none":
         return None
-    std = ys.std(axis=0, ddof=1)
-    if band == "std":
-        return std
-    from fedmpi.analysis.frames import t_quantile
-
-    return std / math.sqrt(n) * (t_quantile(n - 1) if band == "ci95" else 1.0)
+    return half_width(ys.std(axis=0, ddof=1), n, band)
 
 
 def encodings(parts):

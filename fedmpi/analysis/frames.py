@@ -205,6 +205,17 @@ def _client_names(run):
 
 # --- summaries --------------------------------------------------------------------------------------------
 
+def half_width(std, n, interval="ci95"):
+    """The ± of a mean over `n` runs whose sample standard deviation is `std` (a number or an array): the 95%
+    confidence interval's half-width (Student's t), `std` itself, or the standard error (`sem`); NaN for
+    "none" or fewer than two runs. The tables' FIG_ci95, paper_table's cells and the figures' bands."""
+    if interval == "none" or n < 2:
+        return math.nan
+    if interval == "std":
+        return std
+    return std / math.sqrt(n) * (t_quantile(n - 1) if interval == "ci95" else 1.0)
+
+
 def t_quantile(dof):
     """q(0.975) of Student's t with `dof` degrees of freedom (a table to 30, then a Cornish-Fisher expansion)."""
     if dof < 1:
@@ -294,7 +305,7 @@ def summary(df, by=("method",), over="seed", figures=None, warn=True, include=No
             row[f"{name}_mean"] = float(values.mean()) if n else math.nan
             row[f"{name}_std"] = std
             row[f"{name}_n"] = n
-            row[f"{name}_ci95"] = t_quantile(n - 1) * std / math.sqrt(n) if n > 1 else math.nan
+            row[f"{name}_ci95"] = half_width(std, n)
         rows.append(row)
     out = pd.DataFrame(rows)
     out.attrs["sources"] = sources

@@ -307,19 +307,12 @@ def _show(value):
 
 
 def _half(row, metric, interval, n):
-    std = float(row.get(f"{metric}_std", math.nan))
-    if interval == "none" or n < 2:
-        return math.nan
-    if interval == "std":
-        return std
-    if interval == "sem":
-        return std / math.sqrt(n)
-    ci = row.get(f"{metric}_ci95")
-    if ci is not None and np.isfinite(ci):
-        return float(ci)
-    from fedmpi.analysis.frames import t_quantile
+    from fedmpi.analysis.frames import half_width
 
-    return t_quantile(n - 1) * std / math.sqrt(n)
+    ci = row.get(f"{metric}_ci95")
+    if interval == "ci95" and n >= 2 and ci is not None and np.isfinite(ci):
+        return float(ci)        # the summary's own, where it carries one
+    return half_width(float(row.get(f"{metric}_std", math.nan)), n, interval)
 
 
 def _remarks(row, n, interval, half):
