@@ -35,11 +35,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not mpi" -n $(TEST_WORKERS) --maxprocesses 8; first=$$?; \
 	$(BIN)/python -m pytest -q -m mpi && exit $$first
 
-# The benchmark (docs/performance.md): W1-W3 through fedmpi at -n 1 2 3 and the reference loop, QS (the
+# The benchmark (docs/results/performance.md): W1-W3 through fedmpi at -n 1 2 3 and the reference loop, QS (the
 # quickstart against -n 1) and W4 (cross-device scale: memory per rank, run.h5 growth).
 # Pass options with BENCH_ARGS, e.g. make bench BENCH_ARGS="--workloads W2 --pairs 3" or "--quick"; the
 # paired measurement of the paired targets (W1, QS, W2, W5; ~15 min on a quiet 2-core machine), tables rewritten:
-# make bench BENCH_ARGS="--done-when --markdown README.md docs/performance.md"
+# make bench BENCH_ARGS="--done-when --markdown docs/results/performance.md"
 BENCH_ARGS ?=
 bench: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python bench/bench.py $(BENCH_ARGS)

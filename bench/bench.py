@@ -4,7 +4,7 @@ reference loop, measured in pairs, one table.
     python bench/bench.py                      # W1-W3, QS, W4, W6; -n 1 2 3, the loop at -n 2, one pair each
     python bench/bench.py --workloads W2 --ranks 2 3 --rounds 10 --pairs 3
     python bench/bench.py --quick              # smoke test: 2 rounds each, -n 1 and 2
-    python bench/bench.py --done-when --markdown README.md docs/performance.md   # the paired targets' measurement
+    python bench/bench.py --done-when --markdown docs/results/performance.md   # the paired targets' measurement
     python bench/bench.py --workloads SK       # the full Shakespeare build's set-up (bench/shakespeare_setup.py)
 
 Paired (bench/paired.py, bench/pacing.py): every fedmpi run has a run of its baseline (the reference loop,
@@ -30,7 +30,7 @@ the two jobs' start-ups overlap.
 The reference ("ref", bench/reference_loop.py) is the floor on this hardware: one process, torch threads 1,
 a plain PyTorch loop that does exactly the same work and reaches the same accuracy (the `acc` column;
 asserted in tests/test_bench.py). Every fedmpi rank runs one torch thread (`runtime.threads: 1`). The
-columns are explained in docs/performance.md. Launching and measuring one job is bench/launch.py's.
+columns are explained in docs/results/performance.md. Launching and measuring one job is bench/launch.py's.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ WORKLOADS["W5"] = _w5.WORKLOAD
 PREPARE = {"W5": lambda base: {"data": {"root": str(_w5.write_cifar10_like(base / "W5-data"))}}}
 
 
-markdown = _sibling("markdown")       # --markdown: the marked blocks of README.md and docs/performance.md
+markdown = _sibling("markdown")       # --markdown: the marked blocks of docs/results/performance.md
 _refuse = markdown.refuse
 
 
@@ -284,17 +284,18 @@ def main(argv=None):
     p.add_argument("--done-when", action="store_true",
                    help="the paired targets' measurement: W1 at -n 2 3, QS at -n 3, W2 at -n 2 3, W5 at -n 2 3, "
                         "3 pairs (--pairs to change), shortened rounds; with the targets' status")
-    p.add_argument("--done-when-42", action="store_true",
-                   help="the peers'-basis targets' measurement (bench/issue42.py): W1 and W5 at -n 2 3 on the peers' "
-                        "basis and paced, 3 pairs (--pairs to change), and the large model's memory and cost per byte")
+    p.add_argument("--peers-basis", action="store_true",
+                   help="the peers'-basis targets' measurement (bench/peers_basis.py): W1 and W5 at -n 2 3 on the "
+                        "peers' basis and paced, 3 pairs (--pairs to change), and the large model's memory and cost "
+                        "per byte")
     p.add_argument("--large-hidden", type=int, default=9970,
-                   help="the large model's hidden width with --done-when-42 (default 9970: 100 M parameters)")
+                   help="the large model's hidden width with --peers-basis (default 9970: 100 M parameters)")
     p.add_argument("--quick", action="store_true", help="smoke test: 2 rounds, -n 1 and 2, one pair")
     p.add_argument("--out", default=None, help="folder for run files (default: a temporary folder)")
     p.add_argument("--json", help="also write every measurement to this JSON file")
     p.add_argument("--markdown", nargs="+", metavar="FILE",
                    help="also write the table (markdown) between the markers " + paired.BEGIN + " and "
-                        + paired.END + " of each FILE (README.md docs/performance.md)")
+                        + paired.END + " of each FILE (docs/results/performance.md)")
     p.add_argument("--w4-scale", type=float, default=1.0,
                    help="W4's client counts times this (a smoke test of its plumbing; default 1)")
     p.add_argument("--shakespeare", default="/tmp/shakespeare-full",
@@ -307,10 +308,10 @@ def main(argv=None):
         _reference_worker(*args.reference_worker, share=tuple(args.share) if args.share else None)
         return 0
     if args.pairs is None:
-        args.pairs = 3 if args.done_when or args.done_when_42 else 1
+        args.pairs = 3 if args.done_when or args.peers_basis else 1
     if args.pairs < 1:
         _refuse(f"--pairs must be at least 1, got {args.pairs}")
-    marks = _sibling("issue42").MARKS if args.done_when_42 else (paired.BEGIN, paired.END)
+    marks = _sibling("peers_basis").MARKS if args.peers_basis else (paired.BEGIN, paired.END)
     docs = markdown.targets(args.markdown, *marks)
     if args.quick:
         args.rounds, args.pairs = args.rounds or 2, 1
@@ -324,13 +325,13 @@ def main(argv=None):
                 for wl in args.workloads if wl not in ("W4", "W6", "SK")]
     # Absolute: the launches run with the checkout as their working folder.
     base = Path(args.out).resolve() if args.out else Path(tempfile.mkdtemp(prefix="fedmpi-bench-"))
-    if args.done_when_42:
+    if args.peers_basis:
         print(f"fedmpi bench: the peers'-basis targets' measurement, pairs {args.pairs}, cores {os.cpu_count()}, load "
               f"{os.getloadavg()[0]:.1f}; runs in {base}", flush=True)
         table = lambda rows: paired.markdown_table(paired.MARKDOWN_HEADER, paired.markdown_rows(rows))  # noqa: E731
         parts = types.SimpleNamespace(measure=measure, plan_rows=plan_rows, print_table=print_table, sibling=_sibling,
                                       run_fedmpi=run_fedmpi, markdown=table, when=markdown.when)
-        record = _sibling("issue42").run(parts, base, args.pairs, args.rounds, args.large_hidden)
+        record = _sibling("peers_basis").run(parts, base, args.pairs, args.rounds, args.large_hidden)
         markdown.write(docs, record.pop("markdown").replace("COMMAND", _command(argv)), *marks)
         if args.json:
             Path(args.json).write_text(json.dumps(record, indent=1, default=float))
@@ -350,7 +351,7 @@ def main(argv=None):
         print("x base: the median over pairs of (run / its pair's baseline) in seconds per round, (min-max) "
               "beside it; for a baseline row, its runs' spread about their median (the host's variation)")
     if docs or args.done_when:
-        markdown.write(docs, markdown.issue30_block(rows, variation, _command(argv), args.pace))
+        markdown.write(docs, markdown.paired_block(rows, variation, _command(argv), args.pace))
     if "W4" in args.workloads and not args.done_when:
         w4 = _sibling("w4")
         ranks = tuple(n for n in args.ranks if n >= 2) or w4.W4_RANKS

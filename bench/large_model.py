@@ -1,4 +1,4 @@
-"""A large model's memory and a round's cost per byte (docs/performance.md "Large models"): each
+"""A large model's memory and a round's cost per byte (docs/results/performance.md "Large models"): each
 rank's peak memory during rounds of FedAvg with an MLP of about 100 M parameters (hidden 9970 on SYNTHETIC's 60
 features), against the same run with logistic regression (torch, MPI and the data), so that the difference
 divided by the parameter count is the bytes per parameter a rank holds; and the part of a round that is not
@@ -90,7 +90,7 @@ def sha256_speed(megabytes=256, repeats=3):
 
 def round_bytes(ranks):
     """Bytes per parameter that the passes of a FedAvg round outside training move on its critical path, at
-    -n `ranks` with node buffers (docs/performance.md, "Large models"): rank 0 reads every rank's float64
+    -n `ranks` with node buffers (docs/results/performance.md, "Large models"): rank 0 reads every rank's float64
     reduction slot and writes the sums (8 (P + 1)); the server step reads the sums and x and writes x (16);
     the round's checks read the sums (the drift figures' dot product) and x (the non-finite check) (12);
     the broadcast copies x into rank 0's slot (8), which the workers then read where it is; and, on the

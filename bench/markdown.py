@@ -72,7 +72,7 @@ def stamp(command):
     return f"Measured with `{command}` ({when()})."
 
 
-def issue30_block(rows, variation, command, pace="round"):
+def paired_block(rows, variation, command, pace="round"):
     """The paired targets' table with how it was measured."""
     paired = _paired()
     how = ("Each fedmpi run and a baseline run (the reference loop; for QS fedmpi at `-n 1`) were launched "

@@ -96,7 +96,7 @@ def markdown_table(header, rows):
     return "\n".join(lines)
 
 
-BEGIN, END = "<!-- bench:issue30:begin -->", "<!-- bench:issue30:end -->"
+BEGIN, END = "<!-- bench:paired:begin -->", "<!-- bench:paired:end -->"
 
 
 def replace_marked(doc, block, begin=BEGIN, end=END):

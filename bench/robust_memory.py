@@ -1,4 +1,4 @@
-"""Rank 0's peak memory in robust aggregation with and without the chunk bound (docs/performance.md).
+"""Rank 0's peak memory in robust aggregation with and without the chunk bound (docs/results/performance.md).
 
 One configuration per mpiexec launch (ru_maxrss is a high-water mark per process), at -n 2: rank 1 holds the
 S counted clients' updates as the workers would for the round (float32 rows of the model's d entries,

@@ -167,5 +167,5 @@ def format_row(wl, label, s):
 
 
 def expected_overhead_note(rows):
-    """Largest 'PSS - data/P' of the table (MB), the fixed overhead docs/performance.md states."""
+    """Largest 'PSS - data/P' of the table (MB), the fixed overhead docs/results/performance.md states."""
     return max(math.ceil(float(r[10])) for r in rows) if rows else 0

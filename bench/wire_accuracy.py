@@ -1,4 +1,4 @@
-"""The accuracy cost of reduced-precision transport (runtime.wire_dtype, docs/performance.md): the quickstart
+"""The accuracy cost of reduced-precision transport (runtime.wire_dtype, docs/results/performance.md): the quickstart
 (jobs/configs/quickstart.yaml) and W1 (bench/bench.py) at float32, bfloat16 and float16, one process each
 (-n 1: the results are the same at any -n), evaluated every round, one torch thread.
 

@@ -1,6 +1,6 @@
 """The benchmark script (bench/bench.py): a smoke test of its table, and every workload's fedmpi run against
 the benchmark's plain PyTorch reference loop (same seed: the same accuracy, the same model to float
-tolerance). No timing assertions: speed targets live in the benchmark's output (docs/performance.md)."""
+tolerance). No timing assertions: speed targets live in the benchmark's output (docs/results/performance.md)."""
 
 import importlib.util
 import subprocess

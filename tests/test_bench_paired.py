@@ -263,6 +263,16 @@ def test_marked_block_is_replaced_and_missing_markers_refused():
     assert paired.markdown_table(("a", "b"), [("1", "2")]) == "| a | b |\n| --- | --- |\n| 1 | 2 |"
 
 
+def test_the_performance_page_holds_the_paired_block():
+    """`--done-when --markdown docs/results/performance.md` rewrites the page's block: its markers are there once,
+    in order, and the block holds the paired table with the command that reproduces it."""
+    page = (ROOT / "docs" / "results" / "performance.md").read_text()
+    assert page.count(paired.BEGIN) == page.count(paired.END) == 1
+    block = page[page.index(paired.BEGIN):page.index(paired.END)]
+    assert "python bench/bench.py --done-when --markdown docs/results/performance.md" in block
+    assert "| workload | run | runs | s/round |" in block
+
+
 # -- pfl-research's simple_cnn ---------------------------------------------------------------------------
 
 def test_pfl_cnn_has_pfls_layers_and_parameter_count():

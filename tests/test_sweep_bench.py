@@ -1,6 +1,6 @@
 """bench/sweep.py (issue 41's benchmark) smoked at its --quick size: the three arms (one sweep, one launch per
 experiment, tools/run_batch.py) each finish every experiment of the grid and the table is printed. No timing
-assertions: the figures are the benchmark's output (docs/performance.md)."""
+assertions: the figures are the benchmark's output (docs/results/performance.md)."""
 
 from __future__ import annotations
 

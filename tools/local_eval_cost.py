@@ -7,7 +7,7 @@ Runs the same mnist5k experiment (partition.local_test 0.2) twice in this proces
 and with `eval.local_every: 1, eval.local_clients: all`, and prints the /timing eval phase per round of both,
 their difference divided by the clients evaluated per round (each client: its evaluation model, optional
 fine-tuning, accuracy and loss on its split, and the global model on the same split), and the same per
-test sample. Figures for docs/performance.md; nothing is written to disk.
+test sample. Figures for docs/results/performance.md; nothing is written to disk.
 """
 
 import argparse

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Secure aggregation's compute cost, measured on this machine (docs/performance.md, "Secure aggregation").
+"""Secure aggregation's compute cost, measured on this machine (docs/results/performance.md, "Secure aggregation").
 
     python tools/secagg_costs.py [--dims 7850 1000000] [--cohort 20] [--dropout 0.1] [--repeat 3]
 

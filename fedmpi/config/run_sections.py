@@ -91,7 +91,7 @@ class RuntimeConfig:
     # "512MiB" or a number); beyond it, state spills to a file of the rank's in $TMPDIR. null: no limit.
     client_state_memory: str | int | None = None
     # GPU: deterministic kernels (torch.use_deterministic_algorithms, cuDNN, cuBLAS workspace) so that -n
-    # invariance and resume hold on GPUs too; costs speed (docs/performance.md).
+    # invariance and resume hold on GPUs too; costs speed (docs/results/performance.md).
     deterministic: bool = False
     # Robust aggregation: rank 0's memory for one chunk of the round's update matrix and the aggregator's working
     # copies of it, in bytes like client_state_memory; null: a quarter of the memory available at the start
@@ -109,7 +109,7 @@ class RuntimeConfig:
     kernels: Literal["auto", "plain"] = "auto"
     # Clients dealt afresh each round (stateless, under the plain reduction): auto = to the workers as they
     # become free, on one node, where clients train one by one (fedmpi.mpi.tickets); static = fixed shares
-    # balanced by sample count. The same results to float64 rounding of the sums (docs/performance.md).
+    # balanced by sample count. The same results to float64 rounding of the sums (docs/results/performance.md).
     client_dealing: Literal["auto", "static"] = "auto"
 
     RANGES: ClassVar[dict] = {"threads": Range(1, MAX_THREADS), "log_flush_s": Range(0, 3600, "seconds")}

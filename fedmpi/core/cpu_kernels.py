@@ -1,7 +1,7 @@
 """Faster CPU kernels for the zoo's CNNs (`runtime.kernels: auto`), the same arithmetic to float rounding.
 
 Two things a plain PyTorch loop leaves on the table on the CPU at federated batch sizes (one thread, batches
-of 10; docs/performance.md has the measurements, bench/kernels.py measures them again):
+of 10; docs/results/performance.md has the measurements, bench/kernels.py measures them again):
 - **Channels-last activations.** oneDNN's convolutions and PyTorch's max pooling are much faster on NHWC
   than on NCHW tensors: a cnn_mnist step took ~20% less time.
 - **Big dense layers' SGD step inside their own backward** (`fused_sgd`), so their weight gradient is never
@@ -57,7 +57,7 @@ class FusedSgdLinear(nn.Linear):
     It computes `x Wᵀ` as nn.Linear does. An earlier version computed small batches as `(W xᵀ)ᵀ`, measured
     2x faster on an earlier host; on the host of 2026-12-04 (AMD EPYC, Zen 4, MKL 2024.2, one thread) `x Wᵀ`
     is the faster at every batch size from 1 to 32 rows (10 x 3136 -> 512: 0.54 against 1.08 ms), and a whole
-    cnn_mnist step 0.92 of the swapped one's (docs/performance.md, "Faster CPU kernels")."""
+    cnn_mnist step 0.92 of the swapped one's (docs/results/performance.md, "Faster CPU kernels")."""
 
     fused_lr = None         # set by `fused_sgd` for the duration of a client's local steps
 

@@ -6,7 +6,7 @@ so after `backward()` the whole gradient is in `grad` without any gather, for an
 (`grad_hook`). Where nothing reads the whole gradient, `stepping_in_backward` lets each parameter take its
 step as soon as its gradient is complete, from the tensor autograd made for it: no zeroing and no
 accumulation pass over the flat gradient, and the gradient is still in cache when it is used (W1's local
-training takes ~5% less time, docs/performance.md).
+training takes ~5% less time, docs/results/performance.md).
 """
 
 from __future__ import annotations

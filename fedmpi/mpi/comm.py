@@ -91,7 +91,7 @@ class MpiComm(NodeCollectives):
         MPICH's blocking calls spin (MPIR_CVAR_POLLS_BEFORE_YIELD / ENABLE_HEAVY_YIELD only add
         sched_yield calls to the spin); Open MPI's spin too unless mpi_yield_when_idle is set, which
         likewise yields without sleeping. Polling a non-blocking call with sleeps frees the core for the
-        ranks that train with any MPI (docs/performance.md has the measurements)."""
+        ranks that train with any MPI (docs/results/performance.md has the measurements)."""
         if not request.Test():
             began = time.monotonic()
             while not request.Test():

@@ -143,7 +143,7 @@ CUBLAS_WORKSPACE = ":4096:8"
 def set_deterministic(enabled):
     """`runtime.deterministic`: deterministic kernels everywhere torch has them, an error where it has none
     (torch names the operation), cuDNN's autotuner off. Set before any CUDA work of the process. Costs speed
-    on a GPU (docs/performance.md); on a CPU fedmpi's kernels are deterministic already."""
+    on a GPU (docs/results/performance.md); on a CPU fedmpi's kernels are deterministic already."""
     import torch
 
     if not enabled:

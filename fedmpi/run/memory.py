@@ -6,7 +6,8 @@ charged its share of it (`runtime.shared_data`; the whole set per rank when off)
 arrays of the partition; the flat model with its gradient and the wire's buffers on every rank, plus the
 server's state on rank 0; per-client vectors on the hosting ranks, in memory up to
 `runtime.client_state_memory` and on disk beyond; run.h5 growing by the rows of the clients each round
-names. Python, torch and MPI themselves add about 0.4 GB per rank on top (measured: docs/performance.md).
+names. Python, torch, MPI and fedmpi themselves take about 0.6 GB per process before any data, on top
+(measured: docs/results/performance.md, the Shakespeare set-up and W4).
 """
 
 from __future__ import annotations

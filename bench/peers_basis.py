@@ -1,9 +1,9 @@
-"""The peers'-basis targets' measurement (`bench/bench.py --done-when-42`, or `make bench
-BENCH_ARGS="--done-when-42"`): W1 and W5 against the floor loop at -n 2 and -n 3, on the peers' basis and on the
+"""The peers'-basis targets' measurement (`bench/bench.py --peers-basis`, or `make bench
+BENCH_ARGS="--peers-basis"`): W1 and W5 against the floor loop at -n 2 and -n 3, on the peers' basis and on the
 bench's own, and the large model's bytes per parameter and cost per byte against the machine's triad
 (bench/large_model.py), each target printed as a ratio or a figure measured in the same run.
 
-The peers' basis is how the peer harness (docs/performance.md, "Paired measurement") compared pfl-research and
+The peers' basis is how the peer harness (docs/results/performance.md, "Paired measurement") compared pfl-research and
 fedmpi with the floor: whole runs one after the other, interleaved (floor, fedmpi, floor, fedmpi, ...), each run's
 later rounds' median seconds per round over its floor run's (`bench.py --pace run`). The bench's own basis pairs a
 run with the floor round by round (`--pace round`, bench/pacing.py): each round of either job runs right after the
@@ -21,7 +21,7 @@ TARGETS = {(wl, f"-n {n}"): ("ratio", 0.50) for wl, (ranks, _) in PLAN.items() f
 BASES = (("the peers' basis: whole runs interleaved with the floor loop's (--pace run)", "run"),
          ("the bench's own: paced round by round against the floor loop (--pace round)", "round"))
 LARGE_RANKS = (2, 3)
-MARKS = ("<!-- bench:issue42:begin -->", "<!-- bench:issue42:end -->")     # --markdown's block
+MARKS = ("<!-- bench:peers-basis:begin -->", "<!-- bench:peers-basis:end -->")     # --markdown's block
 
 
 def run(parts, base, pairs, rounds=None, hidden=9970, large=True):

@@ -1,7 +1,7 @@
-"""Issue 42's benchmark pieces, one process: the large model's accounting (bench/large_model.py: the bytes per
-parameter of each rank, the passes of a round outside training and their bound at the triad's bandwidth, the
-targets' status), the held memory that leaves out the other ranks' slots (bench/_rank.py's smaps reading) and
-issue 42's targets on both bases (bench/issue42.py), on hand-computed numbers."""
+"""The peers'-basis benchmark's pieces, one process: the large model's accounting (bench/large_model.py: the bytes
+per parameter of each rank, the passes of a round outside training and their bound at the triad's bandwidth, the
+targets' status), the held memory that leaves out the other ranks' slots (bench/_rank.py's smaps reading) and the
+peers'-basis targets on both bases (bench/peers_basis.py), on hand-computed numbers."""
 
 
 import pytest
@@ -9,7 +9,7 @@ from conftest import ROOT, bench_module
 
 large_model = bench_module("large_model", "test_bench42")
 paired = bench_module("paired", "test_bench42")
-issue42 = bench_module("issue42", "test_bench42")
+peers_basis = bench_module("peers_basis", "test_bench42")
 
 
 def test_round_bytes_count_the_passes_outside_training():
@@ -57,16 +57,16 @@ def test_held_memory_leaves_out_the_other_ranks_slots(tmp_path, monkeypatch):
     assert scope["_others_slots_kb"]() == 0
 
 
-def test_issue42_targets_are_half_the_floor_on_both_workloads_and_ranks():
-    assert issue42.TARGETS == {(wl, f"-n {n}"): ("ratio", 0.50) for wl in ("W1", "W5") for n in (2, 3)}
-    assert paired.target_status("W5", "-n 3", 0.49, issue42.TARGETS) == "met (<= 0.5)"
-    assert paired.target_status("W5", "-n 3", 0.51, issue42.TARGETS) == "NOT met (<= 0.5)"
-    assert [pace for _, pace in issue42.BASES] == ["run", "round"]      # the peers' basis first
+def test_peers_basis_targets_are_half_the_floor_on_both_workloads_and_ranks():
+    assert peers_basis.TARGETS == {(wl, f"-n {n}"): ("ratio", 0.50) for wl in ("W1", "W5") for n in (2, 3)}
+    assert paired.target_status("W5", "-n 3", 0.49, peers_basis.TARGETS) == "met (<= 0.5)"
+    assert paired.target_status("W5", "-n 3", 0.51, peers_basis.TARGETS) == "NOT met (<= 0.5)"
+    assert [pace for _, pace in peers_basis.BASES] == ["run", "round"]      # the peers' basis first
     s = {"ratio": (0.49, 0.45, 0.52), "s_round": 3.0, "busy_ratio": 0.5, "eff": 1.0, "first_s": 1.0, "whole_s": 9.0,
          "cpu_s": 9.0, "server_cpu_s": 1.0, "rss_ranks": [1.0], "mpi_mb": 1.0, "fl_mb": 1.0, "device": "cpu",
          "acc": 0.5, "runs": 3}
-    assert paired.format_row("W5", "-n 2", s, 50, targets=issue42.TARGETS)[-1] == "met (<= 0.5)"
-    assert paired.format_row("W5", "-n 2", s, 50)[-1] == "met (<= 0.55)"      # issue 30's bound by default
+    assert paired.format_row("W5", "-n 2", s, 50, targets=peers_basis.TARGETS)[-1] == "met (<= 0.5)"
+    assert paired.format_row("W5", "-n 2", s, 50)[-1] == "met (<= 0.55)"      # the paired targets' bound by default
 
 
 def test_where_rank_0_trains_its_fingerprint_joins_the_bound():
@@ -81,25 +81,26 @@ def test_where_rank_0_trains_its_fingerprint_joins_the_bound():
 
 def test_its_markdown_block_is_marked_in_the_performance_page_and_refused_elsewhere(tmp_path, capsys):
     markdown = bench_module("markdown", "test_bench42")
-    docs = markdown.targets([str(ROOT / "docs" / "performance.md")], *issue42.MARKS)
-    assert list(docs) == [str(ROOT / "docs" / "performance.md")]
+    docs = markdown.targets([str(ROOT / "docs" / "results" / "performance.md")], *peers_basis.MARKS)
+    assert list(docs) == [str(ROOT / "docs" / "results" / "performance.md")]
     other = tmp_path / "notes.md"
     other.write_text("no markers\n")
     with pytest.raises(SystemExit) as stop:
-        markdown.targets([str(other)], *issue42.MARKS)
+        markdown.targets([str(other)], *peers_basis.MARKS)
     assert stop.value.code == 2 and "notes.md" in capsys.readouterr().err
     target = tmp_path / "page.md"
-    target.write_text(f"a\n{issue42.MARKS[0]}\nold\n{issue42.MARKS[1]}\nb\n")
-    docs = markdown.targets([str(target)], *issue42.MARKS)
+    target.write_text(f"a\n{peers_basis.MARKS[0]}\nold\n{peers_basis.MARKS[1]}\nb\n")
+    docs = markdown.targets([str(target)], *peers_basis.MARKS)
     target.write_text(target.read_text() + "edited during the run\n")      # kept: the block alone is rewritten
-    markdown.write(docs, "new table", *issue42.MARKS)
-    assert target.read_text() == f"a\n{issue42.MARKS[0]}\nnew table\n{issue42.MARKS[1]}\nb\nedited during the run\n"
+    markdown.write(docs, "new table", *peers_basis.MARKS)
+    begin, end = peers_basis.MARKS
+    assert target.read_text() == f"a\n{begin}\nnew table\n{end}\nb\nedited during the run\n"
     target.write_text("markers gone\n")
-    markdown.write(docs, "newer table", *issue42.MARKS)
+    markdown.write(docs, "newer table", *peers_basis.MARKS)
     assert target.read_text() == "markers gone\n" and "not rewritten" in capsys.readouterr().err
 
 
-def test_issue42_measures_the_two_process_floor_beside_fedmpi_in_the_same_pairs(tmp_path):
+def test_peers_basis_measures_the_two_process_floor_beside_fedmpi_in_the_same_pairs(tmp_path):
     """On the peers' basis each workload's rows include "ref x2" (two plain floor processes side by side), and
     the targets' summary names its figure beside fedmpi's."""
     asked = []
@@ -121,7 +122,7 @@ def test_issue42_measures_the_two_process_floor_beside_fedmpi_in_the_same_pairs(
         markdown = staticmethod(lambda rows: "")
         when = staticmethod(lambda: "now")
 
-    record = issue42.run(Parts, tmp_path, pairs=3, large=False)
+    record = peers_basis.run(Parts, tmp_path, pairs=3, large=False)
     assert asked == [True, True, False, False]          # W1 and W5 on the peers' basis, then paced without
     lines = record["markdown"].splitlines()
     for wl in ("W1", "W5"):
