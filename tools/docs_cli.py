@@ -1,0 +1,93 @@
+"""The command-line reference of the documentation site, generated from fedmpi's argument parsers
+(fedmpi.cli; docs/reference/cli.md): every `fedmpi` subcommand, nested ones too, with its usage line, its
+description and a table of its arguments and options with their help text, choices and defaults. Put into the
+page at build time by tools/docs_hooks.py; tests/test_docs_site.py checks that every subcommand and option
+appears."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def fedmpi_parser() -> argparse.ArgumentParser:
+    """fedmpi's parser as `fedmpi report --help` builds it (with the report's figure definitions)."""
+    from fedmpi.cli import _parser
+
+    return _parser(["report"])
+
+
+def commands(parser=None, prefix="fedmpi") -> list:
+    """[(command line, parser)] of every subcommand, depth first, the commands that only group others left out."""
+    parser = parser or fedmpi_parser()
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = commands(sub, f"{prefix} {name}")
+                found += nested if nested else [(f"{prefix} {name}", sub)]
+    return found
+
+
+def arguments(parser) -> list:
+    """The parser's own arguments and options (not --help, not the subcommand choice)."""
+    return [a for a in parser._actions
+            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+
+
+def _name(action) -> str:
+    if action.option_strings:
+        takes = action.nargs != 0
+        metavar = action.metavar or (action.dest.upper() if takes else "")
+        if isinstance(metavar, tuple):
+            metavar = " ".join(metavar)
+        return ", ".join(f"{o} {metavar}".strip() for o in action.option_strings)
+    return action.metavar or action.dest
+
+
+def _help(action) -> str:
+    text = (action.help or "").replace("%%", "%")
+    if action.choices and not isinstance(action.choices, dict):
+        text += f" Choices: {', '.join(map(str, action.choices))}."
+    if action.default not in (None, False, [], argparse.SUPPRESS) and action.option_strings:
+        text += f" Default: `{action.default}`."
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def cli_markdown() -> str:
+    """The generated part of docs/reference/cli.md."""
+    out = [summary_markdown()]
+    for line, parser in commands():
+        out += [f"## `{line}`", ""]
+        if parser.description:
+            out += [" ".join(parser.description.split()), ""]
+        usage = " ".join(parser.format_usage().removeprefix("usage: ").split())
+        out += ["```text", usage, "```", "", "| Argument or option | What it does |", "|---|---|"]
+        for action in arguments(parser):
+            out.append(f"| `{_name(action)}` | {_help(action)} |")
+        out.append("")
+        if parser.epilog:
+            out += ["```text", parser.epilog.strip(), "```", ""]
+    return "\n".join(out)
+
+
+def summary_markdown() -> str:
+    """One line per subcommand, with the help its parent parser gives it."""
+    out = ["| Command | What it does |", "|---|---|"]
+
+    def walk(parser, prefix):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {c.dest: c.help for c in action._choices_actions}
+                for name, sub in action.choices.items():
+                    if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                        walk(sub, f"{prefix} {name}")
+                    else:
+                        out.append(f"| [`{prefix} {name}`](#{_anchor(prefix + ' ' + name)}) | {helps.get(name, '')} |")
+
+    walk(fedmpi_parser(), "fedmpi")
+    return "\n".join(out) + "\n"
+
+
+def _anchor(line) -> str:
+    """The anchor mkdocs' toc gives the heading `line` (in a code span)."""
+    return line.replace(" ", "-").lower()
