@@ -60,7 +60,7 @@ def cli_markdown() -> str:
         out += [f"## `{line}`", ""]
         if parser.description:
             out += [" ".join(parser.description.split()), ""]
-        usage = " ".join(parser.format_usage().removeprefix("usage: ").split())
+        usage = _usage(parser)
         out += ["```text", usage, "```", "", "| Argument or option | What it does |", "|---|---|"]
         for action in arguments(parser):
             out.append(f"| `{_name(action)}` | {_help(action)} |")
@@ -68,6 +68,13 @@ def cli_markdown() -> str:
         if parser.epilog:
             out += ["```text", parser.epilog.strip(), "```", ""]
     return "\n".join(out)
+
+
+def _usage(parser, width=72) -> str:
+    """The usage line as argparse wraps it at `width` columns (a phone shows about 45 of a code block's)."""
+    formatter = parser.formatter_class(prog=parser.prog, width=width)
+    formatter.add_usage(parser.usage, parser._actions, parser._mutually_exclusive_groups, prefix="")
+    return formatter.format_help().strip("\n")
 
 
 def summary_markdown() -> str:

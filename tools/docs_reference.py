@@ -194,11 +194,13 @@ def _code(text) -> str:
 
 
 def _table(keys) -> list:
-    lines = ["| Key | Type | Default | Meaning |", "|---|---|---|---|"]
+    """A table of keys, in a `key-table` block: docs/stylesheets/reference.css stacks its rows on a phone (the
+    other tables of the page in `stack-table` blocks likewise, without the column labels)."""
+    lines = ['<div class="key-table" markdown>', "", "| Key | Type | Default | Meaning |", "|---|---|---|---|"]
     for k in keys:
         meaning = _cell(k.doc) + (f" *Range: {_cell(k.range)}.*" if k.range else "")
         lines.append(f"| `{k.dotted}` | {_cell(k.type)} | {_code(_cell(k.default))} | {meaning} |")
-    return lines
+    return lines + ["", "</div>"]
 
 
 def config_markdown() -> str:
@@ -218,18 +220,21 @@ def config_markdown() -> str:
         out += (_table(leaves) if leaves else ["No keys beyond `algorithm.name`."]) + [""]
     out += ["## Which keys each choice reads", "",
             "A key that only other choices read, set to a value other than its default, is refused with a config "
-            "error: it would change nothing.", "", "| Key | Choice | Keys it reads |", "|---|---|---|"]
+            "error: it would change nothing.", "", '<div class="stack-table" markdown>', "",
+            "| Key | Choice | Keys it reads |", "|---|---|---|"]
     for key, section, declared in CHOICES:
         for choice, used in declared().items():
             read = ", ".join(f"`{section}.{u}`" for u in used) or "none"
             out.append(f"| `{key}` | `{choice}` | {read} |")
+    out += ["", "</div>"]
     stages, providers = _pipeline()
     out += ["", "## Upload stages and participation providers", "",
             "fedmpi's own upload stages, in the order an update passes them (`order`), and its participation "
             "providers, in the order they are asked; each is switched on by the keys of the sections it reads.",
-            "", "| Kind | Name | Order | Sections read | What it is |", "|---|---|---|---|---|"]
+            "", '<div class="stack-table" markdown>', "", "| Kind | Name | Order | Sections read | What it is |",
+            "|---|---|---|---|---|"]
     for cls in sorted(stages, key=lambda c: c.order):
         out.append(f"| stage | `{cls.name}` | {cls.order} | {', '.join(cls.reads)} | {_what(cls)} |")
     for cls in providers:
         out.append(f"| provider | `{cls.__name__}` | | {', '.join(cls.reads)} | {_what(cls)} |")
-    return "\n".join(out) + "\n"
+    return "\n".join(out + ["", "</div>"]) + "\n"
