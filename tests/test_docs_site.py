@@ -69,14 +69,16 @@ def test_a_range_and_a_default_are_shown_as_declared():
     assert by_key["client.steps"].type == "an integer or null"
 
 
-def test_the_cli_reference_names_every_subcommand_and_option():
+def test_the_cli_reference_names_every_subcommand_and_option_and_the_tools_options():
     page = cli_reference.cli_markdown()
     found = cli_reference.commands()
     lines = [line for line, _ in found]
     assert {"fedmpi run", "fedmpi sweep", "fedmpi report", "fedmpi verify", "fedmpi export",
             "fedmpi data shakespeare"} <= set(lines)
-    for line, parser in found:
-        section = page.split(f"## `{line}`", 1)[1].split("\n## ", 1)[0]
+    tools = cli_reference.tool_parsers()
+    assert {"python tools/reproduce.py", "python tools/run_batch.py", "python tools/sweep.py"} <= {t for t, _ in tools}
+    for line, parser in found + tools:
+        section = page.split(f"## `{line}`", 1)[1].split("\n#", 1)[0]
         for action in cli_reference.arguments(parser):
             for name in action.option_strings or [action.metavar or action.dest]:
                 assert f"`{name}" in section or f", {name}" in section, (line, name)

@@ -1,12 +1,19 @@
 """The command-line reference of the documentation site, generated from fedmpi's argument parsers
 (fedmpi.cli; docs/reference/cli.md): every `fedmpi` subcommand, nested ones too, with its usage line, its
-description and a table of its arguments and options with their help text, choices and defaults. Put into the
-page at build time by tools/docs_hooks.py; tests/test_docs_site.py checks that every subcommand and option
-appears."""
+description and a table of its arguments and options with their help text, choices and defaults; then the
+scripts in tools/ whose main() builds a parser (captured without running them). Put into the page at build
+time by tools/docs_hooks.py; tests/test_docs_site.py checks that every subcommand and option appears."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+PARSE_METHODS = ("parse_args", "parse_known_args", "parse_intermixed_args", "parse_known_intermixed_args")
 
 
 def fedmpi_parser() -> argparse.ArgumentParser:
@@ -14,6 +21,44 @@ def fedmpi_parser() -> argparse.ArgumentParser:
     from fedmpi.cli import _parser
 
     return _parser(["report"])
+
+
+class _Built(Exception):
+    """Raised in place of parsing: carries the parser a tool's main() built."""
+
+    def __init__(self, parser):
+        super().__init__()
+        self.parser = parser
+
+
+def _raise_built(parser, *args, **kwargs):
+    raise _Built(parser)
+
+
+def tool_parsers() -> list:
+    """[(command line, parser)] of the scripts in tools/ whose main() builds an argparse parser first thing:
+    main() is called with parsing replaced by a raise, so nothing of the tool runs."""
+    found = []
+    for path in sorted(TOOLS.glob("*.py")):
+        if path.name.startswith("docs_") or "def main(" not in path.read_text():
+            continue
+        spec = importlib.util.spec_from_file_location(f"docs_cli_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        saved = {name: getattr(argparse.ArgumentParser, name) for name in PARSE_METHODS}
+        for name in PARSE_METHODS:
+            setattr(argparse.ArgumentParser, name, _raise_built)
+        try:
+            spec.loader.exec_module(module)
+            module.main(*([[]] if inspect.signature(module.main).parameters else []))
+        except _Built as built:
+            built.parser.prog = f"python tools/{path.name}"
+            found.append((built.parser.prog, built.parser))
+        finally:
+            for name, method in saved.items():
+                setattr(argparse.ArgumentParser, name, method)
+            sys.modules.pop(spec.name, None)
+    return found
 
 
 def commands(parser=None, prefix="fedmpi") -> list:
@@ -53,20 +98,30 @@ def _help(action) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _command_markdown(line, parser) -> list:
+    out = [f"## `{line}`", ""]
+    if parser.description:
+        out += [" ".join(parser.description.split()), ""]
+    out += ["```text", _usage(parser), "```", "", "| Argument or option | What it does |", "|---|---|"]
+    out += [f"| `{_name(action)}` | {_help(action)} |" for action in arguments(parser)] + [""]
+    if parser.epilog:
+        out += ["```text", parser.epilog.strip(), "```", ""]
+    return out
+
+
 def cli_markdown() -> str:
-    """The generated part of docs/reference/cli.md."""
+    """The generated part of docs/reference/cli.md: fedmpi's commands, then the tools/ scripts'."""
     out = [summary_markdown()]
     for line, parser in commands():
-        out += [f"## `{line}`", ""]
-        if parser.description:
-            out += [" ".join(parser.description.split()), ""]
-        usage = _usage(parser)
-        out += ["```text", usage, "```", "", "| Argument or option | What it does |", "|---|---|"]
-        for action in arguments(parser):
-            out.append(f"| `{_name(action)}` | {_help(action)} |")
-        out.append("")
-        if parser.epilog:
-            out += ["```text", parser.epilog.strip(), "```", ""]
+        out += _command_markdown(line, parser)
+    tools = tool_parsers()
+    if tools:
+        out += ["## Scripts in tools/", "",
+                "The repository's scripts (reproduction reports, cost measurements), run from a checkout with "
+                "the development install; their options as their parsers declare them.", ""]
+        for line, parser in tools:
+            out += [f"#{heading}" if heading.startswith("## ") else heading
+                    for heading in _command_markdown(line, parser)]
     return "\n".join(out)
 
 
