@@ -90,18 +90,18 @@ def _name(action) -> str:
 
 
 def _help(action) -> str:
-    text = (action.help or "").replace("%%", "%")
+    text = _plain((action.help or "").replace("%%", "%"))
     if action.choices and not isinstance(action.choices, dict):
-        text += f" Choices: {', '.join(map(str, action.choices))}."
+        text += f" Choices: {', '.join(f'`{c}`' for c in action.choices)}."
     if action.default not in (None, False, [], argparse.SUPPRESS) and action.option_strings:
         text += f" Default: `{action.default}`."
-    return " ".join(text.split()).replace("|", "\\|")
+    return text.replace("|", "\\|")
 
 
 def _command_markdown(line, parser) -> list:
     out = [f"## `{line}`", ""]
     if parser.description:
-        out += [" ".join(parser.description.split()), ""]
+        out += [_plain(parser.description), ""]
     out += ["```text", _usage(parser), "```", "", "| Argument or option | What it does |", "|---|---|"]
     out += [f"| `{_name(action)}` | {_help(action)} |" for action in arguments(parser)] + [""]
     if parser.epilog:
@@ -123,6 +123,12 @@ def cli_markdown() -> str:
             out += [f"#{heading}" if heading.startswith("## ") else heading
                     for heading in _command_markdown(line, parser)]
     return "\n".join(out)
+
+
+def _plain(text) -> str:
+    """Help text on one line, its brackets and angle brackets escaped: argparse's text is not Markdown, and
+    `[--clients 50]` would read as a link reference."""
+    return " ".join(text.split()).replace("[", "\\[").replace("]", "\\]").replace("<", "&lt;")
 
 
 def _usage(parser, width=72) -> str:
