@@ -35,11 +35,6 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not mpi" -n $(TEST_WORKERS) --maxprocesses 8; first=$$?; \
 	$(BIN)/python -m pytest -q -m mpi && exit $$first
 
-# The documentation site into site/, offline, strict: a broken link or anchor, a page missing from the nav or a
-# reference that cannot be generated fails the build. Open site/index.html in a browser.
-docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
-
 # The benchmark (docs/performance.md): W1-W3 through fedmpi at -n 1 2 3 and the reference loop, QS (the
 # quickstart against -n 1) and W4 (cross-device scale: memory per rank, run.h5 growth).
 # Pass options with BENCH_ARGS, e.g. make bench BENCH_ARGS="--workloads W2 --pairs 3" or "--quick"; the
@@ -48,6 +43,11 @@ docs: $(STAMP)
 BENCH_ARGS ?=
 bench: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python bench/bench.py $(BENCH_ARGS)
+
+# The documentation site into site/, offline, strict: a broken link or anchor, a page missing from the nav or a
+# reference that cannot be generated fails the build. Open site/index.html in a browser.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf runs site
