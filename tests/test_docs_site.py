@@ -128,6 +128,11 @@ def test_mkdocs_build_strict_succeeds(tmp_path):
     for page in ("config", "cli", "python-api"):
         html = (tmp_path / "site" / "reference" / f"{page}.html").read_text()
         assert "<table>" in html or "doc-object" in html, page
+    # Offline: no page fetches a web font or a script from a CDN.
+    for html_file in (tmp_path / "site").rglob("*.html"):
+        text = html_file.read_text()
+        assert not any(host in text for host in ("fonts.googleapis", "fonts.gstatic", "cdn.jsdelivr", "unpkg.com",
+                                                 "cdnjs.")), html_file
     api = (tmp_path / "site" / "reference" / "python-api.html").read_text()
     for name in ("simulate", "paper_table", "AlgorithmKeys", "UploadStage", "Participation", "ModelAttack"):
         assert name in api, name

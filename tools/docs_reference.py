@@ -179,8 +179,14 @@ def _pipeline():
     return STAGES, PROVIDERS
 
 
-def _what(cls) -> str:
-    return _cell(_first_sentence(cls)) or f"`{cls.__module__}.{cls.__name__}`"
+def _what(cls, module_too=False) -> str:
+    """What the class is: its docstring's first paragraph, else (`module_too`) its module's (an algorithm's
+    module names its paper), and its dotted name."""
+    about = _first_sentence(cls)
+    if not about and module_too:
+        about = " ".join((inspect.getmodule(cls).__doc__ or "").split("\n\n")[0].split())
+    where = f"`{cls.__module__}.{cls.__name__}`"
+    return f"{_cell(about)} ({where})" if about else where
 
 
 # --- the page ---------------------------------------------------------------------------------------------------
@@ -216,7 +222,7 @@ def config_markdown() -> str:
             "`algorithm.name` chooses the algorithm; the other `algorithm.` keys are those of its own `Keys` "
             "dataclass, listed here per registered algorithm.", ""]
     for name, algo, leaves in algorithms():
-        out += [f"### `{name}`", "", _first_sentence(algo) or f"`{algo.__module__}.{algo.__name__}`", ""]
+        out += [f"### `{name}`", "", _what(algo, module_too=True), ""]
         out += (_table(leaves) if leaves else ["No keys beyond `algorithm.name`."]) + [""]
     out += ["## Which keys each choice reads", "",
             "A key that only other choices read, set to a value other than its default, is refused with a config "
@@ -234,7 +240,7 @@ def config_markdown() -> str:
             "", '<div class="stack-table" markdown>', "", "| Kind | Name | Order | Sections read | What it is |",
             "|---|---|---|---|---|"]
     for cls in sorted(stages, key=lambda c: c.order):
-        out.append(f"| stage | `{cls.name}` | {cls.order} | {', '.join(cls.reads)} | {_what(cls)} |")
+        out.append(f"| stage | `{cls.name}` | {cls.order} | {', '.join(cls.reads)} | {_what(cls, module_too=True)} |")
     for cls in providers:
-        out.append(f"| provider | `{cls.__name__}` | | {', '.join(cls.reads)} | {_what(cls)} |")
+        out.append(f"| provider | `{cls.__name__}` | | {', '.join(cls.reads)} | {_what(cls, module_too=True)} |")
     return "\n".join(out + ["", "</div>"]) + "\n"
