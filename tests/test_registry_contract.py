@@ -25,7 +25,7 @@ from fedmpi.algorithms.base import Algorithm
 from fedmpi.algorithms.registry import REGISTRY, builtin_names
 from fedmpi.attacks import keys as attack_keys
 from fedmpi.config.run_sections import RuntimeConfig
-from fedmpi.config.sections import ServerConfig
+from fedmpi.config.training_sections import ServerConfig
 from fedmpi.core.models import BUILDERS
 from fedmpi.core.vectorized import alike_enough
 from fedmpi.deploy.keys import COMPRESSORS

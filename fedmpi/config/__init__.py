@@ -1,8 +1,9 @@
 """Experiment configuration: YAML into frozen dataclasses (docs/design.md, "The config").
 
 The root (`Config`), loading a file with overrides, the config hash and the comparison of two configs live
-here; the sections are in `fedmpi.config.sections` (and beside their code for the deployment and privacy),
-typed building from mappings in `fedmpi.config.build`. Every field has a type and a default; values are
+here; the sections are in `fedmpi.config.sections`, `.training_sections` and `.run_sections` (and beside
+their code for the deployment and privacy), typed building from mappings in `fedmpi.config.build`. Every
+field has a type, a default and a docstring (docs/reference/config.md is generated from them); values are
 type-checked when built and range-checked in each section's `__post_init__`. All problems of a config are
 collected and reported together, one line each, naming the dotted key, the bad value and what is allowed.
 """
@@ -30,13 +31,12 @@ from fedmpi.config.run_sections import (  # noqa: F401 - the sections are part o
     RuntimeConfig,
 )
 from fedmpi.config.sections import (  # noqa: F401 - the sections are part of fedmpi.config's interface
-    ClientConfig,
     DataConfig,
     ModelConfig,
     PartitionConfig,
-    ServerConfig,
     ServerDataConfig,
 )
+from fedmpi.config.training_sections import ClientConfig, ServerConfig
 from fedmpi.core.config_checks import Checks as _Checks
 from fedmpi.core.config_checks import count as _count
 from fedmpi.core.config_checks import dotted as _dotted
@@ -54,9 +54,14 @@ MAX_CONFIG_BYTES = 1 << 20      # a config file is a few kB
 
 @dataclass(frozen=True)
 class Config:
+    """A whole experiment: the top-level keys and one section per component."""
+
     seed: int = 0
+    """Seeds every random choice: the split, the model's initialisation, client selection, batches."""
     rounds: int = 100
+    """Communication rounds."""
     out: str = "runs/quickstart"
+    """The run's folder: run.h5 and ckpt/."""
     data: DataConfig = field(default_factory=DataConfig)
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     server_data: ServerDataConfig = field(default_factory=ServerDataConfig)

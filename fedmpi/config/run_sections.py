@@ -22,23 +22,29 @@ TRACKER_USES = {"tensorboard": (), "mlflow": ("tracking_uri", "tracking_project"
 
 @dataclass(frozen=True)
 class EvalConfig:
+    """Evaluation (`eval:`): of the global model on the test set, and of each client's model on its own split."""
+
     every: int = 1
-    # Test batches are the unit of evaluation shared among the ranks (batch b on rank b mod P): 100 gives a
-    # 1,000-image test set ten units to spread, and stays large enough for the kernels to be efficient.
+    """Rounds between evaluations of the global model (the last round is always evaluated)."""
     batch_size: int = 100
-    divergence: bool = False            # weight divergence from a centralized-SGD shadow (fedmpi.round.shadow)
-    client_drift: bool = False          # per-client update norms, cosines with the aggregate (fedmpi.round.observers)
-    # Local evaluation (fedmpi.round.local_eval): every `local_every` rounds (null = off; not forced at the last
-    # round, so that a resumed run logs what an uninterrupted one does) each evaluated client
-    # is evaluated on its own test split (partition.local_test) on its host, after `finetune_steps` local
-    # SGD steps (0: none; the FedAvg+FT baseline) that are discarded afterwards.
+    """Test batches are the unit of evaluation shared among the ranks (batch b on rank b mod P): 100 gives a
+    1,000-image test set ten units to spread, and stays large enough for the kernels to be efficient."""
+    divergence: bool = False
+    """Weight divergence from a centralized-SGD shadow model (fedmpi.round.shadow)."""
+    client_drift: bool = False
+    """Per-client update norms and their cosines with the aggregate (fedmpi.round.observers)."""
     local_every: int | None = None
+    """Local evaluation (fedmpi.round.local_eval) every this many rounds: each evaluated client's model on its
+    own test split (partition.local_test), on its host. null = off; not forced at the last round, so that a
+    resumed run logs what an uninterrupted one does."""
     local_clients: Literal["selected", "all"] = "selected"
+    """Whom a local evaluation covers: the round's selected clients, or all."""
     finetune_steps: int = 0
-    # Evaluate the global model on a fixed, seeded subsample of this many global test samples (drawn once from
-    # (seed, EVAL_SUBSET), the same on every rank and at every -n; its indices go to run.h5's /eval/test_indices);
-    # null: the whole test set. For test sets too large to evaluate every few rounds.
+    """Local SGD steps before a local evaluation, discarded afterwards (0: none; the FedAvg+FT baseline)."""
     max_samples: int | None = None
+    """Evaluate the global model on a fixed, seeded subsample of this many global test samples (drawn once from
+    (seed, EVAL_SUBSET), the same on every rank and at every -n; its indices go to run.h5's /eval/test_indices);
+    null: the whole test set. For test sets too large to evaluate every few rounds."""
 
     RANGES: ClassVar[dict] = {"every": count(), "batch_size": count(), "local_every": count(),
                               "finetune_steps": count(0), "max_samples": count()}
@@ -61,8 +67,12 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 10                     # rounds between checkpoints; 0 = only on a stop request
+    """Checkpoints (`checkpoint:`), from which `--resume` continues a run."""
+
+    every: int = 10
+    """Rounds between checkpoints; 0 = only on a stop request."""
     keep: int = 2
+    """How many of the newest checkpoints are kept."""
 
     RANGES: ClassVar[dict] = {"every": count(0), "keep": count()}
 
@@ -78,39 +88,49 @@ class RuntimeConfig:
     """How this job runs, not what it computes: may change on --resume."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int | None = None       # torch threads per rank; null = node cores / ranks on the node
+    """Where clients train: auto (a GPU where there is one), cpu or cuda."""
+    threads: int | None = None
+    """torch threads per rank; null = the node's cores / the ranks on the node."""
     progress: Literal["auto", "bar", "lines", "off"] = "auto"
-    # Rank 0 writes run-log rows in batches, once the oldest unwritten row has waited this long (seconds; 0:
-    # every round's row at once), and always before a checkpoint, a stop, a failure and the end
-    # (fedmpi.run.rows). Each HDF5 write costs ~10 ms however many rows it takes.
+    """Progress display: a bar on a terminal, rate-limited lines in a batch log (auto chooses), or off."""
     log_flush_s: float = 1.0
+    """Rank 0 writes run-log rows in batches, once the oldest unwritten row has waited this long (seconds; 0:
+    every round's row at once), and always before a checkpoint, a stop, a failure and the end
+    (fedmpi.run.rows). Each HDF5 write costs ~10 ms however many rows it takes."""
     cuda_aware_mpi: bool = False
-    on_nonfinite: Literal["stop", "continue"] = "stop"   # a NaN/inf loss or model: stop (status diverged) or go on
-    shared_data: bool = True         # the ranks of a node share one read-only copy of the data set (MPI-3 window)
-    # Per-client state (SCAFFOLD's c_i, compression residuals...) kept in host memory per rank, in bytes ("4GB",
-    # "512MiB" or a number); beyond it, state spills to a file of the rank's in $TMPDIR. null: no limit.
+    """The MPI library passes GPU buffers directly; false: tensors are staged through host memory."""
+    on_nonfinite: Literal["stop", "continue"] = "stop"
+    """A NaN or infinite loss or model: stop (status diverged) or go on."""
+    shared_data: bool = True
+    """The ranks of a node share one read-only copy of the data set (MPI-3 shared memory); false: a copy each."""
     client_state_memory: str | int | None = None
-    # GPU: deterministic kernels (torch.use_deterministic_algorithms, cuDNN, cuBLAS workspace) so that -n
-    # invariance and resume hold on GPUs too; costs speed (docs/results/performance.md).
+    """Per-client state (SCAFFOLD's c_i, compression residuals...) kept in host memory per rank, in bytes ("4GB",
+    "512MiB" or a number); beyond it, state spills to a file of the rank's in $TMPDIR. null: no limit."""
     deterministic: bool = False
-    # Robust aggregation: rank 0's memory for one chunk of the round's update matrix and the aggregator's working
-    # copies of it, in bytes like client_state_memory; null: a quarter of the memory available at the start
-    # (fedmpi.robust.chunks). Results do not depend on it.
+    """GPU: deterministic kernels (torch.use_deterministic_algorithms, cuDNN, cuBLAS workspace) so that -n
+    invariance and resume hold on GPUs too; costs speed (docs/results/performance.md)."""
     gather_memory: str | int | None = None
-    # Live experiment tracking on rank 0 as the run goes (fedmpi.run.tracking; each an optional extra): any of
-    # tensorboard, mlflow, wandb. run.h5 stays the record; a tracker that fails is reported once and dropped.
+    """Robust aggregation: rank 0's memory for one chunk of the round's update matrix and the aggregator's
+    working copies of it, in bytes like client_state_memory; null: a quarter of the memory available at the
+    start (fedmpi.robust.chunks). Results do not depend on it."""
     trackers: tuple[str, ...] = ()
-    tracking_uri: str | None = None      # MLflow tracking URI; null: a file store in the run's folder
-    tracking_project: str | None = None  # MLflow experiment / W&B project; null: the run folder's name
-    # What the broadcast model and each client's upload are rounded to on the wire (sums stay float64 on rank 0).
+    """Live experiment tracking on rank 0 as the run goes (fedmpi.run.tracking; each an optional extra): any of
+    tensorboard, mlflow, wandb. run.h5 stays the record; a tracker that fails is reported once and dropped."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI; null: a file store in the run's folder."""
+    tracking_project: str | None = None
+    """MLflow experiment / W&B project; null: the run folder's name."""
     wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # fedmpi.core.cpu_kernels: auto = channels-last activations and big dense layers' SGD step inside their
-    # backward, for the zoo's CNNs that declare them, on the CPU; plain = PyTorch's defaults. Same results to rounding.
+    """What the broadcast model and each client's upload are rounded to on the wire (sums stay float64 on
+    rank 0); it cannot change on --resume."""
     kernels: Literal["auto", "plain"] = "auto"
-    # Clients dealt afresh each round (stateless, under the plain reduction): auto = to the workers as they
-    # become free, on one node, where clients train one by one (fedmpi.mpi.tickets); static = fixed shares
-    # balanced by sample count. The same results to float64 rounding of the sums (docs/results/performance.md).
+    """fedmpi.core.cpu_kernels: auto = channels-last activations and big dense layers' SGD step inside their
+    backward, for the zoo's CNNs that declare them, on the CPU; plain = PyTorch's defaults. Same results to
+    rounding."""
     client_dealing: Literal["auto", "static"] = "auto"
+    """Clients dealt afresh each round (stateless, under the plain reduction): auto = to the workers as they
+    become free, on one node, where clients train one by one (fedmpi.mpi.tickets); static = fixed shares
+    balanced by sample count. The same results to float64 rounding of the sums (docs/results/performance.md)."""
 
     RANGES: ClassVar[dict] = {"threads": Range(1, MAX_THREADS), "log_flush_s": Range(0, 3600, "seconds")}
 
