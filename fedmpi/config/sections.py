@@ -279,7 +279,7 @@ class ClientConfig:
     weight_decay: float = 0.0
     vectorize: Literal["auto", "on", "off"] = "auto"
     lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_l per round
-    compress: CompressConfig = field(default_factory=CompressConfig)     # upload compression (docs/deployment.md)
+    compress: CompressConfig = field(default_factory=CompressConfig)  # upload compression (docs/how-to/deployment.md)
     # Drop each epoch's short last batch, as a DataLoader with drop_last=True (FedSkip's CIFAR loaders);
     # a client with fewer than batch_size samples keeps its one short batch (fedmpi.core.train.steps_per_epoch).
     drop_last: bool = False
@@ -327,17 +327,17 @@ class ServerConfig:
     # Rank 0 hosts clients too; null: when its node has a core the other ranks leave idle. Results do not
     # depend on it (a run-time key: not hashed, may change on --resume).
     trains_clients: bool | None = None
-    deadline: float | None = None       # simulated seconds after which updates do not count (docs/deployment.md)
+    deadline: float | None = None       # simulated seconds after which updates do not count (docs/how-to/deployment.md)
     over_select: float | None = None    # extra clients selected, keeping the first clients_per_round to arrive
     # fixed: exactly clients_per_round clients per round; poisson: each client joins independently with
-    # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/privacy.md)
+    # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/how-to/privacy.md)
     sampling: Literal["fixed", "poisson"] = "fixed"
-    # How the round's updates are combined (fedmpi.robust, docs/robustness.md): mean is the weighted mean of the
+    # How the round's updates are combined (fedmpi.robust, docs/how-to/robustness.md): mean is the weighted mean of the
     # plain reduction; the robust rules see every counted update through a chunked gather; `robust` their keys.
     aggregator: str = "mean"
     robust: RobustConfig = field(default_factory=RobustConfig)
     # none: the server sums the clients' float updates; secagg / secagg_plus: it sees only the modular sum of
-    # masked integer uploads (the `secagg:` section, fedmpi.secagg; docs/privacy.md, "Secure aggregation")
+    # masked integer uploads (the `secagg:` section, fedmpi.secagg; docs/how-to/secure-aggregation.md)
     secure_aggregation: Literal["none", "secagg", "secagg_plus"] = "none"
     # A client's weight in the average: samples, its sample count n_i (McMahan et al.); uniform, 1 for every
     # client (pfl-research's `weight_by_samples: false`). Privacy and secure aggregation weigh uniformly anyway.
