@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The deployment comparison of docs/how-to/deployment.md: runs jobs/configs/deploy/ on mnist5k under one simulated
-deployment and writes the results section and docs/deployment.png.
+deployment and writes the results section and docs/results/deployment.png.
 
     python tools/deploy_report.py [--rounds R] [--seeds 0 1] [--np 3] --runs runs/deploy --docs docs/results
                                   [--target 0.8] [--threads T] [--reuse] [--report-only]
