@@ -128,7 +128,7 @@ PAPERS = {p.key: p for p in [
           "FedAvg, FedProx, SCAFFOLD, FedNova, MOON and FedDyn with the paper's keys. Scaled here: mnist5k, the "
           "same split and optimiser, 2 local epochs, the authors' net for every method (LeNet simple-cnn with "
           "MOON's projection head), their loaders' drop_last, SCAFFOLD and MOON with their reference codes' "
-          "rules (docs/explanation/baselines.md).",
+          "rules ([Baselines](../explanation/baselines.md)).",
           [Setting("fedskip", "FedSkip, delta 3", "best of all (Table II)"),
            Setting("fedavg", "FedAvg", "below FedSkip"),
            Setting("fedprox", "FedProx, mu 0.01", "below FedSkip"),
