@@ -1,7 +1,7 @@
 """The hierarchical round against the flat one: the round's broadcast and reduction seconds
 (/timing/bcast + /timing/reduce) of W1 (bench/bench.py: cnn_mnist, 1.66 M parameters, 10 clients a round)
 at 2 nodes x 2 ranks in MPI's own view (MPICH's Hydra, two host names, the fork launcher, UCX over TCP
-between the nodes: docs/jobs_and_tools.md, "Several nodes on one machine") and on one node of 4 ranks, each
+between the nodes: docs/how-to/multi-node.md, "Several nodes on one machine") and on one node of 4 ranks, each
 with node buffers (FEDMPI_NODE_BUFFERS=1: shared memory in the node, the leaders' MPI collective between
 nodes) and without (FEDMPI_NODE_BUFFERS=0: MPI's Bcast and Reduce among all ranks).
 

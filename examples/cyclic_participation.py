@@ -1,4 +1,4 @@
-"""Walk-through 7 of docs/extending.md: a participation provider in one file, run by
+"""Walk-through 7 of docs/how-to/own-algorithm.md: a participation provider in one file, run by
 `participation: {name: examples.cyclic_participation:Cyclic, keys: {groups: 2}}`.
 
 Cyclic participation (Cho et al., "On the Convergence of Federated Averaging with Cyclic Client

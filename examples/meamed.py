@@ -1,4 +1,4 @@
-"""Walk-through 3 of docs/extending.md: a robust aggregator in one file, run by
+"""Walk-through 3 of docs/how-to/own-algorithm.md: a robust aggregator in one file, run by
 `server.aggregator: examples.meamed:MeanAroundMedian`.
 
 MeaMed (Xie, Koyejo and Gupta 2018, "Generalized Byzantine-tolerant SGD"): per coordinate, the mean of the

@@ -1,4 +1,4 @@
-"""Walk-through 5 of docs/extending.md: a server optimizer in one file, run by
+"""Walk-through 5 of docs/how-to/own-algorithm.md: a server optimizer in one file, run by
 `server.optimizer: examples.nesterov:Nesterov`.
 
 Nesterov momentum on the server (the look-ahead form of Sutskever et al. 2013, as torch.optim.SGD with

@@ -1,4 +1,4 @@
-"""Walk-through 6 of docs/extending.md: an upload stage in one file, run by
+"""Walk-through 6 of docs/how-to/own-algorithm.md: an upload stage in one file, run by
 `uploads: {stages: [examples.norm_clip_stage:NormClip], keys: {max_norm: 1.0}}`.
 
 Each counted client's update Delta = y_i - x_t is scaled down on its host to an L2 norm of at most max_norm

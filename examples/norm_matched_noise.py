@@ -1,4 +1,4 @@
-"""Walk-through 4 of docs/extending.md: a model attack in one file, run by
+"""Walk-through 4 of docs/how-to/own-algorithm.md: a model attack in one file, run by
 `attack.name: examples.norm_matched_noise:NormMatchedNoise`.
 
 Each malicious client uploads a random direction with the norm of its honest update (times attack.scale):

@@ -1,6 +1,6 @@
 """fedmpi: an MPI-based simulator for federated learning research on HPC machines.
 
-The package is laid out in layers, each importing only those below it (docs/design.md; import-linter keeps
+The package is laid out in layers, each importing only those below it (docs/explanation/design.md; import-linter keeps
 the rule in CI): cli > run | analysis > io > config > round > deploy | privacy > plans | uploads >
 algorithms | data > mpi > core.
 """

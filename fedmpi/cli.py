@@ -1,6 +1,6 @@
 """Command line: `fedmpi run CONFIG [key=value ...]`, `fedmpi sweep SPEC.yaml`, `fedmpi report RUN.h5 ...`,
 `fedmpi verify RUN_A RUN_B`, `fedmpi export RUN.h5 ...` and `fedmpi data shakespeare --out DIR ...`
-(docs/design.md §1)."""
+(docs/explanation/design.md §1)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def _parser(argv=None):
     run.add_argument("--fork-from", metavar="OLD_OUT@ROUND",
                      help="start from OLD_OUT's checkpoint after ROUND rounds, with the keys given here changed")
     swp = sub.add_parser("sweep", help="a grid of experiments in one launch (mpiexec -n P), in groups of ranks")
-    swp.add_argument("spec", help="sweep spec (YAML: base, out, grid, sets, seeds, ranks, overrides; docs/sweep.md)")
+    swp.add_argument("spec", help="sweep spec (YAML: base, out, grid, sets, seeds, ranks, overrides; "
+                                  "docs/how-to/sweeps.md)")
     swp.add_argument("--retry-failed", action="store_true",
                      help="run the experiments an earlier launch left failed or diverged again")
     swp.add_argument("--dry-run", action="store_true",
@@ -50,7 +51,7 @@ def _parser(argv=None):
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          description="One row per run (or per group with --by) of the figures below, then a section "
                                      "per family some run recorded. The same reader and figures as the Python API "
-                                     "(fedmpi.analysis.runs, docs/analysis.md).")
+                                     "(fedmpi.analysis.runs, docs/how-to/analysis.md).")
     rep.add_argument("runs", nargs="+", help="run.h5 files, run folders, folders of runs (searched) or globs")
     rep.add_argument("--plot", metavar="FILE.png",
                      help="also draw one figure of all the runs: accuracy and loss against rounds and bytes, grouped "
@@ -176,8 +177,8 @@ def _abort_peers(code):
 
 def _main(argv):
     parser = _parser(argv)
-    # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, docs/design.md §1), which a
-    # plain parse_args rejects once an option has ended the positional list.
+    # Overrides may also follow the flags (`fedmpi run C.yaml --resume rounds=50`, docs/explanation/design.md §1),
+    # which a plain parse_args rejects once an option has ended the positional list.
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "run" and all("=" in x and not x.startswith("-") for x in extra):
         args.overrides += extra

@@ -62,7 +62,7 @@ def mpiexec():
     return found
 
 
-# --- several nodes in MPI's own view on one machine (docs/jobs_and_tools.md, "Several nodes on one machine") --
+# --- several nodes in MPI's own view on one machine (docs/how-to/multi-node.md, "Several nodes on one machine") --
 
 NODE_HOST = "fedmpi-node{}"
 # What the probe launch prints: per rank (node-local rank, node size, processor name), in world-rank order.

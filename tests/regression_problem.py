@@ -5,7 +5,7 @@ buffer, so the flat vector (w1, w2, b, buffer) is longer than its trainable part
 that the buffer is left alone. Training minimises half the mean squared error, whose gradient numpy computes
 in one line.
 
-The reference re-implements the rules of docs/baselines.md in float64 and follows the run's real randomness:
+The reference re-implements the rules of docs/explanation/baselines.md in float64 and follows the run's real randomness:
 the round's clients come from `rng.select_clients(seed, t, N, S)` and each client's batches from
 `train.batch_order(rng.stream(seed, CLIENT, t, cid), n, Schedule(B, steps))`, exactly as the round loop
 draws them, so the comparison is step for step.

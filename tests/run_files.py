@@ -1,4 +1,4 @@
-"""run.h5 files written by the tests with h5py in the layout the run log writes (docs/design.md §3 and the
+"""run.h5 files written by the tests with h5py in the layout the run log writes (docs/explanation/design.md §3 and the
 instruments' contract of issue 12), so that the readers (verify, export, report --classes/--timing/--plot,
 tools/) are tested without training anything.
 

@@ -130,7 +130,7 @@ def test_the_clear_text_twin_of_secure_aggregation_is_labelled_by_its_clip():
 
 
 def test_every_figure_is_defined_in_the_doc_and_the_report_help(capsys):
-    doc = (ROOT / "docs" / "analysis.md").read_text()
+    doc = (ROOT / "docs" / "how-to" / "analysis.md").read_text()
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     helped = " ".join(capsys.readouterr().out.split())

@@ -1,6 +1,6 @@
 """Issue 40 on real runs: a folder mixing every family (FedAvg over two seeds, FedAvg+FT, q-FFL, a backdoor against
 the median, DP-FedAvg, secure aggregation with its clear-text twin, dropouts), made in the shared -n 3 launch
-(tests/session_runs.py), read through fedmpi.analysis and `fedmpi report`; docs/analysis.md's walk-through run as
+(tests/session_runs.py), read through fedmpi.analysis and `fedmpi report`; docs/how-to/analysis.md's walk-through run as
 it is on that folder; eval.max_samples at -n 3 and -n 1 (the same figures).
 """
 
@@ -162,8 +162,8 @@ def test_max_samples_gives_the_same_figures_at_every_rank_count(runs):
 
 
 def walk_through():
-    """docs/analysis.md's code blocks, in order: ("bash", command lines) and ("python", source)."""
-    doc = (ROOT / "docs" / "analysis.md").read_text()
+    """docs/how-to/analysis.md's code blocks, in order: ("bash", command lines) and ("python", source)."""
+    doc = (ROOT / "docs" / "how-to" / "analysis.md").read_text()
     return re.findall(r"```(bash|python)\n(.*?)```", doc, flags=re.S)
 
 
@@ -182,7 +182,7 @@ def test_the_walk_through_of_docs_analysis_runs_as_written(runs, tmp_path, monke
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                exec(compile(text, "docs/analysis.md", "exec"), namespace)   # noqa: S102 - the doc's own code
+                exec(compile(text, "docs/how-to/analysis.md", "exec"), namespace)   # noqa: S102 - the doc's own code
     out = capsys.readouterr().out
     assert "\\begin{tabular}" in out and "fedavg+ft5" in out and "| method |" in out
     for name in ("paper-table.csv", "paper.png", "paper-python.png"):

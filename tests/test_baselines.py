@@ -2,8 +2,8 @@
 
 Three kinds of check: the hooks alone against numbers worked out by hand on 2-element vectors (`upload`
 drives start, a stand-in for training, and accumulate); whole runs through `fedmpi.simulate` on a tiny
-linear regression against a float64 numpy re-implementation of the rules in docs/baselines.md that follows the
-run's real client selection and batches (tests/regression_problem.py); and the equivalences with FedAvg. MOON
+linear regression against a float64 numpy re-implementation of the rules in docs/explanation/baselines.md that follows
+the run's real client selection and batches (tests/regression_problem.py); and the equivalences with FedAvg. MOON
 on a tiny classifier, and the stateful baselines' state through a real checkpoint file, are
 tests/test_baselines_classifier.py.
 """

@@ -109,7 +109,7 @@ def test_resume_from_a_checkpoint_is_bit_identical(runs, name):
     assert np.array_equal(read_global(runs["resumed"][name]), read_global(runs[3][name]))
 
 
-# What each stateful baseline must have put into its checkpoints (docs/algorithms.md "Baselines").
+# What each stateful baseline must have put into its checkpoints (docs/explanation/algorithms.md "Baselines").
 CHECKPOINTED = {"scaffold": ("c", "c_i"), "feddyn": ("h", "g_i"), "moon": (None, "prev")}
 
 

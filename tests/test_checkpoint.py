@@ -190,7 +190,8 @@ def test_layout_does_not_depend_on_who_wrote_it(tmp_path):
 
 
 def test_no_pickle_or_torch_load_in_fedmpi():
-    """Loading a file must never run code (docs/design.md §3): no pickle, torch.load or allow_pickle anywhere, except
+    """Loading a file must never run code (docs/explanation/design.md §3): no pickle, torch.load or allow_pickle
+    anywhere, except
     the restricted CIFAR batch reader (its find_class allows numpy's array names only; test_hardening.py
     feeds it a malicious batch)."""
     banned = re.compile(r"\bimport pickle\b|\bpickle\.|\bcPickle\b|torch\.load\(|allow_pickle\s*=\s*True|"

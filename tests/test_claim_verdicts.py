@@ -104,7 +104,7 @@ def test_one_seed_gives_no_spread_to_judge_against(repro, tmp_path):
 
 
 def test_safls_speed_up_is_not_tried_in_its_own_setting_and_section_iv_claims_keep_their_verdicts(repro):
-    """The numbers of docs/reproduction.md's SAFL section."""
+    """The numbers of docs/results/reproduction.md's SAFL section."""
     def row(final, std, target, target_std, uploads=1000.0, uploads_std=0.0):
         return {"final_acc": final, "final_acc_std": std, "target_round": target, "target_round_std": target_std,
                 "uploads": uploads, "uploads_std": uploads_std, "late_rise": 0.0}

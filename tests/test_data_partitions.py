@@ -1,4 +1,5 @@
-"""Each partition scheme's defining property (docs/algorithms.md "Partitions"), on synthetic label arrays."""
+"""Each partition scheme's defining property (docs/explanation/algorithms.md "Partitions"), on synthetic label
+arrays."""
 
 import numpy as np
 import pytest

@@ -168,7 +168,7 @@ def test_deploy_report_writes_its_section_figure_and_table(tmp_path):
 
     docs = tmp_path / "docs"
     docs.mkdir()
-    shutil.copy(ROOT / "docs" / "deployment.md", docs / "deployment.md")
+    shutil.copy(ROOT / "docs" / "results" / "deployment.md", docs / "deployment.md")
     before = (docs / "deployment.md").read_text()
     proc = subprocess.run([sys.executable, "tools/deploy_report.py", "--rounds", "2", "--seeds", "0", "--threads", "1",
                            "--runs", str(tmp_path / "runs"), "--docs", str(docs)], cwd=ROOT,
@@ -177,7 +177,7 @@ def test_deploy_report_writes_its_section_figure_and_table(tmp_path):
     text = (docs / "deployment.md").read_text()
     head = before.split("<!-- deploy_report.py: results start -->")[0]
     assert text.startswith(head) and text.count("<!-- deploy_report.py: results start -->") == 1
-    assert "`python tools/deploy_report.py --runs runs/deploy --docs docs --rounds 2 --seeds 0`" in text
+    assert "`python tools/deploy_report.py --runs runs/deploy --docs docs/results --rounds 2 --seeds 0`" in text
     table = [line for line in text.split(head, 1)[1].splitlines() if line.startswith("| ")]
     assert len(table) == 2 + 7
     for label in ("FedAvg, dense", "top-k", "QSGD", "SAFL", "FedSkip", "Data sharing", "FedBuff"):

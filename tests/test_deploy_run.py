@@ -104,7 +104,7 @@ def test_dropped_scaffold_clients_keep_their_controls_and_c_moves_by_the_kept_on
         assert torch.equal(after[cid], before[cid])
     kept = np.flatnonzero((two.clients["selected"][1] > 0) & (two.clients["dropped"][1] == 0))
     assert len(kept) and all(not torch.equal(after[c], before.get(c, torch.zeros_like(after[c]))) for c in kept)
-    # c <- c + (1/N) sum over the kept clients of Delta c_i (docs/deployment.md, section 7)
+    # c <- c + (1/N) sum over the kept clients of Delta c_i (docs/how-to/deployment.md, section 7)
     n = cfg["partition"]["clients"]
     zero = torch.zeros_like(after[kept[0]])
     moved = sum((after[c] - before.get(c, zero)).double() for c in kept) / n
@@ -153,7 +153,7 @@ def test_deadline_and_over_selection_keep_the_first_arrivals():
 # -- compression ------------------------------------------------------------------------------------------
 
 def payload(name, d, fraction=0.1, levels=16):
-    """docs/deployment.md section 5's payload formulas, written out."""
+    """docs/how-to/deployment.md section 5's payload formulas, written out."""
     k = max(1, math.floor(fraction * d + 0.5))
     width = next(w for w in (1, 2, 4, 8) if d <= 2 ** (8 * w))
     return {"topk": 4 * k + min(k * width, math.ceil(d / 8)), "randk": 4 * k,

@@ -1,4 +1,4 @@
-"""docs/design.md stays true to the code: every module, package or file it names exists (a dotted name's
+"""docs/explanation/design.md stays true to the code: every module, package or file it names exists (a dotted name's
 attribute, such as `fedmpi.round.engine.run_round`, is defined or imported at its module's top level), and the
 layers it draws are the layers contract that import-linter enforces (pyproject.toml). Both had drifted before
 (issue 37); the import direction itself is lint-imports' to check, cycles tests/test_layers.py's."""
@@ -9,7 +9,7 @@ import re
 import tomllib
 from conftest import ROOT
 
-DESIGN = ROOT / "docs" / "design.md"
+DESIGN = ROOT / "docs" / "explanation" / "design.md"
 DOTTED = re.compile(r"\bfedmpi(?:\.[A-Za-z_]\w*)+")
 # A path in backticks ending in .py, or a repository path in the prose (tests/..., docs/..., fedmpi/...).
 PATHS = re.compile(r"`([\w./-]+\.py)`|\b((?:fedmpi|tests|tools|bench|docs|jobs)/[\w./-]*\w\.(?:py|md|yaml))")

@@ -1,4 +1,4 @@
-"""The walk-throughs of docs/extending.md, each one file under examples/, run as out-of-tree algorithms:
+"""The walk-throughs of docs/how-to/own-algorithm.md, each one file under examples/, run as out-of-tree algorithms:
 `examples.fedadam_scratch:FedAdamScratch` must equal `server.optimizer: adam` with fedavg, and
 `examples.control_variates:ControlVariates` fedmpi's `scaffold`, under mpiexec -n 3 (the shared launch of
 tests/extension_runs.py) and in-process on the regression problem; the doc shows the files as they are.
@@ -95,7 +95,8 @@ def test_the_examples_keep_their_contract(importable):
 
 
 def test_the_doc_shows_each_example_file_as_it_is():
-    doc = (ROOT / "docs" / "extending.md").read_text()
+    doc = (ROOT / "docs" / "how-to" / "own-algorithm.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     for name in ("fedadam_scratch.py", "control_variates.py"):
-        assert (ROOT / "examples" / name).read_text() in blocks, f"docs/extending.md does not show examples/{name}"
+        assert (ROOT / "examples" / name).read_text() in blocks, \
+            f"docs/how-to/own-algorithm.md does not show examples/{name}"

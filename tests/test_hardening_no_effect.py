@@ -123,7 +123,7 @@ def test_keys_the_chosen_form_reads_are_accepted():
 
 def test_privacy_keys_stay_accepted_without_their_mechanism():
     # Deliberately not refused: with mechanism none the section is inert (left out of the hash), so that one
-    # config serves both the DP runs and the no-DP baseline (`privacy.mechanism=none`), as docs/privacy.md says.
+    # config serves both the DP runs and the no-DP baseline (`privacy.mechanism=none`), as docs/how-to/privacy.md says.
     assert config.from_dict({"privacy": {"mechanism": "none", "clip": 0.5, "adaptive_clip": True}})
 
 

@@ -129,7 +129,7 @@ def test_a_sweep_whose_index_is_a_fifo_is_refused_without_reading_it(here):
 @pytest.mark.parametrize("planted", ["a file", "a link", "a fifo run.h5"])
 def test_a_sweep_refuses_a_run_folder_it_cannot_use_before_any_experiment_runs(here, planted):
     """H15: a run folder replaced by a file or a link was found only when its experiment started (exit 1
-    after the others ran); docs/sweep.md promises the check before the first experiment."""
+    after the others ran); docs/how-to/sweeps.md promises the check before the first experiment."""
     folder = here / "out" / "seed-1"
     folder.parent.mkdir()
     if planted == "a file":

@@ -79,7 +79,8 @@ def test_overwrite_replaces_only_a_build_of_its_own_and_never_a_foreign_file(pla
     built = sorted(listing(here / "nested" / "deeper" / "shakespeare"))
     assert [f for f in built if not f.startswith("binary/")] == [
         "build.json", "test/shakespeare_test.json", "train/shakespeare_train.json"]
-    assert "binary/index.json" in built       # and the arrays it indexes (docs/data.md, "The binary form")
+    # and the arrays it indexes (docs/how-to/shakespeare.md, "The binary form")
+    assert "binary/index.json" in built
 
 
 def test_bad_data_arguments_are_one_line_and_exit_2(plays, here, capsys):

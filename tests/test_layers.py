@@ -1,4 +1,4 @@
-"""The package's shape (docs/design.md): no import cycle among fedmpi's modules, counting function-local
+"""The package's shape (docs/explanation/design.md): no import cycle among fedmpi's modules, counting function-local
 imports (grimp sees those too), so no import exists only to dodge one. The layers themselves are
 import-linter's contracts in pyproject.toml, checked by `lint-imports` in .ci/run."""
 

@@ -1,6 +1,6 @@
 """The paper table (fedmpi.analysis.paper_table, `fedmpi report --table`) and the sweep's set names in `runs()`.
 
-Cells are checked against hand-computed means and Student-t intervals; docs/analysis.md's paper-table example is
+Cells are checked against hand-computed means and Student-t intervals; docs/how-to/analysis.md's paper-table example is
 run as written on the runs of a real small sweep made in one process; the sweep's set names travel into run.h5
 and from there into `runs()`' `set` column and `report --by set`."""
 
@@ -170,7 +170,7 @@ def test_report_table_prints_the_paper_table(grid, tmp_path, capsys):
         assert len(err) == 1 and message in err[0], err
 
 
-# --- the sweep's set names, and docs/analysis.md's example on a real sweep ------------------------------------
+# --- the sweep's set names, and docs/how-to/analysis.md's example on a real sweep ------------------------------------
 
 BASE = {"seed": 0, "rounds": 2, "out": "unused", "data": {"name": "synthetic"},
         "partition": {"clients": 8, "scheme": "dirichlet", "beta": 0.5}, "model": {"name": "lr"},
@@ -225,8 +225,8 @@ def test_several_lists_of_sets_give_a_column_each(tmp_path):
 
 
 def documented_example():
-    """The Python block of docs/analysis.md's paper-table section, as written."""
-    doc = (ROOT / "docs" / "analysis.md").read_text()
+    """The Python block of docs/how-to/analysis.md's paper-table section, as written."""
+    doc = (ROOT / "docs" / "how-to" / "analysis.md").read_text()
     section = doc.split("## 3. A paper table")[1].split("\n## ")[0]
     [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     return block
@@ -240,7 +240,7 @@ def test_the_documented_paper_table_runs_on_a_real_sweep(sweep, tmp_path, monkey
     (tmp_path / "runs").mkdir()
     df = a.runs(str(sweep / "out"))
     namespace = {"a": a, "df": df}
-    exec(compile(block, "docs/analysis.md", "exec"), namespace)     # noqa: S102 - the doc's own code
+    exec(compile(block, "docs/how-to/analysis.md", "exec"), namespace)     # noqa: S102 - the doc's own code
     out = capsys.readouterr().out
     assert "\\toprule" in out and "\\bottomrule" in out and "| Method | Dirichlet β = 0.1 | Dirichlet β = 0.5 |" in out
     assert "mean $\\pm$ 95\\% CI (Student's t) over n=4 seeds" in out         # two FedAvg sets x 2 seeds

@@ -1,5 +1,5 @@
-"""An aggregator from outside fedmpi (issue 37): docs/extending.md's walk-through 3, examples/meamed.py, run by
-`server.aggregator: examples.meamed:MeanAroundMedian` with no edit under fedmpi/. Its rule by hand on the
+"""An aggregator from outside fedmpi (issue 37): docs/how-to/own-algorithm.md's walk-through 3, examples/meamed.py,
+run by `server.aggregator: examples.meamed:MeanAroundMedian` with no edit under fedmpi/. Its rule by hand on the
 chunked sweep, its limit (f = 0 is the plain mean of equal-sized clients) on a whole in-process run, its figures,
 and the contract a plug-in rule is held to (exit 2 naming the key)."""
 
@@ -82,6 +82,6 @@ def test_the_plug_in_is_held_to_its_declarations(importable, tmp_path, monkeypat
 def test_the_doc_shows_the_example_file_as_it_is():
     import re
 
-    doc = (ROOT / "docs" / "extending.md").read_text()
+    doc = (ROOT / "docs" / "how-to" / "own-algorithm.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert (ROOT / "examples" / "meamed.py").read_text() in blocks

@@ -1,4 +1,4 @@
-"""A model attack from outside fedmpi (issue 37): docs/extending.md's walk-through 4,
+"""A model attack from outside fedmpi (issue 37): docs/how-to/own-algorithm.md's walk-through 4,
 examples/norm_matched_noise.py, run by `attack.name: examples.norm_matched_noise:NormMatchedNoise` with no edit
 under fedmpi/. Its upload by hand from the client's stream, a whole in-process run whose per-client figures
 show the norm kept and the direction replaced, and the contract a plug-in attack is held to (exit 2)."""
@@ -71,6 +71,6 @@ def test_the_plug_in_is_held_to_its_declarations(importable, tmp_path, monkeypat
 def test_the_doc_shows_the_example_file_as_it_is():
     import re
 
-    doc = (ROOT / "docs" / "extending.md").read_text()
+    doc = (ROOT / "docs" / "how-to" / "own-algorithm.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert (ROOT / "examples" / "norm_matched_noise.py").read_text() in blocks

@@ -1,4 +1,4 @@
-"""A participation provider from outside fedmpi (issue 37): docs/extending.md's walk-through 7,
+"""A participation provider from outside fedmpi (issue 37): docs/how-to/own-algorithm.md's walk-through 7,
 examples/cyclic_participation.py, run by `participation.name: examples.cyclic_participation:Cyclic` with no
 edit under fedmpi/. Its plans by hand, a whole run that trains only the round's group, a resumable state, and
 the contract a plug-in provider is held to (exit 2)."""
@@ -83,7 +83,7 @@ def test_the_plug_in_is_held_to_its_declarations(importable, tmp_path, monkeypat
 
 
 def test_the_doc_shows_the_example_file_as_it_is():
-    doc = (ROOT / "docs" / "extending.md").read_text()
+    doc = (ROOT / "docs" / "how-to" / "own-algorithm.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert (ROOT / "examples" / "cyclic_participation.py").read_text() in blocks
 

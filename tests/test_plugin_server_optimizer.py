@@ -1,4 +1,5 @@
-"""A server optimizer from outside fedmpi (issue 37): docs/extending.md's walk-through 5, examples/nesterov.py,
+"""A server optimizer from outside fedmpi (issue 37): docs/how-to/own-algorithm.md's walk-through 5,
+examples/nesterov.py,
 run by `server.optimizer: examples.nesterov:Nesterov` with no edit under fedmpi/. Its step against torch's own
 Nesterov SGD, its limit (momentum 0 is FedAvg's step) on a whole in-process run, its moments in the checkpoints
 and a bit-identical --resume under mpiexec -n 3 (the shared launch of tests/extension_runs.py), and the contract
@@ -86,5 +87,5 @@ def test_its_moments_survive_a_resume_at_n3(request):
 
 
 def test_the_doc_shows_the_example_file_as_it_is():
-    doc = (ROOT / "docs" / "extending.md").read_text()
+    doc = (ROOT / "docs" / "how-to" / "own-algorithm.md").read_text()
     assert (ROOT / "examples" / "nesterov.py").read_text() in re.findall(r"```python\n(.*?)```", doc, flags=re.S)

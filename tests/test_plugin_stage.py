@@ -1,4 +1,5 @@
-"""An upload stage from outside fedmpi (issue 37): docs/extending.md's walk-through 6, examples/norm_clip_stage.py,
+"""An upload stage from outside fedmpi (issue 37): docs/how-to/own-algorithm.md's walk-through 6,
+examples/norm_clip_stage.py,
 run by `uploads.stages: [examples.norm_clip_stage:NormClip]` with no edit under fedmpi/. Its transform by hand, a
 whole run at its limit (a bound no update reaches: FedAvg bit for bit) and below it, and the contract a
 plug-in stage is held to (exit 2)."""
@@ -95,7 +96,7 @@ def test_dry_run_refuses_as_set_up_does(importable, tmp_path, capsys):
 
 
 def test_the_doc_shows_the_example_file_as_it_is():
-    doc = (ROOT / "docs" / "extending.md").read_text()
+    doc = (ROOT / "docs" / "how-to" / "own-algorithm.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert (ROOT / "examples" / "norm_clip_stage.py").read_text() in blocks
 

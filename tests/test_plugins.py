@@ -70,7 +70,7 @@ def test_integer_inputs_stay_tokens_and_num_classes_is_taken_when_given():
 
 @pytest.mark.parametrize("given", [4, np.int64(4), np.int32(4), np.array(4), np.array([4])])
 def test_num_classes_as_a_scalar_integer_is_taken(given):
-    """H-small a: docs/data.md calls num_classes a "scalar integer"; a plain int was refused as "not a numpy
+    """H-small a: docs/how-to/own-data.md calls num_classes a "scalar integer"; a plain int was refused as "not a numpy
     array"."""
     ds = dataset_from_mapping("t", _arrays(num_classes=given), "data.name = 'my.pkg:fn'")
     assert ds.num_classes == 4

@@ -183,7 +183,7 @@ def test_an_algorithm_declares_its_own_privacy_and_sampling_constraints():
     keys = FedAvgKeys(name="mypkg.algo:Declares")
     (msg,) = plan.check(DP, algorithm=keys, sampling=POISSON, client_steps=None, algo_cls=_Declares)
     assert msg == ("algorithm.name = 'mypkg.algo:Declares' with privacy.mechanism = 'gaussian': not differentially "
-                   "private as implemented: its uploads reveal the step count (a declaration) (docs/privacy.md, "
+                   "private as implemented: its uploads reveal the step count (a declaration) (docs/how-to/privacy.md, "
                    "Limits)")
     assert plan.check(DP, algorithm=keys, sampling=POISSON, client_steps=3, algo_cls=_Declares) == []
     cfg = config.from_dict({"algorithm": {"name": "fedavg"}, "privacy": {"mechanism": "gaussian"},

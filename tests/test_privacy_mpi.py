@@ -1,4 +1,4 @@
-"""Client-level DP in the round loop under mpiexec (issue 16, phase 2; docs/privacy.md): the same model at -n 1
+"""Client-level DP in the round loop under mpiexec (issue 16, phase 2; docs/how-to/privacy.md): the same model at -n 1
 and -n 3, and a resumed DP run equal to an uninterrupted one. Split from tests/test_privacy_run.py by topic: that
 file has the one-process checks (the config's hash, clipping and noise against hand computations, epsilon, the
 algorithms that run under DP, the report tool)."""

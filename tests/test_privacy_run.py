@@ -1,6 +1,7 @@
 """Client-level DP in the round loop (issue 16, phase 2): the config's hash, the checks, clipping and noise
 against hand computations, epsilon against the accountant library's direct call, the algorithms that run
-under DP, and the report tool (docs/privacy.md). Under mpiexec, -n invariance and resume: tests/test_privacy_mpi.py."""
+under DP, and the report tool (docs/how-to/privacy.md). Under mpiexec, -n invariance and resume:
+tests/test_privacy_mpi.py."""
 
 from __future__ import annotations
 
@@ -259,7 +260,7 @@ def test_algorithms_that_are_not_dp_are_refused_with_the_reason(case):
     cfg = with_privacy(base_config(algorithm=algorithm, **extra))
     with pytest.raises(config.ConfigError, match=reason) as info:
         fedmpi.simulate(cfg)
-    assert info.value.exit_code == 2 and "docs/privacy.md" in str(info.value)
+    assert info.value.exit_code == 2 and "docs/how-to/privacy.md" in str(info.value)
 
 
 def test_a_refused_run_exits_2_before_anything_is_written(tmp_path, capsys):

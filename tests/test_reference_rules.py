@@ -1,5 +1,5 @@
 """Issue 38: the four rules where fedmpi's arithmetic differed from the reference code run side by side, each
-now an option whose default follows the reference (docs/baselines.md). Every test writes the reference's
+now an option whose default follows the reference (docs/explanation/baselines.md). Every test writes the reference's
 rule out here, in the reference's order of operations, on small seeded inputs, and holds fedmpi's default to
 it; the other option value reproduces fedmpi's earlier rule; small cases are worked by hand.
 

@@ -1,4 +1,5 @@
-"""The research algorithms' update rules on tiny cases worked out by hand (docs/algorithms.md, docs/baselines.md)."""
+"""The research algorithms' update rules on tiny cases worked out by hand (docs/explanation/algorithms.md,
+docs/explanation/baselines.md)."""
 
 import dataclasses
 import math

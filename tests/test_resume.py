@@ -1,4 +1,4 @@
-"""--resume, stop requests and killed workers, end to end under mpiexec (docs/design.md §1, §3; issue 4).
+"""--resume, stop requests and killed workers, end to end under mpiexec (docs/explanation/design.md §1, §3; issue 4).
 
 Launches are the cost here (each pays the torch import on every rank), so runs are shared:
 - one -n 3 job runs, per algorithm, in sequence inside the same MPI job (as `fedmpi run` would, through

@@ -49,7 +49,8 @@ def test_same_accuracy_and_global_vector_at_any_rank_count(mlp_runs):
     for key in ("n2", "n3"):
         metrics, attrs = read_metrics(mlp_runs[key][0])
         assert np.array_equal(metrics["test_acc"], ref_metrics["test_acc"]), key
-        # the same bits at a fixed runtime.threads (README): every round's fingerprint and the final vector
+        # the same bits at a fixed runtime.threads (docs/explanation/determinism.md): each round's fingerprint and
+        # the final vector
         assert same(metrics["model_sha256"], ref_metrics["model_sha256"]), key
         assert np.array_equal(read_global(mlp_runs[key][0]), ref_global), key
         assert attrs["world_size"] == int(key[1])

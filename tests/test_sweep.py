@@ -327,7 +327,7 @@ def test_run_batch_keeps_the_stop_signals_for_every_run(tmp_path, monkeypatch):
 
 def test_a_stopped_sweep_experiment_says_how_to_continue_the_sweep(monkeypatch):
     """Smaller item d: an experiment stopped inside a sweep said "continue with --resume", an option `fedmpi sweep`
-    does not have; the same spec started again continues it (docs/sweep.md), and the line says that. A plain
+    does not have; the same spec started again continues it (docs/how-to/sweeps.md), and the line says that. A plain
     run (and tools/run_batch.py's runs, which are `fedmpi run`s) still names --resume."""
     from fedmpi.core.errors import StopRequested
     from fedmpi.mpi import signals

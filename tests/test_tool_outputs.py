@@ -1,6 +1,6 @@
 """Every script in tools/ and bench/ writes only where it is told: no default output inside the checkout or the
 package (fedmpi.core.tool_outputs). `python tools/personalization.py --from MYRUNS`, started from another
-folder, replaced the checkout's published docs/reproduction_personalization.csv (16 rows by 3): its --csv
+folder, replaced the checkout's published docs/results/reproduction_personalization.csv (16 rows by 3): its --csv
 defaulted to it; tools/secagg_bits.py and bench/sweep.py resolved their relative defaults in the checkout
 (their launches run there).
 
@@ -125,7 +125,7 @@ def test_a_script_started_elsewhere_writes_nothing_in_the_checkout(script, tmp_p
 
 def test_personalization_from_another_folder_writes_its_table_there(tmp_path, before):
     """The finding itself: `personalization.py --from MYRUNS` started elsewhere wrote the checkout's
-    docs/reproduction_personalization.csv; its table now lands in the working folder."""
+    docs/results/reproduction_personalization.csv; its table now lands in the working folder."""
     from conftest import small_config, write_config
 
     from fedmpi.cli import main

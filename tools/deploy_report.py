@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The deployment comparison of docs/deployment.md: runs jobs/configs/deploy/ on mnist5k under one simulated
-deployment and writes the results section and docs/deployment.png.
+"""The deployment comparison of docs/how-to/deployment.md: runs jobs/configs/deploy/ on mnist5k under one simulated
+deployment and writes the results section and docs/results/deployment.png.
 
-    python tools/deploy_report.py [--rounds R] [--seeds 0 1] [--np 3] --runs runs/deploy --docs docs
+    python tools/deploy_report.py [--rounds R] [--seeds 0 1] [--np 3] --runs runs/deploy --docs docs/results
                                   [--target 0.8] [--threads T] [--reuse] [--report-only]
 
 SAFL's upload gating, FedSkip, data sharing and FedBuff against FedAvg with dense, top-k and QSGD uploads,

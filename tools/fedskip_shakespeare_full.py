@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """FedSkip against FedAvg on the full Shakespeare build, in the paper's setting as far as two cores allow
 (jobs/configs/fedskip/shakespeare_full.yaml): both over the same rounds, then their test figures as
-a CSV and a PNG for docs/reproduction.md, and the seconds per round with the rounds an hour holds.
+a CSV and a PNG for docs/results/reproduction.md, and the seconds per round with the rounds an hour holds.
 
     python tools/fedskip_shakespeare_full.py [--rounds 30] [--steps K] [--ranks 3] [--eval-samples 10000]
            --data runs/data/shakespeare_full --out runs/fedskip_full
-           --csv docs/reproduction_fedskip_shakespeare_full.csv --png docs/reproduction_fedskip_shakespeare_full.png
+           --csv docs/results/reproduction_fedskip_shakespeare_full.csv
+           --png docs/results/reproduction_fedskip_shakespeare_full.png
 
 Every output left out goes into the working folder (refused inside the checkout, where the published CSV and
 PNG are named as above).
@@ -126,12 +127,12 @@ def parse(argv=None):
     p.add_argument("--eval-samples", type=int, default=10_000)
     p.add_argument("--data", help=f"the full build, made here where missing (default ./{DATA})")
     p.add_argument("--out", help=f"folder of the two runs (default ./{OUT})")
-    p.add_argument("--csv", help=f"the table (default ./{CSV}; the published one: --csv docs/{CSV})")
-    p.add_argument("--png", help=f"the figure (default ./{PNG}; the published one: --png docs/{PNG})")
+    p.add_argument("--csv", help=f"the table (default ./{CSV}; the published one: --csv docs/results/{CSV})")
+    p.add_argument("--png", help=f"the figure (default ./{PNG}; the published one: --png docs/results/{PNG})")
     args = p.parse_args(argv)
     args.data, args.out, args.csv, args.png = place(
         "fedskip_shakespeare_full.py", str(ROOT), (args.data, DATA, "--data"), (args.out, OUT, "--out"),
-        (args.csv, CSV, "--csv", f"docs/{CSV}"), (args.png, PNG, "--png", f"docs/{PNG}"))
+        (args.csv, CSV, "--csv", f"docs/results/{CSV}"), (args.png, PNG, "--png", f"docs/results/{PNG}"))
     return args
 
 

@@ -2,7 +2,7 @@
 """The personalization reproduction: local-test accuracy of personalized methods on mnist5k.
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/personalization.yaml   # the grid's runs (continues where it stopped)
-    python tools/personalization.py --csv docs/reproduction_personalization.csv [--runs runs/personalization]
+    python tools/personalization.py --csv docs/results/reproduction_personalization.csv [--runs runs/personalization]
                                     [--seeds 0 1 2] [--write-doc]
     python tools/personalization.py --from RUNS... --csv table.csv   # the same table from your own runs
 
@@ -23,9 +23,9 @@ method are the names of its sets in the spec, its recorded config checked agains
 fedmpi.analysis; with --from, any runs, grouped by their recorded split and method label. A (split, method)
 without a finished run is "—" in the table, and a line names what to run. The table goes to stdout and to
 --csv (default ./reproduction_personalization.csv, refused inside the checkout: the published table is
-docs/reproduction_personalization.csv, named explicitly); the claims of the papers are judged from these
+docs/results/reproduction_personalization.csv, named explicitly); the claims of the papers are judged from these
 numbers by `claims`
-(docs/reproduction.md, "Personalized FL").
+(docs/results/reproduction.md, "Personalized FL").
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def pct(mean, std):
 
 
 def markdown(rows, wall=None, setting=None, missing=None):
-    """The personalization section of docs/reproduction.md, from the measured rows (`setting`: setting_of the
+    """The personalization section of docs/results/reproduction.md, from the measured rows (`setting`: setting_of the
     runs; `wall`: their training seconds summed; `missing`: the line naming the runs not there)."""
     st = {**SETTING, **(setting or {})}
     lines = [START, "## Personalized FL: local-test accuracy on mnist5k", "",
@@ -205,7 +205,7 @@ def markdown(rows, wall=None, setting=None, missing=None):
              "algorithm's global model on the global test set (`local` has none: x_0); mean ± sample standard "
              "deviation over the seeds, in %. Run and regenerate: `mpiexec -n 3 fedmpi sweep "
              "jobs/sweeps/personalization.yaml`, then `python tools/personalization.py --write-doc --csv "
-             "docs/reproduction_personalization.csv` (both outputs named: the tool writes into the checkout "
+             "docs/results/reproduction_personalization.csv` (both outputs named: the tool writes into the checkout "
              "only where told)."
              + (f" Training time of all the runs, summed from their run files: {wall / 60:.0f} min." if wall else "")
              + (f" Missing: {missing}." if missing else ""),
@@ -246,11 +246,11 @@ def markdown(rows, wall=None, setting=None, missing=None):
 
 
 START, END = "<!-- extra:personalization -->", "<!-- /extra:personalization -->"
-DOC = os.path.join(ROOT, "docs", "reproduction.md")
+DOC = os.path.join(ROOT, "docs", "results", "reproduction.md")
 
 
 def write_doc(section, path=DOC):
-    """Replaces the personalization block of docs/reproduction.md (or appends it)."""
+    """Replaces the personalization block of docs/results/reproduction.md (or appends it)."""
     with open(path) as f:
         text = f.read()
     if START in text and END in text:
@@ -268,11 +268,11 @@ def main(argv=None):
     p.add_argument("--spec", default=os.path.join(ROOT, SPEC), help=f"the sweep spec (default {SPEC})")
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
     p.add_argument("--csv", help=f"the table as CSV (default: ./{CSV}, refused inside the checkout; the published "
-                                 f"one: --csv docs/{CSV})")
+                                 f"one: --csv docs/results/{CSV})")
     p.add_argument("--from", dest="runs_from", nargs="+", metavar="RUNS",
                    help="the table from these runs instead (any folder of runs with local evaluation, read through "
                         "fedmpi.analysis: grouped by split and method label); with --csv/--write-doc as usual")
-    p.add_argument("--write-doc", action="store_true", help="replace the section in docs/reproduction.md")
+    p.add_argument("--write-doc", action="store_true", help="replace the section in docs/results/reproduction.md")
     args = p.parse_args(argv)
     args.csv = output_or_default(args.csv, "personalization.py", CSV, "--csv", ROOT)   # decided before any work
     wall, setting, missing = None, None, None

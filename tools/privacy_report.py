@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""docs/privacy.md's results: FedAvg, FedProx, FSL and data sharing under client-level DP on mnist5k.
+"""docs/results/privacy.md: FedAvg, FedProx, FSL and data sharing under client-level DP on mnist5k.
 
-    python tools/privacy_report.py [--rounds R] [--seeds 0 1] [--np 3] --runs runs/privacy --docs docs
+    python tools/privacy_report.py [--rounds R] [--seeds 0 1] [--np 3] --runs runs/privacy --docs docs/results
                                    [--threads T] [--reuse] [--report-only]
 
 Each config of jobs/configs/privacy/ (the 2-class split over 400 clients, Poisson sampling) runs at every

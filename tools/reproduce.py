@@ -2,7 +2,7 @@
 """Reproductions of the four papers' own claims, each in its paper's setting scaled to mnist5k.
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/repro_<paper>.yaml      # a paper's runs (continues where it stopped)
-    python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all --docs docs
+    python tools/reproduce.py --paper zhao|fsl|fedskip|fedskip_shakespeare|safl|all --docs docs/results
                               [--seeds 0 1 2] [--runs runs/repro]
 
 Each paper's configs are `jobs/configs/repro/<paper>/*.yaml`, its grid (every config x 3 seeds) the sweep spec
@@ -150,8 +150,9 @@ PAPERS = {p.key: p for p in [
           "FedAvg, FedProx, SCAFFOLD, FedNova, MOON and FedDyn with the paper's keys. Scaled here: mnist5k, the "
           "same split and optimiser, 2 local epochs, the authors' net for every method (LeNet simple-cnn with "
           "MOON's projection head), their loaders' drop_last, SCAFFOLD and MOON with their reference codes' "
-          "rules (docs/baselines.md), the paper's 200 rounds. Still different from the paper: the data set "
-          "(mnist5k, where every method ends near the top), the net and 2 local epochs in place of 10.",
+          "rules ([Baselines](../explanation/baselines.md)), the paper's 200 rounds. Still different from the "
+          "paper: the data set (mnist5k, where every method ends near the top), the net and 2 local epochs in "
+          "place of 10.",
           [Setting("fedskip", "FedSkip, delta 3", "best of all (Table II)"),
            Setting("fedavg", "FedAvg", "below FedSkip"),
            Setting("fedprox", "FedProx, mu 0.01", "below FedSkip"),
@@ -199,9 +200,9 @@ def parse(argv):
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
     p.add_argument("--runs", help="folder holding <paper>/ of each sweep (default: each spec's out, runs/repro)")
     p.add_argument("--docs", help="folder of reproduction.md and each paper's figure and CSV (default: the working "
-                                  "folder, refused inside the checkout; the published ones: --docs docs)")
+                                  "folder, refused inside the checkout; the published ones: --docs docs/results)")
     args = p.parse_args(argv)
-    args.docs = output_or_default(args.docs, "reproduce.py", ".", "--docs", ROOT, example="docs")
+    args.docs = output_or_default(args.docs, "reproduce.py", ".", "--docs", ROOT, example="docs/results")
     args.papers = ORDER if args.paper == "all" else (args.paper,)
     return args
 
@@ -212,7 +213,7 @@ def spec_path(key):
 
 def command_line(args, paper):
     """The commands that regenerate one paper's section: its sweep, then this script (defaults left out)."""
-    report_cmd = ["python", "tools/reproduce.py", "--paper", paper, "--docs", "docs"] + (
+    report_cmd = ["python", "tools/reproduce.py", "--paper", paper, "--docs", "docs/results"] + (
         ["--seeds", *map(str, args.seeds)] if args.seeds else [])
     return f"mpiexec -n 3 fedmpi sweep {spec_path(paper)}`, then `{shlex.join(report_cmd)}"
 

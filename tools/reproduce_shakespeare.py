@@ -53,7 +53,8 @@ NOTES = [
     "default head is the LSTM's output layer) with `eval.local_every=6 eval.local_clients=all` "
     "(`eval.finetune_steps=5` for FedAvg+FT); robustness adds `server.aggregator=median` (or trimmed_mean, "
     "krum, fltrust) and an `attack`, e.g. `'attack={name: sign_flip, fraction: 0.2}'`. Both were checked "
-    "with `--dry-run` on this split; the personalization runs are in docs/data.md.",
+    "with `--dry-run` on this split; the personalization runs are in "
+    "[Building Shakespeare offline](../how-to/shakespeare.md).",
 ]
 
 

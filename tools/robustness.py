@@ -2,7 +2,7 @@
 """The robustness study: FedAvg against robust aggregators under attacks, on mnist5k.
 
     mpiexec -n 3 fedmpi sweep jobs/sweeps/robustness.yaml     # the grid's runs (continues where it stopped)
-    python tools/robustness.py --docs docs [--runs runs/robustness] [--seeds 0 1 2]
+    python tools/robustness.py --docs docs/results [--runs runs/robustness] [--seeds 0 1 2]
 
 Grid (jobs/sweeps/robustness.yaml): 2 partitions (IID, Dirichlet(0.1)) x 7 attacks (none, label flip, sign
 flip, sign flip x4, ALIE with its z_max and with z = 1, backdoor) x 5 aggregators (FedAvg = the plain weighted
@@ -234,8 +234,8 @@ def section(cells, results, missing=None):
              "non-target test images classified as 0). "
              f"Measured (last run started {started}) with fedmpi {version}: {len(ran)} runs, "
              f"{wall / 60:.1f} minutes of training in all. Regenerate: `mpiexec -n 3 fedmpi sweep "
-             "jobs/sweeps/robustness.yaml`, then `python tools/robustness.py --docs docs` (writes "
-             "docs/robustness.csv).", "",
+             "jobs/sweeps/robustness.yaml`, then `python tools/robustness.py --docs docs/results` (writes "
+             "docs/results/robustness.csv).", "",
              "| " + " | ".join(head) + " |", "| " + " | ".join([":--", ":--"] + ["--:"] * len(aggregators)
                                                                + [":--"]) + " |"]
     for partition in partitions:
@@ -292,9 +292,10 @@ def main(argv=None):
     p.add_argument("--spec", default=os.path.join(ROOT, SPEC), help=f"the sweep spec (default {SPEC})")
     p.add_argument("--seeds", type=int, nargs="+", help="only these seeds (default: the spec's)")
     p.add_argument("--docs", help="folder of reproduction.md (its robustness section) and robustness.csv (default: "
-                                  "the working folder, refused inside the checkout; the published ones: --docs docs)")
+                                  "the working folder, refused inside the checkout; the published ones: "
+                                  "--docs docs/results)")
     args = p.parse_args(argv)
-    args.docs = output_or_default(args.docs, "robustness.py", ".", "--docs", ROOT, example="docs")
+    args.docs = output_or_default(args.docs, "robustness.py", ".", "--docs", ROOT, example="docs/results")
     found = sweep_results.read_for("robustness.py", args.spec, args.runs, args.seeds, ROOT)   # the sweep runs from ROOT
     if found is None:
         return 2

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The accuracy cost of secure aggregation's field size b (docs/privacy.md, "Secure aggregation").
+"""The accuracy cost of secure aggregation's field size b (docs/how-to/secure-aggregation.md).
 
     python tools/secagg_bits.py --out runs/secagg_bits [--seeds 0 1 2] [--rounds 20] [-n 1]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What live tracking costs rank 0 (docs/jobs_and_tools.md, "Live tracking"), measured on this machine.
+"""What live tracking costs rank 0 (docs/how-to/tracking.md), measured on this machine.
 
     python tools/tracking_cost.py [--rounds 20] [--trackers tensorboard mlflow wandb] [--out DIR]
 

@@ -14,7 +14,7 @@ is FedAvg's at every alpha.
 
 Differences to the paper: the paper interleaves the steps of w and v (v̄ uses the w of the same step);
 here w is the round's locally trained model throughout the personal pass. PFLlib trains v on its own loss
-(not at v̄), adds 0.02 alpha to alpha's gradient and overwrites v by v̄ after each round (docs/baselines.md).
+(not at v̄), adds 0.02 alpha to alpha's gradient and overwrites v by v̄ after each round (docs/explanation/baselines.md).
 """
 
 from __future__ import annotations

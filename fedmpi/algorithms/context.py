@@ -1,6 +1,6 @@
 """What an algorithm is built with and set up with, beside its own keys: `AlgorithmContext` (seed, sizes, the
 clients' training settings, the participation history), and `SetupContext` (what `Algorithm.setup` sees on
-every rank). Never the whole config (docs/design.md §6)."""
+every rank). Never the whole config (docs/explanation/design.md §6)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Limits: lam = 0 trains v_k as `local` does (no pull towards w); lam = 1/eta_l wi
 w before every gradient step (v - eta_l (g + (v - w)/eta_l) = w - eta_l g), so v_k is one step of local SGD
 from w; lam larger than 2/eta_l diverges (plain SGD on a lam-strongly-convex term). The global model never
 depends on lam: it is FedAvg's, bit for bit. A client's first v_k starts from the global model of the round
-it first trains in (PFLlib copies the initial model; docs/baselines.md).
+it first trains in (PFLlib copies the initial model; docs/explanation/baselines.md).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ steps with the same momentum, so every a_i is one public number a and the update
 a * sum_i p_i (Delta_i / a) = sum_i p_i Delta_i: a cancels. It is then taken as 1, so that the noise on the
 sum of clipped Delta_i keeps the scale the accountant charges (dividing by a first would multiply the
 noise in the update by a), and tau_eff does not come from the reduced sum of a_i, which would reveal the
-realized cohort size (docs/privacy.md).
+realized cohort size (docs/how-to/privacy.md).
 
 The sums do not depend on how the clients are grouped on ranks (the -n promise), as FedAvg's do not: there
 each client's n_i Delta_i is a sample count times a float32 difference from x_t, a multiple of x_t's float32

@@ -7,7 +7,7 @@ round a selected client first trains its own head for `head_epochs` epochs with 
 drawn from (seed, PERSONAL, round, client, 1)), then the body for `body_epochs` epochs (None: the client's
 schedule, client.epochs or client.steps) with the new head frozen (the client's own stream). Only the body
 is uploaded and averaged: the round loop keeps the head in the client's personal entries and sends none of
-it (Algorithm.personal, docs/extending.md); a client's local evaluation uses the global body with its own
+it (Algorithm.personal, docs/how-to/own-algorithm.md); a client's local evaluation uses the global body with its own
 head.
 
 Frozen means exactly unchanged: after each step the frozen entries are put back (a step hook), so momentum

@@ -1,5 +1,5 @@
 """FedSkip ("FedSkip: Combatting Statistical Heterogeneity with Federated Skip Aggregation";
-docs/algorithms.md "FedSkip"; follows the authors' public code).
+docs/explanation/algorithms.md "FedSkip"; follows the authors' public code).
 
 S model slots persist between aggregations. Each round a fresh draw picks S clients and a random order
 (stream (seed, SELECT, round, 1)); slot j trains on the j-th client of that order, starting from its own

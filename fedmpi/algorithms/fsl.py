@@ -1,4 +1,5 @@
-"""FL with Server Learning (Mai, La, Zhang, "Federated Learning with Server Learning"; docs/algorithms.md "FSL").
+"""FL with Server Learning (Mai, La, Zhang, "Federated Learning with Server Learning"; docs/explanation/algorithms.md
+"FSL").
 
 Incremental (Algorithm 1): xbar_t = x_t + eta_g * sum_i p_i Delta_i (FedAvg's lines 1-9, applied by the server
 optimizer), then the server runs K0 SGD steps on its own set D0 from xbar_t with learning rate gamma * eta0

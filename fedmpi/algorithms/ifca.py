@@ -10,7 +10,7 @@ Cluster 0 is the run's global model `x` (the one the global test set evaluates a
 clusters 1..k-1 start from fresh draws of the model's own initialisation under the torch seed
 (seed, INIT, INIT_KEY, j) (fedmpi.algorithms.reinit.fresh_init), so they are distinct, reproducible and the
 same on every rank. With k = 1 no loss is evaluated and IFCA is FedAvg, bit for bit. The paper draws every
-cluster model at random independently; PFLlib has no IFCA (docs/baselines.md).
+cluster model at random independently; PFLlib has no IFCA (docs/explanation/baselines.md).
 
 Each client's latest choice is kept in its ClientVectors (`cluster`) and logged per round in
 /clients/cluster; /metrics/cluster_share is each cluster's share of the round's upload weight. A client's

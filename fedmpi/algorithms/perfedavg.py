@@ -6,8 +6,8 @@ theta - alpha grad f(theta; D), then the outer step applied to theta with the gr
 theta <- theta - beta grad f(theta'; D'). A round runs one meta-step per scheduled step (2 steps batches,
 `meta_steps: steps`, the default): PFLlib's round, whose server (serverperavg.py) calls clientPerAvg.train() twice
 per round, each call one meta-step per batch of 2B split into halves, floor(n / 2B) per epoch; the counts agree
-exactly where 2B divides n (docs/baselines.md). It is also the paper's Algorithm 1 with tau, its number of local
-updates, read as the client's step count. `meta_steps: pairs` runs floor(steps / 2) meta-steps (at least one), as
+exactly where 2B divides n (docs/explanation/baselines.md). It is also the paper's Algorithm 1 with tau, its number of
+local updates, read as the client's step count. `meta_steps: pairs` runs floor(steps / 2) meta-steps (at least one), as
 much data as a FedAvg client: one clientPerAvg.train() call, half of PFLlib's round. The update is uploaded and
 averaged as FedAvg's. Personalization is the one-step adaptation at evaluation: eval.finetune_steps (1 in the
 paper, PFLlib's evaluate_one_step) with lr alpha.

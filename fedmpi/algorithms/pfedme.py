@@ -13,7 +13,7 @@ the usual sample-count weights p_i (PFLlib's aggregate_parameters).
 A client's local evaluation uses its personal model theta from its last round (the global model where it has
 not trained yet), the paper's personalized model. PFLlib's `personalized_params` alias the model's
 parameters, which it resets to w after training, so its "personalized" accuracy is in fact w's
-(docs/baselines.md). Buffers (BatchNorm statistics) are uploaded as trained.
+(docs/explanation/baselines.md). Buffers (BatchNorm statistics) are uploaded as trained.
 
 Limits: lam = 0 and mu = 0 make theta plain local SGD at eta_p (K steps per batch) and leave w at x, so the
 global model never moves; plain SGD only (the rule is a proximal step), so client.momentum and

@@ -1,5 +1,5 @@
 """SAFL, simulated-annealing FL with optional upload gating (Nguyen, Kim, Shim, "Gradual Federated Learning with
-Simulated Annealing"; docs/algorithms.md "SAFL").
+Simulated Annealing"; docs/explanation/algorithms.md "SAFL").
 
 Clients are stateful: client k keeps z_k, its last locally trained model (initially x_0). In round t a
 selected client starts from w = u * (eps * zbar + (1 - eps) * z_k) + (1 - u) * zbar, where zbar = x_t is the

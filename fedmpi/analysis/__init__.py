@@ -1,4 +1,4 @@
-"""Post-hoc analysis of run files, as pandas DataFrames (docs/analysis.md walks through it):
+"""Post-hoc analysis of run files, as pandas DataFrames (docs/how-to/analysis.md walks through it):
 
     import fedmpi.analysis as a
     df = a.runs("runs/*")                            # one row per run: config keys, status, every figure

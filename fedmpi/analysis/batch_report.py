@@ -49,7 +49,7 @@ def add_options(p, runs, docs_help, seeds=(0, 1), rounds=None, np=3,
     p.set_defaults(runs_name=runs)
     p.add_argument("--runs", help=f"folder for the runs (default: ./{runs}, refused inside the checkout)")
     p.add_argument("--docs", help=f"{docs_help} (default: the working folder, refused inside the checkout; the "
-                                  f"published ones: --docs docs)")
+                                  f"published ones: --docs docs/results)")
     p.add_argument("--threads", type=int, help="torch threads per rank (default: cores / ranks)")
     p.add_argument("--reuse", action="store_true", help="keep finished runs of the same length")
     p.add_argument("--report-only", action="store_true", help="do not run, only rebuild the report")
@@ -59,15 +59,15 @@ def place_outputs(args, script):
     """--runs and --docs as absolute paths, left-out ones in the working folder and refused inside the
     checkout (fedmpi.core.tool_outputs), decided before anything runs."""
     args.runs, args.docs = place(script, ROOT, (args.runs, args.runs_name, "--runs"),
-                                 (args.docs, ".", "--docs", "docs"))
+                                 (args.docs, ".", "--docs", "docs/results"))
     return args
 
 
 def command_line(script, args, default_seeds, first=()):
     """The command that regenerates a report from the checkout: `python tools/SCRIPT FIRST... --runs RUNS
-    --docs docs` (its outputs named, as inside the checkout they must be) plus the options that differ from
+    --docs docs/results` (its outputs named, as inside the checkout they must be) plus the options that differ from
     their defaults."""
-    parts = ["python", f"tools/{script}", *first, "--runs", args.runs_name, "--docs", "docs"]
+    parts = ["python", f"tools/{script}", *first, "--runs", args.runs_name, "--docs", "docs/results"]
     if args.rounds is not None:
         parts += ["--rounds", str(args.rounds)]
     if args.seeds != list(default_seeds):

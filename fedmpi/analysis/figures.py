@@ -1,5 +1,5 @@
 """Every summary figure of a run, with its one-line definition: the single list that `fedmpi report` (its table,
-its --help, its CSV), `fedmpi.analysis.runs` (the DataFrame's columns) and docs/analysis.md take them from.
+its --help, its CSV), `fedmpi.analysis.runs` (the DataFrame's columns) and docs/how-to/analysis.md take them from.
 
 A figure belongs to a family: `accuracy` and `cost` figures exist for every run; the other families'
 (personalization, fairness, robustness, privacy, secure aggregation, deployment) exist where the run recorded

@@ -61,7 +61,7 @@ class Run:
 
 
 class MalformedRun(ValueError):
-    """A readable HDF5 file that is not a run log as docs/design.md §3 describes it; never retried."""
+    """A readable HDF5 file that is not a run log as docs/explanation/design.md §3 describes it; never retried."""
 
 
 def parse_config(text):

@@ -8,7 +8,7 @@ so. Around the verdict: both runs' status, rounds, process count (-n), library v
 differences as dotted keys.
 
 Across process counts fedmpi computes identical models on CPUs at the same torch thread count, and agrees to
-TOLERANCE otherwise (other thread counts, GPUs; README, "Reproducibility"), so when the world sizes differ
+TOLERANCE otherwise (other thread counts, GPUs; docs/explanation/determinism.md), so when the world sizes differ
 the report gives each common per-round metric's and the final model's largest relative difference against
 it, and says which of the two promises applies. Exit 0: identical (or, across process counts, within the
 tolerance; or no round in common yet); 1: they differ; 2: a file is missing or not a run file.
@@ -29,7 +29,7 @@ from fedmpi.core.errors import InputError
 from fedmpi.core.fingerprint import fingerprint
 from fedmpi.io.store import open_run
 
-TOLERANCE = 1e-5                # relative; the README's promise across -n at different thread counts
+TOLERANCE = 1e-5                # relative; docs/explanation/determinism.md, across -n at different thread counts
 NOT_REPRODUCIBLE = ("wall_s",)  # measured time, different on every run
 FINAL_MODEL_STATUSES = ("finished", "preempted")    # /model/global is written at these ends only
 

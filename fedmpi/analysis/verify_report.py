@@ -119,13 +119,13 @@ def verdict(a, b, comparison):
 
 
 def _promise(a, b):
-    """What README's Reproducibility promises for two runs at different -n."""
+    """What docs/explanation/determinism.md promises for two runs at different -n."""
     where = f"process counts differ (-n {a.world_size} and -n {b.world_size})"
     if a.threads is not None and a.threads == b.threads:
         return (f"{where} at the same thread count ({a.threads}): on CPUs fedmpi computes identical models "
-                f"(README, Reproducibility); on GPUs, agreement to {TOLERANCE:g} relative")
+                f"(docs/explanation/determinism.md); on GPUs, agreement to {TOLERANCE:g} relative")
     return (f"{where}, thread counts {a.threads} and {b.threads}: fedmpi promises agreement to {TOLERANCE:g} "
-            f"relative (README, Reproducibility), not identical bits; fix runtime.threads for identical models")
+            f"relative (docs/explanation/determinism.md), not identical bits; fix runtime.threads for identical models")
 
 
 def format_report(a, b, comparison):

@@ -10,7 +10,7 @@ as for fedmpi's own attacks. It declares (`check_attack` holds it to that, exit 
   uses    the attack keys it reads besides fraction and clients (e.g. ("scale",)); another one set is refused
   poison  (update: float32 torch tensor, ctx: AttackContext) -> the tensor to upload, same shape
 Its randomness comes from ctx.rng, the client's own stream (seed, ATTACK, round, client, PLUGIN_DRAW), so the
-same client uploads the same vector at every -n and after a resume. docs/extending.md, walk-through 4.
+same client uploads the same vector at every -n and after a resume. docs/how-to/own-algorithm.md, walk-through 4.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `attack:` config section: which clients are malicious and what they do (docs/robustness.md).
+"""The `attack:` config section: which clients are malicious and what they do (docs/how-to/robustness.md).
 
 The malicious set is fixed for the whole run, drawn once from the run's seed (`malicious_clients`), so the
 same clients attack at every -n and after a resume. Data poisoning (label_flip, backdoor) changes what the

@@ -5,7 +5,7 @@ uploads inside the chunked gather (fedmpi.round.robust_gather), after the benign
 and before the aggregator sees it, replacing the malicious clients' own rows (what they trained is
 discarded). This is the standard threat model of these papers (the attacker knows, or estimates well, the
 benign updates); it needs a protocol that sees every update, so with server.aggregator: mean the run goes
-through the gather too (docs/robustness.md). Every malicious client of the round uploads the same vector.
+through the gather too (docs/how-to/robustness.md). Every malicious client of the round uploads the same vector.
 
   alie     mu - z sigma (Baruch et al. 2019, "A Little Is Enough"): coordinate-wise mean and standard
            deviation of the benign updates; z from attack.z, or z_max = Phi^-1((n - s) / n) with
@@ -20,7 +20,7 @@ p is attack.perturbation: `std` (sigma), `unit` (mu / ||mu||) or `sign` (sign(mu
 need one pass over the chunks first: ||mu - gamma p - b_i||^2 = A_i - 2 gamma B_i + gamma^2 C with A_i =
 ||mu - b_i||^2, B_i = <mu - b_i, p>, C = ||p||^2, all sums over coordinates accumulated chunk by chunk with
 the benign Gram matrix; gamma is then the exact root of these quadratics (the paper searches for it by
-halving steps from gamma = 10; docs/baselines.md).
+halving steps from gamma = 10; docs/explanation/baselines.md).
 
 A round with no benign counted update leaves the malicious rows as trained; sigma is 0 with one benign row.
 """

@@ -1,4 +1,4 @@
-"""Experiment configuration: YAML into frozen dataclasses (docs/design.md, "The config").
+"""Experiment configuration: YAML into frozen dataclasses (docs/explanation/design.md, "The config").
 
 The root (`Config`), loading a file with overrides, the config hash and the comparison of two configs live
 here; the sections are in `fedmpi.config.sections`, `.training_sections` and `.run_sections` (and beside
@@ -121,8 +121,8 @@ class Config:
         return hashlib.sha256(yaml.safe_dump(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-# Keys that may differ between a checkpoint and a --resume (docs/design.md §1): whole sections, or dotted keys of
-# run-time choices that do not change the results.
+# Keys that may differ between a checkpoint and a --resume (docs/explanation/design.md §1): whole sections, or dotted
+# keys of run-time choices that do not change the results.
 RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients")
 
 # Keys and sections added after runs were recorded. While they change nothing (at their default, or a

@@ -1,4 +1,5 @@
-"""Errors with a defined exit status (docs/design.md §1): 2 for bad configuration or input, 75 for a stop request."""
+"""Errors with a defined exit status (docs/explanation/design.md §1): 2 for bad configuration or input, 75 for a stop
+request."""
 
 EXIT_OK = 0
 EXIT_FAILED = 1

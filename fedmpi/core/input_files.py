@@ -1,7 +1,7 @@
 """How every command opens the files it reads: config files, sweep specs, data files (`data.root` and what lies
 under it), deployment traces, indexes and markers, checkpoints and run files.
 
-The input rule (the README's reliability section):
+The input rule (docs/reference/inputs-and-outputs.md):
 - a path read as input must be a regular file or a link to one; a FIFO, a device (/dev/zero, /dev/urandom, a
   terminal) or a socket is refused with one line naming the key or argument and the path (exit 2),
   before a byte is read: such a "file" has no end, or blocks until another process writes to it;

@@ -3,7 +3,7 @@
 so that a mistyped, protected or read-only place is one line naming the path (exit 2), not a traceback
 after the table was printed, and never a loss of the user's files.
 
-The place rule (docs/reliability in the README):
+The place rule (docs/reference/inputs-and-outputs.md):
 - an empty path is refused (it once named the current folder, which a rebuild then replaced);
 - an output folder is never the root, the current folder or one of its parents, the home folder or one of
   its parents, a git repository's root or anything in its .git folder, and never a symbolic link;

@@ -3,7 +3,7 @@
 A `ParameterSplit` is derived once from the model's named parameters and buffers (`FlatModel.entries`) and a
 tuple of fnmatch patterns over their names (FedPer's head `"3.*"`, FedBN's normalization layers). It holds
 the index tensors of the shared and the personal entries of the flat vector, in vector order. Shared entries
-go through the collectives; personal ones stay in each client's state (docs/extending.md, "Personal
+go through the collectives; personal ones stay in each client's state (docs/how-to/own-algorithm.md, "Personal
 parameters").
 
 The split is pure indexing: it knows nothing of clients, ranks or the config. What refuses a bad pattern

@@ -4,8 +4,9 @@ checkout or the fedmpi package.
 A script's output (a table, a figure, a report section, a folder of runs) goes where its option names it; left
 out, it goes into the folder the script was started from. Started from inside the checkout (its root, docs/,
 runs/, ...) or the package, a left-out output is refused with one line naming the option (exit 2): the
-checkout holds published files (docs/reproduction_*.csv and the like) that a default must never replace, and
-regenerating them names them (`--docs docs`, `--csv docs/FILE.csv`). Every default is an absolute path, so
+checkout holds published files (docs/results/reproduction_*.csv and the like) that a default must never replace, and
+regenerating them names them (`--docs docs/results`, `--csv docs/results/FILE.csv`). Every default is an absolute
+path, so
 that a run launched with the checkout as its working folder (as the tools launch tools/run_batch.py) still
 writes where the user was."""
 

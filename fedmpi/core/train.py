@@ -1,4 +1,4 @@
-"""Local SGD on one client, on the flat model (docs/design.md §4 `train`).
+"""Local SGD on one client, on the flat model (docs/explanation/design.md §4 `train`).
 
 Batches are gathered by index from tensors that already live on the rank's device (no DataLoader per
 client per round). The SGD step works on the flat vector and flat gradient: a few fused operations per

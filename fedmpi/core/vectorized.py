@@ -1,4 +1,4 @@
-"""Many small clients trained at once (`client.vectorize`; docs/design.md §4 `train`).
+"""Many small clients trained at once (`client.vectorize`; docs/explanation/design.md §4 `train`).
 
 A group of selected clients that start from the same vector and share the batch pattern (the same batch
 size at every step: same sample count and schedule) trains as one batched computation. Their parameters

@@ -1,4 +1,4 @@
-"""Data sources, partitions, the server's set and their statistics (docs/design.md §4 `data/*`)."""
+"""Data sources, partitions, the server's set and their statistics (docs/explanation/design.md §4 `data/*`)."""
 
 from fedmpi.data.dataset import Dataset
 from fedmpi.data.load import load_dataset

@@ -1,4 +1,4 @@
-"""Partitions of a training set into clients (docs/algorithms.md "Partitions"), seeded.
+"""Partitions of a training set into clients (docs/explanation/algorithms.md "Partitions"), seeded.
 
 Each scheme maps (labels, the partition section, generator, pool) to a list of index arrays, one per
 client. New schemes register in SCHEMES.
@@ -47,7 +47,7 @@ def natural(labels, p, g, pool, users=None, source=None):
     if users is None:
         raise ConfigError(f"partition.scheme = 'natural': data.name = {source!r} has no natural users; "
                           f"use synthetic, femnist, shakespeare or your own data with client ids (client_train; "
-                          f"docs/data.md), or another scheme")
+                          f"docs/how-to/own-data.md), or another scheme")
     if len(users) != p.clients:
         raise ConfigError(f"partition.clients = {p.clients}: data.name = {source!r} has "
                           f"{len(users)} natural users")

@@ -38,7 +38,8 @@ HOLDOUT_KEY = 2**32 - 2     # (seed, SERVER, HOLDOUT_KEY): the holdout H that th
 class Split:
     """Clients' index arrays and the server's set (both into x_train), with their label statistics.
 
-    `groups` maps run.h5 group paths (`partition`, `partition/server`) to their datasets (docs/design.md §3).
+    `groups` maps run.h5 group paths (`partition`, `partition/server`) to their datasets (docs/explanation/design.md
+    §3).
     """
 
     parts: list

@@ -1,5 +1,5 @@
 """Buffered asynchronous aggregation (FedBuff) on the simulated clock: who starts training when, from
-which model version, and whose update arrives in which round (docs/deployment.md, section 8).
+which model version, and whose update arrives in which round (docs/how-to/deployment.md, section 8).
 
 The server keeps `concurrency` clients in flight. A client that starts at simulated time s downloads the
 current model (version v = the number of server updates so far), trains and uploads; its upload arrives at

@@ -1,6 +1,6 @@
 """Which deployment settings an algorithm can run, checked on every rank before anything is written.
 
-Each refusal is a ConfigError naming the key, its value and why (docs/deployment.md, section 7): an
+Each refusal is a ConfigError naming the key, its value and why (docs/how-to/deployment.md, section 7): an
 algorithm without a federation of clients (central) takes none of them; compression applies to the
 uploads of REDUCE algorithms; over-selection needs interchangeable uploads; FedSkip's slots need S
 clients every round; FedBuff has no rounds to set a deadline on and starts clients at arrival events.

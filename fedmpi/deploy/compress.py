@@ -110,7 +110,7 @@ class QSGD(Compressor):
     ||x|| sign(x_j) xi_j / s, where xi_j = l + 1 with probability r - l and l otherwise, r = s |x_j| / ||x||,
     l = floor(r). Unbiased, with E||Q(x) - x||^2 <= omega ||x||^2, omega = min(d / s^2, sqrt(d) / s).
     `shrink=True` divides by 1 + omega, which makes it a contraction, E||C(x) - x||^2 <= (1 - 1/(1 + omega))
-    ||x||^2, the property error feedback needs (docs/deployment.md)."""
+    ||x||^2, the property error feedback needs (docs/how-to/deployment.md)."""
 
     name = "qsgd"
 

@@ -1,4 +1,4 @@
-"""Config sections of the deployment model (docs/deployment.md): `clients:` (availability, dropout,
+"""Config sections of the deployment model (docs/how-to/deployment.md): `clients:` (availability, dropout,
 speeds, bandwidths), `client.compress` and the server's deadline / over-selection keys.
 
 Frozen dataclasses like the sections of fedmpi/config/__init__.py: one docstring per field, range checks in
@@ -17,7 +17,7 @@ from fedmpi.core.config_checks import Checks, Range, refuse_unused
 RATE_KINDS = ("fixed", "lognormal", "trace")
 AVAILABILITY = ("always", "bernoulli", "trace")
 COMPRESSORS = ("none", "topk", "randk", "qsgd", "sign")
-# Sane ranges of the simulated clock's parameters (docs/deployment.md): inside them every client's time for a
+# Sane ranges of the simulated clock's parameters (docs/how-to/deployment.md): inside them every client's time for a
 # round stays finite. A lognormal rate is value * exp(sigma * z) with |z| < 9 for any realistic number of
 # clients, so sigma <= 10 keeps it within a factor 1e39 of `value`; sigma = 1000 overflowed rates to inf and
 # 0, and simulated times to inf, in a run that still said `finished`. Traced rates take the same range.
@@ -66,7 +66,7 @@ class SpeedConfig:
     sigma: float = 0.5
     """`lognormal`: standard deviation of log(speed), in [0, 10]; 0 makes every client run at `value`."""
     trace: str | None = None
-    """`trace`: CSV file with the header `client,steps_per_s`, one row per device (docs/deployment.md)."""
+    """`trace`: CSV file with the header `client,steps_per_s`, one row per device (docs/how-to/deployment.md)."""
 
     RANGES: ClassVar[dict] = {"value": Range(MIN_RATE, MAX_RATE), "sigma": Range(0, MAX_SIGMA)}
 
@@ -125,7 +125,7 @@ class ClientsConfig:
     """`bernoulli`: probability that a client is available in a round, in (0, 1]."""
     trace: str | None = None
     """`trace`: CSV file with the header `client,start,end`, one on-interval [start, end) in simulated
-    seconds per row; client i follows device i mod M of the M devices listed (docs/deployment.md)."""
+    seconds per row; client i follows device i mod M of the M devices listed (docs/how-to/deployment.md)."""
     trace_period: float | None = None
     """`trace`: when set, the trace repeats with this period (availability at sim_time mod period);
     null: it does not repeat, and a device is off after its last interval."""
@@ -165,7 +165,7 @@ class ClientsConfig:
 
 @dataclass(frozen=True)
 class CompressConfig:
-    """`client.compress`: how a client encodes its update before upload (docs/deployment.md)."""
+    """`client.compress`: how a client encodes its update before upload (docs/how-to/deployment.md)."""
 
     name: Literal[COMPRESSORS] = "none"
     """`none` (dense float32), `topk` (largest |values|), `randk` (random entries, scaled to be unbiased),

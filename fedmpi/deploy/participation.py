@@ -1,5 +1,5 @@
 """The deployment's participation provider (fedmpi.plans.base): round plans under availability,
-dropout, stragglers on the simulated clock, deadlines and over-selection (docs/deployment.md, section 6).
+dropout, stragglers on the simulated clock, deadlines and over-selection (docs/how-to/deployment.md, section 6).
 
 Every rank computes the same plan from the config, the seed, the round and the simulated time at which
 the round starts; that time is the provider's state (`/participation/sim_time_s` in checkpoints, loaded

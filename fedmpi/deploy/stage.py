@@ -6,7 +6,7 @@ minus the broadcast one), so the server adds back what it received: the algorith
 it had trained to x_t + C(delta). A second uploaded vector (SCAFFOLD's Delta c_i) travels dense, and its
 bytes are counted dense. State the algorithm keeps from the trained vector (SCAFFOLD's c_i, FedDyn's g_i,
 MOON's previous model, SAFL's z_k) is therefore derived from the decoded update, which is what the server
-holds too (docs/deployment.md, section 7). The stage is called only for updates that count, so a dropped
+holds too (docs/how-to/deployment.md, section 7). The stage is called only for updates that count, so a dropped
 or late client's residual stays as it was.
 """
 

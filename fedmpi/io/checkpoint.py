@@ -1,5 +1,5 @@
-"""Checkpoints `OUT/ckpt/ckpt-<round>.h5` and `--resume` (docs/design.md §3, contract); the only module that writes
-checkpoint HDF5.
+"""Checkpoints `OUT/ckpt/ckpt-<round>.h5` and `--resume` (docs/explanation/design.md §3, contract); the only module
+that writes checkpoint HDF5.
 
 Layout of a checkpoint taken after `round` rounds (the same whatever `-n` wrote it):
   root attributes  round, fedmpi_version, format, config (resolved YAML), config_hash, seed, rng (note),

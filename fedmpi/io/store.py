@@ -1,4 +1,4 @@
-"""The HDF5 run log `OUT/run.h5` (docs/design.md §3, contract); the only module that writes HDF5 run logs.
+"""The HDF5 run log `OUT/run.h5` (docs/explanation/design.md §3, contract); the only module that writes HDF5 run logs.
 
 Per-client figures are stored as rows of the clients a round names, not as [round, client]
 matrices: /clients/ids [round, width] int32 (-1 pads a short row) and /clients/<name> [round, width]

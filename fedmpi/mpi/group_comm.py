@@ -4,7 +4,7 @@ MPI job, and `GroupLocal`, the LocalComm of a group of one rank. Both take their
 numbering from the sweep (`HostShare`): the groups on one node share its cores, and its GPUs by the sweep's
 node-local rank.
 
-Failure in a group (docs/sweep.md). fedmpi.run.launch's failure contract ends the job with MPI_Abort, which
+Failure in a group (docs/how-to/sweeps.md). fedmpi.run.launch's failure contract ends the job with MPI_Abort, which
 ends every process of the launch (MPICH's MPI_Abort on a sub-communicator too). A GroupComm's `abort` instead
 sends every other rank of the group a notice (exit code, rank) and returns; launch's `_fail` then ends the
 experiment on this rank with SystemExit(code), which the sweep catches. The group's other ranks are waiting

@@ -16,7 +16,7 @@ So one MPI collective per transfer among the leaders, where the flat path has on
 node the leaders' communicator is rank 0 alone and no MPI transfer happens at all (the one-node path of
 before). The sums are the same float64 sums in another order (node totals, then MPI's order over the
 nodes), exactly as -n 1 against -n 3 are: the float32 model is the same in every test fedmpi has
-(docs/design.md, "How -n invariance and resume are kept"), not the same float64 bits by construction.
+(docs/explanation/design.md, "How -n invariance and resume are kept"), not the same float64 bits by construction.
 
 Why the slots need no locks: as on one node (node_buffers), a leader writes its broadcast slot only inside
 a broadcast that every rank of its node has arrived at, i.e. after they last read the previous one; it sums

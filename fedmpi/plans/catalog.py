@@ -14,7 +14,7 @@ the seed, the round and the state it saves (`state`/`load_state`), the same on e
   works_with_dp              its plans may be accounted by privacy's accountant (fixed-size sampling of
                              server.clients_per_round of partition.clients each round)
 It plans in place of fedmpi's own providers, so it is refused beside server.sampling: poisson and beside the
-deployment's keys (`clients:`, server.deadline, server.over_select). docs/extending.md, walk-through 7.
+deployment's keys (`clients:`, server.deadline, server.over_select). docs/how-to/own-algorithm.md, walk-through 7.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `participation:` config section: a participation provider from outside fedmpi (docs/extending.md,
+"""The `participation:` config section: a participation provider from outside fedmpi (docs/how-to/own-algorithm.md,
 walk-through 7).
 
   participation:

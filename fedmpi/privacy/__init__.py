@@ -1,4 +1,4 @@
-"""Client-level differential privacy (docs/privacy.md).
+"""Client-level differential privacy (docs/how-to/privacy.md).
 
 keys        the `privacy:` config section (PrivacyConfig)
 mechanism   clipping, the (seed, round) noise, DP-FedAvg's average, Poisson sampling, adaptive clipping

@@ -1,4 +1,4 @@
-"""Epsilon from Google's dp-accounting package (optional extra `fedmpi[privacy]`; docs/privacy.md).
+"""Epsilon from Google's dp-accounting package (optional extra `fedmpi[privacy]`; docs/how-to/privacy.md).
 
 One round of DP-FedAvg is one sampled Gaussian mechanism on the sum of clipped client updates:
 - `server.sampling: poisson` (each client in with rate q): PoissonSampledDpEvent(q, GaussianDpEvent(z)),

@@ -1,4 +1,4 @@
-"""The `privacy:` config section (client-level differential privacy; docs/privacy.md).
+"""The `privacy:` config section (client-level differential privacy; docs/how-to/privacy.md).
 
 How clients are sampled is not here: it lives in the server section as `server.sampling: fixed | poisson`,
 because it decides the cohort with or without privacy. With `poisson` every client joins a round
@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 
 from fedmpi.core.config_checks import Checks, Range, factor
 
-# Sane ranges (docs/privacy.md). z = 1e300 overflowed the accountant and z = 1e-300 divided by zero in it;
+# Sane ranges (docs/how-to/privacy.md). z = 1e300 overflowed the accountant and z = 1e-300 divided by zero in it;
 # z = 1e4 already gives epsilon ~0.1 after 100 rounds, z = 0.01 an epsilon in the millions. The PLD
 # accountant's privacy-loss grid grows as 1/z^2: at z = 0.1 it took 37 s and 3.5 GB for 100 rounds, below
 # 0.03 it runs out of memory; it takes z >= 0.3.

@@ -1,4 +1,4 @@
-"""DP-FedAvg's mechanism as pure functions on flat torch vectors (docs/privacy.md).
+"""DP-FedAvg's mechanism as pure functions on flat torch vectors (docs/how-to/privacy.md).
 
 One round, with the parts the round loop calls:
 

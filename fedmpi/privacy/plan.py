@@ -1,5 +1,5 @@
 """From the `privacy:` section and the cohort to the numbers a DP run needs, checked before anything
-starts: the noise multipliers, the count noise, the epsilon the run will reach (docs/privacy.md)."""
+starts: the noise multipliers, the count noise, the epsilon the run will reach (docs/how-to/privacy.md)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from fedmpi.privacy.mechanism import AdaptiveClip, adjusted_noise_multiplier, de
 def algorithm_problems(algorithm, client_steps, algo_cls=None) -> list:
     """Why `algorithm` (its keys dataclass) cannot run under privacy.mechanism = gaussian, if it cannot: what
     its class declares (`Algorithm.privacy_problems`: uploads that are not one clipped update per client, or
-    data-dependent weights or participation; docs/privacy.md, "Limits"). `algo_cls` is the class the keys'
+    data-dependent weights or participation; docs/how-to/privacy.md, "Limits"). `algo_cls` is the class the keys'
     name looks up to (looked up here when not given)."""
     if algo_cls is None:
         algo_cls = lookup(algorithm.name)
     return [f"algorithm.name = {algorithm.name!r} with privacy.mechanism = 'gaussian': not differentially private "
-            f"as implemented: {why} (docs/privacy.md, Limits)" for why in algo_cls.privacy_problems(algorithm,
+            f"as implemented: {why} (docs/how-to/privacy.md, Limits)" for why in algo_cls.privacy_problems(algorithm,
                                                                                                   client_steps)]
 
 
@@ -99,7 +99,7 @@ def resolve(privacy, sampling: Sampling, rounds: int, noise_multiplier=None) -> 
 
 
 def _check_calibrated(privacy, z):
-    """The z that target_epsilon picked must lie in noise_multiplier's range too (docs/privacy.md)."""
+    """The z that target_epsilon picked must lie in noise_multiplier's range too (docs/how-to/privacy.md)."""
     if not noise_ok(z, privacy.accountant):
         raise ConfigError(f"privacy.target_epsilon = {privacy.target_epsilon:g}: needs noise multiplier {z:.4g} "
                           f"here, outside the range noise_multiplier allows "

@@ -1,4 +1,4 @@
-"""`server.sampling: poisson`: the round plan of Poisson sampling (docs/privacy.md, "One round").
+"""`server.sampling: poisson`: the round plan of Poisson sampling (docs/how-to/privacy.md, "One round").
 
 Every client joins round t independently with rate q = server.clients_per_round / partition.clients, drawn
 from (seed, SELECT, t, POISSON_KEY) by every rank alike, so the cohort does not depend on `-n`. The draw is

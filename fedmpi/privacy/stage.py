@@ -1,4 +1,4 @@
-"""DP-FedAvg in the round loop: the upload stage of `privacy.mechanism: gaussian` (docs/privacy.md).
+"""DP-FedAvg in the round loop: the upload stage of `privacy.mechanism: gaussian` (docs/how-to/privacy.md).
 
 Where each part runs:
   every rank, each round   receives the round's clip C from rank 0's broadcast header (adaptive clipping;

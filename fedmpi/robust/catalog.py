@@ -10,7 +10,7 @@ A rule class declares what it is (`check_rule` holds it to that when it is loade
   uses                 the server.robust keys it reads (a key it does not read, set, is refused)
   excludes             a share of zero means left out: the round reports detection figures
   needs_server_update  it is handed the server's own update (the server's set must be configured)
-docs/extending.md ("Walk-through 3") writes one in a file.
+docs/how-to/own-algorithm.md ("Walk-through 3") writes one in a file.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `server.robust:` subsection: the keys of the robust aggregators (`server.aggregator`; docs/robustness.md).
+"""The `server.robust:` subsection: the keys of the robust aggregators (`server.aggregator`; docs/how-to/robustness.md).
 
 `server.aggregator` names the rule (fedmpi.robust.rules); these are its parameters. Each rule reads only some
 of them (`USES`); a key the chosen rule does not read, set to a value other than its default, is refused, as
@@ -46,7 +46,7 @@ class RobustConfig:
     min_neighbours: int = 1
     """bulyan: the fewest closest others each Krum score of its selection sums, max(min_neighbours, n - f - 2),
     0 or 1. 1 as Flower's aggregate_krum; 0 the count as written, under which the last of the theta picks
-    ties at f = 1 and goes to the lowest client id (docs/baselines.md)."""
+    ties at f = 1 and goes to the lowest client id (docs/explanation/baselines.md)."""
 
     m: int | None = None
     """multi_krum: how many of the best-scored clients are averaged; null: n - f."""

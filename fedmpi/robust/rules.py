@@ -9,7 +9,7 @@ fedmpi.robust.aggregators; what a rule keeps between passes is at most a few d-v
 `aggregate(sweep, w, dim, block, server_update)` returns an `Outcome`: the update (float64 [d], the rule's
 replacement for the weighted mean of the updates, which the server optimizer then applies) and each client's
 weight in it (`robust_weight`: its share, summing to one, except norm_bound's clip factors; see
-docs/robustness.md). A rule with `excludes = True` gives excluded clients a share of zero, and the round then
+docs/how-to/robustness.md). A rule with `excludes = True` gives excluded clients a share of zero, and the round then
 reports detection figures.
 
 Passes: mean, median, trimmed_mean 1; krum, multi_krum, bulyan, norm_bound, fltrust 2 (statistics, then the

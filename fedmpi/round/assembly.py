@@ -1,4 +1,4 @@
-"""Straight-line assembly of a round's parts that the experiment builds from values (docs/design.md §5):
+"""Straight-line assembly of a round's parts that the experiment builds from values (docs/explanation/design.md §5):
 which transport carries the uploads, given the algorithm's declaration, the upload path and the robust
 settings, each decided by fedmpi.run.resolve before anything is built; which observers report figures."""
 

@@ -1,5 +1,5 @@
-"""One FL experiment on one rank: its parts built in a straight line from the RunPlan (docs/design.md §5), and
-what the run loop and checkpoints read of them.
+"""One FL experiment on one rank: its parts built in a straight line from the RunPlan (docs/explanation/design.md §5),
+and what the run loop and checkpoints read of them.
 
 Set-up measures, resolves and then builds (fedmpi.run.setup): by the time `build` runs, fedmpi.run.resolve
 has accepted the config on this data set and model, so nothing here checks anything. This module is the one

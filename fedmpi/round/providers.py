@@ -31,7 +31,7 @@ from fedmpi.uploads.precision import WirePrecision
 class SecureAggregation(SecAggStage):
     """Secure aggregation as a round builds it: told the coordinates rand-k keeps (fedmpi.deploy, shared by the
     round's clients) and, on rank 0, how the accountant (fedmpi.privacy) charges its distributed noise: as
-    Gaussian noise of multiplier secagg.noise_multiplier on the sum, fixed-size sampling (docs/privacy.md)."""
+    Gaussian noise of multiplier secagg.noise_multiplier on the sum, fixed-size sampling (docs/how-to/privacy.md)."""
 
     reads = ("secagg", "server", "client", "partition", "rounds", "seed")
 

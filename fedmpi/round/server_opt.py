@@ -186,8 +186,8 @@ class Adagrad(_Adaptive):
 
 def optimizer_class(name):
     """The ServerOptimizer class `server.optimizer = name` stands for: fedmpi's own, or a plug-in (an entry
-    point of `fedmpi.server_optimizers` or `package.module:Class`, fedmpi.core.plugin_names; docs/extending.md
-    walk-through 5), held to its declarations (ConfigError naming the key)."""
+    point of `fedmpi.server_optimizers` or `package.module:Class`, fedmpi.core.plugin_names;
+    docs/how-to/own-algorithm.md walk-through 5), held to its declarations (ConfigError naming the key)."""
     if name in OPTIMIZERS:
         return OPTIMIZERS[name]
     cls = plugin_names.resolve(name, "fedmpi.server_optimizers", "server.optimizer")

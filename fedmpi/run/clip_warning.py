@@ -3,7 +3,7 @@ half of a round's updates were clipped, the secure run computes something else t
 it is meant to stand for. This says so: one line in the log at the first such round, and the run.h5 attribute
 `secagg_clip_warning` (kept current as rows are written) naming every such round (1-based) and the clear-text
 twin to compare with (the same clip and uniform weights: privacy.mechanism gaussian, privacy.clip = C,
-privacy.noise_multiplier = 0, docs/privacy.md)."""
+privacy.noise_multiplier = 0, docs/how-to/privacy.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """How a run ran, for its run file: the nodes and the ranks on each, every rank's host name, device and threads,
 the path of the round's reduction and broadcast, the MPI library, and the value each `auto` (or null) setting
 resolved to on this machine. Collected once at set-up by one gather to rank 0 (`how_it_ran`); written into
-run.h5's root attributes beside the library versions (docs/analysis.md lists them)."""
+run.h5's root attributes beside the library versions (docs/how-to/analysis.md lists them)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ Set-up: every rank builds its Experiment, then all vote (`comm.agree`); if any r
 `Algorithm.check`, a missing file on one node) every rank ends with the worst exit code and one message,
 before run.h5 exists and before --overwrite removes anything.
 
-Failure contract (docs/design.md §5): an exception on any rank during the rounds ends the whole job at once with one
-message naming the rank and the error, and `run.h5` says `failed` with that message. A worker sends its
+Failure contract (docs/explanation/design.md §5): an exception on any rank during the rounds ends the whole job at
+once with one message naming the rank and the error, and `run.h5` says `failed` with that message. A worker sends its
 error text to rank 0 (which records it and aborts the job); if rank 0 does not respond in time the worker
 aborts alone. Ctrl-C (SIGINT on any rank) does the same with status `interrupted` and exit 130. Inside a sweep
 (fedmpi.sweep) the communicator's `abort` ends the experiment's group of ranks only, and the SystemExit that

@@ -1,5 +1,5 @@
-"""Resolve, then build (docs/design.md §5): a config, with the shapes of the data set and the model it runs on,
-becomes a checked `RunPlan`, or one ConfigError listing every problem at once.
+"""Resolve, then build (docs/explanation/design.md §5): a config, with the shapes of the data set and the model it
+runs on, becomes a checked `RunPlan`, or one ConfigError listing every problem at once.
 
 `resolve` is the only validation a run makes of how its components combine: set-up (fedmpi.round.experiment)
 calls it on every rank with the shapes it measured, before anything is written; `--dry-run` calls it with the

@@ -1,4 +1,4 @@
-"""Set-up on every rank, in three steps (docs/design.md §5): measure what the config runs on (this node, the
+"""Set-up on every rank, in three steps (docs/explanation/design.md §5): measure what the config runs on (this node, the
 data set, the partition, the initial model), resolve the config against those shapes into a checked RunPlan
 (fedmpi.run.resolve, the only validation of how components combine), then build the Experiment from the plan
 (fedmpi.round.experiment, straight-line assembly without checks).

@@ -1,5 +1,5 @@
-"""What the protocol costs a round, counted from its messages at deployed sizes (docs/privacy.md, "Secure
-aggregation"): per client the bytes beyond the masked vector, per round the messages.
+"""What the protocol costs a round, counted from its messages at deployed sizes (docs/how-to/secure-aggregation.md):
+per client the bytes beyond the masked vector, per round the messages.
 
 Sizes assumed: a public key 32 bytes (X25519; each client advertises two, for encryption and for mask
 agreement), an encrypted share pair 2 * 16 (the two Shamir shares, elements of GF(2^127 - 1)) + 8 (the two

@@ -1,5 +1,5 @@
 """The `secagg:` config section (read when `server.secure_aggregation` is secagg or secagg_plus;
-docs/privacy.md, "Secure aggregation"). Cross-section checks (the field against the clipped sum of a
+docs/how-to/secure-aggregation.md). Cross-section checks (the field against the clipped sum of a
 cohort, the threshold against clients_per_round, refused stages and algorithms) are in fedmpi.secagg.checks.
 
 The annotations use only names that fedmpi.config's loader can resolve (`Literal`, builtins), so this

@@ -1,4 +1,4 @@
-"""`fedmpi sweep SPEC.yaml`: a grid of experiments in one MPI launch (docs/sweep.md).
+"""`fedmpi sweep SPEC.yaml`: a grid of experiments in one MPI launch (docs/how-to/sweeps.md).
 
 The spec (`spec`) expands into experiments, each a config (`configs`: every problem of every experiment at once);
 the launch's world is split into groups of ranks on MPI's own means (`dispatch`: a dispatcher rank hands the

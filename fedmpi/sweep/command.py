@@ -1,4 +1,4 @@
-"""`fedmpi sweep SPEC.yaml [--retry-failed] [--dry-run]`, on every rank of the launch (docs/sweep.md).
+"""`fedmpi sweep SPEC.yaml [--retry-failed] [--dry-run]`, on every rank of the launch (docs/how-to/sweeps.md).
 
 1. Every rank reads the spec and builds every experiment's config (fedmpi.sweep.spec, .configs): a problem
    anywhere refuses the sweep with every problem at once, exit 2, before MPI starts (as `fedmpi run`).
@@ -43,7 +43,7 @@ def sweep_command(spec_path, retry_failed=False, dry_run=False) -> int:
     spec = spec_mod.load(spec_path)
     configs = configs_mod.build(spec)
     signals.install()
-    # (docs/sweep.md: the same spec started again continues every unfinished experiment from its checkpoint)
+    # (docs/how-to/sweeps.md: the same spec started again continues every unfinished experiment from its checkpoint)
     how = (f"continue by starting the same sweep again ({shlex.join(['fedmpi', 'sweep', str(spec_path)])}, under "
            f"mpiexec as before): its unfinished experiments go on from their checkpoints")
     with signals.keep_handlers(continue_with=how):

@@ -2,7 +2,7 @@
 tools/personalization.py, tools/reproduce.py): each experiment of the spec with the names of its sets (its
 cell of the grid), its status and its run, read through fedmpi.analysis.
 
-An experiment's run is OUT/NAME/run.h5 (the sweep's naming, docs/sweep.md); its status is the run file's, else
+An experiment's run is OUT/NAME/run.h5 (the sweep's naming, docs/how-to/sweeps.md); its status is the run file's, else
 the index's (OUT/index.csv: `refused`, `pending`...), else `missing` (the sweep never got to it). A run whose
 recorded config disagrees with what the spec gives that experiment (another config in its folder) is not
 taken: its status says so. Reading runs nothing and writes nothing.

@@ -18,7 +18,7 @@ replaces that whole mapping); `seed` and `out` are the sweep's (`seeds`, `out`).
 sets x grid x seeds (each list of sets a factor, in order), the first set and the first grid key varying
 slowest, seeds fastest; each is named after what it changes (`fsl_partition.beta-0.1_seed-2`: a set by its
 `name`, else by its config file or its keys) and runs in OUT/NAME. Every problem of a spec is reported
-at once, one line each naming the key (exit 2), before anything starts (docs/sweep.md).
+at once, one line each naming the key (exit 2), before anything starts (docs/how-to/sweeps.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ what it is, and `stage_class` holds it to that when it is loaded (exit 2 naming 
   build(setting, **sections)     the stage (a classmethod; it may return None to leave itself off)
   works_with_dp                  it may run under privacy.mechanism: gaussian (it keeps the clipped bound)
   works_with_secure_aggregation  it may run under server.secure_aggregation (the server sees only the sum)
-docs/extending.md ("Walk-through 6") writes one in a file.
+docs/how-to/own-algorithm.md ("Walk-through 6") writes one in a file.
 """
 
 from __future__ import annotations

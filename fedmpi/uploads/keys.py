@@ -1,4 +1,4 @@
-"""The `uploads:` config section: upload stages from outside fedmpi (docs/extending.md, walk-through 6).
+"""The `uploads:` config section: upload stages from outside fedmpi (docs/how-to/own-algorithm.md, walk-through 6).
 
   uploads:
     stages: [mypkg.stages:Sparsify]      # entry points of `fedmpi.upload_stages` or package.module:Class

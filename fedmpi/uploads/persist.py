@@ -3,7 +3,7 @@
 Separate from the round's hooks (fedmpi.uploads.base): a stage's transform is a value in, a value out; what
 it must remember (a compression residual per client, the adaptive clip's estimator, the accountant's noise
 multiplier) is declared here and saved under its own names, `/stage_<name>/...` for the server's state and
-`/clients/<cid>/...` for a client's (docs/design.md §7).
+`/clients/<cid>/...` for a client's (docs/explanation/design.md §7).
 """
 
 from __future__ import annotations
