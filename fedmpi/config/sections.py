@@ -1,26 +1,23 @@
-"""The config's sections as frozen dataclasses, one per top-level key (data, partition, server_data, model,
-client, server; eval, checkpoint and runtime are in fedmpi.config.run_sections, the deployment's, privacy's,
+"""The config's sections as frozen dataclasses, one per top-level key (data, partition, server_data, model;
+client and server are in fedmpi.config.training_sections, eval, checkpoint and runtime in
+fedmpi.config.run_sections, the deployment's, privacy's,
 attack's and secure aggregation's beside their code in fedmpi.deploy.keys, fedmpi.privacy.keys,
 fedmpi.attacks.keys and fedmpi.secagg.keys). Every field has a type and a default; each section range-checks
 its own values in `__post_init__`."""
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from fedmpi.core.config_checks import Checks as _Checks
 from fedmpi.core.config_checks import Range, clients_range, count, factor, refuse_unused
-from fedmpi.core.errors import ConfigError
-from fedmpi.core.schedules import ScheduleConfig
-from fedmpi.deploy.keys import CompressConfig, DeadlineConfig
-from fedmpi.robust.keys import RobustConfig, aggregator_problems
 
 
 # The names a section may take come from the registries that implement them, so that a new data source,
-# partition scheme, model, algorithm or server optimizer is one registration, not an edit here too. They are
-# imported when a config is checked, not when this module is: reading a stored config (`fedmpi report`,
-# `fedmpi verify`) then needs no torch.
+# partition scheme, model, algorithm or server optimizer (fedmpi.config.training_sections) is one
+# registration, not an edit here too. They are imported when a config is checked, not when this module is:
+# reading a stored config (`fedmpi report`, `fedmpi verify`) then needs no torch.
 def _datasets():
     from fedmpi.data.sources import LOADERS
 
@@ -60,27 +57,33 @@ def _models():
     return ZOO_MODELS
 
 
-def _server_optimizers():
-    from fedmpi.round.server_opt import OPTIMIZERS
-
-    return tuple(OPTIMIZERS)
-
-
 @dataclass(frozen=True)
 class DataConfig:
+    """The data set (`data:`): which one, where its files are, and the options of the built-in ones."""
+
     name: str = "synthetic"
-    root: str | None = None          # folder with the dataset's official files
-    download: bool = False              # let torchvision fetch where a network exists
-    alpha: float = 1.0                  # SYNTHETIC(alpha, beta): spread of the client models
-    beta: float = 1.0                   # SYNTHETIC(alpha, beta): spread of the client inputs
-    iid: bool = False                   # SYNTHETIC's IID variant: one shared model and input law
-    split: str = "balanced"             # EMNIST split
-    classes: int | None = None       # keep only the first `classes` classes (FSL trains on 45 EMNIST classes)
-    augment: bool = False               # CIFAR pad-crop-flip on tensors
-    # A plug-in data set's own keyword arguments (`data.name: package.module:function`, fedmpi.data.plugins)
+    """The data set: a built-in one (synthetic, mnist5k, mnist, fashion_mnist, emnist, cifar10, cifar100, femnist,
+    shakespeare, arrays), an installed entry point of `fedmpi.datasets`, or `package.module:function`."""
+    root: str | None = None
+    """Folder with the data set's official files (arrays: an .npz or HDF5 file, or a saved Hugging Face folder)."""
+    download: bool = False
+    """Let torchvision fetch the files where a network exists."""
+    alpha: float = 1.0
+    """SYNTHETIC(alpha, beta) of FedProx: the spread of the client models."""
+    beta: float = 1.0
+    """SYNTHETIC(alpha, beta) of FedProx: the spread of the client inputs."""
+    iid: bool = False
+    """SYNTHETIC's IID variant: one shared model and input law."""
+    split: str = "balanced"
+    """The EMNIST split."""
+    classes: int | None = None
+    """Keep only the first `classes` classes (FSL trains on 45 EMNIST classes); null: all."""
+    augment: bool = False
+    """CIFAR's pad-crop-flip augmentation, on tensors."""
     kwargs: dict = field(default_factory=dict)
-    # data.name: arrays on a Hugging Face folder: the columns {x: ..., y: ..., client: ...} (fedmpi.data.arrays)
+    """A plug-in data set's own keyword arguments (`data.name: package.module:function`, fedmpi.data.plugins)."""
     columns: dict = field(default_factory=dict)
+    """data.name: arrays on a Hugging Face folder: the columns {x: ..., y: ..., client: ...} (fedmpi.data.arrays)."""
 
     # Bounds beside the section's own checks (fedmpi.core.config_checks.Range): finite arithmetic, bounded memory.
     RANGES: ClassVar[dict] = {"alpha": factor(), "beta": factor(), "classes": count()}
@@ -124,19 +127,31 @@ def _array_root_kind(root):
 
 @dataclass(frozen=True)
 class PartitionConfig:
+    """How the training set is split among the clients (`partition:`)."""
+
     clients: int = 30
+    """The number of clients N."""
     scheme: str = "dirichlet"
-    beta: float = 0.5                   # dirichlet, quantity concentration
-    labels_per_client: int = 2          # labels (#C=k)
-    shards_per_client: int = 2          # shards
-    classes_per_client: int = 2         # classes (FSL)
-    samples_per_client: int | None = None  # classes (FSL); synthetic: fixed size instead of lognormal
-    min_samples: int = 10               # dirichlet redraws until every client has this many
-    # groups: [{clients: K, labels: [..]}, ...], client ids dealt in this order (SAFL's client groups);
-    # kept as ((K, (label, ...)), ...)
+    """iid, dirichlet, labels (#C=k), shards, classes (FSL), quantity, natural (a LEAF source's own users) or
+    groups (fixed label sets per client group, `groups`)."""
+    beta: float = 0.5
+    """dirichlet, quantity: the concentration (smaller = more skewed)."""
+    labels_per_client: int = 2
+    """labels: the labels each client holds (#C=k)."""
+    shards_per_client: int = 2
+    """shards: the shards of sorted samples each client holds."""
+    classes_per_client: int = 2
+    """classes (FSL): the classes each client holds."""
+    samples_per_client: int | None = None
+    """classes (FSL): each client's sample count; synthetic: a fixed size instead of a lognormal one."""
+    min_samples: int = 10
+    """dirichlet, quantity: the draw is repeated until every client has this many samples."""
     groups: tuple = ()
-    # fraction of each client's samples held out as its own test split (fedmpi.data.local_test); 0 = none
+    """groups: [{clients: K, labels: [...]}, ...], client ids dealt in this order (SAFL's client groups); kept
+    as ((K, (label, ...)), ...)."""
     local_test: float = 0.0
+    """Fraction of each client's samples held out as its own test split (stratified by label, seeded per
+    client; fedmpi.data.local_test); 0 = none."""
 
     RANGES: ClassVar[dict] = {"clients": clients_range(), "beta": factor(low_open=True),
                               "samples_per_client": count(), "min_samples": count(0),
@@ -193,17 +208,25 @@ SERVER_SET_USES = {"iid": (), "classes": ("classes",), "dirichlet": ("beta",)}
 
 @dataclass(frozen=True)
 class ServerDataConfig:
-    size: int = 0                       # 0 = the server holds no data
+    """The server's own data set (`server_data:`): FSL's D0, data sharing's G, SAFL's probe set."""
+
+    size: int = 0
+    """Samples in the server's set; 0 = the server holds no data."""
     scheme: Literal["iid", "classes", "dirichlet"] = "iid"
-    classes: int = 10                   # classes scheme: how many classes the server's set covers
-    beta: float = 0.5                   # dirichlet scheme
+    """How the set is drawn from the training set: iid, a few classes (`classes`), or Dirichlet (`beta`)."""
+    classes: int = 10
+    """classes scheme: how many classes the server's set covers."""
+    beta: float = 0.5
+    """dirichlet scheme: the concentration over the labels."""
     source: Literal["overlap", "holdout"] = "overlap"
-    # The set's size relative to the clients' data D, |G| = fraction * |D| (Zhao et al.'s beta), instead of
-    # `size` (fedmpi.data.server_set.resolved_size).
+    """overlap: the set is drawn from the training set the clients share too; holdout: it is removed from the
+    clients' pool."""
     fraction: float | None = None
-    # source holdout: training samples reserved from the clients' pool (Zhao et al.'s H); the set is drawn
-    # from them, so the clients' data stays the same whatever the set's size. 0: only the set is removed.
+    """The set's size relative to the clients' data D, |G| = fraction * |D| (Zhao et al.'s beta), instead of
+    `size` (fedmpi.data.server_set.resolved_size)."""
     holdout: int = 0
+    """source holdout: training samples reserved from the clients' pool (Zhao et al.'s H); the set is drawn
+    from them, so the clients' data stays the same whatever the set's size. 0: only the set is removed."""
 
     RANGES: ClassVar[dict] = {"fraction": factor(), "size": count(0, samples=True), "holdout": count(0, samples=True),
                               "classes": count(), "beta": factor(low_open=True)}
@@ -232,16 +255,24 @@ class ServerDataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The model (`model:`): one of fedmpi's zoo, or a plug-in built from `kwargs`."""
+
     name: str = "lr"
-    hidden: int = 200                   # mlp width
-    norm: Literal["batch", "group"] = "group"   # resnet18 normalisation
-    projection: int | None = None    # simple_cnn projection head size (MOON)
-    # fnmatch patterns over parameter/buffer names (named_parameters, named_buffers) whose entries each client
-    # keeps for itself (personalized FL, fedmpi.core.personal); [] = everything is shared
+    """lr, mlp, cnn_mnist, cnn2, simple_cnn, pfl_cnn, lstm, resnet18; or an installed entry point of
+    `fedmpi.models`, `torchvision:NAME`, or `package.module:Class` (built with `kwargs`)."""
+    hidden: int = 200
+    """mlp: the width of each hidden layer."""
+    norm: Literal["batch", "group"] = "group"
+    """resnet18: its normalisation layers."""
+    projection: int | None = None
+    """simple_cnn, resnet18: the size of MOON's projection head; null: none."""
     personal: tuple[str, ...] = ()
-    mlp_norm: Literal["none", "batch"] = "none"   # mlp: BatchNorm1d after each hidden layer (FedBN on a small model)
-    # A plug-in model's constructor arguments (`model.name: package.module:Class`, fedmpi.core.model_plugins)
+    """fnmatch patterns over parameter/buffer names (named_parameters, named_buffers) whose entries each client
+    keeps for itself (personalized FL, fedmpi.core.personal); [] = everything is shared."""
+    mlp_norm: Literal["none", "batch"] = "none"
+    """mlp: batch, a BatchNorm1d after each hidden layer (FedBN on a small model)."""
     kwargs: dict = field(default_factory=dict)
+    """A plug-in model's constructor arguments (`model.name: package.module:Class`, fedmpi.core.model_plugins)."""
 
     RANGES: ClassVar[dict] = {"hidden": count(), "projection": count()}     # 10^6 units: 10^12 weights beside
 
@@ -267,133 +298,3 @@ class ModelConfig:
 # The model keys fedmpi's own builders read (fedmpi.core.models); a plug-in model (or torchvision:NAME) is
 # built from model.kwargs alone (fedmpi.core.model_plugins), so these would change nothing for it.
 MODEL_USES = {"built-in": ("hidden", "norm", "mlp_norm"), "a plug-in": ()}   # projection: models.py says whose
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    lr: float = 0.05
-    batch_size: int = 10
-    epochs: int = 1                     # local epochs, used when `steps` is null
-    steps: int | None = None         # local SGD steps; overrides epochs
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    vectorize: Literal["auto", "on", "off"] = "auto"
-    lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_l per round
-    compress: CompressConfig = field(default_factory=CompressConfig)  # upload compression (docs/how-to/deployment.md)
-    # Drop each epoch's short last batch, as a DataLoader with drop_last=True (FedSkip's CIFAR loaders);
-    # a client with fewer than batch_size samples keeps its one short batch (fedmpi.core.train.steps_per_epoch).
-    drop_last: bool = False
-
-    RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "weight_decay": factor(), "epochs": count(),
-                              "steps": count(), "batch_size": count(), "momentum": Range(0, 1, high_open=True)}
-
-    def __post_init__(self):
-        c = _Checks("client")
-        c.require(self.lr > 0, "lr", self.lr, "must be > 0")
-        c.require(self.batch_size >= 1, "batch_size", self.batch_size, "must be a positive integer")
-        c.require(self.epochs >= 1, "epochs", self.epochs, "must be a positive integer")
-        c.require(self.steps is None or self.steps >= 1, "steps", self.steps, "must be a positive integer or null")
-        c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        c.require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
-        _check_min_lr(c, self.lr, self.lr_schedule)
-        c.done()
-
-
-def _check_min_lr(c, lr, schedule):
-    """A cosine schedule decays from lr to min_lr; a min_lr above lr was silently clamped to lr."""
-    c.require(schedule.name != "cosine" or schedule.min_lr <= lr, "lr_schedule.min_lr", schedule.min_lr,
-              f"must be <= {c.section}.lr ({lr:g}): the cosine schedule decays from lr down to min_lr")
-
-
-def _part(server, part):
-    """The value of `part` of UNUSED_CHECKED ("betas[1]": the second beta) in a ServerConfig or a dict."""
-    get = server.get if isinstance(server, dict) else lambda key: getattr(server, key)
-    if part.startswith("betas["):
-        return get("betas")[int(part[6])]
-    return get(part)
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    clients_per_round: int = 10
-    lr: float = 1.0                     # eta_g; 1.0 with sgd = plain averaging
-    optimizer: str = "sgd"              # how the aggregated update is applied (fedmpi.round.server_opt)
-    momentum: float = 0.9               # avgm: beta
-    betas: tuple[float, float] = (0.9, 0.99)   # adam, yogi, adagrad: (b1, b2)
-    # adam, yogi, adagrad: adaptivity (Reddi et al.), in (0, 1e3]: the step is lr * m / (sqrt(v) + tau), so a
-    # tau far above any sqrt(v) only scales the step down (Reddi et al. tune it in [1e-10, 1]).
-    tau: float = 1e-3
-    lr_schedule: ScheduleConfig = field(default_factory=ScheduleConfig)   # eta_g per round
-    # Rank 0 hosts clients too; null: when its node has a core the other ranks leave idle. Results do not
-    # depend on it (a run-time key: not hashed, may change on --resume).
-    trains_clients: bool | None = None
-    deadline: float | None = None       # simulated seconds after which updates do not count (docs/how-to/deployment.md)
-    over_select: float | None = None    # extra clients selected, keeping the first clients_per_round to arrive
-    # fixed: exactly clients_per_round clients per round; poisson: each client joins independently with
-    # rate clients_per_round / partition.clients (the sampling DP accounting assumes; docs/how-to/privacy.md)
-    sampling: Literal["fixed", "poisson"] = "fixed"
-    # How the round's updates are combined (fedmpi.robust, docs/how-to/robustness.md): mean is the weighted mean of the
-    # plain reduction; the robust rules see every counted update through a chunked gather; `robust` their keys.
-    aggregator: str = "mean"
-    robust: RobustConfig = field(default_factory=RobustConfig)
-    # none: the server sums the clients' float updates; secagg / secagg_plus: it sees only the modular sum of
-    # masked integer uploads (the `secagg:` section, fedmpi.secagg; docs/how-to/secure-aggregation.md)
-    secure_aggregation: Literal["none", "secagg", "secagg_plus"] = "none"
-    # A client's weight in the average: samples, its sample count n_i (McMahan et al.); uniform, 1 for every
-    # client (pfl-research's `weight_by_samples: false`). Privacy and secure aggregation weigh uniformly anyway.
-    weighting: Literal["samples", "uniform"] = "samples"
-
-    RANGES: ClassVar[dict] = {"lr": factor(low_open=True), "over_select": factor(),
-                              "deadline": Range(0, 1e12, "simulated seconds: 30,000 years"),
-                              "clients_per_round": clients_range(), "momentum": Range(0, 1, high_open=True),
-                              "tau": Range(0, 1e3, "beyond, tau only scales the step down", low_open=True)}
-
-    def __post_init__(self):
-        c = _Checks("server")
-        c.require(self.weighting in ("samples", "uniform"), "weighting", self.weighting,
-                  "must be samples (by sample count) or uniform (every client 1)")
-        c.require(not (self.weighting == "uniform" and self.aggregator != "mean"), "weighting", self.weighting,
-                  f"uniform applies to the plain mean (server.aggregator: mean); {self.aggregator!r} weighs "
-                  f"clients by its own rule")
-        c.errors.extend(aggregator_problems(self.aggregator, self.robust, self.clients_per_round))
-        c.require(self.secure_aggregation in ("none", "secagg", "secagg_plus"), "secure_aggregation",
-                  self.secure_aggregation, "must be none, secagg or secagg_plus")
-        c.require(self.clients_per_round >= 1, "clients_per_round", self.clients_per_round,
-                  "must be a positive integer")
-        c.require(self.lr > 0, "lr", self.lr, "must be > 0")
-        _check_plugin_name(c, "optimizer", self.optimizer, _server_optimizers(), "fedmpi.server_optimizers", "Class")
-        c.require(0 <= self.momentum < 1, "momentum", self.momentum, "must be in [0, 1)")
-        c.require(all(0 <= b < 1 for b in self.betas), "betas", list(self.betas), "must be two numbers in [0, 1)")
-        c.require(self.tau > 0, "tau", self.tau, "must be > 0")
-        _check_min_lr(c, self.lr, self.lr_schedule)
-        try:
-            self.straggler_policy()
-        except ConfigError as e:
-            c.errors.extend(e.messages)
-        if not c.errors:
-            self._check_unused(c)
-        c.done()
-
-    def _check_unused(self, c, uses=None):
-        """A momentum, beta or tau the optimizer does not read, set to a non-default value, is refused; `uses`:
-        a plug-in's declaration, known once it is imported (fedmpi.round.server_opt.check_optimizer)."""
-        from fedmpi.round.server_opt import OPTIMIZERS, UNUSED_CHECKED
-
-        uses = getattr(OPTIMIZERS.get(self.optimizer), "uses", None) if uses is None else uses
-        if uses is None:
-            return
-        for part in UNUSED_CHECKED:
-            if part not in uses and _part(self, part) != _part(_SERVER_DEFAULTS, part):
-                users = [name for name, cls in OPTIMIZERS.items() if part in (getattr(cls, "uses", None) or ())]
-                key = part.split("[")[0]
-                what = "" if key == part else f"its {'b1' if part.endswith('0]') else 'b2'} ({part}) "
-                c.require(False, key, list(self.betas) if key == "betas" else getattr(self, key),
-                          f"{what}is not used by server.optimizer {self.optimizer!r} (only by {', '.join(users)}); "
-                          f"remove it or choose an optimizer that uses it")
-
-    def straggler_policy(self) -> DeadlineConfig:
-        """`deadline` and `over_select` as the deployment model's DeadlineConfig (checked there)."""
-        return DeadlineConfig(self.deadline, self.over_select)
-
-
-_SERVER_DEFAULTS = {f.name: f.default for f in fields(ServerConfig) if f.default is not MISSING}
