@@ -176,3 +176,14 @@ def test_fsl_claims_cover_the_larger_server_set_and_the_harder_task(repro):
     assert larger[0] == "holds"
     tie = checks["C = 2: FSL reaches the highest final accuracy"][0]
     assert tie.startswith("not decided at this scale (saturation")
+
+
+def test_regenerating_a_section_keeps_every_other_section_of_the_published_page(repro):
+    """tools/reproduce.py rewrites one paper's section of docs/results/reproduction.md and keeps the rest: every
+    section of the published page survives a regeneration (a section outside the markers would be dropped)."""
+    from conftest import ROOT
+
+    page = (ROOT / "docs" / "results" / "reproduction.md").read_text()
+    again = repro.assemble(page, {})
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert len(headings) >= 8 and [line for line in again.splitlines() if line.startswith("## ")] == headings
