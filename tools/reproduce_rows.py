@@ -20,7 +20,7 @@ def table_rows(paper, groups, late_rise):
     rows = {}
     for s in paper.settings:
         members = groups[s.config]
-        summary = analysis.group_summary(members, paper.target)
+        summary = analysis.group_summary(members, paper.target, include="all")   # diverged runs counted: see `diverged`
         row = {"setting": s.label, "paper": s.paper, "runs": summary["n"], "emd": summary["emd"]}
         if paper.key == "zhao":
             row["emd_shared"] = float(np.mean([shared_emd(r) for r in members]))
