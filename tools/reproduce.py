@@ -130,22 +130,29 @@ PAPERS = {p.key: p for p in [
                                    ("fsl", "FSL", "highest accuracy, fastest convergence"))]
           + [Setting("fsl_gamma05_c2", "FSL gamma 0.5, C = 2", "consistent across gamma"),
              Setting("fsl_gamma2_c2", "FSL gamma 2, C = 2", "consistent across gamma"),
-             Setting("ds_d400_c2", "DS, C = 2, D0 = 400", "(not in the paper: a set the server cannot fit)"),
-             Setting("fsl_d400_c2", "FSL, C = 2, D0 = 400", "(not in the paper: a set the server cannot fit)")]
+             Setting("ds_d400_c2", "DS, C = 2, D0 = 400", "(not in the paper: ten times its server set)"),
+             Setting("fsl_d400_c2", "FSL, C = 2, D0 = 400", "(not in the paper: ten times its server set)")]
           + [Setting(f"synthetic_{m}", f"{label}, SYNTHETIC(1,1)", claim)
              for m, label, claim in (("fedavg", "FL", "slowest, lowest"), ("ds", "DS", "improves over FL"),
                                      ("fsl", "FSL", "highest accuracy, fastest convergence"))],
           paper_claims.FSL_TARGET, paper_claims.fsl_checks, paper_figures.fsl_figure,
           notes=["FSL's server step is gamma * eta0 with the paper's eta0 = sqrt(S) * eta_l * K / K0: here "
-                 "sqrt(10) * 0.05 * 20 / 20 = 0.158, so gamma = 2 takes steps of 0.316 on a 40-image set, six times "
-                 "the clients' rate, at every round. The largest fall column shows what that does: the incremental "
-                 "step pulls the model toward the server's own minimiser, and on a set this small that minimiser "
-                 "is far from the clients' (the paper's oscillation between stationary points of F and f0, Section "
-                 "III). The bound that follows: keep gamma * eta0 at or below the clients' local rate times "
-                 "sqrt(S) for a server set this small, or set `algorithm.server_lr` (eta0) directly; gamma 0.5 and "
-                 "1 stay within it here. The server loss column is the server's own training loss on D0 over the "
-                 "last evaluations: near 0, the server has fitted its set and its steps add little (Section III's "
-                 "\"the server should not overfit its own data\")."]),
+                 "sqrt(10) * 0.05 * 20 / 20 = 0.158 (K = K0 = 20 steps a round), so gamma = 2 takes SGD steps of "
+                 "0.316 on the server's 40 images every round. With gamma 2 every seed collapses (the largest fall "
+                 "column) and the server's own loss on D0 ends between 0.8 and 1.5, where gamma 0.5 and 1 fit the "
+                 "set to 0: the step is past what SGD on the server's set tolerates, and each round's server "
+                 "phase undoes the clients' progress (Section III's oscillation between the stationary points of "
+                 "F and f0, here unstable). The paper's rule does not bound eta0; measured here, gamma * eta0 = "
+                 "0.079 and 0.158 are stable and 0.316 is not, on this 2NN and 40 images. For another model or "
+                 "server set, set `algorithm.server_lr` (eta0) directly. The server loss column is the server's "
+                 "own training loss over the last evaluations: near 0, the server has fitted its set (40 and 400 "
+                 "images alike by then), where Section III expects its steps to add little (\"the server should "
+                 "not overfit its own data\"). Where a claim does not hold here, it is by less than a point "
+                 "at mnist5k's ceiling, every method within 94-95.5%, with the server's set fitted: the case in "
+                 "which Section III expects server steps to add little or pull toward f0's minimiser; the paper's "
+                 "CIFAR-10 at T = 1,000 leaves far more room. On the harder task, SYNTHETIC(1,1), the three end "
+                 "within its seeds' spread (each seed draws a new data set, so the spread holds the data's "
+                 "variation too): not decided there either."]),
     Paper("fedskip", 'Fan et al., "FedSkip: Combatting Statistical Heterogeneity with Federated Skip Aggregation"',
           "The paper's Table II (CIFAR-10/100, 10 clients all taking part, Dirichlet(0.5) label skew, SGD lr 0.01, "
           "momentum 0.9, weight decay 1e-5, batch 64, 10 local epochs, 200 rounds): FedSkip (delta 3) against "

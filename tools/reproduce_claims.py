@@ -160,8 +160,7 @@ def fsl_checks(r):
                 ", ".join(f"gamma {g:g}: {_pts_std(v, 'fall')}" for g, v in gammas.items())))
     if "fsl_d400_c2" in r:
         small, large = r["fsl_c2"], r["fsl_d400_c2"]
-        out.append((None, "the server's own loss on D0 over the last evaluations (C = 2): a 40-image set fitted, "
-                          "a 400-image one not",
+        out.append((None, "the server's own loss on D0 over the last evaluations (C = 2), with 40 and 400 images",
                     f"D0 = 40: {_loss(small)}; D0 = 400: {_loss(large)}"))
         three = {"FSL": large, "DS": r["ds_d400_c2"], "FL": r["fedavg_c2"]}
         out.append((decide(_f(large) - max(_f(r["ds_d400_c2"]), _f(r["fedavg_c2"])), three),

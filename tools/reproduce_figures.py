@@ -56,6 +56,10 @@ def fsl_figure(groups, path):
                                      f"C = {c} classes per client") for c in (1, 2, 5)]
     panels.append(lambda ax: _panel(ax, groups, [("fsl_gamma05_c2", "gamma 0.5"), ("fsl_c2", "gamma 1"),
                                                  ("fsl_gamma2_c2", "gamma 2")], "FSL, C = 2: gamma"))
+    if "synthetic_fsl" in groups:
+        panels.append(lambda ax: _panel(ax, groups, [(f"synthetic_{m}", label) for m, label in
+                                                     (("fedavg", "FL"), ("ds", "DS"), ("fsl", "FSL"))],
+                                        "SYNTHETIC(1,1), 30 users"))
     _figure(panels, path)
 
 
