@@ -264,3 +264,11 @@ def test_pandas_optional_writers_work_in_the_projects_environment():
 
     frame = pandas.DataFrame({"method": ["fedavg"], "final_acc": [0.77]})
     assert frame.to_markdown(index=False).splitlines()[0].replace(" ", "") == "|method|final_acc|"
+
+
+def test_percent_is_refused_for_a_figure_that_is_no_share(grid):
+    """100 x a wall time or a loss printed as "%" would be a wrong figure: refused, naming the metric."""
+    with pytest.raises(InputError, match=r"percent: wall_s is not a share of 1 \(its unit: seconds\)"):
+        a.paper_table(grid, rows="method", cols="partition.beta", metric="wall_s", percent=True)
+    t = a.paper_table(grid, rows="method", cols="partition.beta", metric="wall_s", percent=False)
+    assert "(s)" in t.markdown()

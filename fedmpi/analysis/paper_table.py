@@ -181,6 +181,9 @@ def paper_table(data, rows="method", cols=None, metric="final_acc", interval="ci
         raise InputError(f"best = {best!r}: must be max, min or None")
     summary = _summary(data, row_keys + col_keys, metric, over, include, at_round)
     unit = figs.UNITS.get(metric)
+    if percent and unit != "share":     # 100 x a loss or a byte count is no percentage
+        raise InputError(f"percent: {metric} is not a share of 1 (its unit: {unit or 'none'}); only a share, such "
+                         f"as an accuracy, can be shown as a percentage")
     percent = unit == "share" if percent is None else bool(percent)
     scale, suffix = (100.0, " (%)") if percent else {"bytes": (1e-6, " (MB)"), "seconds": (1.0, " (s)")}.get(
         unit, (1.0, ""))
