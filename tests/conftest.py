@@ -21,24 +21,26 @@ ROOT = Path(__file__).resolve().parents[1]
 MPI_TIMEOUT_S = 240
 
 
-def bench_module(name, prefix="test_bench"):
-    """bench/NAME.py as a module of its own (the benchmark's folder is a set of scripts, not a package)."""
+def script_module(folder, name, prefix, register=False):
+    """FOLDER/NAME.py (bench/ and tools/ are sets of scripts, not packages) as a module of its own; `register`
+    puts it in sys.modules (a tool's dataclasses need it there; a bench module's name, test_bench_NAME, would
+    shadow the test file of that name)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", ROOT / "bench" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", ROOT / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def bench_module(name, prefix="test_bench"):
+    return script_module("bench", name, prefix)
+
 
 def tool_module(name, prefix="test_tool"):
-    """tools/NAME.py as a module of its own, registered in sys.modules (a tool's dataclasses need it there)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"{prefix}_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return script_module("tools", name, prefix, register=True)
 
 # Every process a test starts (each mpiexec rank, each tool run as a script) imports fedmpi afresh. Where the
 # environment forbids bytecode files (PYTHONDONTWRITEBYTECODE), each of them compiled every fedmpi module from

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 import shlex
 import warnings
 
+import doc_blocks
 import h5py
 import numpy as np
 import pytest
@@ -162,9 +162,10 @@ def test_max_samples_gives_the_same_figures_at_every_rank_count(runs):
 
 
 def walk_through():
-    """docs/how-to/analysis.md's code blocks, in order: ("bash", command lines) and ("python", source)."""
-    doc = (ROOT / "docs" / "how-to" / "analysis.md").read_text()
-    return re.findall(r"```(bash|python)\n(.*?)```", doc, flags=re.S)
+    """docs/how-to/analysis.md's code blocks, in order (tests/doc_blocks.py reads them): ("bash", command lines)
+    and ("python", source)."""
+    return [(b.lang, b.text) for b in doc_blocks.blocks(ROOT / "docs" / "how-to" / "analysis.md")
+            if b.lang in ("bash", "python")]
 
 
 def test_the_walk_through_of_docs_analysis_runs_as_written(runs, tmp_path, monkeypatch, capsys):

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import VecModel, small_config, write_config
+from conftest import VecModel, small_config, tool_module, write_config
 
 import fedmpi
 from fedmpi import config
@@ -275,16 +275,7 @@ def test_report_attack_and_export_carry_backdoor_accuracy(tmp_path, capsys):
 # -- the robustness study's judgements (tools/robustness.py) --------------------------------------------------
 
 def load_robustness():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "robustness.py"
-    spec = importlib.util.spec_from_file_location("robustness_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["robustness_tool"] = module
-    spec.loader.exec_module(module)
-    return module
+    return tool_module("robustness", "attacks")
 
 
 def test_robustness_claims_are_judged_on_the_cells():
@@ -330,15 +321,7 @@ def test_robustness_claims_are_judged_on_the_cells():
 
 
 def test_reproduce_keeps_the_robustness_section():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "reproduce.py"
-    spec = importlib.util.spec_from_file_location("reproduce_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce_tool"] = module
-    spec.loader.exec_module(module)
+    module = tool_module("reproduce", "attacks")
     block = "<!-- robustness -->\n## Robustness\nKEPT\n<!-- /robustness -->"
     text = module.assemble("# old\n<!-- paper:zhao -->\nZHAO\n<!-- /paper:zhao -->\n\n" + block + "\n", {})
     assert text.count(block) == 1 and text.index("ZHAO") < text.index(block)

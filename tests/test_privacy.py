@@ -2,14 +2,12 @@
 Poisson sampling and adaptive clipping. The accounting against Google's dp-accounting and TF Privacy's
 published table, and the plan's cross-section checks, are tests/test_privacy_accounting.py."""
 
-import ast
-import inspect
 import math
-import textwrap
 
 import numpy as np
 import pytest
 import torch
+from conftest import tool_module
 
 from fedmpi import config
 from fedmpi.core import rng
@@ -56,12 +54,9 @@ def test_a_wrong_type_is_a_config_error_not_a_traceback():
 
 
 def test_every_field_has_a_docstring():
-    tree = ast.parse(textwrap.dedent(inspect.getsource(PrivacyConfig)))
-    body = tree.body[0].body
-    for i, node in enumerate(body):
-        if isinstance(node, ast.AnnAssign):
-            nxt = body[i + 1] if i + 1 < len(body) else None
-            assert isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant), node.target.id
+    """The reference's own reader of field docstrings (tools/docs_reference.py), on the privacy section."""
+    docs = tool_module("docs_reference", "privacy").field_docs(PrivacyConfig)
+    assert docs and all(doc.strip() for doc in docs.values()), [name for name, doc in docs.items() if not doc]
 
 
 def test_the_config_loader_builds_the_section():

@@ -34,9 +34,7 @@ def table_rows(paper, groups, late_rise):
                              late_rise(r.metrics["round"], r.metrics["test_acc"], paper.window))
                             for r in members])          # (final, best, rise, late rise) with the paper's window
         for i, key in enumerate(("final_acc", "best_acc", "rise_round", "late_rise")):
-            values = figures[:, i][np.isfinite(figures[:, i])]
-            row[key] = float(values.mean()) if len(values) else np.nan
-            row[key + "_std"] = float(values.std(ddof=1)) if len(values) > 1 else np.nan
+            row[key], row[key + "_std"] = _mean_std_of(figures[:, i])
         if paper.key == "fsl":
             row.update(fsl_figures(members, paper.window))
         row["target_round"], row["target_round_std"] = summary["target_round"], summary["target_round_std"]
@@ -51,6 +49,7 @@ def table_rows(paper, groups, late_rise):
 
 
 def _mean_std_of(values):
+    """Mean and sample std of the finite `values` (NaN for none; the std NaN for fewer than two)."""
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     return (float(values.mean()) if len(values) else np.nan,
