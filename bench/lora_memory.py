@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,7 @@ def main():
         print(json.dumps({"n": n, "base": how, "node_pss_mb": node[n, how], "ranks": ranks}), flush=True)
     if (1, "shared") in node and (3, "shared") in node:
         print(json.dumps({"node_pss_n3_over_n1": node[3, "shared"] / node[1, "shared"]}))
+    shutil.rmtree(work)
 
 
 if __name__ == "__main__":
