@@ -67,6 +67,7 @@ import numpy as np, torch
 from mpi4py import MPI
 from fedmpi.config import LoraConfig, ModelConfig
 from fedmpi.core import shared_base
+from fedmpi.core.flat import FlatModel
 from fedmpi.core.models import build_model
 from fedmpi.mpi.comm import make_comm
 
@@ -79,6 +80,7 @@ with torch.no_grad():
     before = model(x)
 private = {n: t.clone() for n, t in shared_base.frozen_tensors(model).items()}
 shared_base.share_base(model, comm)
+flat = FlatModel(model)      # as set-up makes it next: the views must stay views
 buffer, _ = comm._windows[-1].Shared_query(0)
 start = np.frombuffer(buffer, dtype=np.uint8).ctypes.data
 end = start + len(buffer)
@@ -98,7 +100,7 @@ if comm.rank == 0:
 MPI.COMM_WORLD.Barrier()
 seen = float(wte[0, 0])
 grad = any(t.requires_grad for t in frozen.values())
-rows = MPI.COMM_WORLD.gather(dict(inside=inside, same=same, tied=tied, seen=seen, bytes=len(buffer),
+rows = MPI.COMM_WORLD.gather(dict(inside=inside, same=same, tied=tied, seen=seen, bytes=len(buffer), dim=flat.dim,
                                   forward=bool(torch.equal(before, after)), grad=grad))
 if comm.rank == 0:
     print(json.dumps(rows))
@@ -118,6 +120,7 @@ def test_the_ranks_of_a_node_hold_views_of_one_base():
     assert len(rows) == 3
     for row in rows:
         assert row["inside"] and row["same"] and row["tied"] and row["forward"] and not row["grad"]
+        assert row["dim"] == 2 * (8 * 32 + 96 * 8)        # the adapters alone in the flat vector
         assert row["seen"] == 1234.5        # rank 0's write is in every rank's view: one copy on the node
         # the base once: each tensor starts on a page (fedmpi.mpi.shared_arrays.SHARED_ALIGN)
         assert base_bytes <= row["bytes"] < base_bytes + SHARED_ALIGN * len(frozen)
