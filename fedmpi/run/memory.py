@@ -147,12 +147,13 @@ def model_size(cfg, input_shape, classes):
     storage, so model.hidden = 100000 is counted, not allocated. None where a builder cannot run on meta."""
     import torch
 
+    from fedmpi.algorithms import prepare_model
     from fedmpi.core.errors import ConfigError
     from fedmpi.core.models import BUILDERS, build_model
 
     try:
         with torch.device("meta"):
-            module = build_model(cfg.model, input_shape, classes)
+            module = prepare_model(cfg, build_model(cfg.model, input_shape, classes))
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return None
     except ConfigError:

@@ -98,16 +98,18 @@ def check(spec, configs, datasets) -> list:
 
 
 def _model_shape(cfg, dataset, cache):
-    """The ModelShape of `cfg`'s model on `dataset`, as set-up measures it (built once per model and data)."""
+    """The ModelShape of `cfg`'s model on `dataset`, as set-up measures it (built once per model, algorithm
+    and data: the algorithm's `prepare_model` may freeze parameters or add buffers)."""
+    from fedmpi.algorithms import prepare_model
     from fedmpi.core import rng
     from fedmpi.core.flat import FlatModel, forward_probe
     from fedmpi.core.models import build_model
 
-    key = (json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str), tuple(dataset.input_shape),
-           dataset.num_classes)
+    key = (json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.algorithm)], sort_keys=True,
+                      default=str), tuple(dataset.input_shape), dataset.num_classes)
     if key not in cache:
         rng.seed_torch(cfg.seed, rng.INIT)
-        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        model = prepare_model(cfg, build_model(cfg.model, dataset.input_shape, dataset.num_classes))
         cache[key] = FlatModel(model).describe(forward_probe(model, dataset.x_train))
     return cache[key]
 
