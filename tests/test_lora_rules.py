@@ -142,6 +142,47 @@ def test_hetlora_client_ranks_cycle_and_draw_the_same_everywhere():
     assert drawn == [again.rank_of(c) for c in range(40)] and set(drawn) == {1, 2, 4}
 
 
+def test_hetlora_self_pruning_regularises_the_tail_and_prunes_when_its_norm_falls():
+    # rank 4, gamma 0.5: the tail is ranks 2 and 3; a prune leaves rank 2.
+    cfg = cfg_of("hetlora", clients=2, ranks=[4], prune_lambda=0.25, prune_decay=0.5, aggregation="mean")
+    flat, algo = built(cfg)
+    layout, gen = algo.layout, torch.Generator().manual_seed(4)
+    down = flat.vec.clone()
+    ups = random_adapters(layout, gen)
+
+    def tail_norm(adapters, scale=1.0):
+        return math.sqrt(sum(float(((p.scaling * (scale * b[:, 2:]).double() @ a[2:].double()) ** 2).sum())
+                             for p, (a, b) in zip(layout, adapters)))
+
+    # The loss: cross-entropy plus lambda times the tail's product norm, at the client's trained values.
+    run = ClientRun(cid=0, round=0, n_samples=1, lr=0.1)
+    algo.client_start(run, down, flat)
+    for pair, (a, b) in zip(layout, ups):
+        pair.A(flat.vec.detach()).copy_(a)
+        pair.B(flat.vec.detach()).copy_(b)
+    xb, yb = torch.randn(3, 4, generator=gen), torch.tensor([0, 2, 1])
+    plain = torch.nn.functional.cross_entropy(flat.module(xb), yb)
+    assert float(algo.loss_fn(xb, yb).detach()) == pytest.approx(float(plain.detach()) + 0.25 * tail_norm(ups), rel=1e-5)
+    # Round 0: nothing to compare with, the rank stays 4 and the norm is kept.
+    upload(algo, flat, down, 0, ups)
+    assert algo.rank_of(0) == 4 and float(algo.tail_norms.on(0, "cpu")[0]) == pytest.approx(tail_norm(ups), 1e-5)
+    # A larger tail next round: no prune.
+    bigger = [(a, 2 * b) for a, b in ups]
+    upload(algo, flat, down, 0, bigger)
+    assert algo.rank_of(0) == 4
+    # A smaller one: prune to floor(0.5 * 4) = 2, the upload's tail already zero, and rank 2 from then on.
+    smaller = [(a, 0.5 * b) for a, b in ups]
+    acc, _ = upload(algo, flat, down, 0, smaller)
+    assert algo.rank_of(0) == 2
+    for pair in layout:
+        assert torch.equal(pair.A(acc)[2:], -pair.A(down.double())[2:])     # zero minus the broadcast
+        assert torch.equal(pair.B(acc)[:, 2:], -pair.B(down.double())[:, 2:])
+    run = ClientRun(cid=0, round=3, n_samples=1, lr=0.1)
+    algo.client_start(run, down, flat)
+    assert not layout[0].A(flat.vec.detach())[2:].any()
+    assert algo.rank_of(1) == 4          # the other client's rank is its own
+
+
 # -- FLoRA ---------------------------------------------------------------------------------------------------
 def reference_stacking(adapters, weights):
     """ATP-1010/FederatedLLM, fed_utils/model_aggregation.py, FedAvg(..., stacking=True, heter, zero_padding=
@@ -268,6 +309,8 @@ def _check(cfg):
 @pytest.mark.parametrize("name,keys,cfg_extra,words", [
     ("hetlora", {}, {}, "algorithm.ranks = []: set the clients' ranks"),
     ("hetlora", {"ranks": [0, 4]}, {}, "algorithm.ranks = [0, 4]: every rank must be an integer >= 1"),
+    ("hetlora", {"ranks": [2, 4], "prune_lambda": 0.1, "prune_decay": 1.0}, {},
+     "algorithm.prune_decay = 1.0: must be in (0, 1)"),
     ("flora", {}, {"server": {"lr": 0.5}}, "server.lr = 0.5: algorithm.name = 'flora' adds the clients' summed "
                                            "products to the merged base as they are (x + update); use 1"),
     ("flora", {}, {"server": {"optimizer": "adam"}}, "server.optimizer = 'adam'"),

@@ -71,7 +71,7 @@ EXTRA = {
     ("algorithm", "fedit"): LORA,
     ("algorithm", "ffa_lora"): LORA,
     ("algorithm", "fedsa_lora"): LORA,
-    ("algorithm", "hetlora"): {**LORA, "algorithm": {"ranks": [2, 4]}},
+    ("algorithm", "hetlora"): {**LORA, "algorithm": {"ranks": [2, 4], "prune_lambda": 0.1, "prune_decay": 0.5}},
     ("algorithm", "flora"): {**LORA, "algorithm": {"ranks": [2, 4]}},
     ("algorithm", "fsl"): SERVER_SET,
     ("algorithm", "safl"): SERVER_SET,

@@ -12,9 +12,15 @@ aggregation of the paper: every client's adapter padded with zeros to rank r, av
 ||Delta W_k||_F = ||s B_k A_k||_F, here the Frobenius norm over every LoRA layer together) or `mean`
 (FedAvg's n_k weights).
 
-What is not here: the paper's rank self-pruning (a client's regularised last ranks pruned when their norm
-falls) is not implemented; clients keep their assigned rank. No authors' code is public: the rule is checked
-against hand-computed cases (tests/test_lora_rules.py).
+Rank self-pruning (the paper's Sec. 3.2, on with `prune_lambda` > 0): a client of rank r_k adds to its loss
+lambda ||s B_tail A_tail||_F, the product of its last ranks floor(gamma r_k)..r_k (gamma = `prune_decay`; the
+Frobenius norm over every LoRA layer together), which drives those ranks towards zero; after training, when
+that norm is below the one its previous round ended with, the client prunes: its rank becomes
+floor(gamma r_k) (at least 1) for the rest of the run, and its upload already leaves the pruned ranks out
+(zero, as a lower-rank client's). Each client's current rank and last tail norm are client state
+(/clients/<cid>/lora_rank, tail_norm: checkpointed), and every trained client's rank is recorded per round
+(/clients/lora_rank). No authors' code is public: the rule is checked against hand-computed cases
+(tests/test_lora_rules.py); the pruning condition is the paper's description, not a port.
 
 The rank masks are shared with FLoRA (`RankedClients`).
 """
@@ -29,8 +35,10 @@ from fedmpi.algorithms import lora
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
+from fedmpi.algorithms.state import ClientVectors
 from fedmpi.core.config_checks import Checks
 from fedmpi.core.errors import ConfigError
+from fedmpi.core.lazy import torch
 
 
 class RankedClients:
@@ -91,6 +99,11 @@ class HetLoraKeys(AlgorithmKeys):
     """Which rank a client gets: ranks[cid mod len(ranks)] (cycle) or a seeded draw from `ranks` (draw)."""
     aggregation: Literal["sparsity", "mean"] = "sparsity"
     """Weights of the zero-padded mean: ||s B_k A_k||_F (sparsity, the paper's) or the sample counts (mean)."""
+    prune_lambda: float = 0.0
+    """Rank self-pruning's regularisation weight lambda on the last ranks' product norm; 0: no pruning."""
+    prune_decay: float = 0.9
+    """Rank self-pruning's gamma in (0, 1): the last ranks are those from floor(gamma r_k) on, the rank after a
+    prune floor(gamma r_k) (at least 1)."""
 
 
 @register
@@ -100,9 +113,17 @@ class HetLora(RankedClients, FedAvg):
     vectorizable = False        # the gradient mask is a per-client grad_hook
 
     @classmethod
+    def form(cls, keys):
+        return HetLoraPruning if keys.prune_lambda > 0 else cls
+
+    @classmethod
     def check(cls, cfg, model):
         lora.require_adapters(cfg, model)
         c = Checks("algorithm")
+        c.require(cfg.algorithm.prune_lambda >= 0, "prune_lambda", cfg.algorithm.prune_lambda,
+                  "must be >= 0 (0: no rank self-pruning)")
+        c.require(0 < cfg.algorithm.prune_decay < 1, "prune_decay", cfg.algorithm.prune_decay,
+                  "must be in (0, 1): the share of its rank a pruning client keeps")
         c.require(bool(cfg.algorithm.ranks), "ranks", list(cfg.algorithm.ranks),
                   "set the clients' ranks (e.g. [2, 4, 8] for a model of LoRA rank 8): with none, every client "
                   "trains the full rank, which is algorithm.name = 'fedit'")
@@ -140,3 +161,58 @@ class HetLora(RankedClients, FedAvg):
         if weight_sum <= 0:         # every product zero (sparsity weights): nothing to average
             return None
         return super().aggregate(x, up_sum, weight_sum, round_)
+
+
+class HetLoraPruning(HetLora):
+    """HetLoRA with rank self-pruning (`prune_lambda` > 0): each client's rank and last tail norm are its state."""
+
+    keeps_client_state = True
+    client_columns = ("lora_rank",)
+
+    def __init__(self, keys, context):
+        super().__init__(keys, context)
+        self.ranks_now = ClientVectors("lora_rank", length=1, whole=True)     # a client's rank once it pruned
+        self.tail_norms = ClientVectors("tail_norm", length=1)                # its tail norm after its last round
+        self._flat, self._rank = None, 0
+
+    def rank_of(self, cid) -> int:
+        mine = self.ranks_now.on(cid, "cpu")
+        return int(mine[0]) if mine is not None else super().rank_of(cid)
+
+    def tail(self, rank) -> int:
+        """The first of a client's last ranks (those it regularises and would prune): floor(gamma r), >= 1."""
+        return max(1, math.floor(self.keys.prune_decay * rank))
+
+    def client_start(self, run, down, model):
+        super().client_start(run, down, model)
+        self._flat, self._rank = model, self.rank_of(run.cid)
+
+    def tail_norm(self, rank):
+        """||s B_tail A_tail||_F over every LoRA layer, from the module's parameters (autograd reaches them)."""
+        low = self.tail(rank)
+        if low >= rank:
+            return torch.zeros(())
+        parts = [(layer.scaling[key] * (layer.lora_B[key].weight[:, low:rank] @ layer.lora_A[key].weight[low:rank]))
+                 .reshape(-1) for _, layer, key in lora.lora_layers(self._flat.module)]
+        # vector_norm's gradient at a zero norm is zero (B starts at zero), where sqrt(sum of squares) gives NaN
+        return torch.linalg.vector_norm(torch.cat(parts))
+
+    def loss_fn(self, xb, yb):
+        logits = self._flat.module(xb)
+        loss = torch.nn.functional.cross_entropy(logits, yb)
+        if self.tail(self._rank) < self._rank:
+            loss = loss + self.keys.prune_lambda * self.tail_norm(self._rank)
+        return loss
+
+    def accumulate(self, run, down, model, acc):
+        rank = self._rank
+        with torch.no_grad():
+            now = self.tail_norm(rank).to(torch.float32).reshape(1).cpu()
+        before = self.tail_norms.on(run.cid, "cpu")
+        if before is not None and self.tail(rank) < rank and float(now[0]) < float(before[0]):
+            rank = self.tail(rank)          # prune: the last ranks leave this upload and every later round
+            model.vec.detach()[: self.n_params].mul_(lora.rank_mask(self.layout, rank, self.n_params, model.device))
+            self.ranks_now[run.cid] = torch.tensor([float(rank)])
+        self.tail_norms[run.cid] = now
+        run.figures["lora_rank"] = float(rank)
+        return super().accumulate(run, down, model, acc)
