@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fedmpi.algorithms import lora
 from fedmpi.algorithms.base import AlgorithmKeys
 from fedmpi.algorithms.catalog import register
 from fedmpi.algorithms.fedavg import FedAvg
 from fedmpi.algorithms.state import ClientVectors
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, Range, factor
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.lazy import torch
 
@@ -105,6 +105,8 @@ class HetLoraKeys(AlgorithmKeys):
     """Rank self-pruning's gamma in (0, 1): the last ranks are those from floor(gamma r_k) on, the rank after a
     prune floor(gamma r_k) (at least 1)."""
 
+    RANGES: ClassVar[dict] = {"prune_lambda": factor(), "prune_decay": Range(0, 1, low_open=True, high_open=True)}
+
 
 @register
 class HetLora(RankedClients, FedAvg):
@@ -120,10 +122,6 @@ class HetLora(RankedClients, FedAvg):
     def check(cls, cfg, model):
         lora.require_adapters(cfg, model)
         c = Checks("algorithm")
-        c.require(cfg.algorithm.prune_lambda >= 0, "prune_lambda", cfg.algorithm.prune_lambda,
-                  "must be >= 0 (0: no rank self-pruning)")
-        c.require(0 < cfg.algorithm.prune_decay < 1, "prune_decay", cfg.algorithm.prune_decay,
-                  "must be in (0, 1): the share of its rank a pruning client keeps")
         c.require(bool(cfg.algorithm.ranks), "ranks", list(cfg.algorithm.ranks),
                   "set the clients' ranks (e.g. [2, 4, 8] for a model of LoRA rank 8): with none, every client "
                   "trains the full rank, which is algorithm.name = 'fedit'")
