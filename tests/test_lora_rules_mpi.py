@@ -17,12 +17,14 @@ pytest.importorskip("peft")
 ENV = {"PYTHONPATH": str(ROOT / "tests")}
 DP = {"privacy": {"mechanism": "gaussian", "clip": 0.5, "noise_multiplier": 0.5}}
 SECAGG = {"server": {"secure_aggregation": "secagg"}}
+MEDIAN = {"server": {"aggregator": "median"}}
 COMBOS = {
     "fedit-secagg": ({"name": "fedit", "product_gap": True}, SECAGG),
-    "fedit-median": ({"name": "fedit"}, {"server": {"aggregator": "median"}}),
+    "fedit-median": ({"name": "fedit"}, MEDIAN),
     "ffa_lora-dp": ({"name": "ffa_lora"}, DP),
     "fedsa_lora-secagg": ({"name": "fedsa_lora"}, SECAGG),
-    "hetlora-dp": ({"name": "hetlora", "ranks": [2, 4], "aggregation": "mean"}, DP),
+    "hetlora-dp": ({"name": "hetlora", "ranks": [2, 4], "aggregation": "mean", "prune_lambda": 0.1}, DP),
+    "hetlora-median": ({"name": "hetlora", "ranks": [2, 4], "aggregation": "mean"}, MEDIAN),
     "flora-dp": ({"name": "flora", "ranks": [2, 4]}, DP),
     "flora-secagg": ({"name": "flora"}, SECAGG),
 }
@@ -73,6 +75,8 @@ def test_composed_rules_do_not_depend_on_the_rank_count(runs, name):
     ({"name": "flora"}, {"server": {"aggregator": "median"}},
      "server.aggregator = 'median': needs an algorithm whose upload is one vector averaged by weight; "
      "algorithm.name = 'flora' is not one"),
+    ({"name": "hetlora", "ranks": [2, 4]}, {"server": {"aggregator": "median"}},
+     "algorithm.aggregation = 'sparsity': server.aggregator = 'median' weighs the uploads by their sample counts"),
     ({"name": "hetlora", "ranks": [2, 4]}, {"privacy": {"mechanism": "gaussian"}},
      "its sparsity weights ||B_k A_k||_F come from each client's training and are neither clipped nor bounded"),
     ({"name": "fedit", "product_gap": True}, {"server": {"aggregator": "krum"}},

@@ -116,7 +116,7 @@ class HetLora(RankedClients, FedAvg):
 
     @classmethod
     def form(cls, keys):
-        return HetLoraPruning if keys.prune_lambda > 0 else cls
+        return FORMS[(keys.aggregation == "sparsity", keys.prune_lambda > 0)]
 
     @classmethod
     def check(cls, cfg, model):
@@ -127,6 +127,9 @@ class HetLora(RankedClients, FedAvg):
                   "trains the full rank, which is algorithm.name = 'fedit'")
         c.require(cfg.algorithm.aggregation in ("sparsity", "mean"), "aggregation", cfg.algorithm.aggregation,
                   "must be 'sparsity' or 'mean'")
+        c.require(cfg.algorithm.aggregation != "sparsity" or cfg.server.aggregator == "mean", "aggregation",
+                  cfg.algorithm.aggregation, f"server.aggregator = {cfg.server.aggregator!r} weighs the uploads by "
+                  f"their sample counts, not by the sparsity weights; use algorithm.aggregation = 'mean'")
         c.done()
         cls.check_rank_keys(cfg)
         super().check(cfg, model)
@@ -214,3 +217,21 @@ class HetLoraPruning(HetLora):
         self.tail_norms[run.cid] = now
         run.figures["lora_rank"] = float(rank)
         return super().accumulate(run, down, model, acc)
+
+
+class HetLoraSparsity(HetLora):
+    """HetLoRA with the paper's sparsity weights: a robust aggregator weighs uploads by sample counts, so none
+    may replace its mean (refused at set-up, exit 2)."""
+
+    robust_aggregation = False
+
+
+class HetLoraPruningSparsity(HetLoraPruning):
+    """Rank self-pruning with the sparsity weights (see HetLoraSparsity)."""
+
+    robust_aggregation = False
+
+
+# (sparsity weights, rank self-pruning) -> the class that runs them
+FORMS = {(False, False): HetLora, (True, False): HetLoraSparsity, (False, True): HetLoraPruning,
+         (True, True): HetLoraPruningSparsity}
