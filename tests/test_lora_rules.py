@@ -246,9 +246,9 @@ def one_by_one_model_uploads(name, products, **keys):
     cfg = cfg_of(name, clients=2, **keys)
     flat, algo = built(cfg, input_shape=(1,), classes=1, width=1, rank=1)
     down = flat.vec.clone()
-    for pair in algo.layout:
-        pair.A(down).fill_(0.0)
-        pair.B(down).fill_(0.0)
+    for pair in algo.layout:        # the broadcast's adapters (1, 1): the uploads are changes from them
+        pair.A(down).fill_(1.0)
+        pair.B(down).fill_(1.0)
     total = torch.zeros(algo.dim, dtype=torch.float64)
     for cid, (a, b) in enumerate(products):
         acc, w = upload(algo, flat, down, cid, [(torch.tensor([[a]]), torch.tensor([[b]]))] * 2)
