@@ -69,6 +69,34 @@ def random_adapters(layout, gen, rank=None):
     return out
 
 
+# -- FedIT --------------------------------------------------------------------------------------------------
+def reference_fedit(state_dicts, sizes):
+    """JayZhang42/FederatedGPT-Shepherd, fed_utils/model_aggregation.py, FedAvg (commit 90d8aa6): the clients'
+    adapter state dicts summed with the weights normalize(sizes, p=1), key by key."""
+    weights_array = torch.nn.functional.normalize(torch.tensor(sizes, dtype=torch.float32), p=1, dim=0)
+    out = {key: state_dicts[0][key] * weights_array[0] for key in state_dicts[0]}
+    for k in range(1, len(state_dicts)):
+        out = {key: out[key] + state_dicts[k][key] * weights_array[k] for key in state_dicts[k]}
+    return out
+
+
+def test_fedit_averages_a_and_b_as_the_reference_does():
+    flat, algo = built(cfg_of("fedit"))
+    layout, gen = adapter_layout(flat), torch.Generator().manual_seed(6)
+    down = flat.vec.clone()
+    sizes = [5.0, 2.0, 9.0]
+    ups = [random_adapters(layout, gen) for _ in sizes]
+    total = torch.zeros(algo.dim, dtype=torch.float64)
+    for cid, (ad, n) in enumerate(zip(ups, sizes)):
+        total += upload(algo, flat, down, cid, ad, weight=n)[0]
+    new = down.double() + algo.aggregate(down, total, sum(sizes), 0)
+    reference = reference_fedit([{f"{p.name}.{m}": t for p, (a, b) in zip(layout, ad) for m, t in (("A", a), ("B", b))}
+                                 for ad in ups], sizes)
+    for pair in layout:
+        assert torch.allclose(pair.A(new), reference[f"{pair.name}.A"].double(), atol=1e-6)
+        assert torch.allclose(pair.B(new), reference[f"{pair.name}.B"].double(), atol=1e-6)
+
+
 # -- FFA-LoRA ------------------------------------------------------------------------------------------------
 def test_ffa_lora_freezes_a_out_of_the_vector_and_its_mean_of_products_is_exact():
     cfg = cfg_of("ffa_lora")
@@ -186,7 +214,7 @@ def test_hetlora_self_pruning_regularises_the_tail_and_prunes_when_its_norm_fall
 # -- FLoRA ---------------------------------------------------------------------------------------------------
 def reference_stacking(adapters, weights):
     """ATP-1010/FederatedLLM, fed_utils/model_aggregation.py, FedAvg(..., stacking=True, heter, zero_padding=
-    False), lines 58-88 (commit 0912cd3): weights normalised with p=1; client 0's A times its weight, B as is;
+    False), lines 58-91 (commit 0912cd3): weights normalised with p=1; client 0's A times its weight, B as is;
     each further client's A (shape[0] == its rank) times its weight concatenated along dim 0, its B
     (shape[1] == its rank) concatenated along dim 1. `adapters`: per client (A [r_k, d_in], B [d_out, r_k])."""
     weights_array = torch.nn.functional.normalize(torch.tensor(weights, dtype=torch.float32), p=1, dim=0)

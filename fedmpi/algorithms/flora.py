@@ -1,7 +1,7 @@
 """FLoRA (Wang, Shen, Xu, Cheng, Wang, Xu, "FLoRA: Federated Fine-Tuning Large Language Models with
 Heterogeneous Low-Rank Adaptations", NeurIPS 2024; reference ATP-1010/FederatedLLM).
 
-The reference stacks the clients' adapters (fed_utils/model_aggregation.py, `FedAvg(..., stacking=True)`):
+The reference stacks the clients' adapters (fed_utils/model_aggregation.py at 0912cd3, lines 58-91):
 A_stack = [p_1 A_1; ...; p_K A_K] along the rank axis, B_stack = [B_1, ..., B_K] along it too, so
 B_stack A_stack = sum_k p_k B_k A_k, the exact weighted sum of the clients' products; the server merges it
 into its copy of the base model and every client starts the next round from new adapters.
