@@ -29,7 +29,7 @@ REINIT_KEY = 54             # (seed, INIT, REINIT_KEY, round): FLoRA's fresh A o
 RANK_KEY = 55               # (seed, INIT, RANK_KEY, cid): a client's rank under `rank_assignment: draw`
 
 
-def matching(model, pattern) -> int:
+def entries_matching(model, pattern) -> int:
     """Entries of the flat vector (`model`: a FlatModel or its ModelShape) whose name matches `pattern`."""
     return sum(numel for name, _, numel in model.entries if fnmatch.fnmatchcase(name, pattern))
 
@@ -37,7 +37,7 @@ def matching(model, pattern) -> int:
 def require_adapters(cfg, model, patterns=(ADAPTER_A, ADAPTER_B)):
     """ConfigError (exit 2) naming algorithm.name unless the flat vector has trainable entries matching every
     pattern: a LoRA rule on a model without adapters would be FedAvg (or nothing) under another name."""
-    missing = [p for p in patterns if not matching(model, p)]
+    missing = [p for p in patterns if not entries_matching(model, p)]
     c = Checks("algorithm")
     c.require(not missing, "name", cfg.algorithm.name,
               f"trains LoRA adapters, but model.name = {cfg.model.name!r} has no trainable parameter matching "
@@ -69,10 +69,9 @@ class AdapterPair:
     def D(self, vec):
         return vec[self.delta:self.delta + self.d_out * self.d_in].view(self.d_out, self.d_in)
 
-    def product(self, vec, a_vec=None):
-        """s B A of `vec`'s adapters (A from `a_vec` when given: a frozen A read from the module)."""
-        a = self.A(vec) if a_vec is None else a_vec
-        return self.scaling * (self.B(vec) @ a)
+    def product(self, vec):
+        """s B A of `vec`'s adapters."""
+        return self.scaling * (self.B(vec) @ self.A(vec))
 
 
 def lora_layers(module):
@@ -98,25 +97,7 @@ def adapter_layout(flat) -> tuple:
     return tuple(pairs)
 
 
-def frozen_a(flat, pair):
-    """A frozen A (FFA-LoRA's), read from the module: it is not in the flat vector."""
-    module = dict(flat.module.named_modules())[pair.name]
-    return next(iter(module.lora_A.values())).weight.detach()
-
-
 # -- ranks ------------------------------------------------------------------------------------------------------
-def check_ranks(cfg, model_rank, ranks, assignment):
-    """ConfigError naming algorithm.ranks unless every rank is in 1..r and the largest is r (the model's)."""
-    c = Checks("algorithm")
-    values = list(ranks)
-    c.require(all(isinstance(r, int) and 1 <= r <= model_rank for r in values), "ranks", values,
-              f"every rank must be an integer in 1..{model_rank} (the model's LoRA rank)")
-    c.require(not values or max(values) == model_rank, "ranks", values,
-              f"the largest rank must equal the model's LoRA rank {model_rank} (the global adapters' size)")
-    c.require(assignment in ("cycle", "draw"), "rank_assignment", assignment, "must be 'cycle' or 'draw'")
-    c.done()
-
-
 def client_rank(cid, ranks, assignment, seed) -> int:
     """Client `cid`'s LoRA rank: ranks[cid mod len] (`cycle`) or a seeded draw from `ranks` (`draw`), the
     same on every rank and in every round."""
@@ -134,12 +115,6 @@ def rank_mask(layout, rank, n_params, device) -> torch.Tensor:
                 pair.A(mask)[rank:, :] = 0
             pair.B(mask)[:, rank:] = 0
     return mask
-
-
-def model_rank(model) -> int | None:
-    """The LoRA rank of a FlatModel's adapters (the largest, where layers differ); None without adapters."""
-    layout = adapter_layout(model)
-    return max(p.rank for p in layout) if layout else None
 
 
 # -- products and FLoRA's delta ---------------------------------------------------------------------------------
