@@ -353,3 +353,41 @@ def test_a_largest_rank_other_than_the_models_is_refused(name):
     with pytest.raises(ConfigError, match=r"algorithm.ranks = \[2, 3\]: every rank must be in 1..4 and the "
                                           r"largest 4, the model's LoRA rank"):
         built(cfg_of(name, ranks=[2, 3]))
+
+
+# -- prepare_model where models are built to be described --------------------------------------------------------
+def test_the_sweep_and_memory_descriptions_see_what_prepare_model_changed():
+    from types import SimpleNamespace
+
+    from fedmpi.run.memory import model_size
+    from fedmpi.sweep.configs import _model_shape
+
+    data = SimpleNamespace(input_shape=(4,), num_classes=3, x_train=np.zeros((2, 4), dtype=np.float32))
+    cache = {}
+    shapes = {name: _model_shape(cfg_of(name), data, cache) for name in ("fedit", "ffa_lora", "flora")}
+    # TinyLora((4,), 3, width 16, rank 4): fc1 A 4x4, B 16x4; fc2 A 4x16, B 3x4; FLoRA's deltas 16x4 and 3x16.
+    a_entries, b_entries, deltas = 4 * 4 + 4 * 16, 16 * 4 + 3 * 4, 16 * 4 + 3 * 16
+    assert shapes["fedit"].dim == a_entries + b_entries
+    assert shapes["ffa_lora"].dim == b_entries                     # A frozen: outside the vector
+    assert shapes["flora"].dim == a_entries + b_entries + deltas     # the merged deltas travel
+    assert len(cache) == 3                  # one shape per algorithm: the cache key holds the algorithm's keys
+    assert model_size(cfg_of("flora"), (4,), 3) == (a_entries + b_entries, a_entries + b_entries + deltas)
+    assert model_size(cfg_of("ffa_lora"), (4,), 3) == (b_entries, b_entries)
+
+
+@pytest.mark.parametrize("name,params,entries", [("ffa_lora", 16 * 4 + 10 * 4, 16 * 4 + 10 * 4),
+                                                  ("flora", 4 * 784 + 16 * 4 + 4 * 16 + 10 * 4,
+                                                   4 * 784 + 16 * 4 + 4 * 16 + 10 * 4 + 16 * 784 + 10 * 16)])
+def test_the_dry_run_builds_the_prepared_model(tmp_path, capsys, name, params, entries):
+    from conftest import write_config
+    from dataset_files import write_mnist_family
+
+    from fedmpi.cli import main
+
+    write_mnist_family(tmp_path / "mnist", "MNIST", n_train=40, n_test=10)
+    path = write_config(tmp_path / "c.yaml", {
+        "data": {"name": "mnist", "root": str(tmp_path / "mnist")}, "partition": {"clients": 4},
+        "server": {"clients_per_round": 2}, "model": {"name": LORA_MODEL}, "algorithm": {"name": name},
+        "runtime": {"threads": 1, "progress": "off"}, "out": str(tmp_path / "out")})
+    assert main(["run", str(path), "--dry-run"]) == 0
+    assert f"model: {LORA_MODEL}, {params} parameters ({entries} entries with buffers)" in capsys.readouterr().out
