@@ -82,13 +82,17 @@ def test_composed_rules_do_not_depend_on_the_rank_count(runs, name):
     ({"name": "fedit", "product_gap": True}, {"server": {"aggregator": "krum"}},
      "algorithm.name = 'fedit' is not one"),
     ({"name": "flora"}, {"server": {"optimizer": "adam"}}, "server.optimizer = 'adam'"),
+    ({"name": "hetlora", "ranks": [1, 2], "aggregation": "mean"}, {},
+     "algorithm.ranks = [1, 2]: every rank must be in 1..4 and the largest 4, the model's LoRA rank"),
 ])
-def test_what_a_rule_cannot_compose_with_is_refused_before_any_file(tmp_path, capsys, monkeypatch, algorithm,
+def test_what_a_rule_cannot_run_is_refused_before_any_file(tmp_path, capsys, monkeypatch, algorithm,
                                                                    extra, words):
     monkeypatch.syspath_prepend(str(ROOT / "tests"))
     write_mnist_family(tmp_path / "mnist", "MNIST", n_train=40, n_test=10)
     out = tmp_path / "out"
     path = write_config(tmp_path / "c.yaml", config_of(tmp_path / "mnist", algorithm, extra, out))
+    assert main(["run", str(path), "--dry-run"]) == 2       # the dry run refuses what the run would
+    assert words in capsys.readouterr().err
     assert main(["run", str(path)]) == 2
     assert words in capsys.readouterr().err
     assert not out.exists()

@@ -59,6 +59,7 @@ class Flora(RankedClients, FedAvg):
 
     @classmethod
     def prepare_model(cls, keys, module):
+        cls.check_ranks_fit(keys, module)
         lora.add_delta_buffers(module, in_forward=True)
 
     @classmethod

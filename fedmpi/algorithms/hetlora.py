@@ -55,17 +55,24 @@ class RankedClients:
                   cfg.algorithm.rank_assignment, "must be 'cycle' or 'draw'")
         c.done()
 
-    def setup_ranks(self, flat):
-        """The adapters' layout on this rank's model; ConfigError naming algorithm.ranks unless its largest
-        rank is the model's (known only once the model is built, on every rank alike, before any file)."""
-        self.layout = lora.adapter_layout(flat)
-        self._masks, self._mask = {}, None
-        full = max(p.rank for p in self.layout)
-        ranks = list(self.keys.ranks)
-        if ranks and (max(ranks) != full or min(ranks) < 1):
+    @classmethod
+    def check_ranks_fit(cls, keys, module):
+        """ConfigError naming algorithm.ranks unless its largest rank is the model's LoRA rank (known once the
+        model is built: asked from `prepare_model`, on every rank alike, before any file, --dry-run included)."""
+        layers = lora.lora_layers(module)
+        ranks = list(keys.ranks)
+        if not layers or not ranks:
+            return          # no adapters: check() refuses the model; no ranks: every client at the full rank
+        full = max(int(layer.lora_A[key].weight.shape[0]) for _, layer, key in layers)
+        if max(ranks) != full or min(ranks) < 1:
             raise ConfigError(f"algorithm.ranks = {ranks}: every rank must be in 1..{full} and the largest "
                               f"{full}, the model's LoRA rank (the global adapters' size)")
-        self.full_rank = full
+
+    def setup_ranks(self, flat):
+        """The adapters' layout on this rank's model and the full rank (the global adapters')."""
+        self.layout = lora.adapter_layout(flat)
+        self._masks, self._mask = {}, None
+        self.full_rank = max(p.rank for p in self.layout)
 
     def rank_of(self, cid) -> int:
         if not self.keys.ranks:
@@ -117,6 +124,10 @@ class HetLora(RankedClients, FedAvg):
     @classmethod
     def form(cls, keys):
         return FORMS[(keys.aggregation == "sparsity", keys.prune_lambda > 0)]
+
+    @classmethod
+    def prepare_model(cls, keys, module):
+        cls.check_ranks_fit(keys, module)
 
     @classmethod
     def check(cls, cfg, model):
