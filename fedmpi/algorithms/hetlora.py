@@ -12,15 +12,16 @@ aggregation of the paper: every client's adapter padded with zeros to rank r, av
 ||Delta W_k||_F = ||s B_k A_k||_F, here the Frobenius norm over every LoRA layer together) or `mean`
 (FedAvg's n_k weights).
 
-Rank self-pruning (the paper's Sec. 3.2, on with `prune_lambda` > 0): a client of rank r_k adds to its loss
-lambda ||s B_tail A_tail||_F, the product of its last ranks floor(gamma r_k)..r_k (gamma = `prune_decay`; the
-Frobenius norm over every LoRA layer together), which drives those ranks towards zero; after training, when
-that norm is below the one its previous round ended with, the client prunes: its rank becomes
-floor(gamma r_k) (at least 1) for the rest of the run, and its upload already leaves the pruned ranks out
-(zero, as a lower-rank client's). Each client's current rank and last tail norm are client state
-(/clients/<cid>/lora_rank, tail_norm: checkpointed), and every trained client's rank is recorded per round
-(/clients/lora_rank). No authors' code is public: the rule is checked against hand-computed cases
-(tests/test_lora_rules.py); the pruning condition is the paper's description, not a port.
+Rank self-pruning (the paper's local training with rank self-pruning; on with `prune_lambda` > 0): a
+client of rank r_k adds to its loss lambda ||s B_tail A_tail||_F, the product of its last ranks
+floor(gamma r_k)..r_k (gamma = `prune_decay`; the Frobenius norm over every LoRA layer together), which drives
+those ranks towards zero; after training, when that norm is below the one its previous round ended with, the
+client prunes: its rank becomes floor(gamma r_k) (at least 1) for the rest of the run, and its upload already
+leaves the pruned ranks out (zero, as a lower-rank client's). Each client's current rank and last tail norm
+are client state (/clients/<cid>/lora_rank, tail_norm: checkpointed), and every trained client's rank is
+recorded per round (/clients/lora_rank). No authors' code is public: the rule is checked against
+hand-computed cases (tests/test_lora_rules.py); the regulariser and the pruning condition are written from
+the paper's description, not ported from code.
 
 The rank masks are shared with FLoRA (`RankedClients`).
 """
