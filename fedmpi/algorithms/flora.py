@@ -23,8 +23,10 @@ reference's stacking of adapters of different ranks gives.
 Differences from the reference. The wire: FLoRA moves each client's adapters up (r_k (d_in + d_out) floats
 per layer) and the stacked adapters down; fedmpi moves the flat vector, the delta buffers (d_out x d_in per
 layer) included, so bytes_up and bytes_down count those instead. The scaling: the reference merges B_stack
-A_stack with the scaling of its new LoRA config; here each client's product carries its own s = alpha / r,
-so the merged delta is exactly the sum of what the clients' adapters added to their models' outputs.
+A_stack with the scaling of its new LoRA config; here each client's product carries the scaling its adapter
+trained with, so the merged delta is exactly the weighted sum of what the clients' adapters added to their
+models' outputs. That scaling is the model's s = alpha / r for every client: a client of rank r_k trains the
+first r_k ranks of the rank-r adapter (where the reference builds a rank-r_k LoRA config, alpha / r_k).
 Robust aggregators are refused (a coordinate rule over products and adapters is no longer FLoRA's sum).
 """
 

@@ -5,7 +5,8 @@ Each client has a rank r_k from `ranks` (client cid gets ranks[cid mod len] unde
 a seeded draw from (seed, INIT, 55, cid) under `draw`; the same on every rank and in every round), the
 largest of which must be the model's LoRA rank r (the global adapters' size). At client_start the global
 adapters are truncated to the client's rank: A's rows and B's columns at or past r_k are set to zero, and
-their gradients are masked to zero at every local step, so the client trains an r_k-rank adapter. The upload
+their gradients are masked to zero at every local step, so the client trains an r_k-rank adapter (with the
+model's scaling alpha / r: the first r_k ranks of the global adapter, not a new rank-r_k LoRA). The upload
 is the change of that zero-padded adapter from the broadcast, so the server's mean is the zero-padded
 aggregation of the paper: every client's adapter padded with zeros to rank r, averaged entry by entry.
 `aggregation` picks the weights: `sparsity` (the paper's sparsity-weighted aggregation, p_k proportional to
