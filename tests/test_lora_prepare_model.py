@@ -33,7 +33,10 @@ def test_the_sweep_and_memory_descriptions_see_what_prepare_model_changed():
     assert shapes["fedit"].dim == a_entries + b_entries
     assert shapes["ffa_lora"].dim == b_entries                     # A frozen: outside the vector
     assert shapes["flora"].dim == a_entries + b_entries + deltas     # the merged deltas travel
-    assert len(cache) == 3                  # one shape per algorithm: the cache key holds the algorithm's keys
+    assert len(cache) == 3                  # one shape per algorithm that changes the model, keyed by its keys
+    assert _model_shape(cfg_of("fedavg"), data, cache) is shapes["fedit"] and len(cache) == 3   # model as built
+    assert _model_shape(cfg_of("fedit", product_gap=True), data, cache).dim == shapes["flora"].dim
+    assert len(cache) == 4
     assert model_size(cfg_of("flora"), (4,), 3) == (a_entries + b_entries, a_entries + b_entries + deltas)
     assert model_size(cfg_of("ffa_lora"), (4,), 3) == (b_entries, b_entries)
 
