@@ -252,7 +252,7 @@ def _dry_run(cfg, args):
     """The checks a run makes (fedmpi.run.resolve, on the data set and model it would build; the start's checks
     of out and of the checkpoint --resume or --fork-from would load, fedmpi.run.start_checks) and what it would
     do: the model, the partition, the robust path, privacy, secure aggregation, the attack, the memory."""
-    from fedmpi.algorithms import algorithm_context
+    from fedmpi.algorithms import algorithm_context, prepare_model
     from fedmpi.analysis.report import partition_summary, server_summary
     from fedmpi.core import rng
     from fedmpi.core.flat import FlatModel, forward_probe
@@ -286,7 +286,7 @@ def _dry_run(cfg, args):
         dataset = load_dataset(cfg)
     split = build_partition(cfg, dataset)
     rng.seed_torch(cfg.seed, rng.INIT)
-    module = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora)
+    module = prepare_model(cfg, build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora))
     probe = forward_probe(module, dataset.x_train)
     flat = FlatModel(module)
     check_start_model(start, cfg, flat.dim)

@@ -43,6 +43,7 @@ EXTRA = {
     "fedskip": {"algorithm": {"name": "fedskip", "delta": 4}},
     "apfl": {"algorithm": {"name": "apfl", "adaptive": True}},
     "ifca": {"algorithm": {"name": "ifca", "k": 2}},
+    "fedsa_lora": {"model": {"name": "lora_nets:TinyLora"}},     # personal B needs LoRA adapters (tests/lora_nets.py)
 }
 
 
@@ -59,7 +60,9 @@ def _config(out, name):
                        partition={"clients": CLIENTS, "scheme": "iid"}, server={"clients_per_round": 4},
                        model={"name": "mlp", "hidden": 8}, client={"lr": 0.05, "batch_size": 20, "steps": 2})
     for key, value in EXTRA.get(name, {}).items():
-        cfg[key] = {**cfg.get(key, {}), **value}
+        # another model replaces the mlp's section (its width is no key of a plug-in)
+        other_model = key == "model" and value.get("name", "mlp") != "mlp"
+        cfg[key] = dict(value) if other_model else {**cfg.get(key, {}), **value}
     return cfg
 
 

@@ -18,7 +18,7 @@ import typing
 import numpy as np
 import pytest
 import session_runs
-from conftest import read_global, read_metrics, write_config
+from conftest import ROOT, read_global, read_metrics, write_config
 from dataset_files import write_cifar, write_leaf, write_mnist_family
 
 from fedmpi.algorithms.base import Algorithm
@@ -63,7 +63,16 @@ ATTACKS = attack_keys.DATA_ATTACKS + attack_keys.CLIENT_MODEL_ATTACKS + attack_k
 # `fedmpi run --dry-run`), and the data a model family takes (the base data are 28x28 grey images).
 SERVER_SET = {"server_data": {"size": SERVER_HOLDOUT, "source": "holdout", "holdout": SERVER_HOLDOUT}}
 CIFAR, TEXT = {"data": {"name": "cifar10"}}, {"data": {"name": "shakespeare"}, "partition": {"scheme": "natural"}}
+# The LoRA rules need a model with peft LoRA adapters: the plug-in of tests/lora_nets.py (rank 4), imported
+# from this folder on every rank (the steps of its cases put it on PYTHONPATH).
+LORA = {"model": {"name": "lora_nets:TinyLora"}}
+LORA_ENV = {"PYTHONPATH": str(ROOT / "tests")}
 EXTRA = {
+    ("algorithm", "fedit"): LORA,
+    ("algorithm", "ffa_lora"): LORA,
+    ("algorithm", "fedsa_lora"): LORA,
+    ("algorithm", "hetlora"): {**LORA, "algorithm": {"ranks": [2, 4], "prune_lambda": 0.1, "prune_decay": 0.5}},
+    ("algorithm", "flora"): {**LORA, "algorithm": {"ranks": [2, 4]}},
     ("algorithm", "fsl"): SERVER_SET,
     ("algorithm", "safl"): SERVER_SET,
     ("algorithm", "datashare"): SERVER_SET,
@@ -145,7 +154,7 @@ def cases(data_root):
     for name in builtin_names():
         # a stateful algorithm's -n 3 run is also the first half of the resume check (its checkpoint)
         add("algorithm", name, {"algorithm": {"name": name}, **({"checkpoint": {"every": HALF}}
-                                                                  if stateful(REGISTRY[name]) else {})})
+                                                                  if resumed(name) else {})})
     for name in RULES:
         add("aggregator", name, {"server": {"aggregator": name}})
     for name in ATTACKS:
@@ -160,7 +169,13 @@ def cases(data_root):
     return out
 
 
-STATEFUL = [name for name in builtin_names() if stateful(REGISTRY[name])]
+def resumed(name):
+    """Whether an algorithm gets the resume check: a stateful one, and every LoRA rule (FLoRA's round-seeded
+    adapters and merged delta, HetLoRA's masks: cheap on the plug-in model, and what their resume must keep)."""
+    return stateful(REGISTRY[name]) or EXTRA.get(("algorithm", name), {}).get("model") == LORA["model"]
+
+
+STATEFUL = [name for name in builtin_names() if resumed(name)]
 
 
 def write_data(root):
@@ -177,17 +192,20 @@ def contract_runs(base):
     write_data(base / "data")
     built = cases(base / "data")
     steps = {n: [] for n in NS}
+    def env(cfg):       # a plug-in model's folder on the step's PYTHONPATH
+        return [LORA_ENV] if cfg["model"]["name"] == LORA["model"]["name"] else []
+
     for name, cfg in built.items():
         for n in NS:
             path = write_config(base / f"{name}-n{n}.yaml", {**cfg, "out": str(base / f"n{n}" / name)})
-            steps[n].append(["run", path, "--overwrite"])
+            steps[n].append([*env(cfg), "run", path, "--overwrite"])
     for name in STATEFUL:
         # the -n 3 case above stopped after HALF rounds with a checkpoint: a copy of it resumes to FULL
         cfg = {**built[f"algorithm-{name}"], "rounds": FULL}
         path = write_config(base / f"resume-{name}.yaml", {**cfg, "out": str(base / "full" / name)})
         half = base / "half" / name
-        steps[3] += [["run", path], ["copy", base / "n3" / f"algorithm-{name}", half],
-                     ["run", path, f"out={half}", "--resume"]]
+        steps[3] += [[*env(cfg), "run", path], ["copy", base / "n3" / f"algorithm-{name}", half],
+                     [*env(cfg), "run", path, f"out={half}", "--resume"]]
     return steps, (base, set(built))
 
 

@@ -83,6 +83,18 @@ def nothing_personal(cfg, algo_cls, named) -> str:
             f"which is FedAvg under another name; {hint}, or use algorithm.name = 'fedavg'")
 
 
+def prepare_model(cfg, module):
+    """`module` as the configured algorithm wants it before it is flattened (its class's `prepare_model`, on
+    the keys' form); returns it. An algorithm name that cannot be looked up leaves it as built: the resolve
+    step refuses that name with every other problem of the config."""
+    try:
+        algo_cls = lookup(cfg.algorithm.name).form(cfg.algorithm)
+    except ConfigError:
+        return module
+    algo_cls.prepare_model(cfg.algorithm, module)
+    return module
+
+
 def build_algorithm(cfg, dim, n_params, history=None, split=None) -> Algorithm:
     """The algorithm instance for `cfg.algorithm` (ConfigError for an unknown name)."""
     return lookup(cfg.algorithm.name).create(cfg.algorithm, algorithm_context(cfg, dim, n_params, history, split))
@@ -90,4 +102,4 @@ def build_algorithm(cfg, dim, n_params, history=None, split=None) -> Algorithm:
 
 __all__ = ["Algorithm", "AlgorithmContext", "AlgorithmKeys", "ClientRun", "ClientTraining", "PlanHistory",
            "SetupContext", "StandardDraws", "algorithm_context", "build_algorithm", "declares_personal_split",
-           "lookup", "personal_entries", "personal_split", "register"]
+           "lookup", "personal_entries", "personal_split", "prepare_model", "register"]

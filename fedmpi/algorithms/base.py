@@ -41,6 +41,8 @@ Declared capabilities (class attributes)
 
 Hooks, in the order of a round (rank 0 is the server; "host" is the rank that trains the client, rank 0 at -n 1)
   hook                                   when              rank    may touch
+  prepare_model(keys, module)  classmethod  model built   every   the nn.Module, before FlatModel flattens it
+                                                                   (freezes or adds buffers; default nothing)
   check(cfg, model)      classmethod     before any file   every   nothing: raises ConfigError
   clients(parts, server_idx)             set-up            every   returns the index sets clients train on
   setup(ctx)                             set-up            every   its own attributes (sizes, server set, probe)

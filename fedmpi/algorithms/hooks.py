@@ -99,6 +99,14 @@ class Algorithm(abc.ABC):
             self.personal_state = ClientVectors(PERSONAL_STATE, length=self.split.personal_dim)
 
     @classmethod
+    def prepare_model(cls, keys, module):
+        """Changes the freshly built model (`module`, an nn.Module) before it is flattened, on every rank alike
+        (it must depend on `keys` and the module only): FFA-LoRA freezes its A matrices, FLoRA adds the buffers
+        it merges the clients' products into. Called right after the model is built, wherever one is built
+        (set-up, --dry-run, the sweep's and memory's descriptions). Default: nothing."""
+        return None
+
+    @classmethod
     def personal_patterns(cls, keys, model) -> tuple:
         """The patterns of the entries this algorithm keeps personal with `keys` on `model` (a FlatModel;
         `model.entries` lists (name, offset, numel)); ConfigError, naming algorithm.name, when the model lacks

@@ -159,12 +159,13 @@ def model_size(cfg, input_shape, classes):
     run on meta."""
     import torch
 
+    from fedmpi.algorithms import prepare_model
     from fedmpi.core.errors import ConfigError
     from fedmpi.core.models import BUILDERS, build_model
 
     try:
         with torch.device("meta"):
-            module = build_model(cfg.model, input_shape, classes, cfg.lora)
+            module = prepare_model(cfg, build_model(cfg.model, input_shape, classes, cfg.lora))
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return None
     except ConfigError:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from fedmpi.algorithms import prepare_model
 from fedmpi.core import console, cpu_kernels, rng, shared_base
 from fedmpi.core.flat import FlatModel, forward_probe
 from fedmpi.core.models import build_model
@@ -53,6 +54,7 @@ def experiment(cfg, comm, *, dataset=None, model=None, parts=None, loss=None) ->
     if model is None:
         rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
         model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora)
+    prepare_model(cfg, model)      # the algorithm's changes (FFA-LoRA's frozen A, FLoRA's buffers), every rank alike
     # Judged by resolve: does the config's model take the data? (A model handed in with its own loss is the
     # caller's pairing: its outputs need not be class scores.)
     probe = forward_probe(model, dataset.x_train) if zoo_model else None

@@ -98,18 +98,33 @@ def check(spec, configs, datasets) -> list:
 
 
 def _model_shape(cfg, dataset, cache):
-    """The ModelShape of `cfg`'s model on `dataset`, as set-up measures it (built once per model and data)."""
+    """The ModelShape of `cfg`'s model on `dataset`, as set-up measures it (built once per model, algorithm
+    and data: the algorithm's `prepare_model` may freeze parameters or add buffers)."""
+    from fedmpi.algorithms import prepare_model
     from fedmpi.core import rng
     from fedmpi.core.flat import FlatModel, forward_probe
     from fedmpi.core.models import build_model
 
-    key = (json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.lora)], sort_keys=True, default=str),
+    changes = _changes_model(cfg)       # only then does the algorithm's section change the shape
+    key = (json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.lora),
+                       dataclasses.asdict(cfg.algorithm) if changes else None], sort_keys=True, default=str),
            tuple(dataset.input_shape), dataset.num_classes)
     if key not in cache:
         rng.seed_torch(cfg.seed, rng.INIT)
-        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora)
+        model = prepare_model(cfg, build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora))
         cache[key] = FlatModel(model).describe(forward_probe(model, dataset.x_train))
     return cache[key]
+
+
+def _changes_model(cfg) -> bool:
+    """Whether the config's algorithm changes the model it is given (its own `prepare_model`)."""
+    from fedmpi.algorithms import Algorithm, lookup
+
+    try:
+        algo_cls = lookup(cfg.algorithm.name).form(cfg.algorithm)
+    except ConfigError:
+        return False        # the resolve step refuses the name
+    return algo_cls.prepare_model.__func__ is not Algorithm.prepare_model.__func__
 
 
 def size(cfg, n_train, n_params) -> float:
