@@ -286,7 +286,7 @@ def _dry_run(cfg, args):
         dataset = load_dataset(cfg)
     split = build_partition(cfg, dataset)
     rng.seed_torch(cfg.seed, rng.INIT)
-    module = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+    module = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora)
     probe = forward_probe(module, dataset.x_train)
     flat = FlatModel(module)
     check_start_model(start, cfg, flat.dim)

@@ -24,6 +24,7 @@ from fedmpi.attacks.keys import AttackConfig
 from fedmpi.config import yamlio
 from fedmpi.config.build import algorithm_keys
 from fedmpi.config.build import build_section as _build
+from fedmpi.config.lora_section import LoraConfig
 from fedmpi.config.run_sections import (  # noqa: F401 - the sections are part of fedmpi.config's interface
     MAX_THREADS,
     CheckpointConfig,
@@ -66,6 +67,7 @@ class Config:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     server_data: ServerDataConfig = field(default_factory=ServerDataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)            # adapters on model.name: causal_lm
     client: ClientConfig = field(default_factory=ClientConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     clients: ClientsConfig = field(default_factory=ClientsConfig)   # availability, dropout, speeds (deployment)
@@ -90,6 +92,9 @@ class Config:
         c.require(self.server.clients_per_round <= self.partition.clients, "server.clients_per_round",
                   self.server.clients_per_round,
                   f"must be <= partition.clients ({self.partition.clients})")
+        c.require(self.model.name == "causal_lm" or self.lora == LoraConfig(), "lora", _lora_given(self.lora),
+                  f"adapts a causal language model; model.name = {self.model.name!r} has no adapters: remove the "
+                  f"lora section or set model.name: causal_lm")
         c.done()
 
     def to_dict(self):
@@ -133,11 +138,19 @@ RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients
 HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.tau", "server.lr_schedule",
                  "client.lr_schedule", "eval.divergence", "eval.client_drift", "clients", "client.compress",
                  "server.deadline", "server.over_select", "server.sampling", "privacy", "attack",
-                 "model.personal", "model.mlp_norm", "partition.local_test", "eval.local_every", "eval.local_clients",
+                 "model.personal", "model.mlp_norm", "model.path", "model.arch", "lora", "partition.local_test",
+                 "eval.local_every", "eval.local_clients",
                  "eval.finetune_steps",
                  "server.aggregator", "server.robust",
                  "server.secure_aggregation", "secagg", "data.kwargs", "data.columns", "model.kwargs",
                  "server.weighting", "uploads", "participation")
+
+
+def _lora_given(lora):
+    """The keys of the `lora` section set to other than their defaults."""
+    default = LoraConfig()
+    return {f.name: getattr(lora, f.name) for f in dataclasses.fields(lora)
+            if getattr(lora, f.name) != getattr(default, f.name)}
 
 
 @functools.cache

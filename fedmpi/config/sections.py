@@ -258,8 +258,9 @@ class ModelConfig:
     """The model (`model:`): one of fedmpi's zoo, or a plug-in built from `kwargs`."""
 
     name: str = "lr"
-    """lr, mlp, cnn_mnist, cnn2, simple_cnn, pfl_cnn, lstm, resnet18; or an installed entry point of
-    `fedmpi.models`, `torchvision:NAME`, or `package.module:Class` (built with `kwargs`)."""
+    """lr, mlp, cnn_mnist, cnn2, simple_cnn, pfl_cnn, lstm, resnet18, causal_lm (a Hugging Face causal language
+    model, with LoRA adapters from the `lora` section); or an installed entry point of `fedmpi.models`,
+    `torchvision:NAME`, or `package.module:Class` (built with `kwargs`)."""
     hidden: int = 200
     """mlp: the width of each hidden layer."""
     norm: Literal["batch", "group"] = "group"
@@ -273,6 +274,14 @@ class ModelConfig:
     """mlp: batch, a BatchNorm1d after each hidden layer (FedBN on a small model)."""
     kwargs: dict = field(default_factory=dict)
     """A plug-in model's constructor arguments (`model.name: package.module:Class`, fedmpi.core.model_plugins)."""
+    path: str | None = None
+    """causal_lm: a local Hugging Face model folder (config.json and weights), loaded with `from_pretrained(path,
+    local_files_only=True)` in float32; its vocab_size must equal the data set's class count. null: built
+    from `arch`."""
+    arch: dict = field(default_factory=dict)
+    """causal_lm without a path: transformers config keys of a freshly initialised model, e.g. {model_type:
+    gpt2, n_layer: 2, n_embd: 32, n_head: 2} (model_type defaults to gpt2; vocab_size is the data set's class
+    count)."""
 
     RANGES: ClassVar[dict] = {"hidden": count(), "projection": count()}     # 10^6 units: 10^12 weights beside
 
@@ -289,12 +298,19 @@ class ModelConfig:
         c.require(self.hidden >= 1, "hidden", self.hidden, "must be a positive integer")
         c.require(self.projection is None or self.projection >= 1, "projection", self.projection,
                   "must be a positive integer or null")
+        _check_mapping(c, "arch", self.arch)
+        c.require(self.path is None or (isinstance(self.path, str) and self.path), "path", self.path,
+                  "must be a local Hugging Face model folder or null")
+        c.require(not (self.path and self.arch), "arch", self.arch,
+                  f"builds a fresh model, but model.path = {self.path!r} loads one: set one of them")
         if not c.errors:
-            refuse_unused(c, self, "name", MODEL_USES, "built-in model",
-                          form="built-in" if self.name in builtin else "a plug-in")
+            form = self.name if self.name in MODEL_USES else "built-in" if self.name in builtin else "a plug-in"
+            refuse_unused(c, self, "name", MODEL_USES, "built-in model", form=form)
         c.done()
 
 
 # The model keys fedmpi's own builders read (fedmpi.core.models); a plug-in model (or torchvision:NAME) is
-# built from model.kwargs alone (fedmpi.core.model_plugins), so these would change nothing for it.
-MODEL_USES = {"built-in": ("hidden", "norm", "mlp_norm"), "a plug-in": ()}   # projection: models.py says whose
+# built from model.kwargs alone (fedmpi.core.model_plugins), so these would change nothing for it; a causal
+# language model reads its folder or its transformers config (fedmpi.core.causal_lm).
+MODEL_USES = {"built-in": ("hidden", "norm", "mlp_norm"), "causal_lm": ("path", "arch"),
+              "a plug-in": ()}   # projection: models.py says whose

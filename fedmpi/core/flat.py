@@ -67,12 +67,24 @@ def sq_distance(vec, start, block=UPDATE_BLOCK):
     return total
 
 
+def frozen_buffer_names(module) -> set:
+    """The full names of the buffers that belong to a frozen base (each submodule's `fedmpi_frozen_buffers`,
+    fedmpi.core.causal_lm.LastTokenLM): like the frozen parameters, they stay out of the flat vector."""
+    return {f"{prefix}.{name}" if prefix else name for prefix, sub in module.named_modules()
+            for name in getattr(sub, "fedmpi_frozen_buffers", ())}
+
+
 class FlatModel:
+    """A module whose trainable parameters (requires_grad) and floating buffers are views into one flat
+    float32 vector `vec`. Frozen parameters and a frozen base's buffers (`frozen_buffer_names`) are not in it:
+    they never travel, are never aggregated or checkpointed."""
+
     def __init__(self, module: nn.Module, device="cpu"):
         module = module.to(device)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
-        buffers = [b for b in module.buffers() if b.is_floating_point()]
+        frozen = frozen_buffer_names(module)
+        buffers = [b for n, b in module.named_buffers() if b.is_floating_point() and n not in frozen]
         self.n_params = sum(p.numel() for p in params)
         self.dim = self.n_params + sum(b.numel() for b in buffers)
         self.module = module
@@ -91,15 +103,16 @@ class FlatModel:
             p.data = self.vec[offset:offset + n].view_as(p)
             p.grad = None
             offset += n
-        self._bind_buffers(module, offset)
+        self._bind_buffers(module, offset, frozen)
 
-    def _bind_buffers(self, module, offset):
+    def _bind_buffers(self, module, offset, frozen):
         for prefix, sub in module.named_modules():
             for name, b in list(sub._buffers.items()):
-                if b is None or not b.is_floating_point():
+                full = f"{prefix}.{name}" if prefix else name
+                if b is None or not b.is_floating_point() or full in frozen:
                     continue
                 n = b.numel()
-                self.entries.append((f"{prefix}.{name}" if prefix else name, offset, n))
+                self.entries.append((full, offset, n))
                 view = self.vec[offset:offset + n].view_as(b)
                 view.copy_(b)
                 sub._buffers[name] = view

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 # The zoo's model names (fedmpi.core.models.BUILDERS builds them; a test holds the two equal), here so that
 # checking model.name does not import torch.
-ZOO_MODELS = ("lr", "mlp", "cnn_mnist", "cnn2", "simple_cnn", "lstm", "resnet18", "pfl_cnn")
+ZOO_MODELS = ("lr", "mlp", "cnn_mnist", "cnn2", "simple_cnn", "lstm", "resnet18", "pfl_cnn", "causal_lm")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ def takes_problems(shape: ModelShape, model_name, data_name, num_classes) -> lis
     images or on synthetic features) is refused at set-up and never fails in round 0."""
     if shape.forward_error:
         return [f"model.name = {model_name!r} cannot take data.name = {data_name!r}'s inputs (one sample of "
-                f"{shape.sample}): {shape.forward_error}; choose a model for this data (lstm takes shakespeare's "
+                f"{shape.sample}): {shape.forward_error}; choose a model for this data (lstm and causal_lm take "
+                f"shakespeare's "
                 f"token sequences; lr, mlp and the CNNs float features or images)"]
     if shape.output is not None and tuple(shape.output) != (1, num_classes):
         return [f"model.name = {model_name!r} on data.name = {data_name!r}: one sample gives outputs of shape "

@@ -171,6 +171,15 @@ def _resnet18(model, shape, classes):
     return net
 
 
+def _causal_lm(model, shape, classes, lora=None):
+    # A Hugging Face causal language model with LoRA adapters (fedmpi.core.causal_lm); the lora section is
+    # the config's own top-level one.
+    from fedmpi.config.lora_section import LoraConfig
+    from fedmpi.core.causal_lm import build
+
+    return build(model, lora if lora is not None else LoraConfig(), shape, classes)
+
+
 def _image_shape(shape, model):
     if len(shape) != 3:
         raise ConfigError(f"model.name = {model!r}: needs image data (channels, height, width), "
@@ -183,10 +192,12 @@ def _image_shape(shape, model):
 FAST_CPU_KERNELS = frozenset({"cnn_mnist", "cnn2", "pfl_cnn"})
 
 BUILDERS = {"lr": _lr, "mlp": _mlp, "cnn_mnist": _cnn_mnist, "cnn2": _cnn2, "simple_cnn": _simple_cnn,
-            "lstm": _lstm, "resnet18": _resnet18, "pfl_cnn": _pfl_cnn}
+            "lstm": _lstm, "resnet18": _resnet18, "pfl_cnn": _pfl_cnn, "causal_lm": _causal_lm}
 
 
-def build_model(model, input_shape, num_classes) -> nn.Module:
+def build_model(model, input_shape, num_classes, lora=None) -> nn.Module:
+    """The module of the `model` section for inputs of `input_shape` and `num_classes` classes; `lora` is the
+    config's `lora` section (read by causal_lm only; None: its defaults)."""
     if model.projection is not None and model.name not in BUILDERS:
         raise ConfigError(f"model.projection = {model.projection}: only simple_cnn and resnet18 have a projection "
                           f"head; set it null for model.name = {model.name!r}")
@@ -197,6 +208,8 @@ def build_model(model, input_shape, num_classes) -> nn.Module:
     if model.projection is not None and model.name not in ("simple_cnn", "resnet18"):
         raise ConfigError(f"model.projection = {model.projection}: only simple_cnn and resnet18 have a projection "
                           f"head; set it null for model.name = {model.name!r}")
+    if model.name == "causal_lm":
+        return _causal_lm(model, tuple(input_shape), num_classes, lora)
     return BUILDERS[model.name](model, tuple(input_shape), num_classes)
 
 
@@ -219,7 +232,7 @@ def check_takes(model, model_name, data_name, x_train, num_classes):
         reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
         raise ConfigError(f"model.name = {model_name!r} cannot take data.name = {data_name!r}'s inputs "
                           f"(one sample of shape {tuple(sample.shape[1:])}, dtype {sample.dtype}): {reason}; "
-                          f"choose a model for this data (lstm takes shakespeare's token sequences; "
+                          f"choose a model for this data (lstm and causal_lm take shakespeare's token sequences; "
                           f"lr, mlp and the CNNs float features or images)") from None
     finally:
         model.train(was_training)

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from fedmpi import config as config_mod
+from fedmpi.core import shared_base
 from fedmpi.core.errors import EXIT_FAILED, ConfigError, FedmpiError, InputError, Refused, report_lines
 from fedmpi.core.input_files import check_input
 from fedmpi.io import checkpoint_checks as checks
@@ -179,6 +180,15 @@ def load_into(exp, point) -> int:
     return point.round
 
 
+def _check_base(exp, point):
+    """The frozen base (fedmpi.core.shared_base) must be the one the checkpoint's run trained on, as its run.h5
+    beside the checkpoint folder recorded it: a checkpoint holds the adapters only."""
+    digest = getattr(exp.flat.module, shared_base.MODULE_ATTR, "")
+    run_file = os.path.join(os.path.dirname(os.path.dirname(point.path)), "run.h5")
+    flag = "--fork-from" if point.partial else "--resume"
+    shared_base.check_same_base(run_file, digest, flag, exp.cfg.model)
+
+
 def _read_checked(exp, point):
     """(participation state, server-side state or None) read and checked, the client groups against the
     manifest (rank 0) and this rank's client states checked (shapes, dtypes, finite values, declared bounds;
@@ -191,6 +201,7 @@ def _read_checked(exp, point):
         server = _read_server_side(exp, point, f) if exp.comm.is_server else None
         if exp.comm.is_server:
             checks.check_client_ids(path, f, exp.cfg.partition.clients)
+            _check_base(exp, point)
         specs, bounds = checks.client_expectations(exp), checks.client_bounds(exp)
         finite = exp.cfg.runtime.on_nonfinite != "continue"
         clients = f.get("clients")

@@ -18,7 +18,7 @@ from fedmpi.algorithms.base import PlanHistory, SetupContext
 from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_client_state
 from fedmpi.attacks import record
 from fedmpi.attacks.data import DataPoison, backdoor_test_set
-from fedmpi.core import console
+from fedmpi.core import console, shared_base
 from fedmpi.core.perplexity import records_perplexity
 from fedmpi.core.personal import split_of
 from fedmpi.data.server_set import split_dataset
@@ -174,6 +174,9 @@ class Experiment:
         attrs = {"attack_note": self.attack_note} if self.attack_note else {}
         for stage in self.stages:
             attrs.update(stage.attrs())
+        base = getattr(self.flat.module, shared_base.MODULE_ATTR, "")    # a frozen base's hash (set-up's)
+        if base:
+            attrs[shared_base.RUN_ATTR] = base
         return attrs
 
     def state_dict(self) -> dict:

@@ -19,12 +19,13 @@ import resource
 import numpy as np
 
 from fedmpi.algorithms.state import ClientVectors
+from fedmpi.core.shared_base import frozen_size
 from fedmpi.data.array_sizes import node_memory_bytes
 from fedmpi.mpi.runtime import place_clients
 
 GB = 1e9
 MB = 1e6
-IN_MEMORY = ("data", "partition index", "model and buffers", "client state in memory")
+IN_MEMORY = ("data", "frozen base", "partition index", "model and buffers", "client state in memory")
 PHASES_ESTIMATE = 8         # /timing phases per rank (fedmpi.core.timing.PHASES, about)
 METRICS_ESTIMATE = 24       # /metrics figures per round (the core ones, lrs, drift figures, fingerprint...)
 
@@ -58,8 +59,13 @@ def estimate(cfg, dataset, parts, flat, algo, ranks):
     log = 100 * (cfg.server.clients_per_round * 4 * columns + 8 * (METRICS_ESTIMATE + dataset.num_classes)
                  + 8 * PHASES_ESTIMATE * ranks)
     data_rank = math.ceil(data / ranks) if shared else data
+    # A frozen base (LoRA's) is in the node's shared window at -n > 1 on CPU nodes (fedmpi.core.shared_base):
+    # once per node, each rank charged its share; `model and buffers` is the flat vector, the adapters.
+    base = frozen_size(flat.module)[1]
+    base_shared = ranks > 1 and flat.device.type == "cpu"
     return {
         "data": (data_rank, data if shared else data * ranks),
+        "frozen base": (math.ceil(base / ranks) if base_shared else base, base if base_shared else base * ranks),
         "partition index": (index, index * ranks),
         "model and buffers": (model + server, model * ranks + server),
         "client state in memory": (in_memory, in_memory * len(workers)),
@@ -83,6 +89,11 @@ def dry_run_lines(cfg, dataset, parts, flat, algo):
     counts = sorted({2, 4, 8} | ({launcher_size()} - {None}))
     lines = [f"memory estimate (MB; ranks on one node; per rank = the largest rank; plus ~400 MB per rank for "
              f"Python, torch and MPI; data {'shared by the node' if cfg.runtime.shared_data else 'per rank'}):"]
+    base_entries, base_bytes = frozen_size(flat.module)
+    if base_entries:
+        lines.insert(0, f"frozen base: {base_entries} parameters, {base_bytes / MB:.1f} MB, held once per node (each "
+                     f"rank builds it whole first, then frees its copy); trained (the flat vector, what travels): "
+                     f"{flat.dim} entries, {4 * flat.dim / MB:.2f} MB; activations are not estimated")
     rows = {n: estimate(cfg, dataset, parts, flat, algo, n) for n in counts}
     head = "  " + "kind".ljust(30) + "".join(f"{f'-n {n} rank':>12}{f'-n {n} node':>12}" for n in counts)
     lines.append(head)
@@ -143,8 +154,9 @@ def synthetic_shape(cfg):
 
 
 def model_size(cfg, input_shape, classes):
-    """(parameters, flat entries) of the configured model, built on torch's `meta` device: shapes without
-    storage, so model.hidden = 100000 is counted, not allocated. None where a builder cannot run on meta."""
+    """(parameters, flat entries, frozen entries) of the configured model, built on torch's `meta` device:
+    shapes without storage, so model.hidden = 100000 is counted, not allocated. None where a builder cannot
+    run on meta."""
     import torch
 
     from fedmpi.core.errors import ConfigError
@@ -152,7 +164,7 @@ def model_size(cfg, input_shape, classes):
 
     try:
         with torch.device("meta"):
-            module = build_model(cfg.model, input_shape, classes)
+            module = build_model(cfg.model, input_shape, classes, cfg.lora)
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
         return None
     except ConfigError:
@@ -160,7 +172,11 @@ def model_size(cfg, input_shape, classes):
             raise
         return None     # a plug-in model that cannot be built on meta: built for real right after, and refused there
     params = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    return params, params + sum(b.numel() for b in module.buffers() if b.is_floating_point())
+    from fedmpi.core.flat import frozen_buffer_names
+
+    frozen = frozen_buffer_names(module)
+    buffers = sum(b.numel() for n, b in module.named_buffers() if b.is_floating_point() and n not in frozen)
+    return params, params + buffers, frozen_size(module)[0]
 
 
 def preflight(cfg, dataset=None):
@@ -180,12 +196,13 @@ def preflight(cfg, dataset=None):
     sizes = model_size(cfg, input_shape, classes)
     if sizes is None:
         return [], None
-    params, dim = sizes
-    model = 4 * (dim + params)
+    params, dim, base = sizes
+    model = 4 * (dim + params + base)       # a frozen base is whole on every rank while it is built
     clients = PER_CLIENT_BYTES * cfg.partition.clients
     need = data + model + clients
-    lines = [f"model: {cfg.model.name}, {params} parameters ({dim} entries with buffers), counted on the meta "
-             f"device", f"least memory of one rank (MB): data {data / MB:.1f}, model and gradient {model / MB:.1f}, "
+    lines = [f"model: {cfg.model.name}, {params} parameters ({dim} entries with buffers"
+             f"{f', beside {base} frozen' if base else ''}), counted on the meta device",
+             f"least memory of one rank (MB): data {data / MB:.1f}, model and gradient {model / MB:.1f}, "
              f"client bookkeeping {clients / MB:.1f}, total {need / MB:.1f}"]
     total = node_memory_bytes()
     if total is None or need <= total:

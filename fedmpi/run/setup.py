@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from fedmpi.core import console, cpu_kernels, rng
+from fedmpi.core import console, cpu_kernels, rng, shared_base
 from fedmpi.core.flat import FlatModel, forward_probe
 from fedmpi.core.models import build_model
 from fedmpi.data.announce import loaded_line, loading_line
@@ -52,16 +52,30 @@ def experiment(cfg, comm, *, dataset=None, model=None, parts=None, loss=None) ->
     zoo_model = model is None       # `kernels: auto` trusts only the zoo's own declared models
     if model is None:
         rng.seed_torch(cfg.seed, rng.INIT)     # every rank builds the same initial model, on the CPU
-        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora)
     # Judged by resolve: does the config's model take the data? (A model handed in with its own loss is the
     # caller's pairing: its outputs need not be class scores.)
     probe = forward_probe(model, dataset.x_train) if zoo_model else None
     signals.test_pause("model")
+
+    # -- the frozen base once per node (fedmpi.core.shared_base): after the algorithm prepared the model (it
+    # may freeze more, e.g. FFA-LoRA's A), before FlatModel lays the trainable rest onto the flat vector.
+    _share_frozen_base(model, comm, gpus)
+    # --
     flat = FlatModel(model, placement.device)
     if cpu_kernels.wanted(cfg.runtime.kernels, cfg.model.name if zoo_model else None, placement.device):
         cpu_kernels.use_fast_kernels(flat)
     plan = resolve(cfg, DataShape.of(dataset), flat.describe(probe), custom_loss=loss is not None)
     return Experiment(plan, comm, placement, dataset, split, flat, loss=loss)
+
+
+def _share_frozen_base(model, comm, gpus):
+    """The model's frozen parameters into the node's shared window (collective over the node; on CPU nodes
+    only: a GPU takes its own copy anyway), and rank 0 keeps their hash for run.h5."""
+    if gpus == 0:
+        shared_base.share_base(model, comm)
+    if comm.rank == 0:
+        setattr(model, shared_base.MODULE_ATTR, shared_base.base_sha256(model))
 
 
 def _load_data(cfg, comm):

@@ -103,11 +103,11 @@ def _model_shape(cfg, dataset, cache):
     from fedmpi.core.flat import FlatModel, forward_probe
     from fedmpi.core.models import build_model
 
-    key = (json.dumps(dataclasses.asdict(cfg.model), sort_keys=True, default=str), tuple(dataset.input_shape),
-           dataset.num_classes)
+    key = (json.dumps([dataclasses.asdict(cfg.model), dataclasses.asdict(cfg.lora)], sort_keys=True, default=str),
+           tuple(dataset.input_shape), dataset.num_classes)
     if key not in cache:
         rng.seed_torch(cfg.seed, rng.INIT)
-        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes)
+        model = build_model(cfg.model, dataset.input_shape, dataset.num_classes, cfg.lora)
         cache[key] = FlatModel(model).describe(forward_probe(model, dataset.x_train))
     return cache[key]
 
