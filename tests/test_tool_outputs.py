@@ -58,6 +58,7 @@ LONG = {
     "bench/bench.py": "the benchmark; --out a temporary folder, --json and --markdown named",
     "bench/gpu_check.py": "the GPU check (tests/test_gpu_check.py runs --dry-run); a temporary folder",
     "bench/large_model.py": "a temporary folder; --json named",
+    "bench/lora_bench.py": "a temporary folder; --json named",
     "bench/robust_memory.py": "prints its figures",
     "bench/shakespeare_setup.py": "--data defaults to /tmp/shakespeare-full; --json named",
     "bench/w2_ab.py": "a temporary folder",
