@@ -148,6 +148,7 @@ def test_the_paper_table_marks_the_lowest_perplexity_as_best(shakespeare_runs):
     assert df["final_perplexity"].nunique() == 2 and marked == {(str(s),): s == lowest for s in df["seed"]}
     accuracy = a.paper_table(df, rows="seed", metric="final_acc", best="better")
     assert figures.better("final_acc") == "max" and figures.better("best_perplexity") == "min"
+    assert figures.LOWER_IS_BETTER <= set(figures.DEFINITIONS)          # every name is a figure
     highest = df.loc[df["final_acc"].idxmax(), "seed"]
     assert [row for (row, _), cell in accuracy.cells.items() if cell.best] == [(str(highest),)]
 
