@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import write_config
 from run_files import write_run
 
@@ -96,6 +97,18 @@ def shakespeare_runs(tmp_path_factory):
         assert main(["run", str(config)]) == 0
         runs.append(out)
     return base, runs
+
+
+def test_a_resumed_run_records_the_perplexity_of_an_uninterrupted_one(shakespeare_runs, tmp_path):
+    base, runs = shakespeare_runs
+    config = yaml.safe_load((base / "seed3.yaml").read_text())
+    config.update(out=str(tmp_path / "half"), checkpoint={"every": 1, "keep": 2})
+    path = write_config(tmp_path / "half.yaml", config)
+    assert main(["run", str(path), "rounds=2"]) == 0
+    assert main(["run", str(path), "--resume"]) == 0
+    whole, resumed = _metrics(runs[0]), _metrics(tmp_path / "half")
+    for name in ("test_loss", "test_perplexity", "local_perplexity_mean"):
+        assert np.array_equal(whole[name], resumed[name], equal_nan=True), name
 
 
 def _metrics(folder):
