@@ -72,6 +72,8 @@ EXTRA = {
     ("algorithm", "moon"): {**CIFAR, "model": {"name": "simple_cnn", "projection": 16}},
     ("aggregator", "fltrust"): SERVER_SET,
     ("model", "lstm"): TEXT,
+    ("model", "causal_lm"): {**TEXT, "model": {"name": "causal_lm", "arch": {"n_layer": 2, "n_embd": 32, "n_head": 2,
+                                                                           "n_positions": 80}}},
     ("model", "resnet18"): {**CIFAR, "client": {"batch_size": 4, "steps": 1}},     # 11M parameters
     ("model", "simple_cnn"): CIFAR,
 }

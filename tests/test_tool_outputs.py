@@ -59,6 +59,7 @@ LONG = {
     "bench/gpu_check.py": "the GPU check (tests/test_gpu_check.py runs --dry-run); a temporary folder",
     "bench/large_model.py": "a temporary folder; --json named",
     "bench/lora_bench.py": "a temporary folder; --json named",
+    "bench/lora_memory.py": "prints its figures; its runs in a temporary folder, removed at the end",
     "bench/robust_memory.py": "prints its figures",
     "bench/shakespeare_setup.py": "--data defaults to /tmp/shakespeare-full; --json named",
     "bench/w2_ab.py": "a temporary folder",

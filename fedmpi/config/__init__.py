@@ -24,7 +24,6 @@ from fedmpi.attacks.keys import AttackConfig
 from fedmpi.config import yamlio
 from fedmpi.config.build import algorithm_keys
 from fedmpi.config.build import build_section as _build
-from fedmpi.config.lora_section import LoraConfig
 from fedmpi.config.run_sections import (  # noqa: F401 - the sections are part of fedmpi.config's interface
     MAX_THREADS,
     CheckpointConfig,
@@ -44,6 +43,7 @@ from fedmpi.core.config_checks import dotted as _dotted
 from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.input_files import read_input
+from fedmpi.core.lora_keys import LoraConfig
 from fedmpi.deploy.keys import ClientsConfig
 from fedmpi.plans.keys import ParticipationConfig
 from fedmpi.privacy.keys import PrivacyConfig

@@ -174,8 +174,8 @@ def _resnet18(model, shape, classes):
 def _causal_lm(model, shape, classes, lora=None):
     # A Hugging Face causal language model with LoRA adapters (fedmpi.core.causal_lm); the lora section is
     # the config's own top-level one.
-    from fedmpi.config.lora_section import LoraConfig
     from fedmpi.core.causal_lm import build
+    from fedmpi.core.lora_keys import LoraConfig
 
     return build(model, lora if lora is not None else LoraConfig(), shape, classes)
 

@@ -1,6 +1,8 @@
-"""The `lora:` section: low-rank adapters (peft's LoRA) over a frozen causal language model (`model.name:
-causal_lm`, fedmpi.core.causal_lm). Only the adapters (and the parameters `trainable` names) are trained, so
-only they are in the flat vector that travels, is aggregated and is checkpointed."""
+"""The `lora:` section (exported as fedmpi.config.LoraConfig; it lives here, beside the model code that reads
+it, as the privacy and deployment sections live beside theirs, since fedmpi.core may not import fedmpi.config):
+low-rank adapters (peft's LoRA) over a frozen causal language model (`model.name: causal_lm`,
+fedmpi.core.causal_lm). Only the adapters (and the parameters `trainable` names) are trained, so only they
+are in the flat vector that travels, is aggregated and is checkpointed."""
 
 from __future__ import annotations
 
