@@ -3,9 +3,11 @@
 - This folder moves to the end of the module search path first: started as a script, a file's folder comes
   first, where bench/kernels.py would shadow the `kernels` package that transformers imports when it is
   installed; _rank.py's own `import pacing` still finds bench/pacing.py at the end.
-- After every round the rank's PSS (/proc/self/smaps_rollup) is read and, at exit, written to
-  $FEDMPI_BENCH_STATS/pss-rank-<rank>.json: the memory held between rounds, once the node's shared base has
-  replaced the private copy each rank builds (_rank.py's sampled peak also catches that moment of building).
+- Where memory is sampled ($FEDMPI_BENCH_SAMPLE_MEMORY, as for _rank.py), after every round the rank's PSS
+  (/proc/self/smaps_rollup, after glibc's malloc_trim hands the round's freed activations back) is read and, at
+  exit, written to $FEDMPI_BENCH_STATS/pss-rank-<rank>.json: the memory held between rounds, once the node's
+  shared base has replaced the private copy each rank builds (_rank.py's sampled peak also catches that
+  moment of building). The speed runs, not sampled, pay nothing for it.
 """
 
 import atexit
@@ -23,6 +25,12 @@ AFTER_ROUNDS = []       # PSS in MB at the end of each round
 
 
 def _pss_mb():
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     with open("/proc/self/smaps_rollup") as fh:
         for line in fh:
             if line.startswith("Pss:"):
@@ -54,6 +62,7 @@ def _round_then_pss(parts, t, **kwargs):
         AFTER_ROUNDS.append(_pss_mb())
 
 
-engine.run_round = _round_then_pss      # _rank.py wraps this one in turn (its timing stays around the round)
-atexit.register(_write)
+if os.environ.get("FEDMPI_BENCH_SAMPLE_MEMORY"):
+    engine.run_round = _round_then_pss      # _rank.py wraps this one in turn (its timing stays around the round)
+    atexit.register(_write)
 runpy.run_path(os.path.join(HERE, "_rank.py"))
