@@ -52,10 +52,13 @@ PARSED = {"tools/fedskip_shakespeare_full.py": ("data", "out", "csv", "png"), "t
 # checkout below.
 LONG = {
     "tools/local_eval_cost.py": "two in-process runs, nothing written",
+    "tools/pretrain_char_lm.py": "pretraining; --out required and refused inside the checkout "
+                                 "(tests/test_pretrain_char_lm.py)",
     "tools/tracking_cost.py": "runs with trackers; default --out in the temporary folder",
     "bench/bench.py": "the benchmark; --out a temporary folder, --json and --markdown named",
     "bench/gpu_check.py": "the GPU check (tests/test_gpu_check.py runs --dry-run); a temporary folder",
     "bench/large_model.py": "a temporary folder; --json named",
+    "bench/lora_bench.py": "a temporary folder; --json named",
     "bench/lora_memory.py": "prints its figures; its runs in a temporary folder, removed at the end",
     "bench/robust_memory.py": "prints its figures",
     "bench/shakespeare_setup.py": "--data defaults to /tmp/shakespeare-full; --json named",

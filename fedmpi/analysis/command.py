@@ -30,7 +30,7 @@ from fedmpi.core.errors import EXIT_FAILED, EXIT_USAGE, InputError
 from fedmpi.core.output_paths import check_distinct, check_figure, check_file, sibling
 
 CORE = ("run", "method", "status", "rounds_done", "emd", "final_acc", "acc_last20_mean", "best_acc", "rise_round",
-        "target_round", "target_bytes", "uploads", "bytes_moved", "wall_s")
+        "final_perplexity", "best_perplexity", "target_round", "target_bytes", "uploads", "bytes_moved", "wall_s")
 VIEWS = ("classes", "clients", "attack", "timing")
 
 
@@ -111,6 +111,10 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
         print(tables(rows, by, fmt), file=out)
     # an infinite epsilon says why in the run file; the report says it too
     notes += [f"{run.name}: {note}" for run in runs if (note := figures.epsilon_note(run))]
+    next_token = [run.name for run in runs if "test_perplexity" in run.metrics]
+    if next_token:
+        notes.append(f"{', '.join(next_token)}: a next-token task: its accuracies are token accuracies, its "
+                     f"perplexity exp(mean test cross-entropy), where lower is better")
     for note in notes:
         print(("% " if fmt == "latex" else "") + f"note: {note}", file=out)
     for wanted, section in ((classes, class_section), (timing, timing_section)):

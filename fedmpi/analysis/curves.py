@@ -17,6 +17,8 @@ X_METRICS = {"wall": "wall_s", "sim_time": "sim_time_s"}     # the x axes that a
 PER_RUN = ("running",)       # a figure of single runs draws those still being written (not diverged, failed)
 _STYLES = ("-", "--", ":")      # after the ten default colours, lines change style
 LABELS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss",
+          "test_perplexity": "test perplexity exp(mean cross-entropy), lower is better",
+          "local_perplexity_mean": "local perplexity (exp of the clients' mean loss)",
           "weight_divergence": "weight divergence ||w_FL - w_SGD|| / ||w_SGD||",
           "shadow_acc": "test accuracy of centralized SGD (shadow)",
           "gradient_diversity": "gradient diversity sum p_i ||D_i||^2 / ||sum p_i D_i||^2",

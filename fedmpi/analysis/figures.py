@@ -5,6 +5,10 @@ A figure belongs to a family: `accuracy` and `cost` figures exist for every run;
 (personalization, fairness, robustness, privacy, secure aggregation, deployment) exist where the run recorded
 what they are computed from, and are NaN elsewhere. Rounds are 1-based wherever a figure is a round (the
 files store them from 0: /metrics/round holds 0 for the first round).
+
+For a next-token task (data.name shakespeare, any model) the test accuracy is the token accuracy, and the
+perplexity figures (exp of the mean test cross-entropy, as run.h5 records it: fedmpi.core.perplexity) are
+measured; LOWER_IS_BETTER names the figures whose best value is the smallest (a best perplexity is the lowest).
 """
 
 from __future__ import annotations
@@ -98,6 +102,12 @@ def rise_round(run):
         return math.nan
     reached = np.flatnonzero(rolling_mean(acc) >= RISE_FRACTION * acc_last_mean(run))
     return float(rounds[reached[0]] + 1) if len(reached) else math.nan
+
+
+def lowest(values):
+    """The smallest measured value (NaN where none was): the best of a figure where lower is better."""
+    measured = values[~np.isnan(values)]
+    return float(measured.min()) if len(measured) else math.nan
 
 
 def bytes_moved(metrics):
@@ -232,8 +242,8 @@ def _secagg_time(run):
 FIGURES = (
     Figure("rounds_done", "accuracy", "rounds logged in /metrics (a running run counts its complete rounds)",
            lambda r: float(len(r.metrics.get("round", []))), "count"),
-    Figure("final_acc", "accuracy", "test accuracy of the global model at the last evaluated round",
-           lambda r: last(series(r, "test_acc")), "share"),
+    Figure("final_acc", "accuracy", "test accuracy of the global model at the last evaluated round (for a "
+           "next-token task: the token accuracy)", lambda r: last(series(r, "test_acc")), "share"),
     Figure("final_loss", "accuracy", "test loss of the global model at the last evaluated round",
            lambda r: last(series(r, "test_loss"))),
     Figure("acc_last20_mean", "accuracy", f"mean test accuracy over the last {WINDOW} evaluations (fewer where "
@@ -242,6 +252,11 @@ FIGURES = (
            lambda r: float(np.max(evaluations(r)[1])) if len(evaluations(r)[1]) else math.nan, "share"),
     Figure("rise_round", "accuracy", f"first round (1-based) whose {WINDOW}-evaluation rolling mean test "
            f"accuracy reaches {RISE_FRACTION:.0%} of acc_last20_mean", rise_round, "round"),
+    Figure("final_perplexity", "accuracy", "next-token task: test perplexity exp(mean test cross-entropy) of the "
+           "global model at the last evaluated round (lower is better)",
+           lambda r: last(series(r, "test_perplexity"))),
+    Figure("best_perplexity", "accuracy", "next-token task: lowest test perplexity over all evaluations",
+           lambda r: lowest(series(r, "test_perplexity"))),
     Figure("uploads", "cost", "client updates the server counted, summed over the rounds",
            lambda r: float(np.nansum(series(r, "uploads"))), "count"),
     Figure("bytes_moved", "cost", "bytes sent up and down over the run (/metrics bytes_up + bytes_down, "
@@ -257,6 +272,9 @@ FIGURES = (
            "clients, at the last local evaluation", lambda r: last_local(r, "local_acc_worst10"), "share"),
     Figure("local_acc_std", "personalization", "standard deviation of the clients' local accuracies (their "
            "spread), at the last local evaluation", lambda r: last_local(r, "local_acc_std"), "share"),
+    Figure("local_perplexity_mean", "personalization", "next-token task: exp of the sample-weighted mean loss "
+           "of the clients on their own test splits (lower is better), at the last local evaluation",
+           lambda r: last_local(r, "local_perplexity_mean")),
     Figure("local_below_global_n", "personalization", "clients whose local accuracy is below the global "
            "model's on their own split, at the last local evaluation", below_global_count, "count"),
     Figure("local_acc_unweighted", "fairness", "mean of the clients' local accuracies, every client counted "
@@ -317,6 +335,19 @@ TARGET_FIGURES = (
     Figure("target_bytes", "cost", "bytes moved up to and including that round", None, "bytes"),
 )
 DEFINITIONS = {f.name: f.definition for f in FIGURES + TARGET_FIGURES}
+# Figures whose best value is the smallest (the others' is the largest): what a "best" cell or pick takes.
+LOWER_IS_BETTER = frozenset({"final_loss", "final_perplexity", "best_perplexity", "local_perplexity_mean",
+                             "local_acc_std", "rise_round", "target_round", "target_bytes", "uploads", "bytes_moved",
+                             "wall_s", "emd", "backdoor_acc", "backdoor_acc_tail10", "epsilon",
+                             "noised_rounds_epsilon", "privacy_delta", "dp_clipped_fraction",
+                             "secagg_clipped_fraction", "secagg_rounds_half_clipped", "secagg_zeroed_updates",
+                             "secagg_extra_up_bytes", "secagg_extra_down_bytes", "secagg_s", "sim_time_s", "dropouts",
+                             "local_below_global_n"})
+
+
+def better(name):
+    """"min" for a figure whose best value is its smallest (LOWER_IS_BETTER), else "max"."""
+    return "min" if name in LOWER_IS_BETTER else "max"
 UNITS = {f.name: f.unit for f in FIGURES + TARGET_FIGURES}
 
 

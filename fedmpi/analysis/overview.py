@@ -5,8 +5,9 @@ interval of the mean unless `band` names another statistic; figure_style.BANDS),
 each setting of it in one line style, one legend for the figure below its panels that names the band. `width`
 (inches) draws it at a paper's column or page width; the file's suffix picks PNG, PDF or SVG.
 
-Panels: test accuracy against rounds (1-based; or the --x axis), test loss, test accuracy against bytes moved,
-and one comparison panel per family some run recorded:
+Panels: test accuracy against rounds (1-based; or the --x axis; the token accuracy of a next-token task), test
+loss, test perplexity where some run recorded it (a next-token task: fedmpi.core.perplexity), test accuracy
+against bytes moved, and one comparison panel per family some run recorded:
   personalization  the CDF of the clients' local accuracy at the last local evaluation (the group's clients
                    pooled over its runs); its spread and worst clients are the fairness figures too
   robustness       the attack's success (backdoor_acc) against rounds
@@ -99,6 +100,8 @@ def plot_overview(runs, path, by=(), x="round", title=None, include=None, band=f
     parts = {label: figure_style.label_parts(label, colour_first) for label in groups}
     looks = figure_style.encodings(parts)
     base = [_curve("test_acc", x), _curve("test_loss", x)]
+    if _has(runs, "test_perplexity"):
+        base.append(_curve("test_perplexity", x))
     if x != "bytes":
         base.append(_curve("test_acc", "bytes"))
     panels = base + family_panels(runs)

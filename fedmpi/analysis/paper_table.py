@@ -41,7 +41,8 @@ METRIC_TITLES = {"final_acc": "Final test accuracy", "acc_last20_mean": "Mean te
                  "evaluations", "best_acc": "Best test accuracy", "local_acc_mean": "Local accuracy",
                  "rise_round": "Rise round", "target_round": "Rounds to target", "bytes_moved": "Bytes moved",
                  "wall_s": "Wall time", "backdoor_acc": "Backdoor success", "test_acc_tail10": "Main-task accuracy",
-                 "epsilon": "ε"}
+                 "epsilon": "ε", "final_perplexity": "Final test perplexity",
+                 "best_perplexity": "Best (lowest) test perplexity", "local_perplexity_mean": "Local perplexity"}
 MISSING = {"markdown": "–", "latex": "--", "csv": ""}
 # One pass, character by character (a replacement's own braces and backslashes are never escaped again).
 _LATEX = str.maketrans({"\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "_": "\\_", "#": "\\#", "$": "\\$",
@@ -171,14 +172,16 @@ def paper_table(data, rows="method", cols=None, metric="final_acc", interval="ci
     row_names, col_names  {value: display name}; by default a method's label (fedmpi.analysis.labels) as
               it is and a setting as "TITLE = value" (e.g. "Dirichlet β = 0.1", KEY_TITLES)
     row_title the header over the row labels (default the key's title, e.g. "Method")
-    best      "max" or "min": that cell of each column (by the shown mean) in bold
+    best      "max" or "min": that cell of each column (by the shown mean) in bold; "better": the figure's
+              better end (fedmpi.analysis.figures.better: min for a loss or perplexity, max for an accuracy)
     include, at_round  as for `summary` (a runs() table only): finished runs unless `include` names others,
               every cell at one round (the last every run evaluated, or `at_round`); the notes say which"""
     row_keys, col_keys = _keys(rows), _keys(cols)
     if interval not in INTERVALS:
         raise InputError(f"interval = {interval!r}: must be one of {', '.join(INTERVALS)}")
-    if best not in (None, "max", "min"):
-        raise InputError(f"best = {best!r}: must be max, min or None")
+    if best not in (None, "max", "min", "better"):
+        raise InputError(f"best = {best!r}: must be max, min, better or None")
+    best = figs.better(metric) if best == "better" else best
     summary = _summary(data, row_keys + col_keys, metric, over, include, at_round)
     unit = figs.UNITS.get(metric)
     if percent and unit != "share":     # 100 x a loss or a byte count is no percentage

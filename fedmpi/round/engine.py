@@ -34,6 +34,7 @@ import torch
 from fedmpi.algorithms.base import Algorithm
 from fedmpi.algorithms.state import ClientStateStore
 from fedmpi.core.flat import FlatModel
+from fedmpi.core.perplexity import perplexity_figures
 from fedmpi.core.timing import Timer
 from fedmpi.mpi import signals
 from fedmpi.mpi.base import Comm
@@ -69,6 +70,7 @@ class RoundParts:
     eval_every: int             # cfg.eval.every
     local_eval: LocalEvaluation | None = None   # eval.local_every: clients on their own test splits (or None)
     observers: tuple = ()       # the figures' observers (fedmpi.round.observers), in the order they report
+    perplexity: bool = False    # a next-token task: the row gains exp of its cross-entropies (fedmpi.core.perplexity)
 
     @property
     def num_clients(self):
@@ -234,6 +236,8 @@ def _record(parts, plan, combined, evaluated, observed, local, stage_metrics):
     metrics.update(plan.metrics)
     metrics.update(stage_metrics)
     clients.update(plan.columns)
+    if parts.perplexity:
+        metrics.update(perplexity_figures(metrics))
     return RoundRecord(metrics, clients, parts.wire.timing(), server.x)
 
 

@@ -19,6 +19,7 @@ from fedmpi.algorithms.state import ClientStateStore, as_numpy_state, bind_clien
 from fedmpi.attacks import record
 from fedmpi.attacks.data import DataPoison, backdoor_test_set
 from fedmpi.core import console, shared_base
+from fedmpi.core.perplexity import records_perplexity
 from fedmpi.core.personal import split_of
 from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
@@ -121,7 +122,8 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
     return RoundParts(algo=algo, clients=clients, wire=wire, server=server, participation=participation, stages=path,
                       evaluation=evaluation, client_store=store, comm=comm, timer=comm.timer, flat=flat,
                       transport=transport, rounds=cfg.rounds, eval_every=cfg.eval.every, local_eval=local_eval,
-                      observers=build_observers(transport, n, shadow, triggered))
+                      observers=build_observers(transport, n, shadow, triggered),
+                      perplexity=records_perplexity(dataset.name, custom_loss=loss is not None))
 
 
 class Experiment:

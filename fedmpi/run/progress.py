@@ -1,7 +1,8 @@
 """Progress output on rank 0: a tqdm bar on a terminal, plain rate-limited lines in a batch log.
 
 Each round shows the last evaluated test accuracy and loss (`-` before the first evaluation; `[round N]` when
-they are from an earlier round than the one shown), and where the run measures them the mean local accuracy
+they are from an earlier round than the one shown), and where the run measures them the test perplexity (`ppl`,
+a next-token task, whose `acc` is the token accuracy), the mean local accuracy
 (`local`, eval.local_every) and the backdoor's success rate (`backdoor`), then the seconds per round. Rounds
 are 1-based. A long evaluation of the global model is announced before it starts and timed when it ends
 (`evaluation`): when the previous one took EVAL_NOTICE_S or more, or, for the first, when the test set holds
@@ -23,7 +24,8 @@ LINE_INTERVAL_S = 10.0
 EVAL_NOTICE_S = 5.0             # an evaluation this long gets a line before the next one
 EVAL_NOTICE_SAMPLES = 20_000    # ... and the first one on a test set this large
 # (label, /metrics figure) shown live where the run measures it
-LIVE = (("acc", "test_acc"), ("loss", "test_loss"), ("local", "local_acc_mean"), ("backdoor", "backdoor_acc"))
+LIVE = (("acc", "test_acc"), ("loss", "test_loss"), ("ppl", "test_perplexity"), ("local", "local_acc_mean"),
+        ("backdoor", "backdoor_acc"))
 ALWAYS = ("acc", "loss")        # shown as `-` before their first evaluation
 
 
