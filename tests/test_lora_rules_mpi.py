@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import session_runs
-from conftest import ROOT, read_metrics, write_config
+from conftest import ROOT, read_global, read_metrics, write_config
 from dataset_files import write_mnist_family
 
 from fedmpi.cli import main
@@ -69,6 +69,23 @@ def test_composed_rules_do_not_depend_on_the_rank_count(runs, name):
     if "product_gap" in COMBOS[name][0] or COMBOS[name][0]["name"] == "flora":
         gaps = three["lora_product_gap"]
         assert np.all(np.isfinite(gaps)) and np.all(gaps > 0), gaps
+
+
+@pytest.mark.mpi
+def test_fedsa_lora_never_changes_the_global_b(runs):
+    # Every B is personal: the server's B stays at its initialisation (peft's zeros), while FedAvg on the same
+    # adapters moves it in the first round.
+    from lora_nets import TinyLora
+
+    from fedmpi.core.flat import FlatModel
+
+    entries = FlatModel(TinyLora((1, 28, 28), 10)).entries
+    b_entries = [(offset, numel) for name, offset, numel in entries if "lora_B" in name]
+    assert b_entries
+    for name, moved in (("fedsa_lora-secagg", False), ("fedit-secagg", True)):
+        final = read_global(runs / "n3" / name)
+        b_values = np.concatenate([final[o:o + n] for o, n in b_entries])
+        assert bool(np.any(b_values != 0)) == moved, name
 
 
 @pytest.mark.parametrize("algorithm,extra,words", [
