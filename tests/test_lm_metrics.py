@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import write_config
+from conftest import run_fedmpi, write_config
 from run_files import write_run
 
 import fedmpi.analysis as a
@@ -109,6 +109,19 @@ def test_a_resumed_run_records_the_perplexity_of_an_uninterrupted_one(shakespear
     whole, resumed = _metrics(runs[0]), _metrics(tmp_path / "half")
     for name in ("test_loss", "test_perplexity", "local_perplexity_mean"):
         assert np.array_equal(whole[name], resumed[name], equal_nan=True), name
+
+
+@pytest.mark.mpi
+def test_the_perplexity_is_the_same_at_n_2_and_3_as_in_one_process(shakespeare_runs, tmp_path):
+    base, runs = shakespeare_runs
+    config = yaml.safe_load((base / "seed3.yaml").read_text())
+    one = _metrics(runs[0])
+    for n in (2, 3):
+        config["out"] = str(tmp_path / f"n{n}")
+        run_fedmpi(n, "run", write_config(tmp_path / f"n{n}.yaml", config))
+        ranks = _metrics(tmp_path / f"n{n}")
+        for name in ("test_loss", "test_perplexity", "local_perplexity_mean"):
+            assert np.array_equal(one[name], ranks[name], equal_nan=True), (n, name)
 
 
 def _metrics(folder):
