@@ -163,6 +163,11 @@ def test_frames_summary_and_report_show_the_perplexity_lower_being_better(shakes
     head = out.splitlines()[0].split()
     assert "final_perplexity" in head and "best_perplexity" in head
     assert "token accuracies" in out and "lower is better" in out
+    assert main(["report", str(base / "runs"), "--by", "method"]) == 0     # grouped: mean ± std over the seeds
+    grouped = capsys.readouterr().out.splitlines()
+    column = grouped[0].split().index("final_perplexity")
+    assert grouped[0].split()[column + 1] == "best_perplexity"
+    assert f"{df['final_perplexity'].mean():.4g} ± {df['final_perplexity'].std():.4g}" in grouped[2]
 
 
 def test_the_paper_table_marks_the_lowest_perplexity_as_best(shakespeare_runs):
