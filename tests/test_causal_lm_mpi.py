@@ -51,14 +51,14 @@ def test_the_example_gives_the_same_results_at_every_n(example_runs):
     # the adapters alone: 2 layers of A [8, 32] and B [96, 8] on c_attn; 3 clients a round upload them whole
     assert attrs["dim"] == 2 * (8 * 32 + 96 * 8) == glob.size
     assert np.all(metrics["bytes_up"] == 3 * 4 * attrs["dim"]) and len(metrics["round"]) == 2
-    assert len(attrs["base_sha256"]) == 64 and np.all(np.isfinite(metrics["test_loss"]))
+    assert len(attrs["base_sha256"]) == 64 and np.isfinite(metrics["test_loss"][-1])    # evaluated at the end
     assert np.any(glob[512:768] != 0)      # B (zero at the start) moved: the adapters trained
     for n in (2, 3):
         m, a = read_metrics(example_runs[n])
         assert a["world_size"] == n and a["base_sha256"] == attrs["base_sha256"]
         assert np.array_equal(read_global(example_runs[n]), glob)
         for key in ("train_loss", "test_loss", "test_acc", "bytes_up"):
-            assert np.array_equal(m[key], metrics[key]), (n, key)
+            assert np.array_equal(m[key], metrics[key], equal_nan=True), (n, key)
 
 
 SHARE_SCRIPT = """

@@ -2,8 +2,8 @@
 client and server are in fedmpi.config.training_sections, eval, checkpoint and runtime in
 fedmpi.config.run_sections, the deployment's, privacy's, lora's,
 attack's and secure aggregation's beside their code in fedmpi.deploy.keys, fedmpi.privacy.keys,
-fedmpi.core.lora_keys, fedmpi.attacks.keys and fedmpi.secagg.keys). Every field has a type and a default; each section range-checks
-its own values in `__post_init__`."""
+fedmpi.core.lora_keys, fedmpi.attacks.keys and fedmpi.secagg.keys). Every field has a type and a default;
+each section range-checks its own values in `__post_init__`."""
 
 from __future__ import annotations
 

@@ -119,25 +119,26 @@ def _from_arch(transformers, arch, classes):
     keys.setdefault("bos_token_id", None)
     keys.setdefault("eos_token_id", None)
     try:
-        config = transformers.AutoConfig.for_model(model_type, vocab_size=classes, **keys)
-        return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        lm_config = transformers.AutoConfig.for_model(model_type, vocab_size=classes, **keys)
+        return transformers.AutoModelForCausalLM.from_config(lm_config, dtype=torch.float32)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
         raise ConfigError(f"model.arch = {arch!r}: not a transformers causal language model's config: "
                           f"{reason}") from None
 
 
-def _positions(config):
+def _positions(lm_config):
+    """The positions a transformers config takes (None where it does not say)."""
     for key in ("n_positions", "max_position_embeddings"):
-        value = getattr(config, key, None)
+        value = getattr(lm_config, key, None)
         if isinstance(value, int):
             return value
     return None
 
 
 def _with_adapters(peft, lm, lora):
-    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules=list(lora.target_modules) if lora.target_modules else None)
+    adapters = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                               target_modules=list(lora.target_modules) if lora.target_modules else None)
     try:
         with warnings.catch_warnings():
             # gpt2's projections are transformers' Conv1D (weights stored transposed); peft notices and sets
@@ -145,7 +146,7 @@ def _with_adapters(peft, lm, lora):
             warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*", category=UserWarning)
             # peft reads a transformers property that transformers 5 renamed and warns about
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            return peft.get_peft_model(lm, config)
+            return peft.get_peft_model(lm, adapters)
     except ValueError as e:
         reason = (str(e).splitlines() or [type(e).__name__])[0][:200]
         key = f"lora.target_modules = {list(lora.target_modules)!r}" if lora.target_modules else \

@@ -33,7 +33,8 @@ class LoraConfig:
     type (gpt2: c_attn)."""
     trainable: tuple[str, ...] = ()
     """fnmatch patterns over parameter names (named_parameters) of more parameters trained beside the
-    adapters, e.g. ['*lm_head*'] or ['*ln_f*']; they travel in the flat vector with the adapters."""
+    adapters, e.g. ['*ln_f*']; they travel in the flat vector with the adapters. A tied weight has its first
+    name only (gpt2's output layer is its token embedding, `*wte*`)."""
 
     RANGES: ClassVar[dict] = {"rank": Range(1, MAX_RANK, f"at most {MAX_RANK}: a rank beyond any layer's width"),
                               "alpha": factor(low_open=True), "dropout": Range(0, 1, high_open=True)}
