@@ -5,6 +5,9 @@ Small GPT-2s (width 32, 2 layers) on LEAF Shakespeare's 80-character windows; ev
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import math
 import subprocess
 import sys
 
@@ -96,6 +99,20 @@ def test_takes_shakespeares_windows():
     assert forward_probe(module, windows(1))[:2] == ((1, VOCAB), "")
     with pytest.raises(ConfigError, match="needs token sequences"):
         build_model(ModelConfig(name="causal_lm"), (1, 28, 28), 10, LoraConfig())
+
+
+def test_the_base_hash_is_sha256_over_the_frozen_tensors_in_name_order():
+    module = tiny()
+    digest = hashlib.sha256()
+    names = sorted(n for n, p in module.named_parameters() if not p.requires_grad)
+    params = dict(module.named_parameters())
+    for name in names:
+        a = params[name].detach().numpy()
+        digest.update(f"{name}|{a.dtype.str}|{a.shape}\n".encode() + a.tobytes())
+    assert shared_base.base_sha256(module) == digest.hexdigest()
+    with torch.no_grad():
+        params[names[-1]].view(-1)[0] += 1e-6      # one entry of the base, in its last bit or so
+    assert shared_base.base_sha256(module) != digest.hexdigest()
 
 
 def test_full_fine_tuning_trains_every_parameter():
@@ -204,18 +221,20 @@ def test_the_dry_run_counts_the_base_once_per_node(tmp_path):
     from dataset_files import write_leaf
 
     write_leaf(tmp_path / "shakespeare", "shakespeare", users_train=(12, 9, 10), users_test=(3, 3, 2))
+    wide = {**ARCH, "n_embd": 256, "n_head": 4}        # a base of some MB, so the table's 0.1 MB shows its shares
     proc = subprocess.run([sys.executable, "-m", "fedmpi", "run", "jobs/configs/shakespeare_lora.yaml",
-                           f"data.root={tmp_path / 'shakespeare'}", f"out={tmp_path / 'run'}", "--dry-run"],
+                           f"data.root={tmp_path / 'shakespeare'}", f"out={tmp_path / 'run'}",
+                           f"model.arch={json.dumps(wide)}", "--dry-run"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    module = tiny()
+    module = tiny(arch=wide)
     entries, nbytes = shared_base.frozen_size(module)
     assert f"frozen base: {entries} parameters" in proc.stdout
     assert f"trained (the flat vector, what travels): {FlatModel(module).dim} entries" in proc.stdout
     row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("frozen base "))
     cells = [float(v) for v in row.split()[2:]]      # -n 2, 4, 8: per rank, per node
-    node = round(nbytes / 1e6, 1)
-    assert cells[1] == cells[3] == cells[5] == node     # once per node, at any -n
+    assert cells[1::2] == [round(nbytes / 1e6, 1)] * 3                         # once per node, at any -n
+    assert cells[0::2] == [round(math.ceil(nbytes / n) / 1e6, 1) for n in (2, 4, 8)]   # each rank its share
 
 
 def test_fedmpi_runs_without_transformers_and_peft():

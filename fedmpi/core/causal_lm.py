@@ -101,6 +101,8 @@ def _from_folder(transformers, path):
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ConfigError(f"model.path = {path!r}: the folder has no config.json; give a local Hugging Face model "
                           f"folder (what save_pretrained writes)")
+    # transformers draws a progress bar over the weights' files; every rank would draw its own into the job's log
+    transformers.utils.logging.disable_progress_bar()
     try:
         return transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     except (OSError, ValueError, KeyError, TypeError) as e:
