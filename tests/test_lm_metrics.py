@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import write_config
+from conftest import run_fedmpi, write_config
 from run_files import write_run
 
 import fedmpi.analysis as a
@@ -111,6 +111,19 @@ def test_a_resumed_run_records_the_perplexity_of_an_uninterrupted_one(shakespear
         assert np.array_equal(whole[name], resumed[name], equal_nan=True), name
 
 
+@pytest.mark.mpi
+def test_the_perplexity_is_the_same_at_n_2_and_3_as_in_one_process(shakespeare_runs, tmp_path):
+    base, runs = shakespeare_runs
+    config = yaml.safe_load((base / "seed3.yaml").read_text())
+    one = _metrics(runs[0])
+    for n in (2, 3):
+        config["out"] = str(tmp_path / f"n{n}")
+        run_fedmpi(n, "run", write_config(tmp_path / f"n{n}.yaml", config))
+        ranks = _metrics(tmp_path / f"n{n}")
+        for name in ("test_loss", "test_perplexity", "local_perplexity_mean"):
+            assert np.array_equal(one[name], ranks[name], equal_nan=True), (n, name)
+
+
 def _metrics(folder):
     with h5py.File(folder / "run.h5", "r", locking=False) as f:
         return {k: ds[()] for k, ds in f["metrics"].items() if ds.ndim == 1 and ds.dtype.kind == "f"}
@@ -150,6 +163,11 @@ def test_frames_summary_and_report_show_the_perplexity_lower_being_better(shakes
     head = out.splitlines()[0].split()
     assert "final_perplexity" in head and "best_perplexity" in head
     assert "token accuracies" in out and "lower is better" in out
+    assert main(["report", str(base / "runs"), "--by", "method"]) == 0     # grouped: mean ± std over the seeds
+    grouped = capsys.readouterr().out.splitlines()
+    column = grouped[0].split().index("final_perplexity")
+    assert grouped[0].split()[column + 1] == "best_perplexity"
+    assert f"{df['final_perplexity'].mean():.4g} ± {df['final_perplexity'].std():.4g}" in grouped[2]
 
 
 def test_the_paper_table_marks_the_lowest_perplexity_as_best(shakespeare_runs):

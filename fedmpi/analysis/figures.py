@@ -344,11 +344,13 @@ LOWER_IS_BETTER = frozenset({"final_loss", "final_perplexity", "best_perplexity"
                              "secagg_extra_up_bytes", "secagg_extra_down_bytes", "secagg_s", "sim_time_s", "dropouts",
                              "local_below_global_n"})
 
+UNITS = {f.name: f.unit for f in FIGURES + TARGET_FIGURES}
+
 
 def better(name):
-    """"min" for a figure whose best value is its smallest (LOWER_IS_BETTER), else "max"."""
+    """The better end of figure `name`: "min" where its best value is its smallest (LOWER_IS_BETTER), else
+    "max"."""
     return "min" if name in LOWER_IS_BETTER else "max"
-UNITS = {f.name: f.unit for f in FIGURES + TARGET_FIGURES}
 
 
 def family_of(name):
