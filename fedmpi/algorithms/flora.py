@@ -84,14 +84,6 @@ class Flora(RankedClients, FedAvg):
         if keys.ranks:
             self.grad_hook = self.mask_gradient
 
-    def setup(self, ctx):
-        super().setup(ctx)
-        self.setup_ranks(ctx.model)
-
-    def client_start(self, run, down, model):
-        super().client_start(run, down, model)
-        self.truncate(run, model)
-
     def accumulate(self, run, down, model, acc):
         lora.write_products(model.vec.detach(), down[: self.dim], self.layout)
         return super().accumulate(run, down, model, acc)

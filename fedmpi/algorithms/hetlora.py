@@ -45,7 +45,8 @@ from fedmpi.core.lazy import torch
 
 class RankedClients:
     """Per-client LoRA ranks for an algorithm with `keys.ranks` and `keys.rank_assignment`: the truncation at
-    client_start and the gradient mask. `ranks: []` leaves every client at the model's rank."""
+    client_start and the gradient mask. `ranks: []` leaves every client at the model's rank. A mixin before the
+    algorithm's base class (its setup and client_start call on to it)."""
 
     @classmethod
     def check_rank_keys(cls, cfg):
@@ -69,6 +70,14 @@ class RankedClients:
         if max(ranks) != full or min(ranks) < 1:
             raise ConfigError(f"algorithm.ranks = {ranks}: every rank must be in 1..{full} and the largest "
                               f"{full}, the model's LoRA rank (the global adapters' size)")
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        self.setup_ranks(ctx.model)
+
+    def client_start(self, run, down, model):
+        super().client_start(run, down, model)
+        self.truncate(run, model)
 
     def setup_ranks(self, flat):
         """The adapters' layout on this rank's model and the full rank (the global adapters')."""
@@ -153,14 +162,6 @@ class HetLora(RankedClients, FedAvg):
             return ["its sparsity weights ||B_k A_k||_F come from each client's training and are neither clipped "
                     "nor bounded (use algorithm.aggregation = 'mean')"]
         return []
-
-    def setup(self, ctx):
-        super().setup(ctx)
-        self.setup_ranks(ctx.model)
-
-    def client_start(self, run, down, model):
-        super().client_start(run, down, model)
-        self.truncate(run, model)
 
     def grad_hook(self, params, grad):
         self.mask_gradient(params, grad)
