@@ -78,9 +78,12 @@ def child(config_path, stats, private):
     import fedmpi.run.launch as launch
 
     made = launch.experiment
-    at_setup = []
+    at_setup, before = [], []
+    import peft  # noqa: F401 - imported before the runtime's reading, which then holds the libraries
+    import transformers  # noqa: F401
 
     def experiment(*a, **k):
+        before.append(_smaps())         # the runtime alone: Python, torch, transformers, peft, MPI
         exp = made(*a, **k)
         at_setup.append(_smaps())
         return exp
@@ -90,7 +93,8 @@ def child(config_path, stats, private):
     def write():
         pss, uss = zip(*rounds) if rounds else ((0,), (0,))
         Path(stats, f"rank-{rank}.json").write_text(json.dumps(
-            {"rank": rank, "pss_mb": pss[-1], "uss_mb": uss[-1], "setup_pss_mb": at_setup[0][0],
+            {"rank": rank, "pss_mb": pss[-1], "uss_mb": uss[-1], "runtime_pss_mb": before[0][0],
+             "setup_pss_mb": at_setup[0][0],
              "setup_uss_mb": at_setup[0][1],
              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
@@ -138,7 +142,7 @@ def main():
     write_leaf(work / "shakespeare", "shakespeare", users_train=(16, 16, 16), users_test=(4, 4, 4))
     base, adapters = sizes(args.layers, args.width)
     print(json.dumps({"base_mb": base / MIB, "adapters_mb": adapters / MIB}), flush=True)
-    node = {}
+    node, model = {}, {}
     runs = [(n, "shared") for n in args.ranks] + [(n, "private") for n in args.ranks if n > 1 and args.private]
     for n, how in runs:
         stats = work / f"stats-{n}-{how}"
@@ -155,9 +159,16 @@ def main():
                         how], check=True, cwd=ROOT)
         ranks = sorted((json.loads(f.read_text()) for f in stats.glob("rank-*.json")), key=lambda r: r["rank"])
         node[n, how] = sum(r["pss_mb"] for r in ranks)
-        print(json.dumps({"n": n, "base": how, "node_pss_mb": node[n, how], "ranks": ranks}), flush=True)
+        # What the model costs: each rank's PSS after its rounds less its PSS before the data and the model
+        # (the runtime every process carries whatever it holds)
+        model[n, how] = sum(r["pss_mb"] - r["runtime_pss_mb"] for r in ranks)
+        workers = [r["pss_mb"] - r["runtime_pss_mb"] for r in ranks if r["rank"] > 0]
+        print(json.dumps({"n": n, "base": how, "node_pss_mb": node[n, how], "node_model_mb": model[n, how],
+                          "worker_model_mb": max(workers, default=None),
+                          "worker_bound_mb": (base / n + 3 * adapters) / MIB, "ranks": ranks}), flush=True)
     if (1, "shared") in node and (3, "shared") in node:
-        print(json.dumps({"node_pss_n3_over_n1": node[3, "shared"] / node[1, "shared"]}))
+        print(json.dumps({"node_pss_n3_over_n1": node[3, "shared"] / node[1, "shared"],
+                          "node_model_n3_over_n1": model[3, "shared"] / model[1, "shared"]}))
     shutil.rmtree(work)
 
 
