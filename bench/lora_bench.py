@@ -22,16 +22,13 @@ bench/_rank.py (mpiexec beside the running Python first, as every benchmark find
     --speed-ranks, launched in pairs A B A B (bench/paired.py: each pair's ratio of the median round from the
     second on, then the median and min-max of the pairs).
 
-Measured on a 2-core virtual machine shared with other test runs (`python bench/lora_bench.py --rounds 4
---repeats 3`, 22.1 M parameters, rank 8, 5.3 min): (a) PSS held after rounds 627 MB for the -n 1 process, 575
-MB for a worker at -n 3 (51 MB less; 2/3 of the 84 MB base is 56 MB), 1,731 MB for the node (2.76x); the same
-bench on the tiny base (`--n-embd 32 --n-layer 2`, 30,592 parameters) 538 and 518 MB (20 MB less without a
-base to share: the -n 1 process also holds the server's and the evaluation's part), so the runtime of about
-0.5 GB per process dwarfs a base of this size; the sampled peaks (1,165 MB at -n 1, 1,082 MB for a worker) hold
-the moment each rank builds its whole base. bench/lora_memory.py compares the shared base with private ones
-directly (--private). (b) dim 114,688 = the hand count; bytes up and down exactly the adapter x 2 clients in
-every round; full fine-tuning sends 193x the bytes. (c) LoRA / full fine-tuning per pair 0.59 (0.53-0.92;
-LoRA 3.2-5.7 s a round, full 3.9-9.6 s, whose own repeats varied by 96%): on a loaded host a rough figure.
+Measured on a quiet 2-core virtual machine (`python bench/lora_bench.py --rounds 4 --repeats 3`, 22.1 M
+parameters, rank 8, 3.1 min): (a) PSS held after rounds 746 MB for the -n 1 process, 589 MB for a worker at -n 3
+and 1,773 MB for the node (2.38x): each process's runtime of over half a gigabyte outweighs a base of 84 MB
+(bench/lora_memory.py separates the two); the sampled peaks (1,322 MB at -n 1, 899-1,075 MB at -n 3) hold the
+moment each rank builds its whole base. (b) dim 114,688 = the hand count; bytes up and down exactly the adapter x
+2 clients in every round; full fine-tuning sends 193x the bytes. (c) LoRA / full fine-tuning per pair 0.71
+(0.70-0.73; LoRA 2.77-2.93 s a round, full 3.95-4.00 s).
 """
 
 from __future__ import annotations
