@@ -37,8 +37,9 @@ def test_the_sweep_and_memory_descriptions_see_what_prepare_model_changed():
     assert _model_shape(cfg_of("fedavg"), data, cache) is shapes["fedit"] and len(cache) == 3   # model as built
     assert _model_shape(cfg_of("fedit", product_gap=True), data, cache).dim == shapes["flora"].dim
     assert len(cache) == 4
-    assert model_size(cfg_of("flora"), (4,), 3) == (a_entries + b_entries, a_entries + b_entries + deltas)
-    assert model_size(cfg_of("ffa_lora"), (4,), 3) == (b_entries, b_entries)
+    base = 16 * 4 + 16 + 3 * 16 + 3                                # fc1's and fc2's frozen weights and biases
+    assert model_size(cfg_of("flora"), (4,), 3) == (a_entries + b_entries, a_entries + b_entries + deltas, base)
+    assert model_size(cfg_of("ffa_lora"), (4,), 3) == (b_entries, b_entries, base + a_entries)   # A frozen too
 
 
 @pytest.mark.parametrize("name,params,entries", [("ffa_lora", 16 * 4 + 10 * 4, 16 * 4 + 10 * 4),

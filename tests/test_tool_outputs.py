@@ -33,6 +33,7 @@ FROM_SCRATCH = {
     "tools/compare.py": [EMPTY],
     "tools/curves.py": [EMPTY, "--out", "curves.png"],
     "tools/deploy_report.py": ["--report-only"],
+    "tools/lora_study.py": [EMPTY, "--plot", "study.png"],
     "tools/personalization.py": ["--from", EMPTY],
     "tools/privacy_report.py": ["--report-only"],
     "tools/reproduce.py": ["--paper", "zhao", "--runs", EMPTY],
