@@ -41,6 +41,7 @@ FROM_SCRATCH = {
     "tools/run_batch.py": ["absent.yaml"],
     "tools/secagg_costs.py": ["--dims", "64", "--cohort", "3", "--repeat", "1"],
     "tools/sweep.py": [EMPTY],
+    "tools/tokenize_instructions.py": ["--model", EMPTY, "--data", EMPTY, "--out", "sft.h5"],
     "bench/hierarchy.py": ["--mpiexec", "false", "--rounds", "1"],
     "bench/kernels.py": ["--models", "cnn_mnist", "--repeats", "1"],
 }
@@ -76,6 +77,7 @@ INSIDE = {
     "tools/privacy_report.py": (["--report-only"], ["--runs", "--docs"]),
     "tools/fedskip_shakespeare_full.py": ([], ["--data", "--out", "--csv", "--png"]),
     "tools/secagg_bits.py": ([], ["--out"]),
+    "tools/tokenize_instructions.py": (["--model", "absent", "--data", "absent", "--out", "sft.h5"], ["--out"]),
     "bench/hierarchy.py": (["--mpiexec", "false"], ["--out"]),
     "bench/sweep.py": (["--quick"], ["--out"]),
     "bench/wire_accuracy.py": (["--rounds", "1"], ["--out"]),
