@@ -105,6 +105,19 @@ def test_one_sample_per_response_token_with_the_window_before_it_by_hand(inputs,
     assert "samples (response tokens) train 18, test 7" in line and "3 clients" in line, line
 
 
+def test_the_default_template_marks_its_prompt_by_the_text_before_the_response(inputs, capsys):
+    model, data, base = inputs
+    out = base / "default.h5"
+    assert tool.main(["--model", str(model), "--data", str(data), "--out", str(out), "--window", "3"]) == 0
+    arrays, attrs = _read(out)
+    # "### Instruction:\nsay hello\n\n### Response:\nhello world": ###, Instruction:, Response: are unknown (1);
+    # the prompt is the 6 tokens up to "Response:\n"; then hello, world and [EOS] are the samples
+    assert attrs["template"] == tool.DEFAULT_TEMPLATE and "client_train" not in arrays
+    assert arrays["x_train"][:3].tolist() == [[6, 1, 1], [1, 1, 6], [1, 6, 7]]
+    assert arrays["y_train"][:3].tolist() == [ID["hello"], ID["world"], ID["[EOS]"]]
+    assert "no clients" in capsys.readouterr().out     # and the partition it then needs: iid or dirichlet
+
+
 def test_a_short_context_is_left_padded_with_the_pad_id(inputs):
     out = inputs[2] / "w6.h5"
     assert _tokenize(inputs, out, "--window", "6", "--no-eos") == 0

@@ -82,11 +82,14 @@ def parse(argv):
     p.add_argument("--prompt-column", default="instruction", help="the prompt's column (default instruction)")
     p.add_argument("--response-column", default="response", help="the response's column (default response)")
     p.add_argument("--client-column", default=None, help="the column naming each example's client (default none)")
-    p.add_argument("--template", default=DEFAULT_TEMPLATE, help="the text of an example, with the fields {prompt} "
-                   "and {response} ({response} last but for fixed text); default: an Alpaca-style template")
+    # The default is applied after parsing: its line breaks would break the generated command-line reference.
+    p.add_argument("--template", default=None, help="the text of an example, with the fields {prompt} and "
+                   "{response}; default: " + repr(DEFAULT_TEMPLATE)[1:-1] + " (an Alpaca-style template)")
     p.add_argument("--no-eos", action="store_true", help="do not append the tokenizer's eos token to a response")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.template = DEFAULT_TEMPLATE if args.template is None else args.template
+    return args
 
 
 def _inside(path, folder):
