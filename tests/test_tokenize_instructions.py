@@ -34,7 +34,7 @@ ROWS = {  # (user, prompt, response): three users, the client column's values de
 }
 
 
-def _model_folder(folder, with_tokenizer=True):
+def _model_folder(folder, with_tokenizer=True, vocab_size=None):
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -46,7 +46,7 @@ def _model_folder(folder, with_tokenizer=True):
     if with_tokenizer:
         tokenizer.save_pretrained(str(folder))
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_embd=16, n_layer=2, n_head=2, n_positions=16,
+    config = GPT2Config(vocab_size=vocab_size or len(tokenizer), n_embd=16, n_layer=2, n_head=2, n_positions=16,
                         bos_token_id=ID["[EOS]"], eos_token_id=ID["[EOS]"], pad_token_id=ID["[PAD]"])
     GPT2LMHeadModel(config).save_pretrained(str(folder))
     return folder
@@ -203,6 +203,8 @@ def test_bad_input_is_one_line_and_nothing_written(inputs, tmp_path, capsys):
     _refused(capsys, [*common, "--data", str(tmp_path / "absent")], "--data")
     bare = _model_folder(tmp_path / "bare", with_tokenizer=False)
     _refused(capsys, [*common, "--model", str(bare)], "--model", "tokenizer")
+    small = _model_folder(tmp_path / "small", vocab_size=len(WORDS) - 1)
+    _refused(capsys, [*common, "--model", str(small)], "--model", "vocab_size (16)", "17 ids")
     _refused(capsys, [*common[:4], "--window", "3", "--out", str(ROOT / "sft.h5")], "--out", "inside this repository")
     _refused(capsys, [*common, "--template", "{prompt} only"], "--template")
     _refused(capsys, [*common, "--window", "40"], "--window 40", "16 positions")
