@@ -213,3 +213,5 @@ def test_bad_input_is_one_line_and_nothing_written(inputs, tmp_path, capsys):
     out.write_bytes(b"mine")
     _refused(capsys, [*common, "--template", TEMPLATE], "--out", "--overwrite")
     assert out.read_bytes() == b"mine"
+    assert tool.main([*common, "--template", TEMPLATE, "--overwrite"]) == 0
+    assert len(_read(out)[0]["y_train"]) == 18 and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
