@@ -48,6 +48,7 @@ def test_only_a_next_token_task_with_cross_entropy_records_it():
     assert records_perplexity("shakespeare")
     assert not records_perplexity("mnist") and not records_perplexity("synthetic")
     assert not records_perplexity("shakespeare", custom_loss=True)     # exp of another criterion is no perplexity
+    assert records_perplexity("arrays", "causal_lm") and not records_perplexity("arrays", "mlp")   # a language model
 
 
 def test_an_evaluation_of_hand_set_probabilities_gives_their_perplexity():

@@ -6,9 +6,10 @@ A figure belongs to a family: `accuracy` and `cost` figures exist for every run;
 what they are computed from, and are NaN elsewhere. Rounds are 1-based wherever a figure is a round (the
 files store them from 0: /metrics/round holds 0 for the first round).
 
-For a next-token task (data.name shakespeare, any model) the test accuracy is the token accuracy, and the
-perplexity figures (exp of the mean test cross-entropy, as run.h5 records it: fedmpi.core.perplexity) are
-measured; LOWER_IS_BETTER names the figures whose best value is the smallest (a best perplexity is the lowest).
+For a next-token task (data.name shakespeare with any model, or model.name causal_lm on any data) the test
+accuracy is the token accuracy, and the perplexity figures (exp of the mean test cross-entropy, as run.h5
+records it: fedmpi.core.perplexity) are measured; LOWER_IS_BETTER names the figures whose best value is the
+smallest (a best perplexity is the lowest).
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ import numbers
 
 # Data sets whose samples are next-token predictions over a vocabulary (their classes are its tokens).
 NEXT_TOKEN_DATA = frozenset({"shakespeare"})
+# The model that is a next-token classifier on any data (fedmpi.core.causal_lm)
+CAUSAL_LM = "causal_lm"
 # /metrics figure -> the recorded mean cross-entropy it is exp of
 FROM_LOSS = {"test_perplexity": "test_loss", "local_perplexity_mean": "local_loss_mean"}
 
@@ -32,9 +34,11 @@ def perplexity(mean_cross_entropy) -> float:
         return math.inf
 
 
-def records_perplexity(data_name, custom_loss=False) -> bool:
-    """Whether a run on data set `data_name` records perplexity: a next-token task evaluated with cross-entropy."""
-    return data_name in NEXT_TOKEN_DATA and not custom_loss
+def records_perplexity(data_name, model_name=None, custom_loss=False) -> bool:
+    """Whether a run on data set `data_name` with model `model_name` records perplexity: a next-token task (a
+    next-token data set, or any data under `causal_lm`, whose classes are its vocabulary: instruction data from
+    tools/tokenize_instructions.py through `data.name: arrays`) evaluated with cross-entropy."""
+    return (data_name in NEXT_TOKEN_DATA or model_name == CAUSAL_LM) and not custom_loss
 
 
 def perplexity_figures(metrics) -> dict:

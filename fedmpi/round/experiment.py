@@ -123,7 +123,7 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
                       evaluation=evaluation, client_store=store, comm=comm, timer=comm.timer, flat=flat,
                       transport=transport, rounds=cfg.rounds, eval_every=cfg.eval.every, local_eval=local_eval,
                       observers=build_observers(transport, n, shadow, triggered),
-                      perplexity=records_perplexity(dataset.name, custom_loss=loss is not None))
+                      perplexity=records_perplexity(dataset.name, cfg.model.name, custom_loss=loss is not None))
 
 
 class Experiment:
