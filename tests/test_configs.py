@@ -5,7 +5,9 @@ run end to end under MPI. That the papers' learning rates train is tests/test_co
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import re
 import shlex
 import subprocess
@@ -18,7 +20,7 @@ import pytest
 import session_runs
 import torch
 import yaml
-from conftest import ROOT
+from conftest import ROOT, tool_module
 
 from fedmpi import config
 from fedmpi.algorithms import SetupContext, build_algorithm, lookup
@@ -217,9 +219,23 @@ def stand_in(cfg):
     return Dataset(cfg.data.name, zeros(len(y_train), shape), y_train, zeros(len(y_test), shape), y_test, classes)
 
 
+def with_base_folder(cfg, tmp_path):
+    """`cfg`, its model.path (a folder tools/pretrain_char_lm.py writes, absent from a fresh checkout) replaced by a
+    fresh model of the tool's default shape saved in `tmp_path`, so the config's own keys are built and checked."""
+    if not cfg.model.path or os.path.isdir(cfg.model.path):
+        return cfg
+    import torch
+
+    tool = tool_module("pretrain_char_lm")
+    args = tool.parse(["--out", str(tmp_path / "unused")])
+    torch.manual_seed(0)
+    tool.build_model(args, max(1, args.n_embd // 32), torch).save_pretrained(tmp_path / "base")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(tmp_path / "base")))
+
+
 @pytest.mark.parametrize("path", [p for p in ALL if config.load(p).data.name not in LOCAL_DATA], ids=rel)
-def test_big_config_splits_and_builds_on_its_full_size_data(path):
-    cfg = config.load(path)
+def test_big_config_splits_and_builds_on_its_full_size_data(path, tmp_path):
+    cfg = with_base_folder(config.load(path), tmp_path)
     assert cfg.data.name in FULL_SIZE or cfg.data.name in NATURAL
     ds = stand_in(cfg)
     split = split_dataset(ds, cfg.partition, cfg.server_data, cfg.seed, cfg.eval.local_every)
@@ -230,7 +246,7 @@ def test_big_config_splits_and_builds_on_its_full_size_data(path):
     assert len(split.server_idx) == resolved_size(cfg.server_data, len(ds.y_train))
     if cfg.server_data.source == "holdout":
         assert not np.intersect1d(np.concatenate(split.parts), split.server_idx).size
-    module = build_model(cfg.model, ds.input_shape, ds.num_classes)
+    module = build_model(cfg.model, ds.input_shape, ds.num_classes, cfg.lora)
     module.eval()
     with torch.no_grad():
         x = torch.zeros(2, *ds.input_shape, dtype=torch.from_numpy(ds.x_train[:1].copy()).dtype)
