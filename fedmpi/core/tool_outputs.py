@@ -12,16 +12,37 @@ writes where the user was."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+
+from fedmpi.core.errors import EXIT_USAGE, FedmpiError
 
 # The fedmpi package (fedmpi/core/tool_outputs.py): defaults never point into it, wherever it is installed.
 PACKAGE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
-def _is_within(path, folder):
+def is_within(path, folder):
+    """Whether `path` is `folder` or lies under it, links resolved."""
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+_is_within = is_within
+
+
+class ToolUsageError(FedmpiError):
+    """A script's bad option or input: one line, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors raise ToolUsageError (one line and exit 2 from the script's main), not argparse's
+    usage block."""
+
+    def error(self, message):
+        raise ToolUsageError(message)
 
 
 def protected_folder(root, cwd=None):
