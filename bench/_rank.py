@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from proc_memory import mpi_rank, smaps_kb  # bench/proc_memory.py (this script's folder is on sys.path)
+
 BEGAN = time.monotonic()
 SAMPLE_S = 0.25
 SAMPLING = bool(os.environ.get("FEDMPI_BENCH_SAMPLE_MEMORY"))
@@ -30,13 +32,11 @@ BATON = None    # bench/pacing.Baton once fedmpi is imported (below), where the 
 def _sample_once():
     """Updates the peak PSS and USS from /proc/self/smaps_rollup; False where it cannot be read."""
     try:
-        with open("/proc/self/smaps_rollup") as fh:
-            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line[:20])
-                    if v.split() and v.split()[0].isdigit()}
+        now = smaps_kb()
     except OSError:
         return False
-    PEAKS["pss_kb"] = max(PEAKS["pss_kb"], info.get("Pss", 0))
-    PEAKS["uss_kb"] = max(PEAKS["uss_kb"], info.get("Private_Clean", 0) + info.get("Private_Dirty", 0))
+    PEAKS["pss_kb"] = max(PEAKS["pss_kb"], now["pss"])
+    PEAKS["uss_kb"] = max(PEAKS["uss_kb"], now["uss"])
     return True
 
 
@@ -48,13 +48,6 @@ def _sample_memory():
 
 if SAMPLING:
     threading.Thread(target=_sample_memory, daemon=True).start()
-
-
-def _rank():
-    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 0
 
 
 # The node's round window (fedmpi.mpi.node_buffers): [start, end) of every rank's slots and the bytes of this
@@ -91,7 +84,7 @@ def _write_stats():
     if SAMPLING:
         _sample_once()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    stats = {"rank": _rank(), "peak_rss_mb": usage.ru_maxrss / 1024.0, "cpu_s": usage.ru_utime + usage.ru_stime,
+    stats = {"rank": mpi_rank(), "peak_rss_mb": usage.ru_maxrss / 1024.0, "cpu_s": usage.ru_utime + usage.ru_stime,
              "wall_s": time.monotonic() - BEGAN, "round_cpu_s": [cpu for _, cpu in ROUNDS],
              "round_wall_s": [wall for wall, _ in ROUNDS], "pace_wait_s": BATON.waited if BATON else 0.0}
     if SAMPLING:        # (bench.py reads missing peaks as NaN)
@@ -124,7 +117,7 @@ def _timed_round(parts, t, **kwargs):
         return _run_round(parts, t, **kwargs)
     finally:
         ROUNDS.append((time.monotonic() - wall, time.process_time() - cpu))
-        if BATON and _rank() == 0:
+        if BATON and mpi_rank() == 0:
             BATON.done()
 
 

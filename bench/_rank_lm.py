@@ -19,37 +19,22 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != HERE] + [HERE]
 
+from proc_memory import mpi_rank, smaps_kb  # noqa: E402 - bench/proc_memory.py, at the path's end
+
 import fedmpi.round.engine as engine  # noqa: E402 - after the path is set
 
 AFTER_ROUNDS = []       # PSS in MB at the end of each round
 
 
 def _pss_mb():
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    with open("/proc/self/smaps_rollup") as fh:
-        for line in fh:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
-
-def _rank():
-    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if key in os.environ:
-            return int(os.environ[key])
-    return 0
+    return smaps_kb(trim=True)["pss"] / 1024.0
 
 
 def _write():
     folder = os.environ.get("FEDMPI_BENCH_STATS")
     if folder:
-        with open(os.path.join(folder, f"pss-rank-{_rank()}.json"), "w") as fh:
-            json.dump({"rank": _rank(), "round_pss_mb": AFTER_ROUNDS}, fh)
+        with open(os.path.join(folder, f"pss-rank-{mpi_rank()}.json"), "w") as fh:
+            json.dump({"rank": mpi_rank(), "round_pss_mb": AFTER_ROUNDS}, fh)
 
 
 _run_round = engine.run_round

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -40,23 +39,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2 ** 20
 # Python puts this script's folder first on the path, and bench/kernels.py would then stand in for the
-# `kernels` package transformers looks for.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+# `kernels` package transformers looks for: the folder goes to the path's end (for bench/proc_memory.py).
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE] + [str(HERE)]
+
+from proc_memory import mpi_rank, smaps_kb  # noqa: E402 - after the path is set
 
 
 def _smaps():
-    """(PSS, USS) in MiB of this process, after glibc's malloc_trim: memory the allocator keeps free for later
-    (a round's activations, freed) is handed back first, so that what is counted is what is held."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-    with open("/proc/self/smaps_rollup") as fh:
-        info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line[:20])
-                if v.split() and v.split()[0].isdigit()}
-    return info.get("Pss", 0) / 1024, (info.get("Private_Clean", 0) + info.get("Private_Dirty", 0)) / 1024
+    """(PSS, USS) in MiB of this process, after malloc_trim (proc_memory.smaps_kb)."""
+    now = smaps_kb(trim=True)
+    return now["pss"] / 1024, now["uss"] / 1024
 
 
 def child(config_path, stats, private):
@@ -72,7 +65,7 @@ def child(config_path, stats, private):
     if private == "private":
         shared_base.share_base = lambda module, comm: None
 
-    rank = int(next((os.environ[k] for k in ("PMI_RANK", "OMPI_COMM_WORLD_RANK") if k in os.environ), 0))
+    rank = mpi_rank()
     rounds = []
     run_round = engine.run_round
 
