@@ -44,6 +44,7 @@ from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.input_files import read_input
 from fedmpi.core.lora_keys import LoraConfig
+from fedmpi.counterfactual.keys import CounterfactualConfig
 from fedmpi.deploy.keys import ClientsConfig
 from fedmpi.plans.keys import ParticipationConfig
 from fedmpi.privacy.keys import PrivacyConfig
@@ -80,6 +81,7 @@ class Config:
     secagg: SecAggConfig = field(default_factory=SecAggConfig)     # secure aggregation (fedmpi.secagg)
     uploads: UploadsConfig = field(default_factory=UploadsConfig)   # plug-in upload stages (fedmpi.uploads)
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)   # a plug-in provider
+    counterfactual: CounterfactualConfig = field(default_factory=CounterfactualConfig)   # one declared change
 
     RANGES: typing.ClassVar[dict] = {"rounds": _count(0)}
 
@@ -95,6 +97,13 @@ class Config:
         c.require(self.model.name == "causal_lm" or self.lora == LoraConfig(), "lora", _lora_given(self.lora),
                   f"adapts a causal language model; model.name = {self.model.name!r} has no adapters: remove the "
                   f"lora section or set model.name: causal_lm")
+        n = self.partition.clients
+        for key in ("drop", "remove"):
+            ids = getattr(self.counterfactual, key)
+            c.require(all(i < n for i in ids), f"counterfactual.{key}", list(ids),
+                      f"must be client ids below partition.clients ({n})")
+        c.require(len(self.counterfactual.remove) < n, "counterfactual.remove", list(self.counterfactual.remove),
+                  "removes every client; leave at least one")
         c.done()
 
     def to_dict(self):
@@ -128,7 +137,7 @@ class Config:
 
 # Keys that may differ between a checkpoint and a --resume (docs/explanation/design.md §1): whole sections, or dotted
 # keys of run-time choices that do not change the results.
-RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients")
+RUNTIME_KEYS = ("rounds", "checkpoint", "runtime", "out", "server.trains_clients", "counterfactual.of")
 
 # Keys and sections added after runs were recorded. While they change nothing (at their default, or a
 # section whose `inert` property says so, e.g. privacy with mechanism none) they are left out of
@@ -143,7 +152,7 @@ HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.
                  "eval.finetune_steps",
                  "server.aggregator", "server.robust",
                  "server.secure_aggregation", "secagg", "data.kwargs", "data.columns", "model.kwargs",
-                 "server.weighting", "uploads", "participation")
+                 "server.weighting", "uploads", "participation", "counterfactual")
 
 
 def _lora_given(lora):

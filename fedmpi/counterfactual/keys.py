@@ -1,0 +1,66 @@
+"""The `counterfactual:` config section: how a run differs from its original, and nothing else.
+
+    counterfactual:
+      of: runs/original          # the original run's folder (recorded in run.h5; not part of the config hash)
+      drop: [3]                  # selected as in the original; their uploads never count
+      remove: [5]                # not in the population: the selection is redrawn among the others
+
+Every random choice is keyed by (seed, round, client), so dropping a client's uploads leaves every other
+client's batches, every selection and every noise draw as they were: the model differs from the original
+by the dropped client's contribution only. Removing a client changes the rounds' selections, which the run
+says. A change from round r on is a fork (`--fork-from ORIGINAL@r`) with these keys. At the defaults the
+section changes nothing and stays out of the config hash.
+"""
+
+from dataclasses import dataclass
+
+from fedmpi.core.config_checks import Checks
+
+
+def _client_ids(value):
+    return all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+
+
+@dataclass(frozen=True)
+class CounterfactualConfig:
+    of: str | None = None
+    """The original run's folder, recorded in run.h5 as `counterfactual_of` (it changes no result, so it is
+    not part of the config hash); null: a run with no declared original."""
+    drop: tuple[int, ...] = ()
+    """Client ids whose uploads never count: each is selected and trains as in the original (its batches
+    unchanged), but its update and its state are lost as a dropped-out client's are; the round's average is
+    over the other counted clients."""
+    remove: tuple[int, ...] = ()
+    """Client ids taken out of the population: never selected, the round's clients drawn among the others
+    (the selection differs from the original's in every round where it would have changed)."""
+
+    @property
+    def inert(self):
+        return not self.drop and not self.remove
+
+    @property
+    def change(self) -> str:
+        """The change in words, as run.h5's `counterfactual_change` records it ('' when there is none)."""
+        parts = []
+        if self.drop:
+            parts.append(f"drop {list(self.drop)}")
+        if self.remove:
+            parts.append(f"remove {list(self.remove)}")
+        return "; ".join(parts)
+
+    def __post_init__(self):
+        # YAML gives lists; the frozen section keeps sorted tuples, so that a config read back equals the one written.
+        for key in ("drop", "remove"):
+            value = getattr(self, key)
+            if isinstance(value, (list, tuple)) and _client_ids(value):
+                object.__setattr__(self, key, tuple(sorted(set(value))))
+        c = Checks("counterfactual")
+        for key in ("drop", "remove"):
+            c.require(_client_ids(getattr(self, key)), key, getattr(self, key),
+                      "must be a list of client ids (non-negative integers)")
+        c.require(not set(self.drop) & set(self.remove), "drop", list(self.drop),
+                  f"names clients also in remove ({sorted(set(self.drop) & set(self.remove))}); a client is either "
+                  f"dropped or removed")
+        c.require(self.of is None or (isinstance(self.of, str) and bool(self.of)), "of", self.of,
+                  "must be the original run's folder, or null")
+        c.done()
