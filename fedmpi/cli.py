@@ -47,6 +47,24 @@ def _parser(argv=None):
                      help="run the experiments an earlier launch left failed or diverged again")
     swp.add_argument("--dry-run", action="store_true",
                      help="check everything and list the experiments in the order they would start; run nothing")
+    cf = sub.add_parser("counterfactual", help="runs that differ from a finished or running run in one client, "
+                                               "packed into one launch (mpiexec -n P)")
+    cf.add_argument("original", help="the original run's folder (its run.h5 gives the config)")
+    cf.add_argument("--out", required=True, help="folder of the counterfactual runs (a sweep's: index.csv, one folder "
+                                                 "per run)")
+    what = cf.add_mutually_exclusive_group(required=True)
+    what.add_argument("--drop-each", action="store_true", help="one run per client without it (leave-one-out)")
+    what.add_argument("--drop", metavar="IDS", help="one run without these clients, e.g. 3,5")
+    what.add_argument("--subsets", metavar="all|FILE", help="one run per subset of clients kept: every proper subset "
+                                                           "(all), or one subset per line of FILE")
+    cf.add_argument("--clients", metavar="IDS", help="with --drop-each or --subsets: these clients only")
+    cf.add_argument("--remove", action="store_true", help="take the clients out of the population (selection "
+                                                         "redrawn) instead of dropping their uploads")
+    cf.add_argument("--from-round", type=int, default=0, metavar="R",
+                    help="change rounds R on only: fork from the original's checkpoint after round R")
+    cf.add_argument("--ranks", type=int, help="ranks per run (default 1, as a sweep's)")
+    cf.add_argument("--retry-failed", action="store_true", help="run again the runs an earlier launch left failed")
+    cf.add_argument("--dry-run", action="store_true", help="write the spec, check everything, list the runs")
     rep = sub.add_parser("report", help="table of runs from their run.h5 files", epilog=_report_epilog(argv),
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          description="One row per run (or per group with --by) of the figures below, then a section "
@@ -188,7 +206,7 @@ def _main(argv):
         if args.command == "run":
             return _run(args)
         return {"report": _report, "verify": _verify, "export": _export, "data": _data,
-                "sweep": _sweep}[args.command](args)
+                "sweep": _sweep, "counterfactual": _counterfactual}[args.command](args)
     except FedmpiError as e:
         # Raised identically on every rank (config, input), or on rank 0 alone with the others raising a
         # silent Refused: under mpiexec the launcher's rank 0 prints, so the message appears once.
@@ -239,6 +257,16 @@ def _claimed_run(cfg, comm, args):
     from fedmpi.run.launch import run_experiment
 
     return run_experiment(cfg, comm, overwrite=args.overwrite, resume=resume, fork=fork)
+
+
+def _counterfactual(args):
+    from fedmpi.counterfactual.command import counterfactual_command, parse_ids
+
+    drop = parse_ids(args.drop, "--drop") if args.drop else None
+    clients = parse_ids(args.clients, "--clients") if args.clients else None
+    return counterfactual_command(args.original, args.out, drop_each=args.drop_each, drop=drop, subsets=args.subsets,
+                                  clients=clients, remove=args.remove, from_round=args.from_round, ranks=args.ranks,
+                                  retry_failed=args.retry_failed, dry_run=args.dry_run)
 
 
 def _sweep(args):

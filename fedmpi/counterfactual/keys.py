@@ -12,6 +12,7 @@ says. A change from round r on is a fork (`--fork-from ORIGINAL@r`) with these k
 section changes nothing and stays out of the config hash.
 """
 
+import os
 from dataclasses import dataclass
 
 from fedmpi.core.config_checks import Checks
@@ -32,11 +33,19 @@ class CounterfactualConfig:
     over the other counted clients."""
     remove: tuple[int, ...] = ()
     """Client ids taken out of the population: never selected, the round's clients drawn among the others
-    (the selection differs from the original's in every round where it would have changed)."""
+    (the draw is over fewer clients, so every round's selection may differ from the original's)."""
+    from_round: int = 0
+    """The first round (0-based) the change applies to; the rounds before it are the original's. A fork from
+    the original's checkpoint at this round (`--fork-from ORIGINAL@R`, or a sweep's `fork_from`) gives the
+    same model bit for bit without recomputing them."""
 
     @property
     def inert(self):
         return not self.drop and not self.remove
+
+    def applies(self, t) -> bool:
+        """Whether the change applies in round `t`."""
+        return t >= self.from_round
 
     @property
     def change(self) -> str:
@@ -47,6 +56,18 @@ class CounterfactualConfig:
         if self.remove:
             parts.append(f"remove {list(self.remove)}")
         return "; ".join(parts)
+
+    def run_attrs(self, fork_round=None) -> dict:
+        """run.h5's root attributes of a counterfactual: `counterfactual_of` (the original's folder, absolute) and
+        `counterfactual_change` (the change in words, with the round it starts from when the run is a fork);
+        none for a run that declares no original and no change."""
+        if self.of is None and self.inert:
+            return {}
+        change = self.change or "none"
+        start = max(self.from_round, fork_round or 0)
+        if start:
+            change += f" from round {start}"
+        return {"counterfactual_of": os.path.abspath(self.of) if self.of else "", "counterfactual_change": change}
 
     def __post_init__(self):
         # YAML gives lists; the frozen section keeps sorted tuples, so that a config read back equals the one written.
@@ -61,6 +82,8 @@ class CounterfactualConfig:
         c.require(not set(self.drop) & set(self.remove), "drop", list(self.drop),
                   f"names clients also in remove ({sorted(set(self.drop) & set(self.remove))}); a client is either "
                   f"dropped or removed")
+        c.require(isinstance(self.from_round, int) and not isinstance(self.from_round, bool) and self.from_round >= 0,
+                  "from_round", self.from_round, "must be a round number >= 0")
         c.require(self.of is None or (isinstance(self.of, str) and bool(self.of)), "of", self.of,
                   "must be the original run's folder, or null")
         c.done()

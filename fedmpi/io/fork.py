@@ -91,6 +91,7 @@ def choose(cfg, spec) -> ForkPoint:
                           f"the parent's {', '.join(SHAPE_KEYS)} (its clients and its model)")
     if round_ > cfg.rounds:
         raise ConfigError(f"rounds = {cfg.rounds}: below the fork's round {round_}")
+    _check_counterfactual_start(cfg, parent_cfg, round_)
     _check_parent_log(os.path.join(parent, "run.h5"), round_)
     resume.check_contents(path, cfg)
     with h5py.File(path, "r", locking=False) as f:
@@ -98,6 +99,21 @@ def choose(cfg, spec) -> ForkPoint:
     return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
                      parent_config_hash=str(attrs["config_hash"]),
                      parent_fingerprint=fingerprint(vec), parent_config=parent_cfg)
+
+
+def _check_counterfactual_start(cfg, parent_cfg, round_):
+    """A counterfactual forked at ROUND changes the rounds from ROUND on; one that says it starts earlier
+    (counterfactual.from_round) would be recorded as changing rounds the fork copies from its parent unchanged,
+    unless the parent ran the same change."""
+    cf = cfg.counterfactual
+    if cf.inert or cf.from_round >= round_:
+        return
+    parent = (parent_cfg or {}).get("counterfactual") or {}
+    same = (sorted(parent.get("drop") or []) == list(cf.drop) and sorted(parent.get("remove") or []) == list(cf.remove)
+            and int(parent.get("from_round") or 0) == cf.from_round)
+    if not same:
+        raise ConfigError(f"counterfactual.from_round = {cf.from_round}: before the fork's round {round_}, whose "
+                          f"earlier rounds are the parent's unchanged; set counterfactual.from_round={round_}")
 
 
 def _check_parent_log(log, round_):

@@ -21,6 +21,7 @@ from fedmpi.attacks.data import DataPoison, backdoor_test_set
 from fedmpi.core import console, shared_base
 from fedmpi.core.perplexity import records_perplexity
 from fedmpi.core.personal import split_of
+from fedmpi.counterfactual.plans import counterfactual_plans
 from fedmpi.data.server_set import split_dataset
 from fedmpi.data.stats import partition_stats
 from fedmpi.plans.base import ProviderSetting
@@ -108,6 +109,8 @@ def build(plan, comm, placement, dataset, split, flat, data, loss=None) -> Round
             fltrust = server_trainer(flat, data, split.server_idx, client=cfg.client, seed=cfg.seed, loss=loss)
     participation = build_participation(ProviderSetting(algo, tuple(len(p) for p in parts)), _given(
         cfg, ((plan.plugin_provider,) if plan.plugin_provider else ()) + PROVIDERS))
+    participation = counterfactual_plans(participation, cfg.counterfactual, seed=cfg.seed, num_clients=len(parts),
+                                         clients_per_round=cfg.server.clients_per_round)
     history.bind(participation.plan)
     gather = gather_settings(len(parts), fltrust, server=cfg.server, attack=cfg.attack, seed=cfg.seed,
                              gather_bytes=cfg.runtime.gather_bytes, client=cfg.client, client_rate=rate)

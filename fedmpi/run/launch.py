@@ -116,7 +116,7 @@ def run_experiment(cfg, comm, overwrite=False, resume=None, fork=None, dataset=N
         first_round = load_into(exp, start) if start else 0
         how = how_it_ran(cfg, comm, exp)        # collective: rank 0 gets every rank's host, device, threads
         if comm.is_server:
-            exp.how = {**how, **(attrs or {})}
+            exp.how = {**how, **(attrs or {}), **cfg.counterfactual.run_attrs(fork.round if fork else None)}
             if fork:
                 fork.tell_stages(exp.stages)    # privacy figures of the rounds that had the mechanism
             log = _open_log(cfg, comm, exp, overwrite, resume)

@@ -22,6 +22,7 @@ from fedmpi.attacks import checks as attack_checks
 from fedmpi.attacks import malicious_clients, no_malicious_note
 from fedmpi.core.errors import ConfigError
 from fedmpi.core.model_shape import ModelShape, takes_problems
+from fedmpi.counterfactual.checks import problems as counterfactual_problems
 from fedmpi.data.data_shape import DataShape
 from fedmpi.deploy.checks import check as deploy_check
 from fedmpi.deploy.keys import ClientsConfig
@@ -105,6 +106,7 @@ def _resolve(cfg, data, model, custom_loss):
                                                   privacy=cfg.privacy, sampling=cfg.server.sampling,
                                                   deployment=deployment)
     found += stage_problems + provider_problems
+    found += counterfactual_problems(cfg, algo)
     malicious = () if attack_problems else tuple(int(i) for i in malicious_clients(cfg.attack, num_clients,
                                                                                     cfg.seed))
     plan = RunPlan(cfg=cfg, data=data, model=model, algorithm=algo, personal=tuple(personal),

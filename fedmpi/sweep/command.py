@@ -110,6 +110,8 @@ def _check(spec, configs, datasets, workers, retry_failed, write=True) -> Plan:
     rows, modes = [], []
     for exp, cfg in zip(spec.experiments, configs):
         found = state.assess(cfg, retry_failed)
+        if spec.fork_from and found.status == "pending" and found.mode != state.RESUME:
+            problems += _fork_problems(exp, cfg, spec.fork_from)
         if found.problem:
             problems.append(f"experiment {exp.name}: {found.problem}")
         row = index.new_row(exp, cfg, configs_mod.ranks(spec, cfg, workers) if workers else 1)
@@ -126,6 +128,17 @@ def _check(spec, configs, datasets, workers, retry_failed, write=True) -> Plan:
     if write:
         index.write(spec.out, rows)
     return Plan([row.ranks for row in rows], sizes, rows, modes)
+
+
+def _fork_problems(exp, cfg, fork_from):
+    """Rank 0: why experiment `exp` cannot fork from `fork_from` (the checks of `fedmpi run --fork-from`)."""
+    from fedmpi.io.fork import choose
+
+    try:
+        choose(cfg, fork_from)
+    except FedmpiError as e:
+        return [f"experiment {exp.name}: {m}" for m in getattr(e, "messages", [str(e)])]
+    return []
 
 
 def _announce(spec, plan, datasets, ranks_text):
@@ -188,7 +201,7 @@ def _one(spec, configs, datasets, mode, i, comm):
     cfg = configs[i]
     dataset = dataclasses.replace(datasets[data_key(cfg)])     # its own Dataset over the shared arrays
     exp = spec.experiments[i]
-    return run_on(comm, cfg, mode, dataset, exp.name, exp.run_attrs())
+    return run_on(comm, cfg, mode, dataset, exp.name, exp.run_attrs(), fork_from=spec.fork_from)
 
 
 def _parallel(spec, configs, datasets, plan, host, comm, node) -> int:

@@ -17,6 +17,7 @@ import time
 
 from fedmpi.core import console
 from fedmpi.core.errors import EXIT_FAILED, EXIT_USAGE, FedmpiError, report_lines
+from fedmpi.io.fork import plan_fork
 from fedmpi.io.outdir import claim
 from fedmpi.io.resume import plan_resume
 from fedmpi.io.store import open_run
@@ -35,13 +36,14 @@ def group_comm(mpi, world, ranks, tag, host):
     return GroupComm(sub, host)
 
 
-def run_on(comm, cfg, mode, dataset, name, attrs=None):
-    """Runs the experiment `cfg` on `comm` (every rank of the group), `attrs` added to its run.h5's attributes.
+def run_on(comm, cfg, mode, dataset, name, attrs=None, fork_from=None):
+    """Runs the experiment `cfg` on `comm` (every rank of the group), `attrs` added to its run.h5's attributes;
+    a new start forks from `fork_from` (OLD_OUT@ROUND) where the sweep gives one, a continued one resumes its own.
     Returns (exit code, run.h5's status, the failure's message): the message and status on the group's rank 0,
     empty elsewhere."""
     began = time.monotonic()
     with _labelled(f"[{name}] "):
-        code, message = _run(cfg, comm, mode, dataset, attrs)
+        code, message = _run(cfg, comm, mode, dataset, attrs, fork_from)
     status = ""
     if comm.rank == 0:
         status, error = _run_status(cfg)
@@ -49,12 +51,13 @@ def run_on(comm, cfg, mode, dataset, name, attrs=None):
     return code, status, message, time.monotonic() - began
 
 
-def _run(cfg, comm, mode, dataset, attrs=None):
+def _run(cfg, comm, mode, dataset, attrs=None, fork_from=None):
     held, message = None, ""
     try:
         held = claim(cfg, comm, overwrite=mode == OVERWRITE, resume=mode == RESUME)
         resume = plan_resume(cfg, comm) if mode == RESUME else None
-        code = run_experiment(cfg, comm, overwrite=mode == OVERWRITE, resume=resume, dataset=dataset,
+        fork = plan_fork(cfg, comm, fork_from) if fork_from and mode != RESUME else None
+        code = run_experiment(cfg, comm, overwrite=mode == OVERWRITE, resume=resume, fork=fork, dataset=dataset,
                               attrs=attrs)
     except SystemExit as e:
         # launch._fail ended the experiment after a failure (on a group: GroupComm.abort, the group alone).

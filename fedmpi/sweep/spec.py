@@ -12,6 +12,7 @@
     # or several lists of sets, each one more factor:  sets: {split: [{...}, ...], method: [{...}, ...]}
     seeds: [0, 1, 2]                      # one experiment per seed (default: the config's own seed)
     ranks: 2                              # ranks per experiment, or {clients_per_rank: 5, max: 4}
+    fork_from: runs/original@20           # optional: every experiment forks from this checkpoint (`--fork-from`)
 
 Keys of `overrides`, `grid` and `sets` are dotted config keys, as in `fedmpi run` overrides (a mapping value
 replaces that whole mapping); `seed` and `out` are the sweep's (`seeds`, `out`). Experiments are the product
@@ -78,6 +79,7 @@ class SpecFile:
     sets: tuple | dict = ()
     seeds: tuple[int, ...] | None = None
     ranks: int | dict = 1
+    fork_from: str | None = None
 
 
 def _integer(value):
@@ -129,6 +131,7 @@ class Spec:
     out: str
     ranks: object               # int, or a RanksRule
     experiments: tuple          # Experiment, in the spec's order
+    fork_from: str | None = None    # OLD_OUT@ROUND every experiment starts from (fedmpi.io.fork), or None
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,7 @@ def load(path) -> Spec:
     if "index.csv" in names:
         raise ConfigError(f"{where}: an experiment's folder would be named 'index.csv', the sweep's index; give "
                           f"its set another `name`")
-    return Spec(str(path), written.out, ranks, tuple(experiments))
+    return Spec(str(path), written.out, ranks, tuple(experiments), written.fork_from)
 
 
 def _read(path, where):
