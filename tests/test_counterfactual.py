@@ -149,3 +149,11 @@ def test_runs_that_cannot_be_exact_are_refused_naming_why(tmp_path, capsys, extr
     cfg = small_config(tmp_path / "out", rounds=1, **{"counterfactual": {"drop": [1]}, **extra})
     assert main(["run", str(write_config(tmp_path / "c.yaml", cfg)), "--dry-run"]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_sweeps_fork_from_must_name_a_checkpoint(tmp_path, capsys):
+    base = write_config(tmp_path / "base.yaml", small_config(tmp_path / "x", rounds=1))
+    spec = write_config(tmp_path / "spec.yaml", {"base": str(base), "out": str(tmp_path / "sweep"),
+                                                 "sets": [{"name": "a", "client.lr": 0.1}], "fork_from": "runs/x"})
+    assert main(["sweep", str(spec), "--dry-run"]) == 2
+    assert "fork_from = 'runs/x': must be OLD_OUT@ROUND" in capsys.readouterr().err

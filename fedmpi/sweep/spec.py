@@ -40,6 +40,7 @@ from fedmpi.config.build import bad_character, build_section
 from fedmpi.core.config_checks import Checks, Range
 from fedmpi.core.config_checks import show as _show
 from fedmpi.core.errors import ConfigError
+from fedmpi.io.fork import SPEC as FORK_SPEC
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_EXPERIMENTS = 100_000      # a grid beyond this is a typo (a product of long lists), not a study
@@ -119,6 +120,9 @@ def _check_written(written, mapping, errors):
                                 and len(set(seeds)) == len(seeds)), "seeds", seeds, SEEDS_RULE)
     c.require(not isinstance(written.ranks, int) or 1 <= written.ranks <= MAX_RANKS, "ranks", written.ranks,
               RANKS_RULE)
+    fork_from = written.fork_from
+    c.require(fork_from is None or bool(FORK_SPEC.match(str(fork_from))), "fork_from", fork_from,
+              "must be OLD_OUT@ROUND, e.g. runs/original@20 (as fedmpi run --fork-from)")
     for key in ("grid", "sets"):
         c.require(key not in mapping or not isinstance(mapping[key], (list, dict)) or len(mapping[key]) > 0, key,
                   mapping.get(key), "is empty; give at least one entry, or leave the key out")
