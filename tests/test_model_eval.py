@@ -94,3 +94,20 @@ def test_a_cnn_run_with_the_fast_cpu_kernels_and_the_whole_test_set(tmp_path):
     loss, acc = ev.evaluate(final_vector(out))
     assert acc == recorded["metrics/test_acc"][-1]
     assert loss == pytest.approx(recorded["metrics/test_loss"][-1], rel=1e-9)
+
+
+def test_the_evaluator_as_the_utility_of_a_round_game(lr_run, evaluator):
+    # Round 2 replayed as one recorded update (round 1's checkpoint to round 2's, differences in float64 so that
+    # start + delta is round 2's vector again): the lone client's Shapley value is v(N) - v(empty), the gain in
+    # recorded test accuracy; two clients with that same update and weight share it equally.
+    from fedmpi.analysis.contribution_rounds import RoundRecord, round_exact_shapley
+
+    out, recorded = lr_run
+    start, end = vector_at(out, 1), vector_at(out, 2)
+    delta = end.astype(np.float64) - start.astype(np.float64)
+    gain = recorded["metrics/test_acc"][1] - recorded["metrics/test_acc"][0]
+    utility = evaluator.utility("accuracy")
+    alone = round_exact_shapley({1: RoundRecord(start, {4: delta}, {4: 100.0})}, utility)
+    assert alone == {4: pytest.approx(gain, abs=1e-12)}
+    shared = round_exact_shapley({1: RoundRecord(start, {4: delta, 5: delta}, {4: 7.0, 5: 7.0})}, utility)
+    assert shared == {4: pytest.approx(gain / 2, abs=1e-12), 5: pytest.approx(gain / 2, abs=1e-12)}
