@@ -27,8 +27,6 @@ import numpy as np
 
 from fedmpi.core.errors import InputError
 
-TEST = None     # `evaluate(vector, clients=TEST)`: the run's test set
-
 
 def stored_run_config(out):
     """The Config a run stored in OUT/run.h5 (its root attribute `config`, the resolved YAML); InputError
@@ -135,7 +133,7 @@ class RunEvaluator:
     def num_clients(self) -> int:
         return len(self.parts)
 
-    def samples(self, clients=TEST):
+    def samples(self, clients=None):
         """(inputs, labels) evaluated for `clients`: the run's test set (None), or the union of the listed
         clients' training samples (the partition's, before an algorithm that shares data adds to them)."""
         ds = self.dataset
@@ -151,7 +149,7 @@ class RunEvaluator:
         index = np.unique(np.concatenate([np.asarray(self.parts[c], dtype=np.int64) for c in chosen]))
         return ds.x_train[index], ds.y_train[index]
 
-    def evaluate(self, vector, clients=TEST) -> tuple[float, float]:
+    def evaluate(self, vector, clients=None) -> tuple[float, float]:
         """(mean loss, accuracy) of the model with flat vector `vector` on the run's test set (`clients` None)
         or on the union of the listed clients' training samples. Cross-entropy as the run measures test_loss;
         accuracy NaN where the task has no class labels (float targets, outputs that are not [batch, class])."""
@@ -180,7 +178,7 @@ class RunEvaluator:
         n = max(n, 1)
         return total / n, (correct / n if labelled else float("nan"))
 
-    def utility(self, metric="accuracy", clients=TEST):
+    def utility(self, metric="accuracy", clients=None):
         """A function vector -> float for the contribution estimates (fedmpi.analysis.contribution_rounds):
         `metric` "accuracy", or "neg_loss" (minus the mean loss: larger is better, as a utility must be)."""
         if metric not in ("accuracy", "neg_loss"):
