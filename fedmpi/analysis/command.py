@@ -2,10 +2,13 @@
 
 The table: one row per run (or, with --by, per group: mean ± std over its runs) of the core figures, then one
 section per family that some run recorded (personalization, fairness, robustness, privacy, secure aggregation,
-deployment), every figure defined in fedmpi.analysis.figures. --csv writes one row per run (or group) with every
-figure of every family present, and each requested view (--classes, --clients, --attack, --timing) as
-FILE-VIEW.csv beside it. --plot writes one figure for all the runs (fedmpi.analysis.overview); --per-run adds each
-run's own figure beside it (FILE-RUN.png), --clients the local-accuracy CDFs and --timing the phase bars.
+deployment), every figure defined in fedmpi.analysis.figures, and where some runs are counterfactuals of an
+original, the clients' leave-one-out contributions (fedmpi.analysis.contribution_table). --csv writes one row
+per run (or group) with every figure of every family present, and each requested view (--classes, --clients,
+--attack, --timing) as FILE-VIEW.csv beside it. --plot writes one figure for all the runs
+(fedmpi.analysis.overview); --per-run adds each run's own figure beside it (FILE-RUN.png), --clients the
+local-accuracy CDFs, --timing the phase bars, and a leave-one-out study its contributions
+(FILE-contributions.png).
 """
 
 from __future__ import annotations

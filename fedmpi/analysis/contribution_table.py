@@ -146,7 +146,8 @@ def contribution_table(values, traits=None, order_by=None, ends=None, digits=Non
             mark = chr(ord("a") + len(notes)) if len(notes) < 26 else "*"
             for m in marked:
                 cells[((client,), (m,))].mark = mark
-            notes.append(f"{mark}: client {client}: n={cells[((client,), (marked[0],))].n} seeds")
+            n = cells[((client,), (marked[0],))].n
+            notes.append(f"{mark}: client {client}: over n={n} seed{'s' if n != 1 else ''} only")
     if hidden:
         ranks = f"{ends + 1}" if len(hidden) == 1 else f"{ends + 1} to {ends + len(hidden)}"
         notes.append(f"clients ranked {ranks} of {len(hidden) + 2 * ends} by value not shown")
