@@ -233,3 +233,14 @@ def test_two_studies_get_a_table_and_a_figure_each(study, tmp_path):
     assert report_command([str(study), str(other)], plot=str(plot), out=text, err=io.StringIO()) == 0
     assert "study prox (originals: prox)" in text.getvalue() and "| 4 | -10.00 |" in text.getvalue()
     assert (tmp_path / "r-contributions-orig.png").exists() and (tmp_path / "r-contributions-prox.png").exists()
+
+
+def test_an_unfinished_original_leaves_its_study_out_and_says_so(study):
+    with h5py.File(study / "orig" / "run.h5", "r+") as f:
+        f.attrs["status"] = "failed"
+    values = leave_one_out_frame(str(study))
+    assert len(values) == 0
+    assert "orig: failed: the original and its 4 counterfactual(s) left out" in values.attrs["notes"]
+    out = io.StringIO()
+    assert report_command([str(study)], out=out, err=io.StringIO()) == 0
+    assert "no study has a finished original with a finished single-client drop" in out.getvalue()
