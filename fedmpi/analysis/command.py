@@ -2,10 +2,13 @@
 
 The table: one row per run (or, with --by, per group: mean ± std over its runs) of the core figures, then one
 section per family that some run recorded (personalization, fairness, robustness, privacy, secure aggregation,
-deployment), every figure defined in fedmpi.analysis.figures. --csv writes one row per run (or group) with every
-figure of every family present, and each requested view (--classes, --clients, --attack, --timing) as
-FILE-VIEW.csv beside it. --plot writes one figure for all the runs (fedmpi.analysis.overview); --per-run adds each
-run's own figure beside it (FILE-RUN.png), --clients the local-accuracy CDFs and --timing the phase bars.
+deployment), every figure defined in fedmpi.analysis.figures, and where some runs are counterfactuals of an
+original, the clients' leave-one-out contributions (fedmpi.analysis.contribution_table). --csv writes one row
+per run (or group) with every figure of every family present, and each requested view (--classes, --clients,
+--attack, --timing) as FILE-VIEW.csv beside it. --plot writes one figure for all the runs
+(fedmpi.analysis.overview); --per-run adds each run's own figure beside it (FILE-RUN.png), --clients the
+local-accuracy CDFs, --timing the phase bars, and a leave-one-out study its contributions
+(FILE-contributions.png).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from fedmpi.analysis import figure_style, figures, frames, report, selection
 from fedmpi.analysis.attack_report import attack_rows, attack_section
 from fedmpi.analysis.class_report import class_rows, class_section
 from fedmpi.analysis.client_report import client_row, client_section, plot_clients
+from fedmpi.analysis.contribution_table import contribution_figure_tags, contribution_section, plot_study
 from fedmpi.analysis.curves import missing_curves
 from fedmpi.analysis.overview import plot_overview
 from fedmpi.analysis.paper_table import paper_table, parse_pivot
@@ -124,6 +128,8 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
         print("\n" + client_section(runs, fmt), file=out)
     if attack:
         print("\n" + attack_section(runs, fmt), file=out)
+    if (section := contribution_section(runs, fmt, include, at_round)) is not None:
+        print("\n" + section, file=out)
     try:
         if csv_path is not None and pivot:
             printed.csv(csv_path)
@@ -132,7 +138,7 @@ def report_command(paths, target=None, by=(), csv_path=None, plot=None, x="round
             for view, path in list(csv_paths(csv_path, views).items())[1:]:
                 report.write_csv(view_rows(view, runs) or [{"run": "(none recorded)"}], path)
         if plot is not None:
-            _draw(runs, by, plot, x, timing, out, err, clients, per_run, include, interval, plot_width)
+            _draw(runs, by, plot, x, timing, out, err, clients, per_run, include, interval, plot_width, at_round)
     except OSError as e:
         # The places were checked: this is the disk failing while writing (full, I/O error).
         print(f"fedmpi: error: cannot write {e.filename or csv_path or plot}: {e.strerror or e}", file=err)
@@ -241,17 +247,21 @@ def figure_paths(runs, by, plot, timing, clients, per_run=False):
 def _figures_beside(runs, by, plot, timing, clients, per_run=False):
     """(kind, run, path) of each figure beside PLOT, in drawing order: with --per-run each run's own figure
     (PLOT-RUN.png), with --clients the local-accuracy CDFs (PLOT-RUN-clients.png), with --timing the phase bars
-    (PLOT-timing.png). The one place that names them: `_draw` draws these, `figure_paths` checks these."""
+    (PLOT-timing.png), and each leave-one-out study's contributions (PLOT-contributions.png; the study's name
+    in place of the run). The one place that names them: `_draw` draws these, `figure_paths` checks these."""
     names = {"timing"} if timing else set()
     found = [("run", run, sibling(plot, _unique(run.name, names))) for run in (runs if per_run else ())]
     found += [("clients", run, sibling(plot, _unique(f"{run.name}-clients", names)))
               for run in (runs if clients else ())]
     if timing:
         found.append(("timing", None, sibling(plot, "timing")))
+    found += [("contributions", study, sibling(plot, _unique(tag, names))) for tag, study in
+              contribution_figure_tags(runs)]
     return found
 
 
-def _draw(runs, by, plot, x, timing, out, err, clients=False, per_run=False, include=None, band="ci95", width=None):
+def _draw(runs, by, plot, x, timing, out, err, clients=False, per_run=False, include=None, band="ci95", width=None,
+          at_round=None):
     """The figures of --plot: every run in PLOT (fedmpi.analysis.overview, its band the `interval` of --table,
     at `width` inches), then those beside it."""
     for line in missing_curves(runs, ("test_acc",), x):
@@ -265,6 +275,12 @@ def _draw(runs, by, plot, x, timing, out, err, clients=False, per_run=False, inc
         elif kind == "clients":
             if plot_clients(run, path):
                 print(f"local accuracy of {run.name} written to {path}", file=out)
+        elif kind == "contributions":
+            if plot_study(runs, run, path, include, at_round):
+                print(f"client contributions of {run} written to {path}", file=out)
+            else:
+                print(f"fedmpi: note: the study {run} has no finished original and counterfactual: no "
+                      f"contribution figure", file=err)
         elif plot_timing(runs, path):
             print(f"phase timing written to {path}", file=out)
         else:
