@@ -17,13 +17,20 @@ export` (fedmpi.analysis.export) and tools/ are layers over the same reader (fed
 found through fedmpi.analysis.sources) and the same figures. Curves of any per-round figure are in
 fedmpi.analysis.curves, grouped sweeps in fedmpi.analysis.sweeps, which runs a grouped result uses (finished
 ones by default) and the one round it compares them at in fedmpi.analysis.selection, the instruments' views
-in class_report, client_report, attack_report, timing_report and run_figure.
+in class_report, client_report, attack_report, timing_report and run_figure. Client contributions from
+counterfactual runs (leave-one-out, Shapley by enumeration or Monte Carlo, GTG-Shapley from recorded updates)
+and their table and figure are in contribution, contribution_rounds, contribution_report and contribution_table;
+a stored model evaluated on the test set or on clients' data in model_eval.
 """
 
 from __future__ import annotations
 
 from fedmpi.analysis import report
 from fedmpi.analysis.command import figure_paths, report_command
+from fedmpi.analysis.contribution import Estimate, exact_shapley, leave_one_out, rank_correlation, tmc_shapley
+from fedmpi.analysis.contribution_report import client_traits, leave_one_out_frame
+from fedmpi.analysis.contribution_rounds import RoundRecord, gtg_shapley, round_exact_shapley
+from fedmpi.analysis.contribution_table import ContributionTable, contribution_table, plot_contributions
 from fedmpi.analysis.curves import (
     LABELS,
     X_AXES,
@@ -45,8 +52,10 @@ from fedmpi.analysis.plotting import pyplot, save_figure
 from fedmpi.analysis.sources import config_value, find_run_files, load_runs, run_label
 from fedmpi.analysis.sweeps import SWEEP_FIGURES, group_runs, group_summary, sweep_rows
 
-__all__ = ["DEFINITIONS", "FIGURES", "LABELS", "PaperTable", "SWEEP_FIGURES", "X_AXES", "X_METRICS", "config_value",
-           "curve", "curve_x", "draw_groups", "figure_paths", "find_run_files", "group_runs", "group_summary",
-           "has_x", "load_runs", "method_label", "missing_curves", "paper_table", "plot_curves", "plot_overview",
-           "plot_sweep", "pyplot", "report", "report_command", "rounds", "run_label", "runs", "save_figure",
-           "summary", "sweep_rows", "table"]
+__all__ = ["ContributionTable", "DEFINITIONS", "Estimate", "FIGURES", "LABELS", "PaperTable", "RoundRecord",
+           "SWEEP_FIGURES", "X_AXES", "X_METRICS", "client_traits", "config_value", "contribution_table", "curve",
+           "curve_x", "draw_groups", "exact_shapley", "figure_paths", "find_run_files", "group_runs", "group_summary",
+           "gtg_shapley", "has_x", "leave_one_out", "leave_one_out_frame", "load_runs", "method_label",
+           "missing_curves", "paper_table", "plot_contributions", "plot_curves", "plot_overview", "plot_sweep",
+           "pyplot", "rank_correlation", "report", "report_command", "round_exact_shapley", "rounds", "run_label",
+           "runs", "save_figure", "summary", "sweep_rows", "table", "tmc_shapley"]

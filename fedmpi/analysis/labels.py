@@ -13,6 +13,7 @@ The parts, in this order, each only where it differs from plain training:
   +secagg       server.secure_aggregation: secagg or secagg_plus (+secagg_plus)
   +weighted     secagg.weighting: samples (weighted secure aggregation)
   ' vs ATTACK'  attack.name other than none
+  ' drop [K]', ' remove [K]'   a counterfactual's clients (counterfactual.drop, counterfactual.remove)
 Hyperparameters of the algorithm itself (FSL's gamma, FedProx's mu) are not in the label: they are a sweep's
 keys, grouped by `--by algorithm.gamma` (a summary says when a group mixes runs that differ in them).
 """
@@ -38,7 +39,8 @@ def algorithm_name(config):
 PARTS = (("eval.finetune_steps", 0, "+ft{}"), ("server.optimizer", "sgd", "+{}"), ("server.aggregator", "mean", "+{}"),
          ("server.weighting", "samples", "+{}"), ("privacy.mechanism", "none", None),
          ("server.secure_aggregation", "none", "+{}"), ("secagg.weighting", "uniform", "+weighted"),
-         ("attack.name", "none", " vs {}"))
+         ("attack.name", "none", " vs {}"), ("counterfactual.drop", [], " drop {}"),
+         ("counterfactual.remove", [], " remove {}"))
 
 
 def _privacy(config):
