@@ -73,6 +73,13 @@ class CheckpointConfig:
     """Rounds between checkpoints; 0 = only on a stop request."""
     keep: int = 2
     """How many of the newest checkpoints are kept."""
+    updates: bool = False
+    """Record every counted client's update of every round, as the server sums it, in OUT/updates/ (one HDF5
+    file per rank, read with fedmpi.io.updates.read_updates): for within-round contribution estimates and
+    unlearning (unlearning.method: federaser replays from them). Costs rounds x clients per round x model
+    size x 4 bytes of disk (a 1M-parameter model, 10 clients, 100 rounds: 4 GB) and one file write per client
+    upload. Changes no result. Only for algorithms that upload by reduce, without secure aggregation (the
+    server never sees one client's update there)."""
 
     RANGES: ClassVar[dict] = {"every": count(0), "keep": count()}
 

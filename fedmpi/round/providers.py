@@ -26,6 +26,7 @@ from fedmpi.secagg.checks import plan_for
 from fedmpi.secagg.stage import SecAggStage
 from fedmpi.uploads.base import StageSetting, ordered
 from fedmpi.uploads.precision import WirePrecision
+from fedmpi.uploads.record import UpdateRecorder
 
 
 class SecureAggregation(SecAggStage):
@@ -52,7 +53,8 @@ class SecureAggregation(SecAggStage):
         return cls(secagg, plan_for(secagg, server, partition), seed, dim, kept, curve, max_weight)
 
 
-STAGES = (AttackStage, CompressionStage, PrivacyStage, SecureAggregation, NormBoundStage, WirePrecision)
+STAGES = (AttackStage, CompressionStage, PrivacyStage, SecureAggregation, NormBoundStage, WirePrecision,
+          UpdateRecorder)
 PROVIDERS = (BufferedParticipation, DeployParticipation, PoissonSampling, Participation)
 
 

@@ -34,6 +34,7 @@ from fedmpi.round.robust_checks import check_robust, robust_active
 from fedmpi.round.server_opt import check_optimizer
 from fedmpi.secagg.checks import problems as secagg_problems
 from fedmpi.uploads import catalog as stage_catalog
+from fedmpi.uploads import record as update_record
 from fedmpi.uploads.catalog import section_names
 from fedmpi.uploads.precision import problems as wire_problems
 
@@ -107,6 +108,8 @@ def _resolve(cfg, data, model, custom_loss):
                                                   deployment=deployment)
     found += stage_problems + provider_problems
     found += counterfactual_problems(cfg, algo)
+    found += update_record.problems(cfg.checkpoint, protocol=algo.protocol, algorithm_name=cfg.algorithm.name,
+                                    secure_aggregation=cfg.server.secure_aggregation)
     malicious = () if attack_problems else tuple(int(i) for i in malicious_clients(cfg.attack, num_clients,
                                                                                     cfg.seed))
     plan = RunPlan(cfg=cfg, data=data, model=model, algorithm=algo, personal=tuple(personal),
