@@ -147,3 +147,21 @@ def test_the_record_is_the_same_at_every_n(request):
         assert one[t].weights == three[t].weights
         for cid in one[t].deltas:
             assert np.array_equal(one[t].deltas[cid], three[t].deltas[cid])
+
+
+def test_a_resumed_run_records_what_an_uninterrupted_one_does(tmp_path):
+    """Stopped after 2 of 4 rounds, with a cut-short round 2 left in its file (a killed run's), then resumed:
+    the record equals the uninterrupted run's, the stale round replaced."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    for out in (whole, resumed):
+        write_config(tmp_path / f"{out.name}.yaml", small_config(out, rounds=4, checkpoint={"updates": True}))
+    assert main(["run", str(tmp_path / "whole.yaml")]) == 0
+    assert main(["run", str(tmp_path / "resumed.yaml"), "rounds=2"]) == 0
+    with h5py.File(rank_file(resumed, 0), "a") as f:
+        f.create_group("round_2").create_dataset("client_99", data=np.ones(3, np.float32))
+    assert main(["run", str(tmp_path / "resumed.yaml"), "--resume"]) == 0
+    a, b = read_updates(whole), read_updates(resumed)
+    assert sorted(a) == sorted(b) == [0, 1, 2, 3]
+    for t in a:
+        assert np.array_equal(a[t].start, b[t].start) and a[t].weights == b[t].weights
+        assert all(np.array_equal(a[t].deltas[c], b[t].deltas[c]) for c in a[t].deltas)

@@ -49,6 +49,7 @@ from fedmpi.deploy.keys import ClientsConfig
 from fedmpi.plans.keys import ParticipationConfig
 from fedmpi.privacy.keys import PrivacyConfig
 from fedmpi.secagg.keys import SecAggConfig
+from fedmpi.unlearning.keys import UnlearningConfig
 from fedmpi.uploads.keys import UploadsConfig
 
 MAX_CONFIG_BYTES = 1 << 20      # a config file is a few kB
@@ -82,6 +83,7 @@ class Config:
     uploads: UploadsConfig = field(default_factory=UploadsConfig)   # plug-in upload stages (fedmpi.uploads)
     participation: ParticipationConfig = field(default_factory=ParticipationConfig)   # a plug-in provider
     counterfactual: CounterfactualConfig = field(default_factory=CounterfactualConfig)   # one declared change
+    unlearning: UnlearningConfig = field(default_factory=UnlearningConfig)   # FedEraser's replay (fedmpi.unlearning)
 
     RANGES: typing.ClassVar[dict] = {"rounds": _count(0)}
 
@@ -152,7 +154,7 @@ HASH_OPTIONAL = ("server.optimizer", "server.momentum", "server.betas", "server.
                  "eval.finetune_steps",
                  "server.aggregator", "server.robust",
                  "server.secure_aggregation", "secagg", "data.kwargs", "data.columns", "model.kwargs",
-                 "server.weighting", "uploads", "participation", "counterfactual")
+                 "server.weighting", "uploads", "participation", "counterfactual", "unlearning")
 
 
 def _lora_given(lora):

@@ -24,6 +24,7 @@ from fedmpi.privacy.stage import PrivacyStage
 from fedmpi.round.robust_stage import NormBoundStage
 from fedmpi.secagg.checks import plan_for
 from fedmpi.secagg.stage import SecAggStage
+from fedmpi.unlearning.federaser import FedEraserStage
 from fedmpi.uploads.base import StageSetting, ordered
 from fedmpi.uploads.precision import WirePrecision
 from fedmpi.uploads.record import UpdateRecorder
@@ -53,7 +54,7 @@ class SecureAggregation(SecAggStage):
         return cls(secagg, plan_for(secagg, server, partition), seed, dim, kept, curve, max_weight)
 
 
-STAGES = (AttackStage, CompressionStage, PrivacyStage, SecureAggregation, NormBoundStage, WirePrecision,
+STAGES = (FedEraserStage, AttackStage, CompressionStage, PrivacyStage, SecureAggregation, NormBoundStage, WirePrecision,
           UpdateRecorder)
 PROVIDERS = (BufferedParticipation, DeployParticipation, PoissonSampling, Participation)
 

@@ -3,8 +3,9 @@ runs on, becomes a checked `RunPlan`, or one ConfigError listing every problem a
 
 `resolve` is the only validation a run makes of how its components combine: set-up (fedmpi.round.experiment)
 calls it on every rank with the shapes it measured, before anything is written; `--dry-run` calls it with the
-same shapes; the fuzz suite reaches it through both. It is pure (no MPI, no files, no torch: importing it or
-calling it leaves torch unimported) and asks each selected component for its own problems through the
+same shapes; the fuzz suite reaches it through both. It is pure (no MPI, no torch: importing it or calling it
+leaves torch unimported; no files but unlearning.original's recorded update norms, for FedEraser's checks)
+and asks each selected component for its own problems through the
 declarations it registered (the algorithm class's `check` and `personal_patterns`, the attack's, the
 aggregator's and the server optimizer's catalogs, the deployment, privacy, secure-aggregation and
 wire-precision rules). The config's sections check their own ranges when the config is built
@@ -33,6 +34,7 @@ from fedmpi.privacy.sampling import PoissonSampling
 from fedmpi.round.robust_checks import check_robust, robust_active
 from fedmpi.round.server_opt import check_optimizer
 from fedmpi.secagg.checks import problems as secagg_problems
+from fedmpi.unlearning import federaser
 from fedmpi.uploads import catalog as stage_catalog
 from fedmpi.uploads import record as update_record
 from fedmpi.uploads.catalog import section_names
@@ -110,6 +112,11 @@ def _resolve(cfg, data, model, custom_loss):
     found += counterfactual_problems(cfg, algo)
     found += update_record.problems(cfg.checkpoint, protocol=algo.protocol, algorithm_name=cfg.algorithm.name,
                                     secure_aggregation=cfg.server.secure_aggregation)
+    left_out = set(cfg.counterfactual.drop) | set(cfg.counterfactual.remove)
+    found += federaser.problems(cfg.unlearning, rounds=cfg.rounds, clients=cfg.partition.clients,
+                                clients_per_round=cfg.server.clients_per_round, protocol=algo.protocol,
+                                counted=set(range(cfg.partition.clients)) - left_out,
+                                algorithm_name=cfg.algorithm.name)
     malicious = () if attack_problems else tuple(int(i) for i in malicious_clients(cfg.attack, num_clients,
                                                                                     cfg.seed))
     plan = RunPlan(cfg=cfg, data=data, model=model, algorithm=algo, personal=tuple(personal),

@@ -1,0 +1,2 @@
+"""Federated unlearning: FedEraser's calibrated replay of a recorded run (`unlearning:`, fedmpi.unlearning.keys;
+the calibration is fedmpi.unlearning.federaser)."""
