@@ -49,7 +49,7 @@ from fedmpi.io.rank0 import decide
 
 LOCK_NAME = ".fedmpi.lock"
 ASIDE_PREFIX = ".fedmpi-overwrite-"
-RUN_PARTS = ("run.h5", "ckpt")      # what --overwrite replaces
+RUN_PARTS = ("run.h5", "ckpt", "updates")      # what --overwrite replaces
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 PATH_CHARS = 300
 
