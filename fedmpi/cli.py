@@ -260,7 +260,7 @@ def _claimed_run(cfg, comm, args):
 
 
 def _counterfactual(args):
-    from fedmpi.counterfactual.command import counterfactual_command, parse_ids
+    from fedmpi.sweep.counterfactuals import counterfactual_command, parse_ids
 
     drop = parse_ids(args.drop, "--drop") if args.drop else None
     clients = parse_ids(args.clients, "--clients") if args.clients else None

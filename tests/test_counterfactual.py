@@ -13,9 +13,9 @@ from fedmpi import config
 from fedmpi.cli import main
 from fedmpi.core import rng
 from fedmpi.core.errors import ConfigError
-from fedmpi.counterfactual.command import counterfactual_sets, subset_name
 from fedmpi.counterfactual.plans import DroppedUploads, RemovedClients
 from fedmpi.plans.base import Participation
+from fedmpi.sweep.counterfactuals import counterfactual_sets, subset_name
 
 
 class _Algo:

@@ -13,11 +13,11 @@ from conftest import small_config, write_config
 from fedmpi.cli import main
 from fedmpi.config import from_dict
 from fedmpi.core.errors import ConfigError
-from fedmpi.io.updates import update_norms
 from fedmpi.unlearning.federaser import FedEraserStage, calibrated, problems
 from fedmpi.unlearning.keys import UnlearningConfig
 from fedmpi.uploads.base import ClientUpdate
 from fedmpi.uploads.record import UpdateRecorder, rank_file
+from fedmpi.uploads.recorded import update_norms
 
 
 def test_calibration_keeps_the_direction_and_takes_the_recorded_length():

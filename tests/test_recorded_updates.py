@@ -1,5 +1,5 @@
 """checkpoint.updates: every counted client's update recorded on its host (fedmpi.uploads.record) and read back
-merged over the rank files (fedmpi.io.updates). The recorder changes no result; what it records is what the
+merged over the rank files (fedmpi.uploads.recorded). The recorder changes no result; what it records is what the
 server sums; the record is the same at -n 1 and -n 3."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from conftest import read_global, read_metrics, same, small_config, write_config
 from fedmpi.cli import main
 from fedmpi.config import CheckpointConfig
 from fedmpi.core.errors import InputError
-from fedmpi.io.updates import read_updates, update_norms
 from fedmpi.uploads import record
 from fedmpi.uploads.base import ClientUpdate
 from fedmpi.uploads.record import UpdateRecorder, rank_file
+from fedmpi.uploads.recorded import read_updates, update_norms
 
 
 def upload(cid, t, start, vector, weight):

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from fedmpi.analysis.contribution import exact_shapley, leave_one_out, rank_correlation, tmc_shapley
+from fedmpi.analysis.contribution_report import client_traits
 from fedmpi.core.errors import FedmpiError, InputError
 from fedmpi.core.tool_outputs import OneLineParser, ToolUsageError, output_or_default
 
@@ -40,6 +41,8 @@ def parse(argv):
     p.add_argument("--tmc", default="10,30", help="TMC's permutation budgets, comma-separated (default 10,30)")
     p.add_argument("--tolerance", type=float, default=0.01, help="TMC's truncation tolerance (default 0.01)")
     p.add_argument("--seed", type=int, default=0, help="the estimates' random orders")
+    p.add_argument("--tmc-seeds", type=int, default=10, help="TMC repeated with this many seeds (seed, seed+1, ...) "
+                                                             "for the spread of its accuracy (default 10)")
     args = p.parse_args(argv)
     args.out = output_or_default(args.out, "tools/contribution_study.py", os.path.join("runs", "contribution-study"),
                                  "--out", ROOT)
@@ -101,7 +104,7 @@ def recorded_gtg(original, metric, seed):
 
     if not os.path.isdir(os.path.join(original, "updates")):
         return None, "the original recorded no updates (run it with checkpoint.updates=true)"
-    from fedmpi.io.updates import read_updates
+    from fedmpi.uploads.recorded import read_updates
 
     rounds = read_updates(original)
     utility = RunEvaluator.from_run(original).utility("accuracy" if metric == "test_acc" else "neg_loss")
@@ -130,6 +133,26 @@ def rows(values, seconds, players, args):
         out.append(("GTG-Shapley (recorded updates)", gtg.values, f"1 run + {len(gtg.evaluated)} model evaluations",
                     seconds[full] + spent, gtg.stderr))
     return exact, out
+
+
+def tmc_spread(values, players, exact, args):
+    """Markdown rows: TMC at each budget over --tmc-seeds seeds, the runs it asked for and its agreement with
+    the exact values (mean, min-max over the seeds)."""
+    lines = ["| TMC budget | seeds | runs | Spearman vs exact | mean abs error | malicious clients the lowest |",
+             "|---|---|---|---|---|---|"]
+    full = frozenset(players)
+    for budget in args.tmc:
+        runs, rho, err, lowest = [], [], [], 0
+        for seed in range(args.seed, args.seed + args.tmc_seeds):
+            est = tmc_shapley(values.__getitem__, players, permutations=budget, tolerance=args.tolerance, seed=seed)
+            runs.append(len(est.evaluated | {full}))
+            rho.append(rank_correlation(est.values, exact))
+            err.append(float(np.mean([abs(est.values[c] - exact[c]) for c in exact])))
+            lowest += set(sorted(est.values, key=est.values.get)[:len(args.malicious)]) == args.malicious
+        lines.append(f"| {budget} permutations | {args.tmc_seeds} | {np.mean(runs):.0f} ({min(runs)}-{max(runs)}) | "
+                     f"{np.mean(rho):.3f} ({min(rho):.3f}-{max(rho):.3f}) | {np.mean(err):.4f} "
+                     f"({min(err):.4f}-{max(err):.4f}) | {lowest} of {args.tmc_seeds} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(exact, methods, malicious, metric):
@@ -203,10 +226,11 @@ def main(argv=None):
     except (ToolUsageError, FedmpiError) as e:
         print(f"contribution_study: {e}", file=sys.stderr)
         return 2
-    attack = cfg.get("attack") or {}
-    malicious = set(attack.get("clients") or []) if attack.get("name", "none") != "none" else set()
+    traits = client_traits(args.original)
+    malicious = {int(c) for c in traits.loc[traits["malicious"].astype(bool), "client"]}
+    args.malicious = malicious
     os.makedirs(args.out, exist_ok=True)
-    text = markdown(exact, methods, malicious, args.metric)
+    text = markdown(exact, methods, malicious, args.metric) + "\n" + tmc_spread(values, players, exact, args)
     with open(os.path.join(args.out, "contribution.md"), "w") as fh:
         fh.write(text)
     write_csv(os.path.join(args.out, "contribution.csv"), methods, malicious)

@@ -35,13 +35,18 @@ def parse(argv):
     p.add_argument("--forget", type=int, required=True, help="the client to unlearn")
     p.add_argument("--out", help="folder of the runs and the table (default ./runs/unlearning-study; refused inside "
                                  "the checkout)")
-    p.add_argument("--every", type=int, default=2, help="FedEraser: replay every this many rounds (default 2)")
+    p.add_argument("--every", default="2", help="FedEraser: replay every this many rounds; several, comma-separated, "
+                                                "give one FedEraser row each (default 2)")
     p.add_argument("--ratio", type=float, default=0.5, help="FedEraser: share of the local steps (default 0.5)")
-    p.add_argument("--np", type=int, default=3, help="ranks of the launch (default 3)")
+    p.add_argument("--np", type=int, default=3, help="ranks of the launch (default 3; 1: in this process)")
     args = p.parse_args(argv)
     args.out = output_or_default(args.out, "tools/unlearning_study.py", os.path.join("runs", "unlearning-study"),
                                  "--out", ROOT)
-    if args.every < 1 or not 0 < args.ratio <= 1:
+    try:
+        args.every = sorted({int(x) for x in args.every.split(",") if x.strip()})
+    except ValueError:
+        raise ToolUsageError(f"--every {args.every!r}: expected round counts, e.g. 1,2") from None
+    if not args.every or min(args.every) < 1 or not 0 < args.ratio <= 1:
         raise ToolUsageError(f"--every {args.every} --ratio {args.ratio}: expected --every >= 1 and 0 < --ratio <= 1")
     return args
 
@@ -54,14 +59,20 @@ def spec(args, cfg):
                          f"the local steps (give the original client.steps)")
     forget = {"counterfactual.drop": [args.forget], "counterfactual.of": os.path.abspath(args.original)}
     rounds = int(cfg["rounds"])
-    return {"base": "original.yaml", "out": os.path.join(args.out, "runs"), "sets": [
-        {"name": "retrain", **forget},
-        {"name": "federaser", **forget, "unlearning.method": "federaser",
-         "unlearning.original": os.path.abspath(args.original), "unlearning.every": args.every,
-         "rounds": -(-rounds // args.every), "client.steps": max(1, round(steps * args.ratio))}]}
+    return {"base": "original.yaml", "out": os.path.join(args.out, "runs"), "sets": [{"name": "retrain", **forget}] + [
+        {"name": f"federaser-every{every}", **forget, "unlearning.method": "federaser",
+         "unlearning.original": os.path.abspath(args.original), "unlearning.every": every,
+         "rounds": -(-rounds // every), "client.steps": max(1, round(steps * args.ratio))} for every in args.every]}
 
 
 def launch(args, path):
+    """The sweep: in this process at --np 1, else under mpiexec."""
+    if args.np == 1:
+        from fedmpi.cli import main as fedmpi_main
+
+        if fedmpi_main(["sweep", path]):
+            raise InputError(f"fedmpi sweep {path} failed; its index: {os.path.join(args.out, 'runs', 'index.csv')}")
+        return
     from fedmpi.analysis.batch_report import require_mpiexec
 
     mpiexec = os.environ.get("MPIEXEC") or require_mpiexec("tools/unlearning_study.py", "or set MPIEXEC")
@@ -82,8 +93,11 @@ def table(args, cfg):
 
     evaluator = RunEvaluator.from_run(args.original)
     others = [c for c in range(evaluator.num_clients) if c != args.forget]
-    runs = {"original (not unlearned)": args.original, "exact retrain without the client": os.path.join(
-        args.out, "runs", "retrain"), "FedEraser": os.path.join(args.out, "runs", "federaser")}
+    runs = {"original (not unlearned)": args.original,
+            "exact retrain without the client": os.path.join(args.out, "runs", "retrain")}
+    for every in args.every:
+        runs[f"FedEraser (every {every}, {args.ratio:g} of the steps)"] = os.path.join(args.out, "runs",
+                                                                                   f"federaser-every{every}")
     vectors = {name: final_vector(folder) for name, folder in runs.items()}
     exact = vectors["exact retrain without the client"]
     steps = int(cfg["client"]["steps"])
@@ -92,9 +106,9 @@ def table(args, cfg):
     for name, folder in runs.items():
         vec = vectors[name]
         secs, rounds = _loop_seconds(folder)
-        run_steps = max(1, round(steps * args.ratio)) if name == "FedEraser" else steps
+        run_steps = max(1, round(steps * args.ratio)) if name.startswith("FedEraser") else steps
         cost = ("(training)" if name.startswith("original")
-                else f"{rounds} rounds, {rounds * (per_round - 1) * run_steps} local steps")
+                else f"{rounds} round{'s' if rounds != 1 else ''}, {rounds * (per_round - 1) * run_steps} local steps")
         rows.append((name, float(np.linalg.norm(vec - exact)), evaluator.evaluate(vec)[1],
                      evaluator.evaluate(vec, [args.forget])[1], evaluator.evaluate(vec, others)[1], cost, secs))
     return rows
@@ -109,7 +123,7 @@ def markdown(rows, forget):
 
 
 def main(argv=None):
-    from fedmpi.counterfactual.command import read_original
+    from fedmpi.sweep.counterfactuals import read_original
 
     try:
         args = parse(argv)

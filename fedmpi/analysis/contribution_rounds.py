@@ -11,7 +11,7 @@ in). `round_exact_shapley` enumerates every subset of each round's participants 
 Participant Contribution Evaluation in Federated Learning", ACM TIST 2022).
 
 `rounds` is {round t: a record with `start` (the global vector the round began from), `deltas` {client: its
-update} and `weights` {client: its aggregation weight}}: what fedmpi.io.updates.read_updates returns, or any
+update} and `weights` {client: its aggregation weight}}: what fedmpi.uploads.recorded.read_updates returns, or any
 object with those three attributes (`RoundRecord` builds one from arrays).
 """
 
@@ -30,7 +30,7 @@ MAX_EXACT_PLAYERS = 12
 
 
 class RoundRecord(NamedTuple):
-    """One round's recorded updates, in the shape of fedmpi.io.updates.RoundUpdates."""
+    """One round's recorded updates, in the shape of fedmpi.uploads.recorded.RoundUpdates."""
 
     start: np.ndarray
     deltas: dict

@@ -75,7 +75,7 @@ class CheckpointConfig:
     """How many of the newest checkpoints are kept."""
     updates: bool = False
     """Record every counted client's update of every round, as the server sums it, in OUT/updates/ (one HDF5
-    file per rank, read with fedmpi.io.updates.read_updates): for within-round contribution estimates and
+    file per rank, read with fedmpi.uploads.recorded.read_updates): for within-round contribution estimates and
     unlearning (unlearning.method: federaser replays from them). Costs rounds x clients per round x model
     size x 4 bytes of disk (a 1M-parameter model, 10 clients, 100 rounds: 4 GB) and one file write per client
     upload. Changes no result. Only for algorithms that upload by reduce, without secure aggregation (the

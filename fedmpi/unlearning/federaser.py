@@ -49,7 +49,7 @@ def problems(unlearning, *, rounds, clients, clients_per_round, counted, protoco
     dropped and removed ones). Reads the original's recorded update attributes (no vectors)."""
     if unlearning.method != "federaser":
         return []
-    from fedmpi.io.updates import update_norms
+    from fedmpi.uploads.recorded import update_norms
 
     found = []
     if protocol != REDUCE:
@@ -93,7 +93,7 @@ class FedEraserStage(UploadStage):
         has checked the recording); None otherwise. Reads the recorded norms of the replayed rounds."""
         if unlearning.method != "federaser" or setting.algo.protocol != REDUCE:
             return None
-        from fedmpi.io.updates import update_norms
+        from fedmpi.uploads.recorded import update_norms
 
         recorded = update_norms(unlearning.original)
         replayed = {j: recorded.get(original_round(j, unlearning.every), {}) for j in range(rounds)}

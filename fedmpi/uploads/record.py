@@ -1,6 +1,6 @@
 """`checkpoint.updates: true`: every counted client's update of every round, recorded on its host as the server
 sums it, in OUT/updates/rank-<R>.h5 (R: the world rank that hosted the client; read them back, merged, with
-fedmpi.io.updates).
+fedmpi.uploads.recorded).
 
 The recorder is the last upload stage (order 95, after the wire's rounding at 90), so what it writes is what
 the algorithm's `accumulate` reads: the update's delta (vector - start, float32) and its weight. It returns
