@@ -63,6 +63,8 @@ def _parser(argv=None):
     cf.add_argument("--from-round", type=int, default=0, metavar="R",
                     help="change rounds R on only: fork from the original's checkpoint after round R")
     cf.add_argument("--ranks", type=int, help="ranks per run (default 1, as a sweep's)")
+    cf.add_argument("--record-updates", action="store_true", help="keep the original's checkpoint.updates (off "
+                                                                  "by default: one recording per run)")
     cf.add_argument("--retry-failed", action="store_true", help="run again the runs an earlier launch left failed")
     cf.add_argument("--dry-run", action="store_true", help="write the spec, check everything, list the runs")
     rep = sub.add_parser("report", help="table of runs from their run.h5 files", epilog=_report_epilog(argv),
@@ -266,7 +268,8 @@ def _counterfactual(args):
     clients = parse_ids(args.clients, "--clients") if args.clients else None
     return counterfactual_command(args.original, args.out, drop_each=args.drop_each, drop=drop, subsets=args.subsets,
                                   clients=clients, remove=args.remove, from_round=args.from_round, ranks=args.ranks,
-                                  retry_failed=args.retry_failed, dry_run=args.dry_run)
+                                  record_updates=args.record_updates, retry_failed=args.retry_failed,
+                                  dry_run=args.dry_run)
 
 
 def _sweep(args):

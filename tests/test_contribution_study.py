@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 
 import h5py
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import small_config, tool_module, write_config
@@ -27,6 +28,7 @@ def game(tmp_path_factory):
                        checkpoint={"every": 1, "updates": True}, runtime={"threads": 1, "progress": "off"})
     assert main(["run", str(write_config(base / "orig.yaml", cfg))]) == 0
     assert main(["counterfactual", str(base / "orig"), "--out", str(base / "subsets"), "--subsets", "all"]) == 0
+    assert not list((base / "subsets").glob("*/updates"))          # the original's recording is not inherited
     return base
 
 
@@ -74,3 +76,15 @@ def test_the_unlearning_table_measures_fedeaser_against_the_exact_retrain(game, 
     assert rows.loc["FedEraser (every 2, 0.5 of the steps)", "cost"] == "1 round, 4 local steps"
     with h5py.File(out / "runs" / "retrain" / "run.h5", "r", locking=False) as f:
         assert f.attrs["counterfactual_change"] == "drop [0]"
+
+
+def test_fedeaser_replaying_every_round_with_the_same_steps_and_nobody_forgotten_is_the_original(game, tmp_path):
+    # Each calibrated update is then the update itself rescaled to its own norm: the replay is the original up to
+    # float32 rounding of start + (vector - start).
+    out = tmp_path / "replay"
+    assert main(["run", str(game / "orig.yaml"), f"out={out}", "unlearning.method=federaser",
+                 f"unlearning.original={game / 'orig'}", "unlearning.every=1"]) == 0
+    with h5py.File(game / "orig" / "run.h5", "r", locking=False) as a, h5py.File(out / "run.h5", "r",
+                                                                                   locking=False) as b:
+        assert np.array_equal(a["metrics/test_acc"][()], b["metrics/test_acc"][()])
+        assert np.abs(a["model/global"][()] - b["model/global"][()]).max() < 1e-6

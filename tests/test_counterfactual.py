@@ -157,3 +157,10 @@ def test_a_sweeps_fork_from_must_name_a_checkpoint(tmp_path, capsys):
                                                  "sets": [{"name": "a", "client.lr": 0.1}], "fork_from": "runs/x"})
     assert main(["sweep", str(spec), "--dry-run"]) == 2
     assert "fork_from = 'runs/x': must be OLD_OUT@ROUND" in capsys.readouterr().err
+
+
+def test_the_counterfactuals_of_a_recorded_original_do_not_record_unless_asked(tmp_path):
+    from fedmpi.sweep.counterfactuals import spec_for
+
+    assert spec_for("orig", tmp_path, [])["overrides"]["checkpoint.updates"] is False
+    assert spec_for("orig", tmp_path, [], record_updates=True)["overrides"]["checkpoint.updates"] is True

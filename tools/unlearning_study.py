@@ -4,7 +4,7 @@ original in that client alone) against FedEraser's calibrated replay of the orig
 (docs/how-to/counterfactuals.md).
 
     mpiexec -n 3 fedmpi run CONFIG.yaml checkpoint.updates=true            # the original, its updates recorded
-    python tools/unlearning_study.py ORIGINAL --forget 7 --out DIR [--every 2] [--ratio 0.5] [--np 3]
+    python tools/unlearning_study.py ORIGINAL --forget 7 --out DIR [--every 1,2] [--ratio 0.5,1] [--np 3]
 
 Both unlearned models are made by one `fedmpi sweep` launch (DIR/runs: `retrain`, `federaser`; a launch started
 again keeps what finished). The table (DIR/unlearning.md, .csv) gives, for the original, the exact retrain and
@@ -37,16 +37,19 @@ def parse(argv):
                                  "the checkout)")
     p.add_argument("--every", default="2", help="FedEraser: replay every this many rounds; several, comma-separated, "
                                                 "give one FedEraser row each (default 2)")
-    p.add_argument("--ratio", type=float, default=0.5, help="FedEraser: share of the local steps (default 0.5)")
+    p.add_argument("--ratio", default="0.5", help="FedEraser: share of the local steps; several, comma-separated, "
+                                                  "give a row for each with each --every (default 0.5)")
     p.add_argument("--np", type=int, default=3, help="ranks of the launch (default 3; 1: in this process)")
     args = p.parse_args(argv)
     args.out = output_or_default(args.out, "tools/unlearning_study.py", os.path.join("runs", "unlearning-study"),
                                  "--out", ROOT)
     try:
         args.every = sorted({int(x) for x in args.every.split(",") if x.strip()})
+        args.ratio = sorted({float(x) for x in args.ratio.split(",") if x.strip()})
     except ValueError:
-        raise ToolUsageError(f"--every {args.every!r}: expected round counts, e.g. 1,2") from None
-    if not args.every or min(args.every) < 1 or not 0 < args.ratio <= 1:
+        raise ToolUsageError(f"--every {args.every!r} --ratio {args.ratio!r}: expected round counts and shares, "
+                             f"e.g. --every 1,2 --ratio 0.5,1") from None
+    if not args.every or not args.ratio or min(args.every) < 1 or not all(0 < r <= 1 for r in args.ratio):
         raise ToolUsageError(f"--every {args.every} --ratio {args.ratio}: expected --every >= 1 and 0 < --ratio <= 1")
     return args
 
@@ -60,9 +63,15 @@ def spec(args, cfg):
     forget = {"counterfactual.drop": [args.forget], "counterfactual.of": os.path.abspath(args.original)}
     rounds = int(cfg["rounds"])
     return {"base": "original.yaml", "out": os.path.join(args.out, "runs"), "sets": [{"name": "retrain", **forget}] + [
-        {"name": f"federaser-every{every}", **forget, "unlearning.method": "federaser",
+        {"name": f"federaser-every{every}-ratio{ratio:g}", **forget, "unlearning.method": "federaser",
          "unlearning.original": os.path.abspath(args.original), "unlearning.every": every,
-         "rounds": -(-rounds // every), "client.steps": max(1, round(steps * args.ratio))} for every in args.every]}
+         "rounds": -(-rounds // every), "client.steps": calibration_steps(steps, ratio)}
+        for every in args.every for ratio in args.ratio]}
+
+
+def calibration_steps(steps, ratio) -> int:
+    """FedEraser's local steps: `ratio` of the original's, at least one."""
+    return max(1, round(steps * ratio))
 
 
 def launch(args, path):
@@ -93,20 +102,21 @@ def table(args, cfg):
 
     evaluator = RunEvaluator.from_run(args.original)
     others = [c for c in range(evaluator.num_clients) if c != args.forget]
-    runs = {"original (not unlearned)": args.original,
-            "exact retrain without the client": os.path.join(args.out, "runs", "retrain")}
+    runs = {"original (not unlearned)": (args.original, 1.0),
+            "exact retrain without the client": (os.path.join(args.out, "runs", "retrain"), 1.0)}
     for every in args.every:
-        runs[f"FedEraser (every {every}, {args.ratio:g} of the steps)"] = os.path.join(args.out, "runs",
-                                                                                   f"federaser-every{every}")
-    vectors = {name: final_vector(folder) for name, folder in runs.items()}
+        for ratio in args.ratio:
+            runs[f"FedEraser (every {every}, {ratio:g} of the steps)"] = (
+                os.path.join(args.out, "runs", f"federaser-every{every}-ratio{ratio:g}"), ratio)
+    vectors = {name: final_vector(folder) for name, (folder, _) in runs.items()}
     exact = vectors["exact retrain without the client"]
     steps = int(cfg["client"]["steps"])
     per_round = int(cfg["server"]["clients_per_round"])
     rows = []
-    for name, folder in runs.items():
+    for name, (folder, ratio) in runs.items():
         vec = vectors[name]
         secs, rounds = _loop_seconds(folder)
-        run_steps = max(1, round(steps * args.ratio)) if name.startswith("FedEraser") else steps
+        run_steps = calibration_steps(steps, ratio)
         cost = ("(training)" if name.startswith("original")
                 else f"{rounds} round{'s' if rounds != 1 else ''}, {rounds * (per_round - 1) * run_steps} local steps")
         rows.append((name, float(np.linalg.norm(vec - exact)), evaluator.evaluate(vec)[1],

@@ -43,10 +43,6 @@ class CounterfactualConfig:
     def inert(self):
         return not self.drop and not self.remove
 
-    def applies(self, t) -> bool:
-        """Whether the change applies in round `t`."""
-        return t >= self.from_round
-
     @property
     def change(self) -> str:
         """The change in words, as run.h5's `counterfactual_change` records it ('' when there is none)."""

@@ -13,7 +13,8 @@ With --from-round R > 0 every counterfactual forks from the original's checkpoin
   --subsets all      one run per proper subset S of the clients, keeping S (exact Shapley by enumeration; at
                      most 2^12 runs); a FILE instead lists one subset per line (client ids separated by commas or
                      spaces; an empty line is the empty set), e.g. the subsets a Monte Carlo estimate asks for
-Every rank writes the same two files (each atomically) and then runs the sweep, as `fedmpi sweep` does.
+Every rank writes the same two files (each atomically) and then runs the sweep, as `fedmpi sweep` does. The
+counterfactuals record no updates (`checkpoint.updates`) unless --record-updates asks.
 """
 
 from __future__ import annotations
@@ -106,9 +107,13 @@ def counterfactual_sets(cfg, *, drop_each=False, drop=None, subsets=None, client
     return sets
 
 
-def spec_for(original, out, sets, *, from_round=0, ranks=None) -> dict:
-    spec = {"base": "original.yaml", "out": os.path.abspath(out), "sets": sets,
-            "overrides": {"counterfactual.of": os.path.abspath(original), "counterfactual.from_round": from_round}}
+def spec_for(original, out, sets, *, from_round=0, ranks=None, record_updates=False) -> dict:
+    """The sweep spec. The counterfactuals do not record their updates (`checkpoint.updates`, a run-time key: no
+    result changes) unless `record_updates`: a 255-run enumeration of a recorded original would write 255
+    recordings."""
+    overrides = {"counterfactual.of": os.path.abspath(original), "counterfactual.from_round": from_round,
+                 "checkpoint.updates": bool(record_updates)}
+    spec = {"base": "original.yaml", "out": os.path.abspath(out), "sets": sets, "overrides": overrides}
     if ranks is not None:
         spec["ranks"] = ranks
     if from_round:
@@ -125,7 +130,7 @@ def _write(path, text):
 
 
 def counterfactual_command(original, out, *, drop_each=False, drop=None, subsets=None, clients=None, remove=False,
-                           from_round=0, ranks=None, retry_failed=False, dry_run=False) -> int:
+                           from_round=0, ranks=None, record_updates=False, retry_failed=False, dry_run=False) -> int:
     from fedmpi.sweep.command import sweep_command
 
     if from_round < 0:
@@ -138,5 +143,6 @@ def counterfactual_command(original, out, *, drop_each=False, drop=None, subsets
     os.makedirs(out, exist_ok=True)
     _write(os.path.join(out, "original.yaml"), yamlio.dump(cfg))
     spec = os.path.join(out, "counterfactuals.yaml")
-    _write(spec, yamlio.dump(spec_for(original, out, sets, from_round=from_round, ranks=ranks)))
+    _write(spec, yamlio.dump(spec_for(original, out, sets, from_round=from_round, ranks=ranks,
+                                      record_updates=record_updates)))
     return sweep_command(spec, retry_failed=retry_failed, dry_run=dry_run)
