@@ -164,3 +164,15 @@ def test_the_counterfactuals_of_a_recorded_original_do_not_record_unless_asked(t
 
     assert spec_for("orig", tmp_path, [])["overrides"]["checkpoint.updates"] is False
     assert spec_for("orig", tmp_path, [], record_updates=True)["overrides"]["checkpoint.updates"] is True
+
+
+def test_a_removed_client_is_never_selected_and_the_run_says_so(original, tmp_path):
+    base, path = original
+    cfg = small_config(tmp_path / "rm", rounds=4, partition={"clients": 6, "scheme": "dirichlet", "beta": 0.5},
+                       server={"clients_per_round": 3}, counterfactual={"remove": [2], "of": str(base / "orig")},
+                       runtime={"threads": 1, "progress": "off"})
+    assert main(["run", str(write_config(tmp_path / "rm.yaml", cfg))]) == 0
+    with h5py.File(tmp_path / "rm" / "run.h5", "r", locking=False) as f:
+        selected = f["clients/selected"][()]
+        assert f.attrs["counterfactual_change"] == "remove [2]"
+    assert selected.shape == (4, 3) and 2 not in selected         # each round's three ids, none of them client 2
