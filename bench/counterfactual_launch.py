@@ -4,7 +4,7 @@ one `fedmpi run ... counterfactual.drop=[k]` launch per client, at the same numb
 repeat runs both arms, in the reverse order every other repeat).
 
     python bench/counterfactual_launch.py [--np 3] [--clients 30] [--rounds 10] [--repeats 2] --out DIR [--json F]
-    python bench/counterfactual_launch.py --quick       # 4 clients, 1 round, 1 repeat: a smoke test
+    python bench/counterfactual_launch.py --quick       # 2 clients, 1 round, 1 repeat: a smoke test
 
 The original is the quickstart's set-up (mnist5k, Dirichlet(0.5), 10 clients a round) with the mlp, run once at
 the start. The packed launch gives each counterfactual one rank (NP - 1 at a time); a separate launch runs one
@@ -21,12 +21,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 
 import h5py
 import yaml
+from timed_launch import timed_launch  # bench/timed_launch.py (this script's folder is on sys.path)
 
 from fedmpi.core.tool_outputs import output_or_default
 
@@ -43,12 +42,12 @@ def parse(argv):
     p.add_argument("--out", help="work folder, replaced (default ./runs/bench-counterfactual, refused inside the "
                                  "checkout)")
     p.add_argument("--json", help="also write the figures as JSON")
-    p.add_argument("--quick", action="store_true", help="4 clients, 1 round, 1 repeat")
+    p.add_argument("--quick", action="store_true", help="2 clients, 1 round, 1 repeat")
     args = p.parse_args(argv)
     args.out = output_or_default(args.out, "bench/counterfactual_launch.py",
                                  os.path.join("runs", "bench-counterfactual"), "--out", ROOT)
     if args.quick:
-        args.clients, args.rounds, args.repeats = 4, 1, 1
+        args.clients, args.rounds, args.repeats = 2, 1, 1
     return args
 
 
@@ -61,16 +60,8 @@ def original_config(args, out):
 
 
 def _launch(args, command, log):
-    from fedmpi.analysis.batch_report import require_mpiexec
-
-    mpiexec = os.environ.get("MPIEXEC") or require_mpiexec("bench/counterfactual_launch.py", "or set MPIEXEC")
-    cmd = [mpiexec, "-n", str(args.np), sys.executable, "-m", "fedmpi", *command]
-    began = time.monotonic()
-    with open(log, "a") as fh:
-        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if code:
-        raise SystemExit(f"bench/counterfactual_launch.py: {' '.join(cmd)} exited {code}; see {log}")
-    return time.monotonic() - began
+    return timed_launch("bench/counterfactual_launch.py", args.np, [sys.executable, "-m", "fedmpi", *command], log,
+                        ROOT)
 
 
 def run_packed(args, original, folder):

@@ -26,12 +26,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 
 import h5py
 import yaml
+from timed_launch import timed_launch  # bench/timed_launch.py (this script's folder is on sys.path)
 
 from fedmpi.core.tool_outputs import output_or_default
 
@@ -85,16 +84,7 @@ def _text(value):
 
 
 def _launch(args, command, log):
-    from fedmpi.analysis.batch_report import require_mpiexec
-
-    mpiexec = os.environ.get("MPIEXEC") or require_mpiexec("bench/sweep.py", "or set MPIEXEC")
-    cmd = [mpiexec, "-n", str(args.np), *command]
-    began = time.monotonic()
-    with open(log, "a") as fh:
-        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    if code:
-        raise SystemExit(f"bench/sweep.py: {' '.join(cmd)} exited {code}; see {log}")
-    return time.monotonic() - began
+    return timed_launch("bench/sweep.py", args.np, command, log, ROOT)
 
 
 def run_sweep(args, spec, folder):
