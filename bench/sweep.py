@@ -30,9 +30,12 @@ import sys
 
 import h5py
 import yaml
-from timed_launch import timed_launch  # bench/timed_launch.py (this script's folder is on sys.path)
 
 from fedmpi.core.tool_outputs import output_or_default
+
+# bench/timed_launch.py, beside this script (its folder appended, not first: nothing of the path is shadowed)
+sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+from timed_launch import timed_launch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRID = os.path.join(ROOT, "jobs", "sweeps", "quickstart_grid.yaml")

@@ -31,6 +31,7 @@ EMPTY = "EMPTY"
 FROM_SCRATCH = {
     "tools/architecture_counts.py": ["--no-trace"],
     "tools/compare.py": [EMPTY],
+    "tools/contribution_study.py": [EMPTY, EMPTY, "--out", "study"],
     "tools/curves.py": [EMPTY, "--out", "curves.png"],
     "tools/deploy_report.py": ["--report-only"],
     "tools/lora_study.py": [EMPTY, "--plot", "study.png"],
@@ -42,13 +43,14 @@ FROM_SCRATCH = {
     "tools/secagg_costs.py": ["--dims", "64", "--cohort", "3", "--repeat", "1"],
     "tools/sweep.py": [EMPTY],
     "tools/tokenize_instructions.py": ["--model", EMPTY, "--data", EMPTY, "--out", "sft.h5"],
+    "tools/unlearning_study.py": [EMPTY, "--forget", "0", "--out", "unlearning"],
     "bench/hierarchy.py": ["--mpiexec", "false", "--rounds", "1"],
     "bench/kernels.py": ["--models", "cnn_mnist", "--repeats", "1"],
 }
 # Scripts whose work is long (runs under mpiexec, a data build): their `parse` places every output, checked
 # in-process from the scratch folder.
 PARSED = {"tools/fedskip_shakespeare_full.py": ("data", "out", "csv", "png"), "tools/secagg_bits.py": ("out",),
-          "bench/sweep.py": ("out",)}
+          "bench/sweep.py": ("out",), "bench/counterfactual_launch.py": ("out",)}
 # Long scripts whose only outputs are named by the user or a temporary folder (test_no_argparse_default...
 # checks the defaults they declare); the ones with a default in the working folder are refused inside the
 # checkout below.
@@ -80,6 +82,9 @@ INSIDE = {
     "tools/tokenize_instructions.py": (["--model", "absent", "--data", "absent", "--out", "sft.h5"], ["--out"]),
     "bench/hierarchy.py": (["--mpiexec", "false"], ["--out"]),
     "bench/sweep.py": (["--quick"], ["--out"]),
+    "bench/counterfactual_launch.py": (["--quick"], ["--out"]),
+    "tools/contribution_study.py": (["absent", "absent"], ["--out"]),
+    "tools/unlearning_study.py": (["absent", "--forget", "0"], ["--out"]),
     "bench/wire_accuracy.py": (["--rounds", "1"], ["--out"]),
 }
 TIMEOUT_S = 600          # generous: the machine may be loaded; a script that hangs fails here, not forever

@@ -14,8 +14,9 @@ section changes nothing and stays out of the config hash.
 
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
-from fedmpi.core.config_checks import Checks
+from fedmpi.core.config_checks import Checks, count
 
 
 def _client_ids(value):
@@ -38,6 +39,8 @@ class CounterfactualConfig:
     """The first round (0-based) the change applies to; the rounds before it are the original's. A fork from
     the original's checkpoint at this round (`--fork-from ORIGINAL@R`, or a sweep's `fork_from`) gives the
     same model bit for bit without recomputing them."""
+
+    RANGES: ClassVar[dict] = {"from_round": count(0)}
 
     @property
     def inert(self):
