@@ -35,13 +35,11 @@ NULL = {"uploads": {"stages": ["counterfactual_plugins:NullUpload"], "keys": {"n
 WITHOUT = {"participation": {"name": "counterfactual_plugins:WithoutClient", "keys": {"absent": K}}}
 DROP = {"counterfactual": {"drop": [K], "of": "original"}}
 ZERO_UPDATE = ("fedavg", "fedprox")
-# Algorithms a counterfactual runs with but the `WithoutClient` reference cannot stand for: none so far.
-NOT_REFERENCED = {}
 
 
 def counterfactual_algorithms():
     """The registered algorithms whose family takes a counterfactual (fedmpi.counterfactual.checks)."""
-    return [n for n in builtin_names() if REGISTRY[n].protocol == REDUCE and n not in NOT_REFERENCED]
+    return [n for n in builtin_names() if REGISTRY[n].protocol == REDUCE]
 
 
 def _with(cfg, *extras):
@@ -82,12 +80,11 @@ def counterfactual_runs(base):
     # same change run from the start.
     fedavg = _with(built["algorithm-fedavg"], {"checkpoint": {"every": 1}})
     for n in (1, 3):
-        original = add(n, f"original-n{n}", fedavg)
+        add(n, f"original-n{n}", fedavg)
         changed = _with(fedavg, {"counterfactual": {"drop": [K], "from_round": 1}})
         add(n, f"from1-n{n}", changed)
         path = write_config(base / f"fork-n{n}.yaml", {**changed, "out": str(base / f"fork-n{n}")})
         steps[n].append(["run", path, "--overwrite", "--fork-from", f"{base / f'original-n{n}'}@1"])
-        assert original
     return steps, (base, names)
 
 
