@@ -56,29 +56,27 @@ def parse(argv):
 
 
 def _run_value(folder, metric):
-    """(value, the run's clients dropped, round-loop seconds, rounds) of a finished run; InputError otherwise."""
-    import h5py
-    import yaml
+    """(value, the run's clients dropped, round-loop seconds, rounds, config) of a finished run (read as `fedmpi
+    report` reads it); InputError otherwise."""
+    from fedmpi.analysis.report import one_line, read_run
 
     path = os.path.join(folder, "run.h5")
     try:
-        with h5py.File(path, "r", locking=False) as f:
-            status = str(f.attrs.get("status", ""))
-            cfg = yaml.safe_load(str(f.attrs["config"]))
-            series = f[f"metrics/{metric}"][()]
-            wall = float(f["metrics/wall_s"][-1])
-    except (OSError, KeyError) as e:
-        raise InputError(f"{path}: cannot be read as a finished run ({e})") from None
+        run = read_run(path)
+        series, wall = run.metrics[metric], float(run.metrics["wall_s"][-1])
+    except (OSError, KeyError, ValueError, RuntimeError, IndexError) as e:
+        raise InputError(f"{path}: cannot be read as a finished run ({one_line(e)})") from None
+    status = str(run.attrs.get("status", ""))
     if status != "finished" or not np.isfinite(series[-1]):
         raise InputError(f"{path}: status {status!r}, final {metric} {series[-1]}; every run of the study must "
                          f"have finished (start the launch again to finish it)")
     value = float(series[-1]) if metric == "test_acc" else -float(series[-1])
-    drop = ((cfg.get("counterfactual") or {}).get("drop")) or []
-    return value, frozenset(int(c) for c in drop), wall, len(series), cfg
+    drop = ((run.config.get("counterfactual") or {}).get("drop")) or []
+    return value, frozenset(int(c) for c in drop), wall, len(series), run.config
 
 
 def game(original, subsets, metric):
-    """({subset: value}, {subset: seconds}, the original's config): every subset's run read."""
+    """({subset: value}, {subset: seconds}, the players, the original's config): every subset's run read."""
     value, _, wall, rounds, cfg = _run_value(original, metric)
     players = frozenset(range(int(cfg["partition"]["clients"])))
     values, seconds = {players: value}, {players: wall}
@@ -94,7 +92,7 @@ def game(original, subsets, metric):
     if missing:
         raise InputError(f"{subsets}: {missing} of the {2 ** len(players)} subsets have no run; run `fedmpi "
                          f"counterfactual {original} --out {subsets} --subsets all` (again) to finish them")
-    return values, seconds, cfg
+    return values, seconds, sorted(players), cfg
 
 
 def recorded_gtg(original, metric, seed):
@@ -220,8 +218,7 @@ def plot(path, exact, methods, malicious, metric):
 def main(argv=None):
     try:
         args = parse(argv)
-        values, seconds, cfg = game(args.original, args.subsets, args.metric)
-        players = sorted(next(iter(s for s in values if len(s) == max(map(len, values)))))
+        values, seconds, players, cfg = game(args.original, args.subsets, args.metric)
         exact, methods = rows(values, seconds, players, args)
     except (ToolUsageError, FedmpiError) as e:
         print(f"contribution_study: {e}", file=sys.stderr)

@@ -91,10 +91,11 @@ def launch(args, path):
 
 
 def _loop_seconds(folder):
-    import h5py
+    """(round-loop seconds, rounds) of a finished run."""
+    from fedmpi.analysis.report import read_run
 
-    with h5py.File(os.path.join(folder, "run.h5"), "r", locking=False) as f:
-        return float(f["metrics/wall_s"][-1]), int(f["metrics/round"].shape[0])
+    metrics = read_run(os.path.join(folder, "run.h5")).metrics
+    return float(metrics["wall_s"][-1]), len(metrics["round"])
 
 
 def table(args, cfg):

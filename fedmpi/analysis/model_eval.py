@@ -29,9 +29,11 @@ from fedmpi.core.errors import InputError
 
 
 def stored_run_config(out):
-    """The Config a run stored in OUT/run.h5 (its root attribute `config`, the resolved YAML); InputError
-    naming the file where it is missing or unreadable."""
-    from fedmpi.config import from_dict, yamlio
+    """The Config a run stored in OUT/run.h5 (its root attribute `config`, the resolved YAML, parsed as every
+    reader of run files does: fedmpi.analysis.report.parse_config); InputError naming the file where it is
+    missing or unreadable."""
+    from fedmpi.analysis.report import MalformedRun, parse_config
+    from fedmpi.config import from_dict
     from fedmpi.core.errors import ConfigError
     from fedmpi.io.store import open_run
 
@@ -39,13 +41,15 @@ def stored_run_config(out):
     if not os.path.exists(path):
         raise InputError(f"{path}: no run file; expected the `out` folder of a fedmpi run")
     with open_run(path) as f:
-        text = f.attrs.get("config")
-    if isinstance(text, bytes):
-        text = text.decode()
-    if not isinstance(text, str):
+        text = f.attrs.get("config", "")
+    try:
+        stored = parse_config(text)
+    except MalformedRun as e:
+        raise InputError(f"{path}: its stored config cannot be read ({e})") from None
+    if not stored:
         raise InputError(f"{path}: root attribute config is missing; a run file stores its resolved config there")
     try:
-        return from_dict(yamlio.load(text, f"{path}: stored config"))
+        return from_dict(stored)
     except ConfigError as e:
         raise InputError(f"{path}: its stored config does not make a config of this fedmpi ({e})") from None
 

@@ -43,6 +43,7 @@ class DroppedUploads(Participation):
 
     def __init__(self, inner, dropped, from_round=0):
         self.inner, self.dropped, self.from_round = inner, np.asarray(dropped, dtype=np.int64), from_round
+        self.dropped_ids = frozenset(int(c) for c in dropped)
         self.algo = inner.algo
 
     def plan(self, t):
@@ -56,7 +57,7 @@ class DroppedUploads(Participation):
         self.inner.settle(plan, comm, uploaders)
 
     def counted(self, t, cid) -> bool:
-        dropped = t >= self.from_round and int(cid) in set(self.dropped.tolist())
+        dropped = t >= self.from_round and int(cid) in self.dropped_ids
         return not dropped and self.inner.counted(t, cid)
 
     def done(self, plan):

@@ -65,13 +65,22 @@ def parse(spec):
     return m.group("out"), int(m.group("round"))
 
 
-def choose(cfg, spec) -> ForkPoint:
-    """Rank 0: the parent's checkpoint at ROUND, checked (InputError/ConfigError, exit 2, nothing touched)."""
+@dataclass(frozen=True)
+class Parent:
+    """What a fork reads of its parent, whatever the new run's config: the checkpoint after `round`, checked
+    (`read_parent`); a sweep reads it once for all its experiments."""
+
+    out: str
+    round: int
+    path: str
+    attrs: dict
+    config: dict                # the parent's stored config, as parsed YAML
+    fingerprint: str            # SHA-256 of the global model at the fork
+
+
+def read_parent(spec) -> Parent:
+    """Rank 0: the parent's checkpoint at ROUND and its run file, checked (InputError/ConfigError, exit 2)."""
     parent, round_ = parse(spec)
-    if os.path.isdir(parent) and os.path.isdir(cfg.out) and os.path.samefile(parent, cfg.out):
-        # --overwrite would move the parent's run.h5 and checkpoints away before they were read.
-        raise ConfigError(f"--fork-from {show(spec)}: the parent is out = {show(cfg.out)} itself; a fork writes a "
-                          f"new run and may not replace its parent: choose another out=...")
     path = checkpoint.ckpt_path(parent, round_)
     if not os.path.exists(path):
         have = ", ".join(str(r) for r, _ in sorted(checkpoint.list_checkpoints(parent))) or "none"
@@ -85,20 +94,32 @@ def choose(cfg, spec) -> ForkPoint:
     checkpoint_checks.check_attrs(path, attrs)
     # As parsed YAML data, never built into a Config (which would import a `module:Class` it names).
     parent_cfg = checkpoint_checks.stored_config(path, attrs)
-    differ = [k for k in checkpoint_checks.config_differences(parent_cfg, cfg) if k.split(".")[0] in SHAPE_KEYS]
+    _check_parent_log(os.path.join(parent, "run.h5"), round_)
+    with h5py.File(path, "r", locking=False) as f:
+        vec = f["global"][()]
+    return Parent(parent, round_, path, dict(attrs), parent_cfg, fingerprint(vec))
+
+
+def choose(cfg, spec, parent=None) -> ForkPoint:
+    """Rank 0: the parent's checkpoint at ROUND (`parent`, where it was read already: `read_parent`), checked
+    against `cfg` (InputError/ConfigError, exit 2, nothing touched)."""
+    out, round_ = parse(spec)
+    if os.path.isdir(out) and os.path.isdir(cfg.out) and os.path.samefile(out, cfg.out):
+        # --overwrite would move the parent's run.h5 and checkpoints away before they were read.
+        raise ConfigError(f"--fork-from {show(spec)}: the parent is out = {show(cfg.out)} itself; a fork writes a "
+                          f"new run and may not replace its parent: choose another out=...")
+    parent = parent or read_parent(spec)
+    differ = [k for k in checkpoint_checks.config_differences(parent.config, cfg) if k.split(".")[0] in SHAPE_KEYS]
     if differ:
         raise ConfigError(f"--fork-from {show(spec)}: {', '.join(differ)} differ from the parent's; a fork keeps "
                           f"the parent's {', '.join(SHAPE_KEYS)} (its clients and its model)")
     if round_ > cfg.rounds:
         raise ConfigError(f"rounds = {cfg.rounds}: below the fork's round {round_}")
-    _check_counterfactual_start(cfg, parent_cfg, round_)
-    _check_parent_log(os.path.join(parent, "run.h5"), round_)
-    resume.check_contents(path, cfg)
-    with h5py.File(path, "r", locking=False) as f:
-        vec = f["global"][()]
-    return ForkPoint(round_, path, float(attrs["wall_s"]), parent_out=parent,
-                     parent_config_hash=str(attrs["config_hash"]),
-                     parent_fingerprint=fingerprint(vec), parent_config=parent_cfg)
+    _check_counterfactual_start(cfg, parent.config, round_)
+    resume.check_contents(parent.path, cfg)
+    return ForkPoint(round_, parent.path, float(parent.attrs["wall_s"]), parent_out=parent.out,
+                     parent_config_hash=str(parent.attrs["config_hash"]), parent_fingerprint=parent.fingerprint,
+                     parent_config=parent.config)
 
 
 def _check_counterfactual_start(cfg, parent_cfg, round_):

@@ -107,11 +107,13 @@ def _check(spec, configs, datasets, workers, retry_failed, write=True) -> Plan:
     if index_problem:
         problems.append(index_problem)
     old = {} if index_problem else index.read(spec.out)
+    parent, fork_problem = _fork_parent(spec.fork_from)
+    problems += fork_problem
     rows, modes = [], []
     for exp, cfg in zip(spec.experiments, configs):
         found = state.assess(cfg, retry_failed)
-        if spec.fork_from and found.status == "pending" and found.mode != state.RESUME:
-            problems += _fork_problems(exp, cfg, spec.fork_from)
+        if parent and found.status == "pending" and found.mode != state.RESUME:
+            problems += _fork_problems(exp, cfg, spec.fork_from, parent)
         if found.problem:
             problems.append(f"experiment {exp.name}: {found.problem}")
         row = index.new_row(exp, cfg, configs_mod.ranks(spec, cfg, workers) if workers else 1)
@@ -130,12 +132,25 @@ def _check(spec, configs, datasets, workers, retry_failed, write=True) -> Plan:
     return Plan([row.ranks for row in rows], sizes, rows, modes)
 
 
-def _fork_problems(exp, cfg, fork_from):
-    """Rank 0: why experiment `exp` cannot fork from `fork_from` (the checks of `fedmpi run --fork-from`)."""
+def _fork_parent(fork_from):
+    """Rank 0: (the checkpoint every experiment forks from, read and checked once: fedmpi.io.fork.read_parent,
+    or None; the problems found in it, one line each)."""
+    from fedmpi.io.fork import read_parent
+
+    if not fork_from:
+        return None, []
+    try:
+        return read_parent(fork_from), []
+    except FedmpiError as e:
+        return None, [f"fork_from: {m}" for m in getattr(e, "messages", [str(e)])]
+
+
+def _fork_problems(exp, cfg, fork_from, parent):
+    """Rank 0: why experiment `exp` cannot fork from `parent` (the checks of `fedmpi run --fork-from`)."""
     from fedmpi.io.fork import choose
 
     try:
-        choose(cfg, fork_from)
+        choose(cfg, fork_from, parent)
     except FedmpiError as e:
         return [f"experiment {exp.name}: {m}" for m in getattr(e, "messages", [str(e)])]
     return []

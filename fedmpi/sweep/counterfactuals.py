@@ -22,8 +22,6 @@ from __future__ import annotations
 import itertools
 import os
 
-import h5py
-
 from fedmpi.config import yamlio
 from fedmpi.core.config_checks import show
 from fedmpi.core.errors import ConfigError, InputError
@@ -33,21 +31,20 @@ MAX_ENUMERATED = 12     # --subsets all: 2^12 - 1 runs is already a long study
 
 
 def read_original(original) -> dict:
-    """The original run's stored config (parsed YAML, nothing imported); InputError naming what is missing."""
+    """The original run's stored config (parsed YAML, nothing imported; read as `fedmpi report` reads a run, also
+    while it is still running); InputError naming what is missing."""
+    from fedmpi.analysis.report import one_line, read_run
+
     path = os.path.join(original, "run.h5")
     if not os.path.isfile(path):
         raise InputError(f"counterfactual: {show(original)} holds no run.h5; give the original run's folder")
     check_input(path, f"counterfactual: {path}")
     try:
-        with h5py.File(path, "r", locking=False) as f:
-            text = f.attrs.get("config")
-    except OSError as e:
-        raise InputError(f"counterfactual: {path} cannot be read as a run file ({e})") from None
-    if not isinstance(text, str):
+        cfg = read_run(path).config
+    except (OSError, KeyError, ValueError, RuntimeError) as e:     # MalformedRun is a ValueError
+        raise InputError(f"counterfactual: {path} cannot be read as a run file ({one_line(e)})") from None
+    if not cfg:
         raise InputError(f"counterfactual: {path} records no config; is it a fedmpi run file?")
-    cfg = yamlio.load(text, f"counterfactual: the config stored in {path}")
-    if not isinstance(cfg, dict):
-        raise InputError(f"counterfactual: the config stored in {path} is not a mapping of keys")
     return cfg
 
 
